@@ -1,0 +1,331 @@
+//! The command line (contract §1–3): one clap definition, and the checks that turn it into
+//! [`Settings`].
+//!
+//! Every usage error exits 125 (contract §6), not clap's default 2: [`parse`] does that.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::Parser;
+use nix::sys::signal::Signal;
+
+use crate::elector::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+
+/// Exit status for leaderrun's own failures, usage errors included (contract §6).
+pub const EXIT_FAILURE: u8 = 125;
+
+const ABOUT: &str = "Run COMMAND on exactly one machine of many, elected by a PostgreSQL advisory lock";
+
+const LONG_ABOUT: &str = "\
+Run COMMAND on exactly one machine of many.
+
+Every copy of leaderrun campaigns for the same PostgreSQL session advisory lock, \
+pg_try_advisory_lock(CLASS, ID). The copy that holds it is the leader and runs COMMAND for as long \
+as it leads; when it loses the lock it stops COMMAND (stop signal, then SIGKILL after the grace \
+period) and goes back to standby, and COMMAND starts afresh in its next term. When COMMAND exits on \
+its own, leaderrun releases the lock and exits with COMMAND's status.";
+
+const AFTER_LONG_HELP: &str = "\
+Examples:
+  leaderrun --dsn postgres://app@db.internal/plexsphere -- ./reconcile-loop
+  LEADERRUN_DSN='host=db user=app dbname=plexsphere' leaderrun --lock-id 7 -- sh -c 'exec worker'
+  leaderrun --check-interval 1s --grace 10s --stop-signal INT -- python3 scheduler.py
+
+The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_FENCING_TOKEN and \
+LEADERRUN_BACKEND_PID in its environment.
+
+Exit status: COMMAND's status; 128+N when it died of signal N; 0 when stopped by INT/TERM while \
+standby; 125 when leaderrun itself failed (usage, bad DSN); 126 COMMAND not executable; 127 \
+COMMAND not found.
+
+Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible in ps.";
+
+/// `leaderrun [OPTIONS] -- COMMAND [ARG...]`
+#[derive(Debug, Parser)]
+#[command(
+    name = "leaderrun",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_long_help = AFTER_LONG_HELP,
+    allow_negative_numbers = true
+)]
+pub struct Cli {
+    /// PostgreSQL connection string (URL or keyword/value)
+    ///
+    /// `postgres://user@host:5432/dbname?sslmode=disable` or
+    /// `host=db user=app dbname=plexsphere`. When absent, PLEXSPHERE_DSN, then DATABASE_URL, then
+    /// PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT and PGSSLMODE
+    /// are used, with psql's defaults (Unix socket, OS user). Fields the DSN leaves out are taken
+    /// from the PG* variables too.
+    ///
+    /// Example: --dsn 'host=127.0.0.1 user=postgres dbname=plexsphere'
+    #[arg(
+        long,
+        value_name = "DSN",
+        env = "LEADERRUN_DSN",
+        hide_env_values = true,
+        help_heading = "Connection"
+    )]
+    pub dsn: Option<String>,
+
+    /// First int4 of the advisory lock key
+    ///
+    /// Default 1886156915 (0x706C7873, ASCII "plxs"), the plexsphere leader lock.
+    ///
+    /// Example: --lock-class 42
+    #[arg(
+        long,
+        value_name = "INT4",
+        env = "LEADERRUN_LOCK_CLASS",
+        default_value_t = DEFAULT_LOCK_CLASS,
+        help_heading = "Lock"
+    )]
+    pub lock_class: i32,
+
+    /// Second int4 of the advisory lock key
+    ///
+    /// Copies that share class and id elect one leader among them.
+    ///
+    /// Example: --lock-id 7
+    #[arg(
+        long,
+        value_name = "INT4",
+        env = "LEADERRUN_LOCK_ID",
+        default_value_t = DEFAULT_LOCK_ID,
+        help_heading = "Lock"
+    )]
+    pub lock_id: i32,
+
+    /// Standby retry period, leader verification period, and timeout of one verification
+    ///
+    /// A duration with a unit: 500ms, 5s, 2m.
+    ///
+    /// Example: --check-interval 1s
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_CHECK_INTERVAL",
+        default_value = "5s",
+        value_parser = parse_duration,
+        help_heading = "Timing"
+    )]
+    pub check_interval: Duration,
+
+    /// Time between the stop signal and SIGKILL [default: the check interval]
+    ///
+    /// Example: --grace 30s
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_GRACE",
+        value_parser = parse_duration,
+        help_heading = "Timing"
+    )]
+    pub grace: Option<Duration>,
+
+    /// First signal sent to COMMAND's process group on demotion or shutdown
+    ///
+    /// A name with or without SIG (TERM, SIGINT, hup) or a number.
+    ///
+    /// Example: --stop-signal INT
+    #[arg(
+        long,
+        value_name = "SIG",
+        env = "LEADERRUN_STOP_SIGNAL",
+        default_value = "TERM",
+        value_parser = parse_signal,
+        help_heading = "Timing"
+    )]
+    pub stop_signal: Signal,
+
+    /// Log more: -v debug, -vv trace
+    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet", help_heading = "Logging")]
+    pub verbose: u8,
+
+    /// Log less: -q warnings and errors only, -qq errors only
+    #[arg(short, long, action = clap::ArgAction::Count, help_heading = "Logging")]
+    pub quiet: u8,
+
+    /// The command to run while this copy leads, and its arguments (no shell)
+    #[arg(
+        value_name = "COMMAND",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// The checked settings of the default (while-leader) mode.
+#[derive(Debug)]
+pub struct Settings {
+    /// Resolved connection settings.
+    pub connect: tokio_postgres::Config,
+    /// The advisory lock key.
+    pub lock: LockKey,
+    /// Check interval (never zero).
+    pub check_interval: Duration,
+    /// Grace between stop signal and SIGKILL (never zero).
+    pub grace: Duration,
+    /// First signal of a stop.
+    pub stop_signal: Signal,
+    /// `idle_session_timeout` for the lock session (contract §3).
+    pub idle_session_timeout: Duration,
+    /// COMMAND and its arguments, as given.
+    pub command: Vec<OsString>,
+}
+
+/// Parses the process arguments; prints help/version and exits 0, or prints the usage error
+/// and exits 125 (contract §6).
+pub fn parse() -> Cli {
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            let code = if err.use_stderr() {
+                i32::from(EXIT_FAILURE)
+            } else {
+                0
+            };
+            std::process::exit(code);
+        }
+    }
+}
+
+impl Cli {
+    /// Checks the options and resolves the connection settings.
+    ///
+    /// # Errors
+    /// [`crate::conninfo::ConnInfoError`] for a DSN that does not parse.
+    pub fn settings(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Settings, crate::conninfo::ConnInfoError> {
+        let connect = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
+        let grace = self.grace.unwrap_or(self.check_interval);
+        Ok(Settings {
+            connect,
+            lock: LockKey {
+                class: self.lock_class,
+                id: self.lock_id,
+            },
+            check_interval: self.check_interval,
+            grace,
+            stop_signal: self.stop_signal,
+            idle_session_timeout: idle_session_timeout(self.check_interval, grace),
+            command: self.command.clone(),
+        })
+    }
+
+    /// The tracing level the -v/-q flags ask for.
+    pub fn log_level(&self) -> tracing::Level {
+        match (self.verbose, self.quiet) {
+            (0, 0) => tracing::Level::INFO,
+            (1, _) => tracing::Level::DEBUG,
+            (v, _) if v >= 2 => tracing::Level::TRACE,
+            (_, 1) => tracing::Level::WARN,
+            _ => tracing::Level::ERROR,
+        }
+    }
+}
+
+/// `idle_session_timeout` of the lock session (contract §3): the seed's 4 × interval, raised to
+/// 3 × interval + grace when the grace is longer than one interval, so that a cut-off leader
+/// (which stops its child within 2 × interval + grace) is always done before the server frees
+/// the lock.
+pub fn idle_session_timeout(interval: Duration, grace: Duration) -> Duration {
+    if grace > interval {
+        interval * 3 + grace
+    } else {
+        interval * 4
+    }
+}
+
+/// Parses a positive duration with a unit (`500ms`, `5s`, `2m`); zero, negative and unit-less
+/// values are refused (contract §3).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    if trimmed.starts_with('-') {
+        return Err("must not be negative".into());
+    }
+    if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!("needs a unit, e.g. {trimmed}s or {trimmed}ms"));
+    }
+    let duration = humantime::parse_duration(trimmed).map_err(|e| e.to_string())?;
+    if duration.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(duration)
+}
+
+/// Parses a signal given as `TERM`, `SIGTERM`, `term` or a number. SIGKILL and SIGSTOP are
+/// accepted (a stop signal that cannot be caught is the user's choice).
+pub fn parse_signal(text: &str) -> Result<Signal, String> {
+    let trimmed = text.trim();
+    if let Ok(number) = trimmed.parse::<i32>() {
+        return Signal::try_from(number).map_err(|_| format!("no signal number {number}"));
+    }
+    let upper = trimmed.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<Signal>()
+        .map_err(|_| format!("unknown signal {trimmed:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5").unwrap_err().contains("unit"));
+        assert!(parse_duration("0s").unwrap_err().contains("zero"));
+        assert!(parse_duration("-1s").unwrap_err().contains("negative"));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn signals() {
+        assert_eq!(parse_signal("TERM"), Ok(Signal::SIGTERM));
+        assert_eq!(parse_signal("sigint"), Ok(Signal::SIGINT));
+        assert_eq!(parse_signal("hup"), Ok(Signal::SIGHUP));
+        assert_eq!(parse_signal("15"), Ok(Signal::SIGTERM));
+        assert!(parse_signal("NOPE").is_err());
+        assert!(parse_signal("99").is_err());
+    }
+
+    #[test]
+    fn idle_timeout_rule() {
+        let s = Duration::from_secs;
+        assert_eq!(idle_session_timeout(s(5), s(5)), s(20));
+        assert_eq!(idle_session_timeout(s(5), s(2)), s(20));
+        assert_eq!(idle_session_timeout(s(5), s(30)), s(45));
+        // The timing model of FIELD-NOTES PostgreSQL 6: 2i + g < T always.
+        for (i, g) in [(1, 1), (1, 10), (5, 4), (5, 6), (2, 100)] {
+            assert!(s(2 * i + g) < idle_session_timeout(s(i), s(g)));
+        }
+    }
+
+    #[test]
+    fn command_after_double_dash_keeps_its_flags() {
+        let cli = Cli::try_parse_from(["leaderrun", "--lock-id", "-5", "--", "sh", "-c", "exit 3"])
+            .unwrap();
+        assert_eq!(cli.lock_id, -5);
+        assert_eq!(cli.command, ["sh", "-c", "exit 3"]);
+        assert!(Cli::try_parse_from(["leaderrun", "--lock-id", "2147483648", "--", "true"]).is_err());
+        assert!(Cli::try_parse_from(["leaderrun"]).is_err());
+    }
+}

@@ -1,0 +1,923 @@
+//! The seed's election: campaign, term, check, demote, unlock.
+//!
+//! # Theory of operation
+//!
+//! An [`Elector`] owns at most one PostgreSQL session. [`Elector::run`] checks once when it
+//! starts and then every check interval:
+//!
+//! * **Standby.** The check runs `pg_try_advisory_lock(class, id)` (guarded by
+//!   `pg_is_in_recovery()`) on the elector's one session, opening it first when there is none.
+//!   A refused try leaves the session as it was, so a standby costs the server one session and
+//!   one statement per interval. A failed connect or statement is logged at WARN as
+//!   `leader: acquire lock connection: <cause>`, the session is thrown away (a try that failed
+//!   or timed out on the client may still have been granted on the server, FIELD-NOTES
+//!   PostgreSQL 3) and the replica stays a standby.
+//! * **Grant.** The session becomes the lock session: `idle_session_timeout` is set on it (the
+//!   seed's bound on an orphaned lock session), a fencing token is read
+//!   (`txid_current()`, FIELD-NOTES PostgreSQL 12), and a new [`Term`] begins.
+//! * **Leader.** The check proves ownership in one round trip: the backend that answers is the
+//!   one the lock was granted to, it holds the granted `pg_locks` row for (current database,
+//!   class, id, objsubid 2), and the server is not in recovery (FIELD-NOTES PostgreSQL 1). A
+//!   check that fails or does not answer within one interval demotes. The session is also
+//!   watched between checks: when the server closes it (terminated backend, restart), the
+//!   leader demotes at once instead of at its next check (FIELD-NOTES PostgreSQL 4).
+//! * **Demotion** ends the term with [`TermEnd::LeadershipLost`], turns [`Elector::is_leader`]
+//!   false, sets the gauge to 0, closes the session and logs a WARN line with the cause. The
+//!   lock is never tried again on that session (FIELD-NOTES PostgreSQL 2).
+//! * **Cancel** ends the term with [`TermEnd::Resigned`], runs `pg_advisory_unlock` under a
+//!   2-second bound that outlives the cancellation, and closes the session.
+//! * **Panic or drop.** When `run` unwinds (or its future is dropped) the term ends with
+//!   [`TermEnd::LeadershipLost`] and the session is closed without unlocking, since it may be
+//!   mid-statement; the server frees the lock when the socket closes.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use prometheus::{IntGauge, Registry};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{timeout, Instant, MissedTickBehavior};
+use tokio_postgres::{Client, NoTls};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn, Instrument};
+
+use crate::error::{Chain, Error};
+
+/// Default lock class: `1886156915` = `0x706C7873`, ASCII `plxs` (the seed's leader lock).
+pub const DEFAULT_LOCK_CLASS: i32 = 1_886_156_915;
+/// Default lock id within the class: `1` (the seed's leader lock).
+pub const DEFAULT_LOCK_ID: i32 = 1;
+/// Default check interval, the seed's `DefaultCheckInterval`: 5 s.
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// Bound on the `pg_advisory_unlock` that runs after cancellation (the seed's 2-second context).
+pub const UNLOCK_BOUND: Duration = Duration::from_secs(2);
+/// Name of the leadership gauge, from the seed's Metric table.
+pub const GAUGE_NAME: &str = "plexsphere_background_leader";
+
+/// A session advisory lock key in PostgreSQL's two-int4 form, `pg_try_advisory_lock(class, id)`.
+///
+/// `pg_locks` shows it with `classid = class`, `objid = id` (both as `oid`, so a negative int4
+/// appears as its unsigned 32-bit value) and `objsubid = 2`. Displays as `class:id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    /// First int4 of the key (`classid` in `pg_locks`).
+    pub class: i32,
+    /// Second int4 of the key (`objid` in `pg_locks`).
+    pub id: i32,
+}
+
+impl Default for LockKey {
+    /// The seed's leader lock, `(1886156915, 1)`.
+    fn default() -> Self {
+        LockKey {
+            class: DEFAULT_LOCK_CLASS,
+            id: DEFAULT_LOCK_ID,
+        }
+    }
+}
+
+impl std::fmt::Display for LockKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.class, self.id)
+    }
+}
+
+/// How an [`Elector`] connects, which lock it campaigns for, and how often it checks: the seed's
+/// `leader.Config` in Rust terms.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Connection settings of the one session the lock is tried and held on (instead of the
+    /// seed's pool). Its `connect_timeout`, when set, bounds connecting and every standby
+    /// statement; otherwise the check interval does (contract §8).
+    pub connect: tokio_postgres::Config,
+    /// The advisory lock key; default [`LockKey::default`], the seed's `(1886156915, 1)`.
+    pub lock: LockKey,
+    /// How often a standby tries the lock and the leader verifies it, and how long the leader's
+    /// check may take before it fails. Zero uses [`DEFAULT_CHECK_INTERVAL`], as the seed says.
+    pub check_interval: Duration,
+    /// `idle_session_timeout` set on the lock session at the grant. `None` uses the seed's
+    /// value, 4 × check interval. The binary raises it to 3 × interval + grace when the grace
+    /// is longer than one interval (contract §3). Rounded up to whole milliseconds.
+    pub idle_session_timeout: Option<Duration>,
+    /// Span the elector's events are emitted in: the seed's `Logger`. A tracing target must be
+    /// a compile-time constant, so events always carry the target `leaderrun::elector`; give
+    /// the span fields (a name, a replica id) to tell electors apart. Default: a disabled span.
+    pub span: tracing::Span,
+    /// Registry that receives the `plexsphere_background_leader` gauge (no labels; 1 while
+    /// leading, 0 otherwise). `None` registers no gauge. Electors that share a registry share
+    /// one gauge, and so write one series.
+    pub registry: Option<Registry>,
+}
+
+impl Config {
+    /// Settings with the seed's defaults for everything but the connection.
+    pub fn new(connect: tokio_postgres::Config) -> Self {
+        Config {
+            connect,
+            lock: LockKey::default(),
+            check_interval: DEFAULT_CHECK_INTERVAL,
+            idle_session_timeout: None,
+            span: tracing::Span::none(),
+            registry: None,
+        }
+    }
+
+    /// The check interval in effect: [`Config::check_interval`], or the default when zero.
+    pub fn effective_check_interval(&self) -> Duration {
+        if self.check_interval.is_zero() {
+            DEFAULT_CHECK_INTERVAL
+        } else {
+            self.check_interval
+        }
+    }
+
+    /// The `idle_session_timeout` in effect: the configured one, else 4 × check interval.
+    pub fn effective_idle_session_timeout(&self) -> Duration {
+        self.idle_session_timeout
+            .unwrap_or(self.effective_check_interval() * 4)
+    }
+
+    /// Bound on connecting and on a standby's statements: the DSN's `connect_timeout` when
+    /// set, else the check interval (contract §8).
+    fn io_bound(&self) -> Duration {
+        self.connect
+            .get_connect_timeout()
+            .copied()
+            .filter(|d| !d.is_zero())
+            .unwrap_or_else(|| self.effective_check_interval())
+    }
+}
+
+/// Why a [`Term`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TermEnd {
+    /// The replica lost the lock, or could not prove it held it (the seed's
+    /// `ErrLeadershipLost`); also the cause after a panic in [`Elector::run`].
+    LeadershipLost,
+    /// [`Elector::run`] was cancelled and released the lock on purpose.
+    Resigned,
+}
+
+impl std::fmt::Display for TermEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TermEnd::LeadershipLost => "leadership lost",
+            TermEnd::Resigned => "leadership released",
+        })
+    }
+}
+
+/// What a leader knows about the lock it was granted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The key that was granted.
+    pub lock: LockKey,
+    /// `pg_backend_pid()` of the lock session.
+    pub backend_pid: i32,
+    /// `txid_current()` taken on the lock session right after the grant: greater than the
+    /// token of every earlier term of any replica on the same cluster (FIELD-NOTES PostgreSQL 12).
+    pub fencing_token: i64,
+    /// `current_database()` of the lock session (advisory locks are per database).
+    pub database: String,
+}
+
+struct TermInner {
+    number: u64,
+    lease: Option<Lease>,
+    token: CancellationToken,
+    end: OnceLock<TermEnd>,
+}
+
+/// One continuous period of leadership, or the ended placeholder a standby hands out.
+///
+/// The seed's `Term(parent)`: cheap to clone; [`Term::ended`] resolves when leadership ends,
+/// and [`Term::end_cause`] then tells why. On a standby, [`Elector::term`] returns a term that
+/// has already ended (number 0, no lease).
+#[derive(Clone)]
+pub struct Term(Arc<TermInner>);
+
+impl std::fmt::Debug for Term {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Term")
+            .field("number", &self.0.number)
+            .field("lease", &self.0.lease)
+            .field("end", &self.0.end.get())
+            .finish()
+    }
+}
+
+impl Term {
+    fn begin(number: u64, lease: Lease) -> Term {
+        Term(Arc::new(TermInner {
+            number,
+            lease: Some(lease),
+            token: CancellationToken::new(),
+            end: OnceLock::new(),
+        }))
+    }
+
+    fn standby() -> Term {
+        let term = Term(Arc::new(TermInner {
+            number: 0,
+            lease: None,
+            token: CancellationToken::new(),
+            end: OnceLock::new(),
+        }));
+        term.0.token.cancel();
+        term
+    }
+
+    /// Ends the term once; later calls keep the first cause.
+    fn end(&self, cause: TermEnd) {
+        let _ = self.0.end.set(cause);
+        self.0.token.cancel();
+    }
+
+    /// The term's number: 1, 2, … in the order this elector was granted the lock; 0 for the
+    /// placeholder a standby hands out.
+    pub fn number(&self) -> u64 {
+        self.0.number
+    }
+
+    /// What the leader knows about its lock; `None` on a standby's placeholder.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.0.lease.as_ref()
+    }
+
+    /// Whether the term is over (always true for a standby's placeholder).
+    pub fn is_ended(&self) -> bool {
+        self.0.token.is_cancelled()
+    }
+
+    /// Why the term ended; `None` while it lasts and for a standby's placeholder.
+    pub fn end_cause(&self) -> Option<TermEnd> {
+        self.0.end.get().copied()
+    }
+
+    /// Resolves when the term ends; returns the cause ([`TermEnd::LeadershipLost`] for a
+    /// standby's placeholder, which never led).
+    pub async fn ended(&self) -> TermEnd {
+        self.0.token.cancelled().await;
+        self.end_cause().unwrap_or(TermEnd::LeadershipLost)
+    }
+
+    /// The term's cancellation token, for code that already speaks tokio-util: it is cancelled
+    /// when the term ends. Use [`CancellationToken::child_token`] to combine it with your own.
+    pub fn token(&self) -> &CancellationToken {
+        &self.0.token
+    }
+}
+
+/// The three outcomes of [`Elector::do_as_leader`], the seed's `Do` table.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Done<T> {
+    /// The replica was a standby; the work was not run (the seed's `(false, nil)`).
+    Standby,
+    /// The work ran and leadership held until it returned (the seed's `(true, err)`).
+    Ran(T),
+    /// Leadership was lost while the work ran; not a failure (the seed's `(false, nil)` after
+    /// a loss, logged at INFO).
+    Lost,
+}
+
+struct Shared {
+    config: Config,
+    target: String,
+    leader: AtomicBool,
+    running: AtomicBool,
+    terms: AtomicU64,
+    current: watch::Sender<Term>,
+    gauge: Option<IntGauge>,
+}
+
+/// A participant in the election for one advisory lock: the seed's `Elector`.
+///
+/// Cheap to clone; clones share state, so [`Elector::is_leader`] and [`Elector::term`] may be
+/// called from any task while another one drives [`Elector::run`].
+#[derive(Clone)]
+pub struct Elector {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("target", &self.shared.target)
+            .field("lock", &self.shared.config.lock)
+            .field("is_leader", &self.is_leader())
+            .finish()
+    }
+}
+
+impl Elector {
+    /// Builds an elector (the seed's `leader.New`). Connects to nothing yet.
+    ///
+    /// # Errors
+    /// [`Error::Metrics`] when the gauge cannot be registered on [`Config::registry`].
+    pub fn new(config: Config) -> Result<Elector, Error> {
+        let gauge = match &config.registry {
+            Some(registry) => Some(shared_gauge(registry)?),
+            None => None,
+        };
+        let (current, _) = watch::channel(Term::standby());
+        Ok(Elector {
+            shared: Arc::new(Shared {
+                target: crate::conninfo::describe(&config.connect),
+                config,
+                leader: AtomicBool::new(false),
+                running: AtomicBool::new(false),
+                terms: AtomicU64::new(0),
+                current,
+                gauge,
+            }),
+        })
+    }
+
+    /// The configuration this elector was built with.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// Whether this replica holds the lock right now: one atomic load, lock-free, safe from any
+    /// thread (the seed's `IsLeader`).
+    pub fn is_leader(&self) -> bool {
+        self.shared.leader.load(Ordering::Acquire)
+    }
+
+    /// The current term (the seed's `Term`): live while leading; already ended on a standby.
+    pub fn term(&self) -> Term {
+        self.shared.current.borrow().clone()
+    }
+
+    /// Waits until this replica leads and returns that term. Returns at once when it already
+    /// leads. Waits forever when nothing drives [`Elector::run`].
+    pub async fn wait_for_term(&self) -> Term {
+        let mut rx = self.shared.current.subscribe();
+        let term = match rx.wait_for(|t| !t.is_ended()).await {
+            Ok(term) => term.clone(),
+            // The sender lives in `self.shared`, which outlives this borrow.
+            Err(_) => unreachable!("elector state dropped while borrowed"),
+        };
+        term
+    }
+
+    /// Runs one unit of work on the leader: the seed's `Do` (`do` is a Rust keyword).
+    ///
+    /// On a standby, `work` is not called and the result is [`Done::Standby`]. On the leader,
+    /// `work` gets the term, so it can stop when [`Term::ended`] resolves; when leadership held
+    /// until it returned, the result is [`Done::Ran`] with its output; when leadership was
+    /// lost meanwhile, [`Done::Lost`], logged at INFO: a demotion never counts as a failure.
+    pub async fn do_as_leader<F, Fut>(&self, work: F) -> Done<Fut::Output>
+    where
+        F: FnOnce(Term) -> Fut,
+        Fut: Future,
+    {
+        let term = self.term();
+        if term.is_ended() {
+            return Done::Standby;
+        }
+        let output = work(term.clone()).await;
+        if term.end_cause() == Some(TermEnd::LeadershipLost) {
+            let _span = self.shared.config.span.enter();
+            info!(
+                target: "leaderrun::elector",
+                term = term.number(),
+                "leader: work interrupted: leadership lost while it ran"
+            );
+            return Done::Lost;
+        }
+        Done::Ran(output)
+    }
+
+    /// Takes part in the election until `cancel` is cancelled: the seed's `Run`.
+    ///
+    /// Checks once at start and then every check interval (see the module docs). A failed
+    /// connect or statement never ends the call; it is logged and retried at the next check.
+    /// On cancel, ends the term, unlocks under [`UNLOCK_BOUND`] and closes the session.
+    ///
+    /// May be called again after an earlier call returned or panicked.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyRunning`] when another `run` on this elector has not returned yet.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), Error> {
+        if self.shared.running.swap(true, Ordering::AcqRel) {
+            return Err(Error::AlreadyRunning);
+        }
+        let span = self.shared.config.span.clone();
+        let mut campaign = Campaign {
+            shared: &self.shared,
+            session: None,
+            term: None,
+            finished: false,
+        };
+        async {
+            campaign.run(&cancel).await;
+            campaign.resign().await;
+        }
+        .instrument(span)
+        .await;
+        campaign.finished = true;
+        Ok(())
+    }
+}
+
+/// Finds the elector gauge already registered on `registry`, or registers a new one.
+///
+/// prometheus' `AlreadyReg` does not hand back the existing collector (Go's does), so electors
+/// remember which registries they registered a gauge on. Registry identity is tested by
+/// registering a throw-away collector with a unique name on one registry and seeing whether the
+/// other refuses it as already registered; both registrations are undone at once.
+fn shared_gauge(registry: &Registry) -> Result<IntGauge, Error> {
+    static GAUGES: Mutex<Vec<(Registry, IntGauge)>> = Mutex::new(Vec::new());
+    let mut gauges = GAUGES.lock().unwrap_or_else(|e| e.into_inner());
+    for (known, gauge) in gauges.iter() {
+        if same_registry(known, registry) {
+            return Ok(gauge.clone());
+        }
+    }
+    let gauge = IntGauge::new(GAUGE_NAME, "1 while this replica leads, 0 otherwise")
+        .map_err(Error::Metrics)?;
+    registry
+        .register(Box::new(gauge.clone()))
+        .map_err(Error::Metrics)?;
+    gauges.push((registry.clone(), gauge.clone()));
+    Ok(gauge)
+}
+
+fn same_registry(a: &Registry, b: &Registry) -> bool {
+    use prometheus::core::{Collector, Desc};
+    use prometheus::proto::MetricFamily;
+
+    #[derive(Clone)]
+    struct Probe(Desc);
+    impl Collector for Probe {
+        fn desc(&self) -> Vec<&Desc> {
+            vec![&self.0]
+        }
+        fn collect(&self) -> Vec<MetricFamily> {
+            Vec::new()
+        }
+    }
+
+    static PROBES: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "leaderrun_registry_probe_{}",
+        PROBES.fetch_add(1, Ordering::Relaxed)
+    );
+    let Ok(desc) = Desc::new(name, "identity probe".into(), Vec::new(), Default::default()) else {
+        return false;
+    };
+    let probe = Probe(desc);
+    if a.register(Box::new(probe.clone())).is_err() {
+        return false;
+    }
+    let same = matches!(
+        b.register(Box::new(probe.clone())),
+        Err(prometheus::Error::AlreadyReg)
+    );
+    if !same {
+        let _ = b.unregister(Box::new(probe.clone()));
+    }
+    let _ = a.unregister(Box::new(probe));
+    same
+}
+
+/// The one database session of an elector, with its connection driven on its own task.
+struct Session {
+    /// `None` only while [`Session::close`] runs.
+    client: Option<Client>,
+    backend_pid: i32,
+    /// Resolves when the connection task ends: the server closed the session or the socket
+    /// broke. Polled at most until it resolves (the session is discarded then).
+    closed: oneshot::Receiver<Option<tokio_postgres::Error>>,
+    task: JoinHandle<()>,
+}
+
+impl Session {
+    async fn open(config: &Config, target: &str) -> Result<Session, Error> {
+        let bound = config.io_bound();
+        let (client, connection) = match timeout(bound, config.connect.connect(NoTls)).await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(source)) => {
+                return Err(Error::Connect {
+                    target: target.to_owned(),
+                    source,
+                })
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    what: "connect",
+                    after: bound,
+                })
+            }
+        };
+        let (tx, closed) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let _ = tx.send(connection.await.err());
+        });
+        let mut session = Session {
+            client: Some(client),
+            backend_pid: 0,
+            closed,
+            task,
+        };
+        let row = session
+            .bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
+            .await?;
+        session.backend_pid = row.get(0);
+        Ok(session)
+    }
+
+    /// Runs one statement that returns one row, bounded by `bound`.
+    async fn bounded(
+        &self,
+        what: &'static str,
+        bound: Duration,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, Error> {
+        let Some(client) = self.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
+        match timeout(bound, client.query_one(sql, params)).await {
+            Ok(Ok(row)) => Ok(row),
+            Ok(Err(source)) => Err(Error::Query { what, source }),
+            Err(_) => Err(Error::Timeout { what, after: bound }),
+        }
+    }
+
+    /// Closes the session politely (Terminate message) and waits briefly for the socket to
+    /// close, so that a released lock reaches the standbys before `run` returns.
+    async fn close(mut self) {
+        // Dropping the only client makes the connection send Terminate and finish.
+        drop(self.client.take());
+        let _ = timeout(Duration::from_secs(1), &mut self.task).await;
+        // Drop aborts the task if it is still running.
+    }
+}
+
+impl Drop for Session {
+    /// A dropped session (demotion, failed try, panic) closes its socket now, which makes the
+    /// server end the backend and free any lock it held.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Resolves when the session's connection ends; pending forever without a session.
+async fn session_closed(session: &mut Option<Session>) -> Option<tokio_postgres::Error> {
+    match session {
+        Some(s) => (&mut s.closed).await.unwrap_or(None),
+        None => std::future::pending().await,
+    }
+}
+
+/// One call of [`Elector::run`]: the state that must be cleaned up however the call ends.
+struct Campaign<'a> {
+    shared: &'a Shared,
+    session: Option<Session>,
+    term: Option<Term>,
+    /// Set when `run` returns normally; a `Campaign` dropped without it was unwound by a panic
+    /// or dropped mid-await.
+    finished: bool,
+}
+
+const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
+     EXISTS (SELECT 1 FROM pg_locks \
+             WHERE locktype = 'advisory' \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND classid = $1 AND objid = $2 AND objsubid = 2 \
+               AND pid = pg_backend_pid() AND granted), \
+     pg_is_in_recovery()";
+
+impl Campaign<'_> {
+    async fn run(&mut self, cancel: &CancellationToken) {
+        let interval = self.shared.config.effective_check_interval();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                closed = session_closed(&mut self.session) => {
+                    self.on_session_closed(closed);
+                    continue;
+                }
+                _ = ticker.tick() => {}
+            }
+            let check = async {
+                if self.term.is_some() {
+                    self.verify().await;
+                } else {
+                    self.try_acquire().await;
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    // A try that was in flight may have been granted on the server: a standby
+                    // drops its session (closing it frees any such grant). A leader keeps its
+                    // session so that `resign` can unlock it.
+                    if self.term.is_none() {
+                        self.session = None;
+                    }
+                    return;
+                }
+                () = check => {}
+            }
+        }
+    }
+
+    fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
+        self.session = None;
+        if self.term.is_some() {
+            self.demote(&Error::SessionClosed(cause));
+        } else {
+            debug!(target: "leaderrun::elector", "standby session closed by the server; reconnecting at the next check");
+        }
+    }
+
+    async fn try_acquire(&mut self) {
+        match self.try_acquire_inner().await {
+            Ok(()) => {}
+            Err(err @ Error::InRecovery { .. }) => {
+                error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+            }
+            Err(err) => {
+                // FIELD-NOTES PostgreSQL 3: whatever failed, the session may hold a grant we
+                // never saw; never reuse it.
+                self.session = None;
+                warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
+            }
+        }
+    }
+
+    async fn try_acquire_inner(&mut self) -> Result<(), Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        if self.session.is_none() {
+            self.session = Some(Session::open(config, &self.shared.target).await?);
+        }
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
+        let lock = config.lock;
+        // One round trip: a hot standby grants advisory locks of its own, so never even try
+        // there (FIELD-NOTES PostgreSQL 7). NULL means "in recovery".
+        let row = session
+            .bounded(
+                "try advisory lock",
+                bound,
+                "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
+                 ELSE pg_try_advisory_lock($1, $2) END",
+                &[&lock.class, &lock.id],
+            )
+            .await?;
+        match row.get::<_, Option<bool>>(0) {
+            None => Err(Error::InRecovery {
+                server: self.shared.target.clone(),
+            }),
+            Some(false) => {
+                debug!(target: "leaderrun::elector", lock = %lock, "lock held by another session; standing by");
+                Ok(())
+            }
+            Some(true) => self.begin_term().await,
+        }
+    }
+
+    /// The lock was granted on the current session: make it the lock session and start a term.
+    async fn begin_term(&mut self) -> Result<(), Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
+        let idle = config.effective_idle_session_timeout();
+        let idle_ms = idle.as_nanos().div_ceil(1_000_000).to_string();
+        // The seed's bound on an orphaned lock session. Session-level, so a role or database
+        // default cannot override it.
+        match session
+            .bounded(
+                "set idle_session_timeout",
+                bound,
+                "SELECT set_config('idle_session_timeout', $1, false)",
+                &[&idle_ms],
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(Error::Query { source, .. })
+                if source.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) =>
+            {
+                warn!(
+                    target: "leaderrun::elector",
+                    "leader: server has no idle_session_timeout (PostgreSQL before 14): \
+                     an orphaned lock session is bounded only by TCP keepalives"
+                );
+            }
+            Err(err) => return Err(err),
+        }
+        let row = session
+            .bounded(
+                "read fencing token",
+                bound,
+                "SELECT txid_current(), current_database()",
+                &[],
+            )
+            .await?;
+        let lease = Lease {
+            lock: config.lock,
+            backend_pid: session.backend_pid,
+            fencing_token: row.get(0),
+            database: row.get(1),
+        };
+        let number = self.shared.terms.fetch_add(1, Ordering::AcqRel) + 1;
+        let term = Term::begin(number, lease.clone());
+        self.term = Some(term.clone());
+        self.shared.leader.store(true, Ordering::Release);
+        if let Some(gauge) = &self.shared.gauge {
+            gauge.set(1);
+        }
+        self.shared.current.send_replace(term);
+        info!(
+            target: "leaderrun::elector",
+            term = number,
+            backend_pid = lease.backend_pid,
+            database = %lease.database,
+            server = ?self.shared.target,
+            lock = %lease.lock,
+            fencing_token = lease.fencing_token,
+            idle_session_timeout_ms = %idle_ms,
+            "background leader lock acquired"
+        );
+        Ok(())
+    }
+
+    /// The leader's check: proves in one round trip that this session still holds the lock.
+    async fn verify(&mut self) {
+        let Some(session) = self.session.as_ref() else {
+            return;
+        };
+        let config = &self.shared.config;
+        let bound = config.effective_check_interval().min(config.io_bound());
+        let lock = config.lock;
+        // pg_locks shows the int4 halves as oid, i.e. unsigned.
+        let (class, id) = (lock.class as u32, lock.id as u32);
+        let started = Instant::now();
+        let result = session
+            .bounded("leader check", bound, LOCK_ROW_SQL, &[&class, &id])
+            .await
+            .and_then(|row| {
+                let pid: i32 = row.get(0);
+                let held: bool = row.get(1);
+                let in_recovery: bool = row.get(2);
+                if pid != session.backend_pid {
+                    Err(Error::BackendChanged {
+                        granted_to: session.backend_pid,
+                        now: pid,
+                    })
+                } else if in_recovery {
+                    Err(Error::InRecovery {
+                        server: self.shared.target.clone(),
+                    })
+                } else if !held {
+                    Err(Error::LockNotHeld {
+                        lock,
+                        backend_pid: pid,
+                    })
+                } else {
+                    Ok(())
+                }
+            });
+        match result {
+            Ok(()) => {
+                debug!(target: "leaderrun::elector", latency_ms = started.elapsed().as_millis() as u64, "leader check ok");
+            }
+            Err(err) => {
+                if matches!(err, Error::BackendChanged { .. } | Error::InRecovery { .. }) {
+                    error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                }
+                self.demote(&err);
+            }
+        }
+    }
+
+    /// The seed's demotion: end the term, close the session, log the cause.
+    fn demote(&mut self, cause: &Error) {
+        let Some(term) = self.end_term(TermEnd::LeadershipLost) else {
+            return;
+        };
+        self.session = None;
+        warn!(
+            target: "leaderrun::elector",
+            term = term.number(),
+            cause = %Chain(cause),
+            "background leader lock lost: {}",
+            Chain(cause)
+        );
+    }
+
+    /// Ends the current term, if any: IsLeader false, gauge 0, standby placeholder published.
+    fn end_term(&mut self, cause: TermEnd) -> Option<Term> {
+        let term = self.term.take()?;
+        self.shared.leader.store(false, Ordering::Release);
+        if let Some(gauge) = &self.shared.gauge {
+            gauge.set(0);
+        }
+        self.shared.current.send_replace(Term::standby());
+        term.end(cause);
+        Some(term)
+    }
+
+    /// After cancellation: end the term, unlock under the 2-second bound, close.
+    async fn resign(&mut self) {
+        let term = self.end_term(TermEnd::Resigned);
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        if let Some(term) = term {
+            let lock = self.shared.config.lock;
+            match session
+                .bounded(
+                    "unlock",
+                    UNLOCK_BOUND,
+                    "SELECT pg_advisory_unlock($1, $2)",
+                    &[&lock.class, &lock.id],
+                )
+                .await
+            {
+                Ok(_) => info!(
+                    target: "leaderrun::elector",
+                    term = term.number(),
+                    lock = %lock,
+                    "background leader lock released"
+                ),
+                Err(err) => warn!(
+                    target: "leaderrun::elector",
+                    term = term.number(),
+                    "leader: unlock failed; the server frees the lock when the session closes: {}",
+                    Chain(&err)
+                ),
+            }
+        }
+        session.close().await;
+    }
+}
+
+impl Drop for Campaign<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Unwound by a panic, or the future was dropped mid-await: the session may be
+            // mid-statement, so do not unlock; closing the socket frees the lock.
+            let led = self.end_term(TermEnd::LeadershipLost);
+            self.session = None;
+            if led.is_some() {
+                if std::thread::panicking() {
+                    warn!(target: "leaderrun::elector", "background leader lock abandoned after a panic");
+                } else {
+                    warn!(target: "leaderrun::elector", "background leader lock abandoned: the election was dropped mid-run");
+                }
+            }
+        }
+        self.shared.running.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_interval_uses_the_default() {
+        let mut config = Config::new(tokio_postgres::Config::new());
+        config.check_interval = Duration::ZERO;
+        assert_eq!(config.effective_check_interval(), DEFAULT_CHECK_INTERVAL);
+        assert_eq!(
+            config.effective_idle_session_timeout(),
+            DEFAULT_CHECK_INTERVAL * 4
+        );
+        config.check_interval = Duration::from_millis(250);
+        assert_eq!(config.effective_idle_session_timeout(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn default_key_is_the_seeds() {
+        let key = LockKey::default();
+        assert_eq!(key.class, 0x706C_7873);
+        assert_eq!(&key.class.to_be_bytes(), b"plxs");
+        assert_eq!(key.to_string(), "1886156915:1");
+    }
+
+    #[test]
+    fn registry_identity() {
+        let a = Registry::new();
+        let b = Registry::new();
+        assert!(same_registry(&a, &a.clone()));
+        assert!(!same_registry(&a, &b));
+        // Probes leave nothing behind.
+        assert!(a.gather().is_empty());
+        assert!(b.gather().is_empty());
+    }
+}

@@ -1,0 +1,138 @@
+//! Errors of the election, and how their causes are shown.
+//!
+//! Each variant says what failed at this layer; `source()` carries the cause. tokio-postgres'
+//! own `Display` says only "db error" or "error connecting to server", so everything that logs or
+//! prints an error goes through [`Chain`], which writes the whole cause chain on one line and
+//! renders a server error as its message and SQLSTATE.
+
+use std::fmt;
+use std::time::Duration;
+
+/// What can go wrong in the election (see [`crate::elector`]).
+///
+/// Most of these never leave [`crate::Elector::run`]: a failed connect or query is logged and the
+/// replica stays a standby, as the seed's `Run` does. They are public so that log lines and
+/// embedding programs share one wording.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// [`crate::Elector::run`] was called while an earlier call on the same elector (or a
+    /// clone of it) had not returned yet. The seed forbids two concurrent `Run` calls.
+    #[error("this elector is already running; a second concurrent run is refused")]
+    AlreadyRunning,
+
+    /// The `plexsphere_background_leader` gauge could not be registered on the configured
+    /// registry, e.g. because a collector that is not an elector's gauge uses the name.
+    #[error("cannot register the plexsphere_background_leader gauge")]
+    Metrics(#[source] prometheus::Error),
+
+    /// Opening the session failed (refused, authentication, unknown database, …).
+    #[error("connect to {target}")]
+    Connect {
+        /// The redacted connection target, e.g. `host=db port=5432 dbname=app user=app`.
+        target: String,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// A statement failed on the server or the connection broke while it ran.
+    #[error("{what}")]
+    Query {
+        /// What the statement was for, e.g. `try advisory lock`.
+        what: &'static str,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// Connecting or a statement did not finish within its bound (the DSN's `connect_timeout`
+    /// when set, else the check interval; contract §8).
+    #[error("{what} timed out after {}", humantime::format_duration(*.after))]
+    Timeout {
+        /// What was bounded, e.g. `connect` or `leader check`.
+        what: &'static str,
+        /// The bound that passed.
+        after: Duration,
+    },
+
+    /// The lock session ended (EOF from the server: terminated backend, restart, broken socket).
+    #[error("lock session closed by the server")]
+    SessionClosed(#[source] Option<tokio_postgres::Error>),
+
+    /// The leader's check ran but its backend no longer holds the granted lock row
+    /// (FIELD-NOTES PostgreSQL 1).
+    #[error("advisory lock {lock} is no longer held by backend {backend_pid}")]
+    LockNotHeld {
+        /// The key, `class:id`.
+        lock: crate::LockKey,
+        /// The backend pid the lock was granted to.
+        backend_pid: i32,
+    },
+
+    /// The statement ran on a different backend than the one that took the lock: a
+    /// transaction-mode pooler moves sessions between clients (FIELD-NOTES PostgreSQL 8).
+    #[error(
+        "the lock session moved from backend {granted_to} to backend {now}: \
+         a transaction-mode connection pooler (e.g. PgBouncer pool_mode=transaction) \
+         cannot carry a session advisory lock; connect directly or through a session-mode pooler"
+    )]
+    BackendChanged {
+        /// Backend pid at the grant.
+        granted_to: i32,
+        /// Backend pid that answered the check.
+        now: i32,
+    },
+
+    /// The server is a hot standby: it grants advisory locks of its own, which would make a
+    /// second leader (contract §8, FIELD-NOTES PostgreSQL 7).
+    #[error("server {server} is in recovery (a hot standby); refusing to lead on it")]
+    InRecovery {
+        /// The redacted connection target.
+        server: String,
+    },
+}
+
+impl Error {
+    /// Whether this error means the server ended the session (as opposed to a slow or
+    /// failing statement on a live session).
+    pub fn is_closed(&self) -> bool {
+        match self {
+            Error::SessionClosed(_) => true,
+            Error::Query { source, .. } => source.is_closed(),
+            _ => false,
+        }
+    }
+}
+
+/// Displays an error and all its causes on one line, `outer: cause: root`.
+///
+/// A PostgreSQL server error is shown as `MESSAGE (SQLSTATE xxxxx)` plus its detail and hint,
+/// instead of tokio-postgres' bare "db error".
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut current: Option<&(dyn std::error::Error + 'static)> = Some(self.0);
+        let mut first = true;
+        while let Some(err) = current {
+            if !first {
+                f.write_str(": ")?;
+            }
+            first = false;
+            if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
+                write!(f, "{} (SQLSTATE {})", db.message(), db.code().code())?;
+                if let Some(detail) = db.detail() {
+                    write!(f, "; detail: {detail}")?;
+                }
+                if let Some(hint) = db.hint() {
+                    write!(f, "; hint: {hint}")?;
+                }
+            } else {
+                write!(f, "{err}")?;
+            }
+            current = err.source();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,47 @@
+//! `leaderrun`: run a command on exactly one machine of many, elected by a PostgreSQL session
+//! advisory lock.
+//!
+//! # Theory of operation
+//!
+//! Every copy campaigns for the same session advisory lock, `pg_try_advisory_lock(class, id)`.
+//! The copy whose session holds it is the leader; the others are standbys and try again every
+//! check interval. The election is [`Elector`], a Rust rendering of the plexsphere background
+//! leader (`Run`, `Term`, `Do`, `IsLeader`): see [`elector`] for its rules and the sources they
+//! come from. Programs that embed the election use it directly:
+//!
+//! ```no_run
+//! use leaderrun::{Config, Done, Elector};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example() -> Result<(), leaderrun::Error> {
+//! let connect = "host=127.0.0.1 user=app dbname=plexsphere".parse().expect("valid DSN");
+//! let elector = Elector::new(Config::new(connect))?;
+//! let cancel = CancellationToken::new();
+//! let election = tokio::spawn({
+//!     let (elector, cancel) = (elector.clone(), cancel.clone());
+//!     async move { elector.run(cancel).await }
+//! });
+//! if let Done::Lost = elector.do_as_leader(|term| async move { term.ended().await }).await {
+//!     // Leadership moved elsewhere while the work ran; not a failure.
+//! }
+//! cancel.cancel();
+//! election.await.expect("election task")?;
+//! # Ok(()) }
+//! ```
+//!
+//! The binary builds on it: [`runner`] ties a term to a child process started by [`child`]
+//! (own process group, stop signal → grace → SIGKILL, one reaper), [`signals`] takes in the
+//! signals leaderrun acts on, [`cli`] is the command line and [`conninfo`] resolves connection
+//! settings the way psql does.
+
+pub mod child;
+pub mod cli;
+pub mod conninfo;
+pub mod elector;
+pub mod error;
+pub mod logging;
+pub mod runner;
+pub mod signals;
+
+pub use elector::{Config, Done, Elector, Lease, LockKey, Term, TermEnd};
+pub use error::{Chain, Error};

@@ -1,0 +1,23 @@
+//! Log lines to stderr (contract §7): the seed's wording, one line per event, fields appended.
+
+/// Installs the global subscriber: text lines on stderr at `level`, unless `RUST_LOG` is set
+/// and no -v/-q flag was given, in which case `RUST_LOG` decides.
+///
+/// Safe to call once per process; later calls do nothing.
+pub fn init(level: tracing::Level, explicit: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !explicit && !spec.is_empty() => {
+            EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(level.as_str()))
+        }
+        _ => EnvFilter::new(level.as_str()),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .with_env_filter(filter)
+        .try_init();
+}

@@ -1,0 +1,10 @@
+//! `leaderrun [OPTIONS] -- COMMAND [ARG...]`: parse, run, exit with the contract's status.
+//! Never returns a `Result`: errors are logged as one line each, not as a backtrace.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = leaderrun::cli::parse();
+    leaderrun::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0);
+    leaderrun::runner::main(cli).finish()
+}
