@@ -350,7 +350,11 @@ impl Child {
     pub fn signal_group(&self, sig: Signal) {
         match killpg(self.pid, sig) {
             Ok(()) | Err(Errno::ESRCH) => {}
-            Err(err) => warn!(pgid = self.pid.as_raw(), signal = sig.as_str(), "cannot signal the child's process group: {err}"),
+            Err(err) => warn!(
+                pgid = self.pid.as_raw(),
+                signal = sig.as_str(),
+                "cannot signal the child's process group: {err}"
+            ),
         }
     }
 
@@ -451,7 +455,14 @@ impl Child {
 fn prepare_child(parent: i32) -> std::io::Result<()> {
     // SAFETY: plain syscalls on values we own; no allocation, no locks.
     unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
             return Err(std::io::Error::last_os_error());
         }
         // leaderrun may have died between fork and prctl: then nothing would ever signal us.
@@ -519,7 +530,10 @@ mod tests {
         assert_eq!(ExitStatus::Code(7).exit_code(), 7);
         assert_eq!(ExitStatus::Signal(Signal::SIGTERM).exit_code(), 143);
         assert_eq!(ExitStatus::Signal(Signal::SIGKILL).exit_code(), 137);
-        assert_eq!(ExitStatus::Signal(Signal::SIGKILL).to_string(), "signal 9 (SIGKILL)");
+        assert_eq!(
+            ExitStatus::Signal(Signal::SIGKILL).to_string(),
+            "signal 9 (SIGKILL)"
+        );
     }
 
     #[test]

@@ -14,7 +14,8 @@ use crate::elector::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
 /// Exit status for leaderrun's own failures, usage errors included (contract §6).
 pub const EXIT_FAILURE: u8 = 125;
 
-const ABOUT: &str = "Run COMMAND on exactly one machine of many, elected by a PostgreSQL advisory lock";
+const ABOUT: &str =
+    "Run COMMAND on exactly one machine of many, elected by a PostgreSQL advisory lock";
 
 const LONG_ABOUT: &str = "\
 Run COMMAND on exactly one machine of many.
@@ -152,8 +153,7 @@ pub struct Cli {
         value_name = "COMMAND",
         required = true,
         num_args = 1..,
-        trailing_var_arg = true,
-        allow_hyphen_values = true
+        trailing_var_arg = true
     )]
     pub command: Vec<OsString>,
 }
@@ -325,7 +325,9 @@ mod tests {
             .unwrap();
         assert_eq!(cli.lock_id, -5);
         assert_eq!(cli.command, ["sh", "-c", "exit 3"]);
-        assert!(Cli::try_parse_from(["leaderrun", "--lock-id", "2147483648", "--", "true"]).is_err());
+        assert!(
+            Cli::try_parse_from(["leaderrun", "--lock-id", "2147483648", "--", "true"]).is_err()
+        );
         assert!(Cli::try_parse_from(["leaderrun"]).is_err());
     }
 }

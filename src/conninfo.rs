@@ -222,7 +222,10 @@ mod tests {
             ("PGPASSWORD", "s3cret"),
         ]);
         let c = resolve(Some("postgres://app@db.example:6543/plexsphere"), &e).unwrap();
-        assert_eq!(describe(&c), "host=db.example port=6543 dbname=plexsphere user=app");
+        assert_eq!(
+            describe(&c),
+            "host=db.example port=6543 dbname=plexsphere user=app"
+        );
         // A field the DSN leaves out still comes from the environment, as in libpq.
         assert_eq!(c.get_password(), Some(&b"s3cret"[..]));
     }

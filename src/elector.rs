@@ -31,10 +31,12 @@
 //!   mid-statement; the server frees the lock when the socket closes.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use prometheus::{IntGauge, Registry};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -412,13 +414,24 @@ impl Elector {
             term: None,
             finished: false,
         };
-        async {
-            campaign.run(&cancel).await;
-            campaign.resign().await;
-        }
-        .instrument(span)
+        // A panic inside an async fn does not unwind through its locals until the task is
+        // dropped, after the runtime caught it; catch it here so the term ends, the session
+        // closes and the WARN line is written while the caller's subscriber is still current.
+        let outcome = AssertUnwindSafe(
+            async {
+                campaign.run(&cancel).await;
+                campaign.resign().await;
+            }
+            .instrument(span.clone()),
+        )
+        .catch_unwind()
         .await;
         campaign.finished = true;
+        if let Err(panic) = outcome {
+            let _entered = span.enter();
+            campaign.abandon(true);
+            std::panic::resume_unwind(panic);
+        }
         Ok(())
     }
 }
@@ -466,7 +479,12 @@ fn same_registry(a: &Registry, b: &Registry) -> bool {
         "leaderrun_registry_probe_{}",
         PROBES.fetch_add(1, Ordering::Relaxed)
     );
-    let Ok(desc) = Desc::new(name, "identity probe".into(), Vec::new(), Default::default()) else {
+    let Ok(desc) = Desc::new(
+        name,
+        "identity probe".into(),
+        Vec::new(),
+        Default::default(),
+    ) else {
         return false;
     };
     let probe = Probe(desc);
@@ -866,20 +884,27 @@ impl Campaign<'_> {
     }
 }
 
+impl Campaign<'_> {
+    /// Leaves the election without unlocking: after a panic, or when `run`'s future is dropped
+    /// mid-await. The session may be mid-statement, so it is closed instead; the server frees
+    /// the lock when the socket closes.
+    fn abandon(&mut self, panicked: bool) {
+        let led = self.end_term(TermEnd::LeadershipLost);
+        self.session = None;
+        if led.is_some() {
+            if panicked {
+                warn!(target: "leaderrun::elector", "background leader lock abandoned after a panic");
+            } else {
+                warn!(target: "leaderrun::elector", "background leader lock abandoned: the election was dropped mid-run");
+            }
+        }
+    }
+}
+
 impl Drop for Campaign<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            // Unwound by a panic, or the future was dropped mid-await: the session may be
-            // mid-statement, so do not unlock; closing the socket frees the lock.
-            let led = self.end_term(TermEnd::LeadershipLost);
-            self.session = None;
-            if led.is_some() {
-                if std::thread::panicking() {
-                    warn!(target: "leaderrun::elector", "background leader lock abandoned after a panic");
-                } else {
-                    warn!(target: "leaderrun::elector", "background leader lock abandoned: the election was dropped mid-run");
-                }
-            }
+            self.abandon(std::thread::panicking());
         }
         self.shared.running.store(false, Ordering::Release);
     }
@@ -899,7 +924,10 @@ mod tests {
             DEFAULT_CHECK_INTERVAL * 4
         );
         config.check_interval = Duration::from_millis(250);
-        assert_eq!(config.effective_idle_session_timeout(), Duration::from_secs(1));
+        assert_eq!(
+            config.effective_idle_session_timeout(),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]

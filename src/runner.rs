@@ -194,7 +194,11 @@ pub async fn while_leader(settings: Settings, command: Command, mut signals: Sig
         // exists (FIELD-NOTES child 1).
         while let Some(sig) = signals.try_recv() {
             if is_shutdown(sig) {
-                info!(signal = sig.as_str(), "received {} before COMMAND started; shutting down", sig.as_str());
+                info!(
+                    signal = sig.as_str(),
+                    "received {} before COMMAND started; shutting down",
+                    sig.as_str()
+                );
                 election.stop().await;
                 return Exit::Code(0);
             }
@@ -215,7 +219,11 @@ pub async fn while_leader(settings: Settings, command: Command, mut signals: Sig
             Led::Demoted(stopped) => {
                 info!(pid = child.pid(), status = %stopped.status, term = term.number(), "child stopped after demotion");
                 if let Some(sig) = stopped.shutdown {
-                    info!(signal = sig.as_str(), "shutting down after {}", sig.as_str());
+                    info!(
+                        signal = sig.as_str(),
+                        "shutting down after {}",
+                        sig.as_str()
+                    );
                     election.stop().await;
                     return Exit::Child(stopped.status);
                 }
@@ -238,7 +246,12 @@ enum Led {
 }
 
 /// Supervises the child of one term.
-async fn lead(settings: &Settings, term: &Term, child: &mut Child, signals: &mut SignalStream) -> Led {
+async fn lead(
+    settings: &Settings,
+    term: &Term,
+    child: &mut Child,
+    signals: &mut SignalStream,
+) -> Led {
     let mut reap_timer = tokio::time::interval(Duration::from_secs(1));
     loop {
         if let Some(status) = child.status() {

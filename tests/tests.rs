@@ -1,1 +1,7 @@
+//! One integration test binary (one link instead of many): the library against a real
+//! PostgreSQL, and the real `leaderrun` binary against a real PostgreSQL.
 
+mod support;
+
+mod binary;
+mod election;

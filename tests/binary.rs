@@ -1,0 +1,395 @@
+//! The real `leaderrun` binary against a real PostgreSQL: election, failover, signals, exit
+//! codes, and what the child gets.
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::{
+    alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS,
+};
+
+const INTERVAL: &str = "200ms";
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// The replica whose child a start record belongs to.
+fn leader_of<'a>(replicas: &'a mut [Replica], start: &crate::support::Start) -> &'a mut Replica {
+    replicas
+        .iter_mut()
+        .find(|r| r.pid() == start.ppid)
+        .expect("the child's parent is one of the replicas")
+}
+
+#[test]
+fn three_replicas_run_exactly_one_child() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &["-v", "--", script]))
+        .collect();
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let leader = replicas.iter().find(|r| r.pid() == start.ppid).unwrap();
+    let standbys: Vec<&Replica> = replicas.iter().filter(|r| r.pid() != start.ppid).collect();
+    assert_eq!(standbys.len(), 2);
+    // Every standby has been refused five times since: still exactly one child.
+    for standby in &standbys {
+        standby.wait_log("lock held by another session", 5, secs(10.0));
+    }
+    assert_eq!(scratch.starts().len(), 1, "events: {:?}", scratch.events());
+    assert!(alive(start.pid));
+    // The child's backend is the one holding the seed's lock row; it names this host and pid.
+    assert_eq!(cluster.lock_holders(CLASS, id), vec![start.backend_pid]);
+    assert_eq!(start.term, 1);
+    assert_eq!(start.lock, format!("{CLASS}:{id}"));
+    assert!(start.fencing_token > 0);
+    let app = cluster.sql(&format!(
+        "SELECT application_name FROM pg_stat_activity WHERE pid = {}",
+        start.backend_pid
+    ));
+    assert!(
+        app[0].starts_with("leaderrun@") && app[0].ends_with(&format!(":{}", start.ppid)),
+        "application_name {app:?}"
+    );
+    let log = leader.log();
+    assert!(log.contains("background leader lock acquired"), "{log}");
+    assert!(
+        log.contains(&format!("backend_pid={}", start.backend_pid)),
+        "{log}"
+    );
+    assert!(
+        log.contains("term=1") && log.contains("database=postgres"),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("child started pid={}", start.pid)),
+        "{log}"
+    );
+}
+
+#[test]
+fn kill_9_of_the_leader_kills_its_child_and_another_takes_over() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &["--", script]))
+        .collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    leader_of(&mut replicas, &first).signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    wait_for("the old child to die with its leaderrun", secs(2.0), || {
+        (!alive(first.pid)).then_some(())
+    });
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    let took = killed.elapsed();
+    assert_ne!(second.ppid, first.ppid);
+    assert!(second.fencing_token > first.fencing_token);
+    // The server ends the dead leader's session at once; a standby checks every 200 ms.
+    assert!(took < secs(1.5), "failover took {took:?}");
+}
+
+#[test]
+fn terminated_lock_session_stops_the_child_at_once() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    // A trap-less script with a background and a foreground worker: the group signal must stop
+    // all of them, not only sh.
+    let script = scratch.child_script(
+        "child.sh",
+        "sleep 600 & echo \"bg $!\" >> \"$EVENTS\"\nsleep 600\nwait",
+    );
+    let script = script.to_str().unwrap();
+    // A long interval, so "at once" cannot be the next check.
+    let mut replicas: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, "3s", &["--", script]))
+        .collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let background: i32 = wait_for("background worker pid", secs(5.0), || {
+        scratch
+            .events()
+            .iter()
+            .find_map(|l| l.strip_prefix("bg ").map(|p| p.parse().unwrap()))
+    });
+    cluster.terminate_backend(first.backend_pid);
+    let terminated = Instant::now();
+    wait_for("the child's whole group to stop", secs(1.5), || {
+        (!alive(first.pid) && !alive(background)).then_some(())
+    });
+    assert!(terminated.elapsed() < secs(1.5));
+    let leader = leader_of(&mut replicas, &first);
+    leader.wait_log("background leader lock lost", 1, secs(1.0));
+    assert!(leader.running(), "a demoted leader goes back to standby");
+    // The other replica takes over within about one interval.
+    let second = scratch.wait_starts(2, secs(6.0))[1].clone();
+    assert_ne!(second.ppid, first.ppid);
+    assert_eq!(cluster.lock_holders(CLASS, id), vec![second.backend_pid]);
+}
+
+#[test]
+fn leadership_comes_back_after_a_server_restart() {
+    let cluster = Cluster::start_private();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = Replica::start(&cluster, id, INTERVAL, &["--", script.to_str().unwrap()]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    cluster.restart();
+    wait_for("the first term's child to stop", secs(3.0), || {
+        (!alive(first.pid)).then_some(())
+    });
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    // COMMAND starts afresh in the next term of the same process.
+    assert_eq!(second.ppid, first.ppid);
+    assert_eq!(second.term, 2);
+    assert_ne!(second.pid, first.pid);
+    assert!(replica.log().contains("background leader lock lost"));
+    assert_eq!(cluster.lock_holders(CLASS, id), vec![second.backend_pid]);
+}
+
+#[test]
+fn sigterm_stops_the_child_exits_with_its_status_and_hands_over() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "trap 'echo \"term $$\" >> \"$EVENTS\"; exit 3' TERM\nwhile :; do sleep 0.05; done",
+    );
+    let script = script.to_str().unwrap();
+    let mut replicas: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &["--", script]))
+        .collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let leader = leader_of(&mut replicas, &first);
+    leader.signal(Signal::SIGTERM);
+    let status = leader.wait_exit(secs(5.0));
+    let exited = Instant::now();
+    assert_eq!(status.code(), Some(3), "log:\n{}", leader.log());
+    assert!(scratch.events().contains(&format!("term {}", first.pid)));
+    assert!(leader.log().contains("background leader lock released"));
+    let second = scratch.wait_starts(2, secs(3.0))[1].clone();
+    assert_ne!(second.ppid, first.ppid);
+    let took = exited.elapsed();
+    assert!(took < secs(1.0), "handover took {took:?}");
+}
+
+#[test]
+fn database_down_at_start_warns_then_leads() {
+    let cluster = Cluster::start_private();
+    cluster.stop();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = Replica::start(&cluster, id, INTERVAL, &["--", script.to_str().unwrap()]);
+    replica.wait_log(
+        "WARN leader: acquire lock connection: connect to",
+        2,
+        secs(5.0),
+    );
+    assert!(scratch.starts().is_empty());
+    // The cause chain is shown, not just the driver's "error connecting to server".
+    let log = replica.log();
+    assert!(log.contains("error connecting to server: "), "{log}");
+    cluster.start();
+    let start = scratch.wait_starts(1, secs(5.0))[0].clone();
+    assert_eq!(start.ppid, replica.pid());
+}
+
+#[test]
+fn exit_status_of_command_is_passed_on() {
+    let cluster = Cluster::shared();
+    let cases: [(&str, Option<i32>, Option<i32>); 4] = [
+        ("echo to-stdout; echo to-stderr >&2; exit 7", Some(7), None),
+        ("exit 0", Some(0), None),
+        ("kill -KILL $$", Some(137), None),
+        ("kill -TERM $$", Some(143), None),
+    ];
+    for (body, code, signal) in cases {
+        let mut replica = Replica::start(
+            cluster,
+            unique_lock_id(),
+            INTERVAL,
+            &["--", "sh", "-c", body],
+        );
+        let status = replica.wait_exit(secs(10.0));
+        assert_eq!(
+            (status.code(), status.signal()),
+            (code, signal),
+            "{body}: {}",
+            replica.log()
+        );
+        if body.starts_with("echo") {
+            // stdio passes through untouched; leaderrun's own lines go to stderr only.
+            assert_eq!(replica.stdout(), "to-stdout\n");
+            assert!(replica.log().contains("to-stderr\n"));
+        }
+    }
+}
+
+#[test]
+fn child_dying_of_sigint_makes_leaderrun_die_of_sigint() {
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--", "sh", "-c", "kill -INT $$"],
+    );
+    let status = replica.wait_exit(secs(10.0));
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{}", replica.log());
+}
+
+#[test]
+fn helpers_left_by_an_exited_command_are_stopped_before_exit() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "sleep 600 & echo \"bg $!\" >> \"$EVENTS\"\nexit 5",
+    );
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--", script.to_str().unwrap()],
+    );
+    let status = replica.wait_exit(secs(10.0));
+    assert_eq!(status.code(), Some(5));
+    let background: i32 = scratch
+        .events()
+        .iter()
+        .find_map(|l| l.strip_prefix("bg ").map(|p| p.parse().unwrap()))
+        .expect("background pid recorded");
+    assert!(!alive(background), "helper {background} outlived leaderrun");
+}
+
+#[test]
+fn usage_errors_exit_125_without_a_backtrace() {
+    let cases: &[&[&str]] = &[
+        &[],
+        &["--check-interval", "5", "--", "true"],
+        &["--check-interval", "0s", "--", "true"],
+        &["--grace", "-1s", "--", "true"],
+        &["--lock-id", "2147483648", "--", "true"],
+        &["--lock-class", "x", "--", "true"],
+        &["--stop-signal", "NOPE", "--", "true"],
+        &["--frobnicate", "--", "true"],
+        &["--dsn", "postgres://u:hunter2@h:notaport/db", "--", "true"],
+    ];
+    for args in cases {
+        let out = leaderrun().args(*args).output().expect("run leaderrun");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {stderr}");
+        assert!(!stderr.contains("backtrace"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{args:?}: {stderr}");
+        assert!(!stderr.trim().is_empty(), "{args:?}: no message");
+    }
+    let out = leaderrun().arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--check-interval"));
+}
+
+#[test]
+fn missing_or_unexecutable_command_exits_at_once() {
+    let scratch = Scratch::new();
+    let plain = scratch.file("plain.txt");
+    std::fs::write(&plain, "not a program").unwrap();
+    // Nothing listens on this port: the checks must happen before any connection attempt.
+    let dsn = "host=127.0.0.1 port=1 user=postgres connect_timeout=30";
+    let cases = [
+        ("no-such-command-leaderrun", 127),
+        ("./no/such/file", 127),
+        (plain.to_str().unwrap(), 126),
+        (scratch.path().to_str().unwrap(), 126),
+    ];
+    for (command, code) in cases {
+        let started = Instant::now();
+        let out = leaderrun()
+            .args(["--dsn", dsn, "--", command])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(started.elapsed() < secs(2.0));
+    }
+}
+
+#[test]
+fn sigterm_while_standby_exits_0_and_starts_nothing() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, INTERVAL, &["--", script]);
+    scratch.wait_starts(1, secs(10.0));
+    let mut standby = Replica::start(cluster, id, INTERVAL, &["-v", "--", script]);
+    standby.wait_log("lock held by another session", 1, secs(5.0));
+    standby.signal(Signal::SIGTERM);
+    assert_eq!(standby.wait_exit(secs(5.0)).code(), Some(0));
+    assert_eq!(scratch.starts().len(), 1);
+}
+
+#[test]
+fn signal_while_connecting_ends_cleanly_with_no_child() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    // Port 1 refuses at once; a blackholed address would hang connect: both are "connecting".
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", "host=127.0.0.1 port=1 user=postgres"])
+        .args(["--check-interval", INTERVAL, "--", script.to_str().unwrap()]);
+    let mut replica = Replica::spawn(cmd);
+    replica.wait_log("leader: acquire lock connection:", 1, secs(5.0));
+    replica.signal(Signal::SIGINT);
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(0));
+    assert!(scratch.starts().is_empty());
+}
+
+#[test]
+fn child_sees_only_stdio_descriptors() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let leaked = std::fs::File::create(scratch.file("leak")).unwrap();
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &cluster.dsn(),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+    ])
+    .args(["--check-interval", INTERVAL, "--", script.to_str().unwrap()]);
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&leaked);
+    // SAFETY: dup2 between fork and exec; gives leaderrun an inherited fd 7 without CLOEXEC.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(raw, 7) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let replica = Replica::spawn(cmd);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // leaderrun itself has fd 7 and its database socket…
+    assert!(std::path::Path::new(&format!("/proc/{}/fd/7", replica.pid())).exists());
+    // …the child has only 0, 1 and 2.
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", start.pid))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    fds.sort();
+    assert_eq!(fds, ["0", "1", "2"]);
+}

@@ -1,0 +1,273 @@
+//! The library's `Elector` against a real PostgreSQL: term, do_as_leader, is_leader, the gauge,
+//! concurrent runs and the panic path.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leaderrun::{Config, Done, Elector, Error, LockKey, TermEnd};
+use prometheus::Registry;
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
+use tracing_subscriber::layer::SubscriberExt;
+
+use crate::support::{unique_lock_id, Cluster, CLASS};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn config(id: i32, registry: Option<Registry>) -> Config {
+    let mut config = Config::new(Cluster::shared().config());
+    config.lock = LockKey { class: CLASS, id };
+    config.check_interval = Duration::from_millis(200);
+    config.registry = registry;
+    config
+}
+
+struct Running {
+    elector: Elector,
+    cancel: CancellationToken,
+    task: JoinHandle<Result<(), Error>>,
+}
+
+fn run(elector: &Elector) -> Running {
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let (elector, cancel) = (elector.clone(), cancel.clone());
+        async move { elector.run(cancel).await }
+    });
+    Running {
+        elector: elector.clone(),
+        cancel,
+        task,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.cancel.cancel();
+        timeout(WAIT, self.task)
+            .await
+            .expect("run returns after cancel")
+            .expect("run did not panic")
+            .expect("run returns Ok");
+        assert!(!self.elector.is_leader());
+    }
+}
+
+fn gauge_values(registry: &Registry) -> Vec<f64> {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == leaderrun::elector::GAUGE_NAME)
+        .flat_map(|f| f.get_metric().iter().map(|m| m.get_gauge().get_value()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn term_do_and_is_leader_follow_the_seed() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let a = Elector::new(config(id, None)).unwrap();
+    let b = Elector::new(config(id, None)).unwrap();
+    assert!(!a.is_leader());
+    assert!(a.term().is_ended(), "a standby's term has already ended");
+    assert_eq!(a.term().number(), 0);
+
+    let run_a = run(&a);
+    let term = timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    assert!(a.is_leader());
+    assert_eq!(term.number(), 1);
+    let lease = term.lease().expect("a leader's term has a lease").clone();
+    assert_eq!(cluster.lock_holders(CLASS, id), vec![lease.backend_pid]);
+
+    let run_b = run(&b);
+    // Standby: the work is not run.
+    let called = AtomicBool::new(false);
+    let done = b
+        .do_as_leader(|_| async { called.store(true, Ordering::SeqCst) })
+        .await;
+    assert_eq!(done, Done::Standby);
+    assert!(!called.load(Ordering::SeqCst));
+    assert!(b.term().is_ended());
+
+    // Leader, leadership held: ran, with the work's result.
+    assert_eq!(a.do_as_leader(|_| async { 42 }).await, Done::Ran(42));
+
+    // Leader, leadership lost while the work runs: not a failure. The lock session is
+    // terminated; the term must end on the connection's EOF, well before a 10-interval bound.
+    let killer = cluster.client().await;
+    let done = a
+        .do_as_leader(|term| async move {
+            killer
+                .execute("SELECT pg_terminate_backend($1)", &[&lease.backend_pid])
+                .await
+                .unwrap();
+            timeout(Duration::from_secs(2), term.ended()).await
+        })
+        .await;
+    assert_eq!(done, Done::Lost);
+    assert_eq!(term.end_cause(), Some(TermEnd::LeadershipLost));
+    assert!(!a.is_leader());
+
+    // Someone leads again (b, or a on its next check), with a greater fencing token.
+    let next = timeout(WAIT, async {
+        tokio::select! {
+            t = a.wait_for_term() => t,
+            t = b.wait_for_term() => t,
+        }
+    })
+    .await
+    .expect("a new leader");
+    assert!(next.lease().unwrap().fencing_token > lease.fencing_token);
+
+    // Cancelling the leader resigns: the term ends as Resigned and the other takes over.
+    let (leader_run, other) = if a.is_leader() {
+        (run_a, run_b)
+    } else {
+        (run_b, run_a)
+    };
+    leader_run.stop().await;
+    assert_eq!(next.end_cause(), Some(TermEnd::Resigned));
+    timeout(WAIT, other.elector.wait_for_term())
+        .await
+        .expect("the other replica takes over after a release");
+    other.stop().await;
+    assert!(cluster.lock_holders(CLASS, id).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_concurrent_run_is_refused_and_a_later_one_works() {
+    let elector = Elector::new(config(unique_lock_id(), None)).unwrap();
+    let first = run(&elector);
+    timeout(WAIT, elector.wait_for_term()).await.expect("leads");
+    let second = elector.run(CancellationToken::new()).await;
+    assert!(matches!(second, Err(Error::AlreadyRunning)), "{second:?}");
+    assert!(elector.is_leader(), "the refused call disturbed nothing");
+    first.stop().await;
+
+    let again = run(&elector);
+    let term = timeout(WAIT, elector.wait_for_term())
+        .await
+        .expect("leads again");
+    assert_eq!(term.number(), 2);
+    again.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn electors_sharing_a_registry_write_one_series() {
+    let id = unique_lock_id();
+    let shared = Registry::new();
+    let own = Registry::new();
+    let a = Elector::new(config(id, Some(shared.clone()))).unwrap();
+    let b = Elector::new(config(id, Some(shared.clone()))).unwrap();
+    let c = Elector::new(config(id, Some(own.clone()))).unwrap();
+    assert_eq!(gauge_values(&shared), [0.0]);
+    assert_eq!(gauge_values(&own), [0.0]);
+
+    let run_a = run(&a);
+    timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let run_b = run(&b);
+    let run_c = run(&c);
+    assert_eq!(gauge_values(&shared), [1.0]);
+    assert_eq!(gauge_values(&own), [0.0]);
+
+    // a resigns, b or c takes over; the shared series follows whoever of a and b leads.
+    run_a.stop().await;
+    let b_or_c = timeout(WAIT, async {
+        tokio::select! {
+            _ = b.wait_for_term() => "b",
+            _ = c.wait_for_term() => "c",
+        }
+    })
+    .await
+    .expect("a new leader");
+    match b_or_c {
+        "b" => {
+            assert_eq!(gauge_values(&shared), [1.0]);
+            assert_eq!(gauge_values(&own), [0.0]);
+        }
+        _ => {
+            assert_eq!(gauge_values(&shared), [0.0]);
+            assert_eq!(gauge_values(&own), [1.0]);
+        }
+    }
+    run_b.stop().await;
+    run_c.stop().await;
+    assert_eq!(gauge_values(&shared), [0.0]);
+    assert_eq!(gauge_values(&own), [0.0]);
+}
+
+/// A layer that records every event and panics (once) on the first successful leader check.
+#[derive(Clone, Default)]
+struct PanicOnCheck {
+    events: Arc<Mutex<Vec<(tracing::Level, String)>>>,
+    fired: Arc<AtomicBool>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnCheck {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let level = *event.metadata().level();
+        self.events.lock().unwrap().push((level, message.0.clone()));
+        if message.0 == "leader check ok" && !self.fired.swap(true, Ordering::SeqCst) {
+            panic!("injected panic in the election");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_run_ends_the_term_and_abandons_the_lock() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let registry = Registry::new();
+    let elector = Elector::new(config(id, Some(registry.clone()))).unwrap();
+    let layer = PanicOnCheck::default();
+    let subscriber = tracing_subscriber::registry().with(layer.clone());
+    let task = tokio::spawn({
+        let elector = elector.clone();
+        async move { elector.run(CancellationToken::new()).await }.with_subscriber(subscriber)
+    });
+    let term = timeout(WAIT, elector.wait_for_term()).await.expect("leads");
+    let backend = term.lease().unwrap().backend_pid;
+    let joined = timeout(WAIT, task).await.expect("run ends by the panic");
+    assert!(joined.expect_err("run panicked").is_panic());
+
+    assert_eq!(term.end_cause(), Some(TermEnd::LeadershipLost));
+    assert!(!elector.is_leader());
+    assert_eq!(gauge_values(&registry), [0.0]);
+    assert!(layer.events.lock().unwrap().contains(&(
+        tracing::Level::WARN,
+        "background leader lock abandoned after a panic".into()
+    )));
+    // The session was closed without unlock: the server frees the lock with the session.
+    timeout(WAIT, async {
+        while !cluster.lock_holders(CLASS, id).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the abandoned lock is freed");
+    assert!(cluster
+        .sql(&format!(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = {backend}"
+        ))
+        .is_empty());
+
+    // A later run works.
+    let again = run(&elector);
+    timeout(WAIT, elector.wait_for_term())
+        .await
+        .expect("leads after the panic");
+    again.stop().await;
+}

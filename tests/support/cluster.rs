@@ -1,0 +1,401 @@
+//! A throwaway PostgreSQL cluster per test binary (shared, for tests that do not disturb the
+//! server) or per test (private, for tests that restart, stop or kill it).
+//!
+//! `initdb` runs once per test binary into a template directory; every cluster is a copy of
+//! it, so a private cluster starts in well under a second. The server runs as the `postgres`
+//! user when the tests run as root (PostgreSQL refuses root), with `fsync=off`, on its own port
+//! and its own socket directory. The postmaster is forked by a keeper thread that lives as long
+//! as the test process, with `PR_SET_PDEATHSIG(SIGKILL)`, so a test binary that is killed
+//! leaves no server behind; a cluster is stopped and its directory removed when dropped (the
+//! shared one at process exit).
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// A PostgreSQL server of the tests' own.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    postmaster: Mutex<Option<Child>>,
+}
+
+/// The server binaries: where `initdb` on PATH really lives, else Debian's newest `/usr/lib/postgresql/N/bin`.
+fn bin_dir() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(path) = std::env::var_os("PATH") {
+            for dir in std::env::split_paths(&path) {
+                // Follow symlinks (e.g. /usr/local/bin/initdb): psql and postgres live beside
+                // the real initdb.
+                if let Ok(real) = std::fs::canonicalize(dir.join("initdb")) {
+                    let bin = real.parent().expect("initdb has a directory").to_owned();
+                    if bin.join("postgres").is_file() && bin.join("psql").is_file() {
+                        return bin;
+                    }
+                }
+            }
+        }
+        let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries not found: install the postgresql package")
+            .flatten()
+            .filter_map(|e| {
+                let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+                let bin = e.path().join("bin");
+                bin.join("initdb").is_file().then_some((v, bin))
+            })
+            .collect();
+        versions.sort();
+        versions
+            .pop()
+            .expect("no /usr/lib/postgresql/N/bin/initdb: install the postgresql package")
+            .1
+    })
+}
+
+/// uid/gid of the `postgres` user when running as root, since PostgreSQL refuses root.
+fn server_user() -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let user = nix::unistd::User::from_name("postgres")
+        .expect("look up the postgres user")
+        .expect("running as root needs a 'postgres' user to run the server");
+    Some((user.uid.as_raw(), user.gid.as_raw()))
+}
+
+fn as_server_user(cmd: &mut Command) -> &mut Command {
+    if let Some((uid, gid)) = server_user() {
+        cmd.uid(uid).gid(gid);
+    }
+    cmd
+}
+
+fn chown_to_server_user(path: &Path) {
+    if let Some((uid, gid)) = server_user() {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("chown to postgres");
+    }
+}
+
+fn scratch_root() -> PathBuf {
+    // Outside /root, which the postgres user cannot enter.
+    PathBuf::from("/tmp")
+}
+
+/// The initdb'ed template every cluster copies.
+static TEMPLATE: OnceLock<tempfile::TempDir> = OnceLock::new();
+
+fn template() -> &'static Path {
+    TEMPLATE
+        .get_or_init(|| {
+            let dir = tempfile::Builder::new()
+                .prefix("leaderrun-template-")
+                .tempdir_in(scratch_root())
+                .expect("template dir");
+            chown_to_server_user(dir.path());
+            let data = dir.path().join("data");
+            let out = as_server_user(&mut Command::new(bin_dir().join("initdb")))
+                .args([
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                    "-D",
+                ])
+                .arg(&data)
+                .output()
+                .expect("run initdb");
+            assert!(
+                out.status.success(),
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            register_cleanup();
+            dir
+        })
+        .path()
+}
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Forks on a thread that never exits, so `PR_SET_PDEATHSIG` fires only when the whole test
+/// process dies.
+fn keeper() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static KEEPER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("postgres-keeper".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+                // The sender lives in a static: never reached while the process runs.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("keeper thread");
+        Mutex::new(tx)
+    })
+}
+
+fn spawn_kept(cmd: Command) -> Child {
+    let (tx, rx) = mpsc::channel();
+    keeper()
+        .lock()
+        .unwrap()
+        .send((cmd, tx))
+        .expect("keeper alive");
+    rx.recv().expect("keeper reply").expect("spawn postgres")
+}
+
+static SHARED: OnceLock<Cluster> = OnceLock::new();
+
+extern "C" fn cleanup_at_exit() {
+    if let Some(cluster) = SHARED.get() {
+        cluster.kill();
+        let _ = std::fs::remove_dir_all(cluster.dir.path());
+    }
+    if let Some(template) = TEMPLATE.get() {
+        let _ = std::fs::remove_dir_all(template.path());
+    }
+}
+
+fn register_cleanup() {
+    // SAFETY: registering a plain extern "C" function.
+    unsafe {
+        libc::atexit(cleanup_at_exit);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Cluster {
+    /// The cluster shared by the tests of this binary that do not disturb the server. Each test
+    /// uses its own lock id ([`crate::support::unique_lock_id`]).
+    pub fn shared() -> &'static Cluster {
+        SHARED.get_or_init(Cluster::start_private)
+    }
+
+    /// A cluster of this test's own, for restarting, stopping, pausing or killing it.
+    pub fn start_private() -> Cluster {
+        let template = template();
+        let dir = tempfile::Builder::new()
+            .prefix("leaderrun-pg-")
+            .tempdir_in(scratch_root())
+            .expect("cluster dir");
+        chown_to_server_user(dir.path());
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(template.join("data"))
+            .arg(dir.path().join("data"))
+            .status()
+            .expect("copy template");
+        assert!(status.success(), "cp -a of the template failed");
+        let cluster = Cluster {
+            dir,
+            bin: bin_dir().to_owned(),
+            port: free_port(),
+            postmaster: Mutex::new(None),
+        };
+        cluster.start();
+        cluster
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Directory of the server's Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Keyword/value DSN over TCP as the `postgres` superuser.
+    pub fn dsn(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub fn start(&self) {
+        let mut guard = self.postmaster.lock().unwrap();
+        assert!(guard.is_none(), "cluster already running");
+        let mut cmd = Command::new(self.bin.join("postgres"));
+        as_server_user(&mut cmd)
+            .arg("-D")
+            .arg(self.data())
+            .args(["-p", &self.port.to_string()])
+            .arg("-k")
+            .arg(self.socket_dir())
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=300",
+                "-c",
+                "shared_buffers=16MB",
+                "-c",
+                "logging_collector=off",
+                "-c",
+                "log_min_messages=fatal",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // SAFETY: raw prctl between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = spawn_kept(cmd);
+        let pidfile = self.data().join("postmaster.pid");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::fs::read_to_string(&pidfile)
+                .map(|s| s.lines().any(|l| l.trim() == "ready"))
+                .unwrap_or(false)
+            {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                let mut err = String::new();
+                if let Some(mut stderr) = child.stderr.take() {
+                    let _ = stderr.read_to_string(&mut err);
+                }
+                panic!("postgres exited at start with {status}: {err}");
+            }
+            assert!(Instant::now() < deadline, "postgres did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Drain the server's stderr so it never blocks on a full pipe.
+        if let Some(mut stderr) = child.stderr.take() {
+            std::thread::spawn(move || {
+                let mut sink = Vec::new();
+                let _ = stderr.read_to_end(&mut sink);
+            });
+        }
+        *guard = Some(child);
+    }
+
+    /// Fast shutdown (SIGINT: terminate sessions, checkpoint) and wait for the postmaster.
+    pub fn stop(&self) {
+        self.stop_with(Signal::SIGINT);
+    }
+
+    /// Immediate shutdown (SIGQUIT), like a crash: no checkpoint.
+    pub fn kill(&self) {
+        self.stop_with(Signal::SIGQUIT);
+    }
+
+    fn stop_with(&self, sig: Signal) {
+        let mut guard = self.postmaster.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut child) = guard.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), sig);
+            let _ = child.wait();
+        }
+    }
+
+    /// Stop, then start again on the same port.
+    pub fn restart(&self) {
+        self.stop();
+        self.start();
+    }
+
+    /// Runs SQL through `psql` and returns the rows, columns separated by `|`.
+    pub fn sql(&self, sql: &str) -> Vec<String> {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-c", sql])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql failed on {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
+    /// Backend pids holding the two-int4 advisory lock `(class, id)`, granted ones only.
+    pub fn lock_holders(&self, class: i32, id: i32) -> Vec<i32> {
+        self.sql(&format!(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid = ({class}::bigint & 4294967295)::text::oid \
+             AND objid = ({id}::bigint & 4294967295)::text::oid \
+             AND objsubid = 2 AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ))
+        .iter()
+        .map(|l| l.parse().expect("pid"))
+        .collect()
+    }
+
+    /// `pg_terminate_backend(pid)`.
+    pub fn terminate_backend(&self, pid: i32) {
+        let rows = self.sql(&format!("SELECT pg_terminate_backend({pid})"));
+        assert_eq!(rows, ["t"], "pg_terminate_backend({pid})");
+    }
+
+    /// A tokio-postgres client (for library tests); its connection runs on the current runtime.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.dsn(), tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test cluster");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// tokio-postgres settings for this cluster.
+    pub fn config(&self) -> tokio_postgres::Config {
+        self.dsn().parse().expect("test DSN")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,274 @@
+//! Test support: a real PostgreSQL cluster, the real binary, and waits with deadlines.
+
+pub mod cluster;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use cluster::Cluster;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// A lock id no other test in this process uses, so tests can share one cluster.
+pub fn unique_lock_id() -> i32 {
+    static NEXT: AtomicI32 = AtomicI32::new(1000);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Lock class used by the tests (the default class, so the key is the seed's shape).
+pub const CLASS: i32 = leaderrun::elector::DEFAULT_LOCK_CLASS;
+
+/// Polls `cond` every 10 ms until it returns `Some`, or panics naming `what` at the deadline.
+pub fn wait_for<T>(what: &str, within: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = cond() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether `pid` is a live (not zombie) process.
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+            !matches!(state, Some(Some('Z')) | Some(Some('X')))
+        }
+        Err(_) => false,
+    }
+}
+
+/// A scratch directory for one test, with the child script and its event log.
+pub struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+/// One start of the child, as the child script recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    pub pid: i32,
+    pub ppid: i32,
+    pub term: u64,
+    pub backend_pid: i32,
+    pub fencing_token: i64,
+    pub lock: String,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch {
+            dir: tempfile::Builder::new()
+                .prefix("leaderrun-test-")
+                .tempdir()
+                .expect("scratch dir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes an executable `sh` script whose first act is to record its start
+    /// (`start PID PPID TERM BACKEND_PID FENCING_TOKEN LOCK`) in `events`, then runs `body`.
+    /// `$EVENTS` names the event file inside the body.
+    pub fn child_script(&self, name: &str, body: &str) -> PathBuf {
+        let path = self.file(name);
+        let events = self.file("events");
+        let script = format!(
+            "#!/bin/sh\nEVENTS='{}'\n\
+             echo \"start $$ $PPID $LEADERRUN_TERM $LEADERRUN_BACKEND_PID $LEADERRUN_FENCING_TOKEN $LEADERRUN_LOCK\" >> \"$EVENTS\"\n{body}\n",
+            events.display()
+        );
+        std::fs::write(&path, script).expect("write script");
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+        path
+    }
+
+    /// Lines of the event log.
+    pub fn events(&self) -> Vec<String> {
+        std::fs::read_to_string(self.file("events"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The recorded child starts, in order.
+    pub fn starts(&self) -> Vec<Start> {
+        self.events()
+            .iter()
+            .filter_map(|l| l.strip_prefix("start "))
+            .map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                Start {
+                    pid: f[0].parse().unwrap(),
+                    ppid: f[1].parse().unwrap(),
+                    term: f[2].parse().unwrap(),
+                    backend_pid: f[3].parse().unwrap(),
+                    fencing_token: f[4].parse().unwrap(),
+                    lock: f[5].to_owned(),
+                }
+            })
+            .collect()
+    }
+
+    /// Waits until at least `n` starts are recorded and returns them.
+    pub fn wait_starts(&self, n: usize, within: Duration) -> Vec<Start> {
+        wait_for(&format!("{n} child start(s)"), within, || {
+            let starts = self.starts();
+            (starts.len() >= n).then_some(starts)
+        })
+    }
+}
+
+/// A running `leaderrun` process with its stderr (and stdout) collected.
+pub struct Replica {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    stdout: Arc<Mutex<String>>,
+    status: Option<ExitStatus>,
+}
+
+fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let buf = Arc::new(Mutex::new(String::new()));
+    let sink = buf.clone();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = from.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    buf
+}
+
+/// A `Command` for the binary under test, with the environment cleared of leaderrun and
+/// libpq variables so the host's settings cannot leak into a test.
+pub fn leaderrun() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("LEADERRUN_")
+            || key.starts_with("PG")
+            || key == "PLEXSPHERE_DSN"
+            || key == "DATABASE_URL"
+            || key == "RUST_LOG"
+        {
+            cmd.env_remove(&*key);
+        }
+    }
+    cmd
+}
+
+impl Replica {
+    /// Starts `leaderrun --dsn DSN --lock-id ID --check-interval INTERVAL ARGS...`.
+    pub fn start(cluster: &Cluster, lock_id: i32, interval: &str, args: &[&str]) -> Replica {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &lock_id.to_string()])
+            .args(["--check-interval", interval])
+            .args(args);
+        Replica::spawn(cmd)
+    }
+
+    /// Starts a prepared command with stdin closed and stdout/stderr collected.
+    pub fn spawn(mut cmd: Command) -> Replica {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn leaderrun");
+        let stderr = collect(child.stderr.take().unwrap());
+        let stdout = collect(child.stdout.take().unwrap());
+        Replica {
+            child,
+            stderr,
+            stdout,
+            status: None,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// What COMMAND wrote to stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// Waits until the log contains `needle` `count` times.
+    pub fn wait_log(&self, needle: &str, count: usize, within: Duration) {
+        wait_for(
+            &format!("{count}× {needle:?} in the log of replica {}", self.pid()),
+            within,
+            || (self.log().matches(needle).count() >= count).then_some(()),
+        );
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid()), sig).expect("signal replica");
+    }
+
+    /// Waits for the process to exit; panics with its log at the deadline.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        if let Some(status) = self.status {
+            return status;
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                self.status = Some(status);
+                // Let the collectors read the rest of the output.
+                std::thread::sleep(Duration::from_millis(20));
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica {} did not exit within {within:?}; log:\n{}",
+                self.pid(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        self.status.is_none() && self.child.try_wait().expect("try_wait").is_none()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
