@@ -393,3 +393,115 @@ fn child_sees_only_stdio_descriptors() {
     fds.sort();
     assert_eq!(fds, ["0", "1", "2"]);
 }
+
+#[test]
+fn a_paused_leaders_session_is_ended_by_idle_session_timeout() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let mut replicas: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &["--", script]))
+        .collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let leader = leader_of(&mut replicas, &first);
+    // A stopped leader never checks again; its socket stays open. Only the server's
+    // idle_session_timeout (4 × 200 ms) can free the lock.
+    leader.signal(Signal::SIGSTOP);
+    let paused = Instant::now();
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    let took = paused.elapsed();
+    assert_ne!(second.ppid, first.ppid);
+    assert!(
+        took >= secs(0.5),
+        "the lock moved after {took:?}, before idle_session_timeout could end the session"
+    );
+    // On resume the old leader finds its session gone and stops its child at once.
+    leader.signal(Signal::SIGCONT);
+    wait_for(
+        "the resumed old leader to stop its child",
+        secs(2.0),
+        || (!alive(first.pid)).then_some(()),
+    );
+    leader.wait_log("background leader lock lost", 1, secs(1.0));
+}
+
+#[test]
+fn a_child_ignoring_the_stop_signal_is_killed_after_the_grace() {
+    let scratch = Scratch::new();
+    // An ignored TERM survives exec, so `sleep` ignores it too.
+    let script = scratch.child_script("child.sh", "trap '' TERM\nexec sleep 600");
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--grace", "1s", "--", script.to_str().unwrap()],
+    );
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    replica.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    wait_for("the child to be SIGKILLed", secs(4.0), || {
+        (!alive(start.pid)).then_some(())
+    });
+    let took = sent.elapsed();
+    assert!(took >= secs(0.9), "killed after {took:?}, before the grace");
+    assert_eq!(replica.wait_exit(secs(2.0)).code(), Some(137));
+}
+
+#[test]
+fn a_second_sigterm_while_stopping_kills_at_once() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "trap '' TERM\nexec sleep 600");
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--grace", "60s", "--", script.to_str().unwrap()],
+    );
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    replica.signal(Signal::SIGTERM);
+    replica.wait_log("stopping the child", 1, secs(2.0));
+    assert!(
+        alive(start.pid),
+        "TERM is ignored; only the grace or a second TERM ends it"
+    );
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(replica.wait_exit(secs(3.0)).code(), Some(137));
+    assert!(!alive(start.pid));
+}
+
+#[test]
+fn stop_signal_and_forwarded_signals_reach_the_child() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "trap 'echo hup >> \"$EVENTS\"' HUP\n\
+         trap 'echo usr1 >> \"$EVENTS\"; exit 0' USR1\n\
+         while :; do sleep 0.05; done",
+    );
+    let replica = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &["--stop-signal", "USR1", "--", script.to_str().unwrap()],
+    );
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    replica.signal(Signal::SIGHUP);
+    wait_for("HUP to reach the child", secs(3.0), || {
+        scratch.events().contains(&"hup".to_owned()).then_some(())
+    });
+    assert!(
+        alive(first.pid),
+        "HUP is passed on, it does not stop the child"
+    );
+    // Demotion sends the configured stop signal.
+    cluster.terminate_backend(first.backend_pid);
+    wait_for("USR1 to reach the child", secs(3.0), || {
+        scratch.events().contains(&"usr1".to_owned()).then_some(())
+    });
+    // The same process leads again and starts COMMAND afresh.
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    assert_eq!((second.ppid, second.term), (replica.pid(), 2));
+}
