@@ -36,7 +36,8 @@ use nix::unistd::Pid;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::signals::{is_shutdown, SignalStream};
+use crate::signals::{is_forwarded, is_shutdown, SignalStream};
+use crate::terminal::Terminal;
 
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,16 +207,22 @@ pub struct Reaped {
     pub main: Option<ExitStatus>,
     /// Whether any child (live, or adopted and not yet exited) is left.
     pub children_left: bool,
+    /// The signal that stopped the main child, if it stopped (Ctrl-Z) in this drain.
+    pub main_stopped: Option<Signal>,
 }
 
-/// Reaps every child that has exited: the one place that waits (FIELD-NOTES child 6).
+/// Reaps every child that has exited: the one place that waits (FIELD-NOTES child 6). Also
+/// reports a stop of the main child (`WUNTRACED`), which is how a Ctrl-Z shows.
 ///
 /// `main` is the pid whose status matters; every other reaped pid is an adopted orphan or a
 /// leftover of an earlier term and is only logged at DEBUG.
 pub fn reap(main: Option<Pid>) -> Reaped {
     let mut reaped = Reaped::default();
     loop {
-        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        match waitpid(
+            Pid::from_raw(-1),
+            Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED),
+        ) {
             Ok(WaitStatus::StillAlive) => {
                 reaped.children_left = true;
                 return reaped;
@@ -233,6 +240,9 @@ pub fn reap(main: Option<Pid>) -> Reaped {
                 } else {
                     debug!(pid = pid.as_raw(), signal = sig.as_str(), "reaped orphan");
                 }
+            }
+            Ok(WaitStatus::Stopped(pid, sig)) if Some(pid) == main => {
+                reaped.main_stopped = Some(sig);
             }
             Ok(_) => {}
             Err(Errno::EINTR) => {}
@@ -294,6 +304,7 @@ pub struct Stopped {
 pub struct Child {
     pid: Pid,
     status: Option<ExitStatus>,
+    stopped: Option<Signal>,
 }
 
 impl Child {
@@ -305,17 +316,21 @@ impl Child {
     /// # Errors
     /// [`SpawnError::Spawn`] when fork or exec fails; exec's errno is reported through the
     /// spawn, so [`SpawnError::exit_code`] gives 126/127 like a shell.
-    pub fn spawn(command: &Command, env: &[(&str, String)]) -> Result<Child, SpawnError> {
+    pub fn spawn(
+        command: &Command,
+        env: &[(&str, String)],
+        terminal: Option<&Terminal>,
+    ) -> Result<Child, SpawnError> {
         let mut cmd = std::process::Command::new(&command.program);
         cmd.arg0(&command.argv[0])
             .args(&command.argv[1..])
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .process_group(0);
+            .envs(env.iter().map(|(k, v)| (k, v)));
         let parent = nix::unistd::getpid().as_raw();
+        let foreground = terminal.is_some();
         // SAFETY: the closure runs between fork and exec and only makes raw syscalls
         // (no allocation, no locks), as required in a forked child of a threaded process.
         unsafe {
-            cmd.pre_exec(move || prepare_child(parent));
+            cmd.pre_exec(move || prepare_child(parent, foreground));
         }
         let child = cmd.spawn().map_err(|source| SpawnError::Spawn {
             program: command.argv[0].to_string_lossy().into_owned(),
@@ -324,7 +339,11 @@ impl Child {
         let pid = Pid::from_raw(child.id() as i32);
         // Dropping std's handle neither waits nor kills; `reap` is the only waiter.
         drop(child);
-        Ok(Child { pid, status: None })
+        Ok(Child {
+            pid,
+            status: None,
+            stopped: None,
+        })
     }
 
     /// The main child's pid, which is also its process group id.
@@ -343,7 +362,16 @@ impl Child {
         if let Some(status) = reaped.main {
             self.status = Some(status);
         }
+        if reaped.main_stopped.is_some() {
+            self.stopped = reaped.main_stopped;
+        }
         reaped
+    }
+
+    /// The signal that stopped the main child since the last call (e.g. SIGTSTP from Ctrl-Z),
+    /// if any.
+    pub fn take_stop(&mut self) -> Option<Signal> {
+        self.stopped.take()
     }
 
     /// Sends `sig` to the child's process group (ESRCH, an empty group, is not an error).
@@ -369,7 +397,7 @@ impl Child {
     ///
     /// While it waits, signals keep being handled: SIGCHLD reaps; another forwarded signal goes
     /// to the group; INT/TERM when `shutting_down` (the second one) means SIGKILL now, otherwise
-    /// it is forwarded and reported in [`Stopped::shutdown`].
+    /// it is forwarded and reported in [`Stopped::shutdown`]; SIGTSTP is not passed on.
     pub async fn stop(
         &mut self,
         first: Signal,
@@ -438,12 +466,14 @@ impl Child {
                         info!(signal = s.as_str(), "second {} while stopping the child; sending SIGKILL now", s.as_str());
                         deadline = Instant::now();
                     }
-                    s => {
+                    s if is_forwarded(s) => {
                         if is_shutdown(s) {
                             shutdown = Some(s);
                         }
                         self.signal_group(s);
                     }
+                    // A Ctrl-Z now would stop what we are stopping; SIGCONT keeps it going.
+                    _ => {}
                 },
                 () = tokio::time::sleep_until(wake) => {}
             }
@@ -452,9 +482,19 @@ impl Child {
 }
 
 /// Runs in the forked child before exec: raw syscalls only (FIELD-NOTES child 10).
-fn prepare_child(parent: i32) -> std::io::Result<()> {
+fn prepare_child(parent: i32, foreground: bool) -> std::io::Result<()> {
     // SAFETY: plain syscalls on values we own; no allocation, no locks.
     unsafe {
+        // Own process group, so the stop signal reaches everything it starts
+        // (FIELD-NOTES child 2).
+        if libc::setpgid(0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Take the terminal's foreground before exec, so the program never reads the terminal
+        // from a background group. SIGTTOU is still ignored here (inherited from leaderrun).
+        if foreground {
+            libc::tcsetpgrp(0, libc::getpid());
+        }
         if libc::prctl(
             libc::PR_SET_PDEATHSIG,
             libc::SIGKILL as libc::c_ulong,

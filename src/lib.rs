@@ -42,6 +42,7 @@ pub mod error;
 pub mod logging;
 pub mod runner;
 pub mod signals;
+pub mod terminal;
 
 pub use elector::{Config, Done, Elector, Lease, LockKey, Term, TermEnd};
 pub use error::{Chain, Error};

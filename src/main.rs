@@ -4,7 +4,15 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Handlers first: a signal that arrives during start-up waits in the stream.
+    let signals = match leaderrun::signals::install() {
+        Ok(signals) => signals,
+        Err(err) => {
+            eprintln!("leaderrun: cannot install signal handlers: {err}");
+            return ExitCode::from(leaderrun::cli::EXIT_FAILURE);
+        }
+    };
     let cli = leaderrun::cli::parse();
     leaderrun::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0);
-    leaderrun::runner::main(cli).finish()
+    leaderrun::runner::main(cli, signals).finish()
 }

@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -20,7 +21,8 @@ use crate::child::{self, Child, Command, ExitStatus};
 use crate::cli::{Cli, Settings, EXIT_FAILURE};
 use crate::elector::{Config, Elector, Term, TermEnd};
 use crate::error::Chain;
-use crate::signals::{is_shutdown, SignalStream};
+use crate::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
+use crate::terminal::Terminal;
 
 /// How leaderrun ends; [`Exit::finish`] turns it into the process exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,18 +49,11 @@ impl Exit {
     }
 }
 
-/// Runs the binary's default mode from parsed arguments: resolve COMMAND, resolve the
-/// connection, install signal handlers, become a subreaper, then campaign on a current-thread
-/// runtime. Errors are logged; the result is the exit status of contract §6.
-pub fn main(cli: Cli) -> Exit {
-    // Signals first, before anything is spawned or connected (FIELD-NOTES child 1).
-    let signals = match crate::signals::install() {
-        Ok(signals) => signals,
-        Err(err) => {
-            error!("cannot install signal handlers: {}", Chain(&err));
-            return Exit::Code(EXIT_FAILURE);
-        }
-    };
+/// Runs the binary's default mode from parsed arguments and the signal handlers `main`
+/// installed first (FIELD-NOTES child 1): resolve the connection, resolve COMMAND, claim the
+/// terminal, become a subreaper, then campaign on a current-thread runtime. Errors are logged;
+/// the result is the exit status of contract §6.
+pub fn main(cli: Cli, signals: SignalStream) -> Exit {
     let settings = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => settings,
         Err(err) => {
@@ -75,6 +70,9 @@ pub fn main(cli: Cli) -> Exit {
             return Exit::Code(err.exit_code());
         }
     };
+    // Decided before anything is spawned: only a leaderrun that owns the terminal's foreground
+    // at start hands it to its children.
+    let terminal = Terminal::claim();
     if let Err(err) = child::become_subreaper() {
         warn!("cannot become a child subreaper; orphans of COMMAND will not be stopped: {err}");
     }
@@ -88,7 +86,7 @@ pub fn main(cli: Cli) -> Exit {
             return Exit::Code(EXIT_FAILURE);
         }
     };
-    runtime.block_on(while_leader(settings, command, signals))
+    runtime.block_on(while_leader(settings, command, signals, terminal))
 }
 
 /// The elector configuration for `settings`.
@@ -144,7 +142,12 @@ fn child_env(term: &Term) -> Vec<(&'static str, String)> {
 
 /// The default mode: campaign; while leading, run COMMAND; on demotion stop it and campaign
 /// again; exit when COMMAND exits on its own or on INT/TERM.
-pub async fn while_leader(settings: Settings, command: Command, mut signals: SignalStream) -> Exit {
+pub async fn while_leader(
+    settings: Settings,
+    command: Command,
+    mut signals: SignalStream,
+    terminal: Option<Terminal>,
+) -> Exit {
     let elector = match Elector::new(elector_config(&settings)) {
         Ok(elector) => elector,
         Err(err) => {
@@ -172,6 +175,9 @@ pub async fn while_leader(settings: Settings, command: Command, mut signals: Sig
                     info!(signal = sig.as_str(), "received {} while standby; shutting down", sig.as_str());
                     election.stop().await;
                     return Exit::Code(0);
+                }
+                if sig == Signal::SIGTSTP {
+                    suspend_self();
                 }
                 child::reap(None);
                 continue;
@@ -206,7 +212,7 @@ pub async fn while_leader(settings: Settings, command: Command, mut signals: Sig
         if term.is_ended() {
             continue;
         }
-        let mut child = match Child::spawn(&command, &child_env(&term)) {
+        let mut child = match Child::spawn(&command, &child_env(&term), terminal.as_ref()) {
             Ok(child) => child,
             Err(err) => {
                 error!("{}", Chain(&err));
@@ -215,7 +221,18 @@ pub async fn while_leader(settings: Settings, command: Command, mut signals: Sig
             }
         };
         info!(pid = child.pid(), term = term.number(), "child started");
-        match lead(&settings, &term, &mut child, &mut signals).await {
+        let led = lead(
+            &settings,
+            &term,
+            &mut child,
+            &mut signals,
+            terminal.as_ref(),
+        )
+        .await;
+        if let Some(terminal) = &terminal {
+            terminal.take_back();
+        }
+        match led {
             Led::Demoted(stopped) => {
                 info!(pid = child.pid(), status = %stopped.status, term = term.number(), "child stopped after demotion");
                 if let Some(sig) = stopped.shutdown {
@@ -251,9 +268,35 @@ async fn lead(
     term: &Term,
     child: &mut Child,
     signals: &mut SignalStream,
+    terminal: Option<&Terminal>,
 ) -> Led {
     let mut reap_timer = tokio::time::interval(Duration::from_secs(1));
     loop {
+        // A stop by Ctrl-Z (SIGTSTP), or by reading/writing the terminal we handed over, is job
+        // control; a SIGSTOP from someone else is not ours to act on.
+        let job_stop = match child.take_stop() {
+            Some(Signal::SIGTSTP) => Some(Signal::SIGTSTP),
+            Some(sig @ (Signal::SIGTTIN | Signal::SIGTTOU)) if terminal.is_some() => Some(sig),
+            _ => None,
+        };
+        if let Some(sig) = job_stop {
+            // Job control: the child was suspended (Ctrl-Z). Suspend leaderrun too, so the
+            // calling shell sees the job stopped; `fg` continues us, and we continue the child.
+            info!(
+                pid = child.pid(),
+                signal = sig.as_str(),
+                "child suspended; suspending leaderrun"
+            );
+            if let Some(terminal) = terminal {
+                terminal.take_back();
+            }
+            suspend_self();
+            if let Some(terminal) = terminal {
+                terminal.give_to(Pid::from_raw(child.pid() as i32));
+            }
+            child.signal_group(Signal::SIGCONT);
+            info!(pid = child.pid(), "resumed; child continued");
+        }
         if let Some(status) = child.status() {
             info!(pid = child.pid(), status = %status, term = term.number(), "child exited");
             // Helpers it left running are stopped too before the lock is released.
@@ -272,7 +315,7 @@ async fn lead(
                     let stopped = child.stop(sig, settings.grace, true, signals).await;
                     info!(pid = child.pid(), status = %stopped.status, "child stopped");
                     return Led::Finished(stopped.status);
-                } else {
+                } else if is_forwarded(sig) || sig == Signal::SIGTSTP {
                     child.signal_group(sig);
                 }
             }

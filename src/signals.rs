@@ -9,13 +9,22 @@
 
 use nix::sys::signal::Signal;
 use signal_hook::consts::signal::{
-    SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH,
+    SIGALRM, SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2, SIGWINCH,
 };
 use signal_hook::iterator::Signals;
 use tokio::sync::mpsc;
 
-/// Signals passed on to the child's process group (contract §5).
-pub const FORWARDED: [Signal; 7] = [
+/// Signals passed on to the child's process group while it runs (contract §5, plus SIGALRM,
+/// which tini passes on too). While standby there is nobody to pass them to and they are
+/// ignored, except INT and TERM, which shut down.
+///
+/// The others leaderrun receives:
+/// * SIGTSTP is passed on too; when the child stops, leaderrun stops itself (SIGSTOP) so the
+///   calling shell sees the job stopped; `fg` (SIGCONT) resumes leaderrun, which resumes the
+///   child. As a standby leaderrun stops itself at once.
+/// * SIGPIPE is ignored (Rust's default): a closed stderr must not kill a leader mid-term.
+/// * SIGCHLD wakes the reaper.
+pub const FORWARDED: [Signal; 8] = [
     Signal::SIGHUP,
     Signal::SIGINT,
     Signal::SIGQUIT,
@@ -23,6 +32,7 @@ pub const FORWARDED: [Signal; 7] = [
     Signal::SIGUSR1,
     Signal::SIGUSR2,
     Signal::SIGWINCH,
+    Signal::SIGALRM,
 ];
 
 /// The receiving end of the installed handlers.
@@ -39,7 +49,7 @@ pub struct SignalStream {
 /// The OS error when a handler cannot be installed or the thread cannot start.
 pub fn install() -> std::io::Result<SignalStream> {
     let mut signals = Signals::new([
-        SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH, SIGCHLD,
+        SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH, SIGALRM, SIGTSTP, SIGCHLD,
     ])?;
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
@@ -69,6 +79,19 @@ impl SignalStream {
     /// A signal that already arrived, without waiting.
     pub fn try_recv(&mut self) -> Option<Signal> {
         self.rx.try_recv().ok()
+    }
+}
+
+/// Whether `sig` is passed on to the child's group ([`FORWARDED`]).
+pub fn is_forwarded(sig: Signal) -> bool {
+    FORWARDED.contains(&sig)
+}
+
+/// Stops leaderrun itself (job control), unless it is PID 1, which cannot be stopped from
+/// inside its namespace. Returns once something sends SIGCONT.
+pub fn suspend_self() {
+    if std::process::id() != 1 {
+        let _ = nix::sys::signal::raise(Signal::SIGSTOP);
     }
 }
 

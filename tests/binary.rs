@@ -129,9 +129,13 @@ fn terminated_lock_session_stops_the_child_at_once() {
     let leader = leader_of(&mut replicas, &first);
     leader.wait_log("background leader lock lost", 1, secs(1.0));
     assert!(leader.running(), "a demoted leader goes back to standby");
-    // The other replica takes over within about one interval.
+    // Leadership is taken again within about one interval: by the other replica, or by the
+    // demoted one when its next check comes first (the seed retries on a fixed interval).
     let second = scratch.wait_starts(2, secs(6.0))[1].clone();
-    assert_ne!(second.ppid, first.ppid);
+    if second.ppid == first.ppid {
+        assert_eq!(second.term, 2);
+    }
+    assert_ne!(second.backend_pid, first.backend_pid);
     assert_eq!(cluster.lock_holders(CLASS, id), vec![second.backend_pid]);
 }
 

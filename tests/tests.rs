@@ -4,4 +4,6 @@
 mod support;
 
 mod binary;
+mod child;
 mod election;
+mod terminal;

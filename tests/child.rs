@@ -1,0 +1,242 @@
+//! Child supervision with real processes and real signals: process groups, adopted orphans,
+//! PID 1, the one reaper, and signals at awkward moments.
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::support::{alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+
+const INTERVAL: &str = "200ms";
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+fn recorded_pid(scratch: &Scratch, prefix: &str) -> i32 {
+    wait_for(&format!("{prefix:?} pid in the events"), secs(5.0), || {
+        scratch.events().iter().find_map(|l| {
+            l.strip_prefix(prefix)
+                .and_then(|p| p.trim().parse::<i32>().ok())
+        })
+    })
+}
+
+#[test]
+fn a_grandchild_that_called_setsid_is_stopped_on_demotion() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    // The background job is not a group leader, so setsid(1) calls setsid() itself and
+    // execs sleep: that sleep has its own session and group, outside the child's group.
+    let script = scratch.child_script(
+        "child.sh",
+        "setsid sleep 600 &\necho \"escaped $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let replica = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &["--", script.to_str().unwrap()],
+    );
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let escaped = recorded_pid(&scratch, "escaped ");
+    wait_for(
+        "the escaped grandchild to be in its own session",
+        secs(2.0),
+        || {
+            let sid = nix::unistd::getsid(Some(Pid::from_raw(escaped))).ok()?;
+            (sid.as_raw() == escaped).then_some(())
+        },
+    );
+    cluster.terminate_backend(start.backend_pid);
+    wait_for(
+        "the child and the escaped grandchild to stop",
+        secs(3.0),
+        || (!alive(start.pid) && !alive(escaped)).then_some(()),
+    );
+    // And the replica campaigns on, leading again in a new term.
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    assert_eq!((second.ppid, second.term), (replica.pid(), 2));
+}
+
+#[test]
+fn a_stopped_child_is_still_stopped_by_sigterm() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--grace", "60s", "--", script.to_str().unwrap()],
+    );
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    kill(Pid::from_raw(start.pid), Signal::SIGSTOP).unwrap();
+    wait_for("the child to be stopped", secs(2.0), || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", start.pid)).ok()?;
+        stat.contains(") T ").then_some(())
+    });
+    replica.signal(Signal::SIGTERM);
+    // Without SIGCONT the pending TERM would wait for the 60 s grace and SIGKILL.
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143));
+}
+
+#[test]
+fn the_main_childs_status_is_never_taken_by_the_reaper() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    // Orphans exit with 3 around the main child's exit with 7; the reaper sees them all.
+    let body = "for i in 1 2 3 4 5 6 7 8; do (sleep 0.00$i; exit 3) & done; exit 7";
+    for round in 0..15 {
+        let mut replica = Replica::start(cluster, id, "100ms", &["--", "sh", "-c", body]);
+        let status = replica.wait_exit(secs(10.0));
+        assert_eq!(status.code(), Some(7), "round {round}: {}", replica.log());
+    }
+}
+
+#[test]
+fn sigterm_at_any_moment_of_start_up_leaves_no_child_and_no_hang() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    for round in 0..30u64 {
+        let mut replica = Replica::start(cluster, unique_lock_id(), "100ms", &["--", script]);
+        // Spread the signal over start-up: handler install, connect, grant, spawn, running.
+        std::thread::sleep(Duration::from_millis(round * 4));
+        replica.signal(Signal::SIGTERM);
+        let status = replica.wait_exit(secs(5.0));
+        // 0: standby; 143: the child got the forwarded TERM. Before main installs the handlers
+        // (dynamic loader, runtime start) TERM's default action ends the process: acceptable
+        // only if it had not even logged, let alone started anything.
+        let died_early = status.signal() == Some(libc::SIGTERM) && replica.log().is_empty();
+        assert!(
+            matches!(status.code(), Some(0) | Some(143)) || died_early,
+            "round {round}: {status:?}\n{}",
+            replica.log()
+        );
+        for start in scratch.starts() {
+            assert!(
+                !alive(start.pid),
+                "round {round}: child {} left behind",
+                start.pid
+            );
+        }
+    }
+}
+
+#[test]
+fn each_forwarded_signal_arrives_exactly_once() {
+    let scratch = Scratch::new();
+    let mut traps = String::new();
+    for sig in ["HUP", "QUIT", "USR1", "USR2", "WINCH", "ALRM"] {
+        traps.push_str(&format!("trap 'echo {sig} >> \"$EVENTS\"' {sig}\n"));
+    }
+    traps.push_str("while :; do sleep 0.02; done");
+    let script = scratch.child_script("child.sh", &traps);
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--", script.to_str().unwrap()],
+    );
+    scratch.wait_starts(1, secs(10.0));
+    let sent = [
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGWINCH,
+        Signal::SIGALRM,
+        Signal::SIGUSR1,
+        Signal::SIGHUP,
+    ];
+    for (n, sig) in sent.iter().enumerate() {
+        replica.signal(*sig);
+        wait_for(&format!("{sig} to reach the child"), secs(3.0), || {
+            (scratch.events().len() == n + 2).then_some(())
+        });
+    }
+    let received: Vec<String> = scratch.events()[1..].to_vec();
+    let expected: Vec<String> = sent
+        .iter()
+        .map(|s| s.as_str().trim_start_matches("SIG").to_owned())
+        .collect();
+    assert_eq!(received, expected);
+    assert!(replica.running());
+}
+
+#[test]
+fn as_pid_1_it_reaps_every_orphan() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root for a PID namespace (unshare --pid)"
+    );
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    // 200 short-lived orphans re-parented to PID 1 (leaderrun); then count zombies in the
+    // namespace's /proc. The script itself is the main child and exits 7.
+    let script = scratch.child_script(
+        "child.sh",
+        "echo \"pid1 $(cat /proc/1/comm)\" >> \"$EVENTS\"\n\
+         i=0; while [ $i -lt 200 ]; do (sleep 0.01 &); i=$((i+1)); done\n\
+         sleep 1\n\
+         echo \"zombies $(cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"' | wc -l)\" >> \"$EVENTS\"\n\
+         exit 7",
+    );
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_leaderrun"))
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .args(["--check-interval", INTERVAL, "--", script.to_str().unwrap()]);
+    // Keep the test's environment out, like `leaderrun()` does.
+    for (key, _) in leaderrun().get_envs() {
+        cmd.env_remove(key);
+    }
+    let mut replica = Replica::spawn(cmd);
+    let status = replica.wait_exit(secs(20.0));
+    let events = scratch.events();
+    assert!(
+        events.contains(&"pid1 leaderrun".to_owned()),
+        "{events:?}\n{}",
+        replica.log()
+    );
+    assert!(events.contains(&"zombies 0".to_owned()), "{events:?}");
+    assert_eq!(status.code(), Some(7), "{}", replica.log());
+}
+
+#[test]
+fn exec_failure_after_start_is_reported_through_the_spawn() {
+    // The script is executable at lookup, but open for writing while leaderrun execs it, so
+    // exec fails with ETXTBSY: that errno comes back through the spawn as 126, not a guess.
+    let scratch = Scratch::new();
+    let script = scratch.child_script("busy.sh", "exit 0");
+    let _writer = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&script)
+        .unwrap();
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--", script.to_str().unwrap()],
+    );
+    assert_eq!(
+        replica.wait_exit(secs(10.0)).code(),
+        Some(126),
+        "{}",
+        replica.log()
+    );
+    let log = replica.log();
+    assert!(
+        log.contains("cannot start") && log.contains("busy"),
+        "{log}"
+    );
+    assert!(scratch.starts().is_empty());
+}

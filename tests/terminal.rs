@@ -1,0 +1,228 @@
+//! leaderrun in a real terminal: an interactive bash in a tmux pane, driven with keys.
+//! Ctrl-C, Ctrl-Z/fg and reading stdin must behave as without leaderrun.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::{alive, unique_lock_id, wait_for, Cluster, Scratch};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// An interactive bash in a detached tmux session of its own (own server socket).
+struct Pane {
+    socket: PathBuf,
+}
+
+impl Pane {
+    fn start(scratch: &Scratch) -> Pane {
+        let socket = scratch.file("tmux.sock");
+        let path = std::env::var("PATH").unwrap_or_default();
+        let shell = format!(
+            "env -i PATH='{path}' HOME=/tmp TERM=xterm PS1='$ ' bash --norc --noprofile -i"
+        );
+        let status = Command::new("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .args([
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-s",
+                "t",
+                "-x",
+                "200",
+                "-y",
+                "50",
+            ])
+            .arg(shell)
+            .env("TERM", "xterm")
+            .status()
+            .expect("tmux is needed for the terminal tests (apt-get install tmux)");
+        assert!(status.success(), "tmux new-session failed");
+        let pane = Pane { socket };
+        pane.wait_screen("$ ", 1);
+        pane
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("run tmux");
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `line` and presses Enter.
+    fn type_line(&self, line: &str) {
+        self.tmux(&["send-keys", "-t", "t", "-l", line]);
+        self.tmux(&["send-keys", "-t", "t", "Enter"]);
+    }
+
+    /// Presses a key such as `C-c` or `C-z`.
+    fn key(&self, key: &str) {
+        self.tmux(&["send-keys", "-t", "t", key]);
+    }
+
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-J", "-t", "t", "-S", "-1000"])
+    }
+
+    fn wait_screen(&self, needle: &str, count: usize) -> String {
+        wait_for(
+            &format!("{count}× {needle:?} on the screen"),
+            secs(10.0),
+            || {
+                let screen = self.screen();
+                (screen.matches(needle).count() >= count).then_some(screen)
+            },
+        )
+    }
+}
+
+impl Drop for Pane {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("kill-server")
+            .status();
+    }
+}
+
+/// The command line to type: leaderrun against the shared cluster, quiet, on its own lock.
+fn leaderrun_line(args: &str) -> String {
+    format!(
+        "{} -q --dsn '{}' --lock-id {} --check-interval 200ms {args}",
+        env!("CARGO_BIN_EXE_leaderrun"),
+        Cluster::shared().dsn(),
+        unique_lock_id()
+    )
+}
+
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+#[test]
+fn ctrl_c_ends_the_child_once_and_stops_a_shell_loop() {
+    let scratch = Scratch::new();
+    // Output words are split in the typed line ("it""er") so the screen's echo of the
+    // command line does not count as output.
+    let script = scratch.child_script("child.sh", "echo \"it\"\"er-go\"\nexec sleep 600");
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "for i in 1 2 3; do {}; done; echo \"loop\"\"-end\"",
+        leaderrun_line(&format!("-- {}", script.display()))
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    pane.wait_screen("iter-go", 1);
+    pane.key("C-c");
+    // The loop stopped: the prompt answers, nothing more ran.
+    pane.type_line("echo \"af\"\"ter-$((40+2))\"");
+    let screen = pane.wait_screen("after-42", 1);
+    assert_eq!(screen.matches("iter-go").count(), 1, "{screen}");
+    assert!(!screen.contains("loop-end"), "{screen}");
+    assert_eq!(scratch.starts().len(), 1);
+    assert!(!alive(start.pid));
+    assert!(!alive(start.ppid));
+}
+
+#[test]
+fn ctrl_c_reaches_the_child_exactly_once() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "trap 'echo INT >> \"$EVENTS\"' INT\nwhile :; do sleep 0.05; done",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "{}; echo \"r\"\"c=$?\"",
+        leaderrun_line(&format!("-- {}", script.display()))
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    pane.key("C-c");
+    wait_for("INT to reach the child", secs(3.0), || {
+        scratch.events().contains(&"INT".to_owned()).then_some(())
+    });
+    assert!(alive(start.pid), "the child traps INT and goes on");
+    // Ctrl-\ ends it (QUIT, default action), and with it leaderrun: 128 + 3.
+    pane.key("C-\\");
+    pane.wait_screen("rc=131", 1);
+    let ints = scratch.events().iter().filter(|l| *l == "INT").count();
+    assert_eq!(ints, 1, "{:?}", scratch.events());
+}
+
+#[test]
+fn the_child_reads_the_terminal() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "read line\necho \"got:$line\"");
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "{}; echo \"r\"\"c=$?\"",
+        leaderrun_line(&format!("-- {}", script.display()))
+    ));
+    scratch.wait_starts(1, secs(10.0));
+    pane.type_line("hello");
+    pane.wait_screen("got:hello", 1);
+    pane.wait_screen("rc=0", 1);
+}
+
+#[test]
+fn ctrl_z_suspends_both_and_fg_resumes_both() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "while :; do echo tick >> \"$EVENTS\"; sleep 0.05; done",
+    );
+    let pane = Pane::start(&scratch);
+    // No `; echo $?` here: bash goes on with a list when a job in it stops.
+    pane.type_line(&leaderrun_line(&format!("-- {}", script.display())));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    pane.key("C-z");
+    pane.wait_screen("Stopped", 1);
+    wait_for("child and leaderrun to be stopped", secs(3.0), || {
+        (state(start.pid) == Some('T') && state(start.ppid) == Some('T')).then_some(())
+    });
+    pane.type_line("fg");
+    let ticks = scratch.events().len();
+    wait_for("the child to tick again", secs(3.0), || {
+        (scratch.events().len() > ticks + 2).then_some(())
+    });
+    assert_ne!(state(start.ppid), Some('T'));
+    // It has the terminal again: Ctrl-C ends it.
+    pane.key("C-c");
+    wait_for("leaderrun to exit", secs(5.0), || {
+        (!alive(start.ppid)).then_some(())
+    });
+    pane.type_line("echo \"r\"\"c=$?\"");
+    pane.wait_screen("rc=130", 1);
+}
+
+#[test]
+fn in_the_background_it_never_takes_the_terminal() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "{} &",
+        leaderrun_line(&format!("-- {}", script.display()))
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    pane.type_line("echo \"fg\"\"-ok\"");
+    pane.wait_screen("fg-ok", 1);
+    pane.type_line("kill %1; wait %1; echo \"r\"\"c=$?\"");
+    pane.wait_screen("rc=143", 1);
+    assert!(!alive(start.pid));
+}
