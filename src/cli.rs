@@ -98,6 +98,22 @@ pub struct Cli {
     )]
     pub lock_id: i32,
 
+    /// Derive the lock id from NAME instead of giving --lock-id
+    ///
+    /// The id is the first 4 bytes of SHA-256 of the UTF-8 NAME, read as a big-endian int4 (a
+    /// fixed mapping that never changes between builds or servers); the class stays --lock-class.
+    /// The id in use is logged and shown in LEADERRUN_LOCK.
+    ///
+    /// Example: --lock-name nightly-report   (id 1732491792)
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "LEADERRUN_LOCK_NAME",
+        conflicts_with = "lock_id",
+        help_heading = "Lock"
+    )]
+    pub lock_name: Option<String>,
+
     /// Standby retry period, leader verification period, and timeout of one verification
     ///
     /// A duration with a unit: 500ms, 5s, 2m.
@@ -140,6 +156,125 @@ pub struct Cli {
     )]
     pub stop_signal: Signal,
 
+    /// A new leader verifies its lock this long before it starts COMMAND [default: 0s]
+    ///
+    /// Gives a demoted leader elsewhere time to stop its child first.
+    ///
+    /// Example: --takeover-delay 10s
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_TAKEOVER_DELAY",
+        value_parser = parse_duration_or_zero,
+        help_heading = "Timing"
+    )]
+    pub takeover_delay: Option<Duration>,
+
+    /// Longest one run of COMMAND may take; then it is stopped like on demotion
+    ///
+    /// Exit 124 with --once/--wait and in the default mode (unless --restart restarts it); a
+    /// failed tick under --every.
+    ///
+    /// Example: --timeout 15m
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_TIMEOUT",
+        value_parser = parse_duration,
+        help_heading = "Timing"
+    )]
+    pub timeout: Option<Duration>,
+
+    /// With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]
+    ///
+    /// Even when COMMAND ends sooner, so a host whose cron fires a little later finds the lock
+    /// held and skips instead of running the job twice.
+    ///
+    /// Example: --once --min-hold 1m
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_MIN_HOLD",
+        value_parser = parse_duration_or_zero,
+        help_heading = "Timing"
+    )]
+    pub min_hold: Option<Duration>,
+
+    /// One check, then run COMMAND (leading) or exit with the conflict code (not leading)
+    ///
+    /// Nothing is printed when another host leads, so a cron job on every host mails nothing
+    /// from the hosts that skip. A database that cannot be reached exits 125.
+    ///
+    /// Example: leaderrun --once -- /usr/local/bin/nightly-report
+    #[arg(
+        short = 'n',
+        long,
+        env = "LEADERRUN_ONCE",
+        conflicts_with_all = ["wait", "every"],
+        help_heading = "Modes"
+    )]
+    pub once: bool,
+
+    /// Like --once, but campaign for at most DUR before giving up with the conflict code
+    ///
+    /// Wall-clock time across reconnects; 125 when the database could not be reached at all.
+    ///
+    /// Example: --wait 30s
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_WAIT",
+        value_parser = parse_duration,
+        conflicts_with = "every",
+        help_heading = "Modes"
+    )]
+    pub wait: Option<Duration>,
+
+    /// Ticker: while leading, run COMMAND once per period
+    ///
+    /// Runs never overlap (a tick that falls due while the last run goes on is skipped and
+    /// logged); a non-zero exit is a failed tick (WARN) and ticking goes on, until signalled.
+    ///
+    /// Example: --every 5m
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_EVERY",
+        value_parser = parse_duration,
+        help_heading = "Modes"
+    )]
+    pub every: Option<Duration>,
+
+    /// Default mode: what to do when COMMAND exits while leading
+    ///
+    /// never: release the lock and exit with its status. on-failure: restart it after a
+    /// non-zero exit, a death by signal or a --timeout. always: restart it after every exit.
+    /// Restarts stay in the same term, after a back-off that starts at 500ms, doubles up to 30s,
+    /// and starts over after a run that lasted 10s or more.
+    ///
+    /// Example: --restart on-failure
+    #[arg(
+        long,
+        value_name = "POLICY",
+        env = "LEADERRUN_RESTART",
+        value_enum,
+        conflicts_with_all = ["once", "wait", "every"],
+        help_heading = "Modes"
+    )]
+    pub restart: Option<Restart>,
+
+    /// Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)
+    ///
+    /// Example: --conflict-exit-code 75
+    #[arg(
+        long,
+        value_name = "N",
+        env = "LEADERRUN_CONFLICT_EXIT_CODE",
+        default_value_t = 0,
+        help_heading = "Modes"
+    )]
+    pub conflict_exit_code: u8,
+
     /// Log more: -v debug, -vv trace
     #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet", help_heading = "Logging")]
     pub verbose: u8,
@@ -158,7 +293,40 @@ pub struct Cli {
     pub command: Vec<OsString>,
 }
 
-/// The checked settings of the default (while-leader) mode.
+/// `--restart`: what the default mode does when COMMAND exits while leading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Restart {
+    /// Release the lock and exit with COMMAND's status.
+    Never,
+    /// Restart after a non-zero exit, a death by signal or a timeout.
+    OnFailure,
+    /// Restart after every exit.
+    Always,
+}
+
+/// How COMMAND is run (contract §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Default: run COMMAND while leading; start it afresh in every term.
+    WhileLeader {
+        /// What to do when it exits on its own.
+        restart: Restart,
+    },
+    /// `--once` (`wait: None`) or `--wait DUR`: run at most once.
+    OneShot {
+        /// How long to campaign; `None` is a single check.
+        wait: Option<Duration>,
+        /// `--min-hold`: keep the lock at least this long after the grant.
+        min_hold: Duration,
+    },
+    /// `--every DUR`: run once per period while leading.
+    Every {
+        /// The ticker period.
+        period: Duration,
+    },
+}
+
+/// The checked settings of a run.
 #[derive(Debug)]
 pub struct Settings {
     /// Resolved connection settings.
@@ -175,12 +343,20 @@ pub struct Settings {
     pub idle_session_timeout: Duration,
     /// COMMAND and its arguments, as given.
     pub command: Vec<OsString>,
+    /// The mode.
+    pub mode: Mode,
+    /// `--takeover-delay` (zero when not given).
+    pub takeover_delay: Duration,
+    /// `--timeout`.
+    pub timeout: Option<Duration>,
+    /// `--conflict-exit-code`.
+    pub conflict_exit_code: u8,
 }
 
 /// Parses the process arguments; prints help/version and exits 0, or prints the usage error
 /// and exits 125 (contract §6).
 pub fn parse() -> Cli {
-    match Cli::try_parse() {
+    match Cli::try_parse().and_then(|cli| cli.validate().map(|()| cli)) {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
@@ -195,6 +371,49 @@ pub fn parse() -> Cli {
 }
 
 impl Cli {
+    /// Checks what clap's attributes cannot say.
+    ///
+    /// # Errors
+    /// A clap error (printed like clap's own) for `--min-hold` without `--once`/`--wait`.
+    pub fn validate(&self) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        if self.min_hold.is_some() && !self.once && self.wait.is_none() {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--min-hold only applies with --once or --wait",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The lock key in use: `--lock-class` with `--lock-id`, or the id derived from
+    /// `--lock-name` ([`lock_id_for_name`]).
+    pub fn lock(&self) -> LockKey {
+        LockKey {
+            class: self.lock_class,
+            id: self
+                .lock_name
+                .as_deref()
+                .map_or(self.lock_id, lock_id_for_name),
+        }
+    }
+
+    /// The mode the flags select.
+    pub fn mode(&self) -> Mode {
+        if let Some(period) = self.every {
+            Mode::Every { period }
+        } else if self.once || self.wait.is_some() {
+            Mode::OneShot {
+                wait: self.wait,
+                min_hold: self.min_hold.unwrap_or(Duration::ZERO),
+            }
+        } else {
+            Mode::WhileLeader {
+                restart: self.restart.unwrap_or(Restart::Never),
+            }
+        }
+    }
+
     /// Checks the options and resolves the connection settings.
     ///
     /// # Errors
@@ -207,15 +426,16 @@ impl Cli {
         let grace = self.grace.unwrap_or(self.check_interval);
         Ok(Settings {
             connect,
-            lock: LockKey {
-                class: self.lock_class,
-                id: self.lock_id,
-            },
+            lock: self.lock(),
             check_interval: self.check_interval,
             grace,
             stop_signal: self.stop_signal,
             idle_session_timeout: idle_session_timeout(self.check_interval, grace),
             command: self.command.clone(),
+            mode: self.mode(),
+            takeover_delay: self.takeover_delay.unwrap_or(Duration::ZERO),
+            timeout: self.timeout,
+            conflict_exit_code: self.conflict_exit_code,
         })
     }
 
@@ -260,6 +480,24 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// Like [`parse_duration`], but zero is allowed (`--takeover-delay 0s`, `--min-hold 0s`, their
+/// defaults).
+pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
+    match parse_duration(text) {
+        Err(e) if e.contains("zero") => Ok(Duration::ZERO),
+        other => other,
+    }
+}
+
+/// The lock id `--lock-name NAME` stands for: the first 4 bytes of SHA-256 of the UTF-8 NAME,
+/// big-endian, as a signed int4. Fixed forever (FIELD-NOTES PostgreSQL 10): never a hasher
+/// whose output may change between builds, never the server's `hashtext()`.
+pub fn lock_id_for_name(name: &str) -> i32 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(name.as_bytes());
+    i32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
+}
+
 /// Parses a signal given as `TERM`, `SIGTERM`, `term` or a number. SIGKILL and SIGSTOP are
 /// accepted (a stop signal that cannot be caught is the user's choice).
 pub fn parse_signal(text: &str) -> Result<Signal, String> {
@@ -295,6 +533,74 @@ mod tests {
         assert!(parse_duration("0s").unwrap_err().contains("zero"));
         assert!(parse_duration("-1s").unwrap_err().contains("negative"));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn lock_name_golden_values() {
+        // Pinned: computed independently (Python hashlib) and never to change.
+        assert_eq!(lock_id_for_name("plexsphere"), -1_450_088_986);
+        assert_eq!(lock_id_for_name("nightly-report"), 1_732_491_792);
+        assert_eq!(lock_id_for_name(""), -474_954_686);
+        assert_eq!(lock_id_for_name("ü"), 1_618_244_810);
+        assert_eq!(lock_id_for_name("leaderrun"), -690_802_688);
+    }
+
+    #[test]
+    fn mode_selection_and_conflicts() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["leaderrun"];
+            all.extend_from_slice(args);
+            all.extend_from_slice(&["--", "true"]);
+            Cli::try_parse_from(all).and_then(|c| c.validate().map(|()| c))
+        };
+        assert_eq!(
+            parse(&[]).unwrap().mode(),
+            Mode::WhileLeader {
+                restart: Restart::Never
+            }
+        );
+        assert_eq!(
+            parse(&["-n", "--min-hold", "10s"]).unwrap().mode(),
+            Mode::OneShot {
+                wait: None,
+                min_hold: Duration::from_secs(10)
+            }
+        );
+        assert_eq!(
+            parse(&["--every", "1m"]).unwrap().mode(),
+            Mode::Every {
+                period: Duration::from_secs(60)
+            }
+        );
+        for bad in [
+            &["--once", "--every", "1m"][..],
+            &["--once", "--wait", "1m"],
+            &["--wait", "1m", "--every", "1m"],
+            &["--min-hold", "10s"],
+            &["--every", "1m", "--min-hold", "10s"],
+            &["--restart", "always", "--once"],
+            &["--restart", "sometimes"],
+            &["--lock-name", "x", "--lock-id", "3"],
+            &["--conflict-exit-code", "256"],
+            &["--conflict-exit-code", "-1"],
+            &["--every", "0s"],
+            &["--timeout", "0s"],
+            &["--wait", "-5s"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+        let cli = parse(&["--lock-name", "nightly-report", "--lock-class", "7"]).unwrap();
+        assert_eq!(
+            cli.lock(),
+            LockKey {
+                class: 7,
+                id: 1_732_491_792
+            }
+        );
+        assert_eq!(
+            parse(&["--takeover-delay", "0s"]).unwrap().takeover_delay,
+            Some(Duration::ZERO)
+        );
     }
 
     #[test]

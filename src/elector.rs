@@ -284,8 +284,46 @@ pub enum Done<T> {
     Lost,
 }
 
+/// What one check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// A standby's try was granted: a term began.
+    Granted,
+    /// A standby's try was refused: another session holds the lock.
+    Refused,
+    /// The leader proved it still holds the lock.
+    Verified,
+    /// The leader's check failed: it was demoted.
+    Lost,
+    /// Connecting or the statement failed (or the server is in recovery); still a standby.
+    Failed,
+}
+
+/// A running tally of the elector's checks, for probes, metrics and one-shot modes.
+#[derive(Clone, Debug, Default)]
+pub struct Checks {
+    /// Checks completed since the elector was built (all outcomes).
+    pub total: u64,
+    /// Standby checks that found the lock held elsewhere.
+    pub refused: u64,
+    /// Checks that could not reach a usable server.
+    pub failed: u64,
+    /// Outcome of the latest check.
+    pub last: Option<CheckOutcome>,
+    /// When the latest check finished (monotonic clock).
+    pub last_at: Option<Instant>,
+    /// When the latest check that got an answer from the server finished (anything but
+    /// [`CheckOutcome::Failed`] and [`CheckOutcome::Lost`]).
+    pub last_success_at: Option<Instant>,
+    /// Round-trip time of the latest check's statement.
+    pub last_latency: Duration,
+    /// The latest failure, with its cause chain.
+    pub last_error: Option<String>,
+}
+
 struct Shared {
     config: Config,
+    checks: watch::Sender<Checks>,
     target: String,
     leader: AtomicBool,
     running: AtomicBool,
@@ -324,8 +362,10 @@ impl Elector {
             None => None,
         };
         let (current, _) = watch::channel(Term::standby());
+        let (checks, _) = watch::channel(Checks::default());
         Ok(Elector {
             shared: Arc::new(Shared {
+                checks,
                 target: crate::conninfo::describe(&config.connect),
                 config,
                 leader: AtomicBool::new(false),
@@ -346,6 +386,16 @@ impl Elector {
     /// thread (the seed's `IsLeader`).
     pub fn is_leader(&self) -> bool {
         self.shared.leader.load(Ordering::Acquire)
+    }
+
+    /// The tally of checks so far.
+    pub fn checks(&self) -> Checks {
+        self.shared.checks.borrow().clone()
+    }
+
+    /// A receiver that sees every change of [`Elector::checks`], for waiting on the next check.
+    pub fn watch_checks(&self) -> watch::Receiver<Checks> {
+        self.shared.checks.subscribe()
     }
 
     /// The current term (the seed's `Term`): live while leading; already ended on a standby.
@@ -658,28 +708,53 @@ impl Campaign<'_> {
     }
 
     async fn try_acquire(&mut self) {
+        let started = Instant::now();
         match self.try_acquire_inner().await {
-            Ok(()) => {}
+            Ok(outcome) => self.record(outcome, started, None),
             Err(err @ Error::InRecovery { .. }) => {
                 error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                self.record(CheckOutcome::Failed, started, Some(&err));
             }
             Err(err) => {
                 // FIELD-NOTES PostgreSQL 3: whatever failed, the session may hold a grant we
                 // never saw; never reuse it.
                 self.session = None;
                 warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
+                self.record(CheckOutcome::Failed, started, Some(&err));
             }
         }
     }
 
-    async fn try_acquire_inner(&mut self) -> Result<(), Error> {
+    /// Publishes one check's outcome in [`Checks`].
+    fn record(&self, outcome: CheckOutcome, started: Instant, error: Option<&Error>) {
+        let now = Instant::now();
+        self.shared.checks.send_modify(|checks| {
+            checks.total += 1;
+            match outcome {
+                CheckOutcome::Refused => checks.refused += 1,
+                CheckOutcome::Failed => checks.failed += 1,
+                _ => {}
+            }
+            checks.last = Some(outcome);
+            checks.last_at = Some(now);
+            checks.last_latency = now - started;
+            if !matches!(outcome, CheckOutcome::Failed | CheckOutcome::Lost) {
+                checks.last_success_at = Some(now);
+            }
+            if let Some(err) = error {
+                checks.last_error = Some(Chain(err).to_string());
+            }
+        });
+    }
+
+    async fn try_acquire_inner(&mut self) -> Result<CheckOutcome, Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
         if self.session.is_none() {
             self.session = Some(Session::open(config, &self.shared.target).await?);
         }
         let Some(session) = self.session.as_ref() else {
-            return Ok(());
+            return Ok(CheckOutcome::Failed);
         };
         let lock = config.lock;
         // One round trip: a hot standby grants advisory locks of its own, so never even try
@@ -699,9 +774,9 @@ impl Campaign<'_> {
             }),
             Some(false) => {
                 debug!(target: "leaderrun::elector", lock = %lock, "lock held by another session; standing by");
-                Ok(())
+                Ok(CheckOutcome::Refused)
             }
-            Some(true) => self.begin_term().await,
+            Some(true) => self.begin_term().await.map(|()| CheckOutcome::Granted),
         }
     }
 
@@ -811,12 +886,14 @@ impl Campaign<'_> {
             });
         match result {
             Ok(()) => {
+                self.record(CheckOutcome::Verified, started, None);
                 debug!(target: "leaderrun::elector", latency_ms = started.elapsed().as_millis() as u64, "leader check ok");
             }
             Err(err) => {
                 if matches!(err, Error::BackendChanged { .. } | Error::InRecovery { .. }) {
                     error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
                 }
+                self.record(CheckOutcome::Lost, started, Some(&err));
                 self.demote(&err);
             }
         }

@@ -44,5 +44,5 @@ pub mod runner;
 pub mod signals;
 pub mod terminal;
 
-pub use elector::{Config, Done, Elector, Lease, LockKey, Term, TermEnd};
+pub use elector::{CheckOutcome, Checks, Config, Done, Elector, Lease, LockKey, Term, TermEnd};
 pub use error::{Chain, Error};

@@ -1,10 +1,18 @@
-//! The default mode, while-leader (contract §4): ties the [`Elector`] to the [`Child`].
+//! The modes (contract §4): tie the [`Elector`] to the [`Child`].
 //!
-//! One loop, two phases. As a standby it waits for a term or a signal. As the leader it starts
-//! COMMAND for that term and waits for whichever comes first: COMMAND exits (stop what is left
-//! of its group, release the lock, exit with its status), the term ends (stop COMMAND, back to
-//! standby), or INT/TERM (forward it, stop COMMAND, release the lock, exit with its status).
-//! Every wait also handles SIGCHLD (reap) and the other forwarded signals.
+//! One mechanism, [`Supervisor`], with three waits every mode is built from:
+//!
+//! * [`Supervisor::campaign`] waits as a standby until a term begins, a one-shot's check or
+//!   deadline is done, or INT/TERM arrives;
+//! * [`Supervisor::hold`] keeps leading without a child until a time (takeover delay, minimum
+//!   hold, restart back-off) or the next tick, or until the term ends;
+//! * [`Supervisor::run_command`] runs COMMAND once inside a term and reports why it ended:
+//!   it exited (what is left of its group is stopped too), the term ended, `--timeout`, or
+//!   INT/TERM (forwarded, then stop).
+//!
+//! Each of them handles every signal the same way: SIGCHLD reaps, INT/TERM shut down, the
+//! others go to the child's group while there is one. The modes are short loops over them:
+//! [`Supervisor::while_leader`], [`Supervisor::one_shot`], [`Supervisor::every`].
 //!
 //! The binary runs this on a current-thread runtime on the main thread, which is therefore the
 //! thread that forks every child and lives as long as they do (`PR_SET_PDEATHSIG`).
@@ -14,12 +22,13 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::task::JoinHandle;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::child::{self, Child, Command, ExitStatus};
-use crate::cli::{Cli, Settings, EXIT_FAILURE};
-use crate::elector::{Config, Elector, Term, TermEnd};
+use crate::child::{self, Child, Command, ExitStatus, SpawnError};
+use crate::cli::{Cli, Mode, Restart, Settings, EXIT_FAILURE};
+use crate::elector::{CheckOutcome, Config, Elector, Term, TermEnd};
 use crate::error::Chain;
 use crate::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
 use crate::terminal::Terminal;
@@ -29,7 +38,8 @@ use crate::terminal::Terminal;
 pub enum Exit {
     /// COMMAND's status is leaderrun's status (contract §6).
     Child(ExitStatus),
-    /// A status of leaderrun's own: 0 (stopped while standby), 125, 126, 127.
+    /// A status of leaderrun's own: 0 (stopped while standby), the conflict code, 124
+    /// (`--timeout`), 125, 126, 127.
     Code(u8),
 }
 
@@ -86,7 +96,7 @@ pub fn main(cli: Cli, signals: SignalStream) -> Exit {
             return Exit::Code(EXIT_FAILURE);
         }
     };
-    runtime.block_on(while_leader(settings, command, signals, terminal))
+    runtime.block_on(run(settings, command, signals, terminal))
 }
 
 /// The elector configuration for `settings`.
@@ -98,11 +108,101 @@ pub fn elector_config(settings: &Settings) -> Config {
     config
 }
 
+/// Exit status when `--timeout` stopped COMMAND, as `timeout(1)` has it (contract §6).
+pub const EXIT_TIMEOUT: u8 = 124;
+
+/// First delay of the `--restart` back-off.
+pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
+/// Longest delay of the `--restart` back-off.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// A run that lasts at least this long starts the back-off over.
+pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(10);
+
+/// The `--restart` back-off: [`BACKOFF_INITIAL`], doubling up to [`BACKOFF_CAP`], back to the
+/// start after a run of at least [`BACKOFF_RESET_AFTER`].
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            next: BACKOFF_INITIAL,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before the next start, given how long the run that just ended lasted.
+    pub fn after_run(&mut self, lasted: Duration) -> Duration {
+        if lasted >= BACKOFF_RESET_AFTER {
+            self.next = BACKOFF_INITIAL;
+        }
+        let delay = self.next;
+        self.next = (self.next * 2).min(BACKOFF_CAP);
+        delay
+    }
+}
+
+impl Restart {
+    /// Whether a run that ended with `status` (or timed out: `None`) is started again.
+    fn restarts(self, status: Option<ExitStatus>) -> bool {
+        match self {
+            Restart::Never => false,
+            Restart::Always => true,
+            Restart::OnFailure => !status.is_some_and(ExitStatus::success),
+        }
+    }
+}
+
+/// Runs the mode `settings` selects; returns the exit status of contract §6.
+pub async fn run(
+    settings: Settings,
+    command: Command,
+    signals: SignalStream,
+    terminal: Option<Terminal>,
+) -> Exit {
+    let elector = match Elector::new(elector_config(&settings)) {
+        Ok(elector) => elector,
+        Err(err) => {
+            error!("{}", Chain(&err));
+            return Exit::Code(EXIT_FAILURE);
+        }
+    };
+    let server = crate::conninfo::describe(&settings.connect);
+    let interval = humantime::format_duration(settings.check_interval).to_string();
+    let grace = humantime::format_duration(settings.grace).to_string();
+    // A one-shot that does not lead prints nothing at the default level (cron mails nothing).
+    if matches!(settings.mode, Mode::OneShot { .. }) {
+        debug!(server = ?server, lock = %settings.lock, check_interval = %interval, grace = %grace, "campaigning for the background leader lock");
+    } else {
+        info!(server = ?server, lock = %settings.lock, check_interval = %interval, grace = %grace, "campaigning for the background leader lock");
+    }
+    let mode = settings.mode;
+    let mut supervisor = Supervisor {
+        settings,
+        command,
+        signals,
+        terminal,
+        election: Election::start(elector),
+        reap_timer: tokio::time::interval(Duration::from_secs(1)),
+    };
+    let exit = match mode {
+        Mode::WhileLeader { restart } => supervisor.while_leader(restart).await,
+        Mode::OneShot { wait, min_hold } => supervisor.one_shot(wait, min_hold).await,
+        Mode::Every { period } => supervisor.every(period).await,
+    };
+    supervisor.election.stop().await;
+    exit
+}
+
 /// The election task and the token that stops it.
 struct Election {
     elector: Elector,
     cancel: CancellationToken,
     task: JoinHandle<Result<(), crate::Error>>,
+    done: bool,
 }
 
 impl Election {
@@ -117,14 +217,32 @@ impl Election {
             elector,
             cancel,
             task,
+            done: false,
+        }
+    }
+
+    /// Resolves if the election task ends on its own (it only should when cancelled).
+    async fn failed(&mut self) -> String {
+        if self.done {
+            return std::future::pending().await;
+        }
+        let result = (&mut self.task).await;
+        self.done = true;
+        match result {
+            Ok(Ok(())) => "it returned".to_owned(),
+            Ok(Err(err)) => Chain(&err).to_string(),
+            Err(err) => err.to_string(),
         }
     }
 
     /// Cancels the election (end term, unlock, close) and waits for it to finish.
-    async fn stop(self) {
+    async fn stop(&mut self) {
         self.cancel.cancel();
-        if let Err(err) = self.task.await {
-            error!("the election task failed: {err}");
+        if !self.done {
+            self.done = true;
+            if let Err(err) = (&mut self.task).await {
+                error!("the election task failed: {err}");
+            }
         }
     }
 }
@@ -140,194 +258,503 @@ fn child_env(term: &Term) -> Vec<(&'static str, String)> {
     env
 }
 
-/// The default mode: campaign; while leading, run COMMAND; on demotion stop it and campaign
-/// again; exit when COMMAND exits on its own or on INT/TERM.
-pub async fn while_leader(
+/// What [`Supervisor::campaign`] waits for.
+#[derive(Clone, Copy, Debug)]
+enum Until {
+    /// A term (default mode, `--every`).
+    Term,
+    /// A term, or the first check's refusal or failure (`--once`).
+    FirstCheck,
+    /// A term, or this moment (`--wait`).
+    Deadline(Instant),
+}
+
+/// How a campaign ended.
+enum Campaigned {
+    Leading(Term),
+    /// INT/TERM while standby.
+    Shutdown,
+    /// `--once`/`--wait`: the lock was held elsewhere.
+    NotLeading,
+    /// `--once`/`--wait`: no check reached the server; the latest error.
+    Unreachable(String),
+    /// The election task ended by itself (a bug or a panic).
+    ElectionFailed,
+}
+
+/// How a [`Supervisor::hold`] ended.
+enum Held {
+    /// The time came.
+    Elapsed,
+    /// The ticker ticked.
+    Tick,
+    /// The term ended.
+    Lost,
+    /// INT/TERM.
+    Shutdown,
+}
+
+/// Why one run of COMMAND ended; `shutdown` is an INT/TERM that arrived while it was being
+/// stopped for another reason (it was forwarded; the caller should exit afterwards).
+enum RunEnd {
+    /// COMMAND exited on its own (what was left of its group has been stopped).
+    Exited(ExitStatus),
+    /// The term ended; COMMAND was stopped.
+    Demoted {
+        status: ExitStatus,
+        shutdown: Option<Signal>,
+    },
+    /// `--timeout` passed; COMMAND was stopped.
+    TimedOut {
+        status: ExitStatus,
+        shutdown: Option<Signal>,
+    },
+    /// INT/TERM: forwarded, COMMAND stopped.
+    Shutdown(ExitStatus),
+    /// COMMAND could not be started.
+    SpawnFailed(SpawnError),
+}
+
+/// The one mechanism under every mode: the election, the child, the signals, the terminal.
+pub struct Supervisor {
     settings: Settings,
     command: Command,
-    mut signals: SignalStream,
+    signals: SignalStream,
     terminal: Option<Terminal>,
-) -> Exit {
-    let elector = match Elector::new(elector_config(&settings)) {
-        Ok(elector) => elector,
-        Err(err) => {
-            error!("{}", Chain(&err));
-            return Exit::Code(EXIT_FAILURE);
+    election: Election,
+    /// Reaps on a slow timer too, since SIGCHLD coalesces (FIELD-NOTES child 6).
+    reap_timer: Interval,
+}
+
+/// The next tick of an optional ticker; pending forever without one.
+async fn next_tick(ticker: &mut Option<&mut Interval>) {
+    match ticker {
+        Some(t) => {
+            t.tick().await;
         }
-    };
-    info!(
-        server = ?crate::conninfo::describe(&settings.connect),
-        lock = %settings.lock,
-        check_interval = %humantime::format_duration(settings.check_interval),
-        grace = %humantime::format_duration(settings.grace),
-        "campaigning for the background leader lock"
-    );
-    let mut election = Election::start(elector);
-    // Leftovers of earlier terms are reaped by a slow timer as well as on SIGCHLD (SIGCHLD
-    // coalesces, FIELD-NOTES child 6).
-    let mut reap_timer = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        // Standby: wait for a term, handling signals first.
-        let term = tokio::select! {
-            biased;
-            sig = signals.recv() => {
-                if is_shutdown(sig) {
-                    info!(signal = sig.as_str(), "received {} while standby; shutting down", sig.as_str());
-                    election.stop().await;
-                    return Exit::Code(0);
-                }
-                if sig == Signal::SIGTSTP {
-                    suspend_self();
-                }
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`; pending forever without it.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Supervisor {
+    /// A signal while there is no child: INT/TERM mean shutdown (returns true); TSTP suspends
+    /// leaderrun; SIGCHLD reaps leftovers; the rest have nobody to go to.
+    fn no_child_signal(sig: Signal) -> bool {
+        if is_shutdown(sig) {
+            info!(
+                signal = sig.as_str(),
+                "received {}; shutting down",
+                sig.as_str()
+            );
+            return true;
+        }
+        match sig {
+            Signal::SIGTSTP => suspend_self(),
+            Signal::SIGCHLD => {
                 child::reap(None);
-                continue;
             }
-            _ = reap_timer.tick() => {
-                child::reap(None);
-                continue;
-            }
-            result = &mut election.task => {
-                error!("the election stopped unexpectedly: {}", match result {
-                    Ok(Ok(())) => "returned".to_owned(),
-                    Ok(Err(err)) => Chain(&err).to_string(),
-                    Err(err) => err.to_string(),
-                });
-                return Exit::Code(EXIT_FAILURE);
-            }
-            term = election.elector.wait_for_term() => term,
+            _ => debug!(
+                signal = sig.as_str(),
+                "no child to pass {} to",
+                sig.as_str()
+            ),
+        }
+        false
+    }
+
+    /// Waits as a standby (see [`Until`]). Ticks of `ticker` are standby ticks: nothing runs.
+    async fn campaign(&mut self, until: Until, mut ticker: Option<&mut Interval>) -> Campaigned {
+        let elector = self.election.elector.clone();
+        let mut checks = elector.watch_checks();
+        let deadline = match until {
+            Until::Deadline(at) => Some(at),
+            _ => None,
         };
-        // A signal that arrived while the term was being granted is acted on before any child
-        // exists (FIELD-NOTES child 1).
-        while let Some(sig) = signals.try_recv() {
-            if is_shutdown(sig) {
-                info!(
-                    signal = sig.as_str(),
-                    "received {} before COMMAND started; shutting down",
-                    sig.as_str()
-                );
-                election.stop().await;
-                return Exit::Code(0);
+        loop {
+            tokio::select! {
+                biased;
+                sig = self.signals.recv() => {
+                    if Self::no_child_signal(sig) {
+                        return Campaigned::Shutdown;
+                    }
+                }
+                _ = self.reap_timer.tick() => {
+                    child::reap(None);
+                }
+                reason = self.election.failed() => {
+                    error!("the election stopped unexpectedly: {reason}");
+                    return Campaigned::ElectionFailed;
+                }
+                term = elector.wait_for_term() => {
+                    // A signal that arrived while the term was being granted is acted on
+                    // before any child exists (FIELD-NOTES child 1).
+                    while let Some(sig) = self.signals.try_recv() {
+                        if Self::no_child_signal(sig) {
+                            return Campaigned::Shutdown;
+                        }
+                    }
+                    if !term.is_ended() {
+                        return Campaigned::Leading(term);
+                    }
+                }
+                changed = checks.changed(), if matches!(until, Until::FirstCheck) => {
+                    let seen = checks.borrow_and_update().clone();
+                    if changed.is_ok() && seen.total > 0 && seen.last != Some(CheckOutcome::Granted) {
+                        return if seen.refused > 0 {
+                            Campaigned::NotLeading
+                        } else {
+                            Campaigned::Unreachable(seen.last_error.unwrap_or_default())
+                        };
+                    }
+                }
+                () = sleep_until(deadline) => {
+                    let seen = elector.checks();
+                    if elector.is_leader() {
+                        continue;
+                    }
+                    return if seen.total > 0 && seen.failed == seen.total {
+                        Campaigned::Unreachable(seen.last_error.unwrap_or_default())
+                    } else if seen.total == 0 {
+                        Campaigned::Unreachable("no check completed within --wait".to_owned())
+                    } else {
+                        Campaigned::NotLeading
+                    };
+                }
+                () = next_tick(&mut ticker) => {
+                    debug!("tick: standby, nothing to run");
+                }
             }
         }
-        if term.is_ended() {
-            continue;
+    }
+
+    /// Leads without a child until `until` (or forever), the next tick of `ticker`, the end of
+    /// the term, or INT/TERM.
+    async fn hold(
+        &mut self,
+        term: &Term,
+        until: Option<Instant>,
+        mut ticker: Option<&mut Interval>,
+    ) -> Held {
+        loop {
+            tokio::select! {
+                biased;
+                sig = self.signals.recv() => {
+                    if Self::no_child_signal(sig) {
+                        return Held::Shutdown;
+                    }
+                }
+                _ = term.ended() => return Held::Lost,
+                _ = self.reap_timer.tick() => {
+                    child::reap(None);
+                }
+                () = sleep_until(until) => return Held::Elapsed,
+                () = next_tick(&mut ticker) => return Held::Tick,
+            }
         }
-        let mut child = match Child::spawn(&command, &child_env(&term), terminal.as_ref()) {
+    }
+
+    /// Waits out `--takeover-delay` at the start of a term, still verifying the lock.
+    async fn takeover_delay(&mut self, term: &Term) -> Held {
+        let delay = self.settings.takeover_delay;
+        if delay.is_zero() {
+            return Held::Elapsed;
+        }
+        info!(term = term.number(), delay = %humantime::format_duration(delay), "takeover delay: verifying the lock before COMMAND starts");
+        self.hold(term, Some(Instant::now() + delay), None).await
+    }
+
+    /// Runs COMMAND once inside `term`. Ticks of `ticker` that fall due meanwhile are skipped
+    /// and logged: runs never overlap.
+    async fn run_command(&mut self, term: &Term, mut ticker: Option<&mut Interval>) -> RunEnd {
+        let mut child = match Child::spawn(&self.command, &child_env(term), self.terminal.as_ref())
+        {
             Ok(child) => child,
-            Err(err) => {
-                error!("{}", Chain(&err));
-                election.stop().await;
-                return Exit::Code(err.exit_code());
-            }
+            Err(err) => return RunEnd::SpawnFailed(err),
         };
         info!(pid = child.pid(), term = term.number(), "child started");
-        let led = lead(
-            &settings,
-            &term,
-            &mut child,
-            &mut signals,
-            terminal.as_ref(),
-        )
-        .await;
-        if let Some(terminal) = &terminal {
-            terminal.take_back();
-        }
-        match led {
-            Led::Demoted(stopped) => {
-                info!(pid = child.pid(), status = %stopped.status, term = term.number(), "child stopped after demotion");
-                if let Some(sig) = stopped.shutdown {
-                    info!(
-                        signal = sig.as_str(),
-                        "shutting down after {}",
-                        sig.as_str()
-                    );
-                    election.stop().await;
-                    return Exit::Child(stopped.status);
+        let timeout_at = self.settings.timeout.map(|t| Instant::now() + t);
+        let (stop_signal, grace) = (self.settings.stop_signal, self.settings.grace);
+        let end = loop {
+            if let Some(status) = child.status() {
+                info!(pid = child.pid(), status = %status, term = term.number(), "child exited");
+                // Helpers it left running are stopped before anything else happens.
+                let stopped = child
+                    .stop(stop_signal, grace, false, &mut self.signals)
+                    .await;
+                break RunEnd::Exited(stopped.status);
+            }
+            self.job_control(&mut child);
+            tokio::select! {
+                biased;
+                sig = self.signals.recv() => {
+                    if sig == Signal::SIGCHLD {
+                        child.reap();
+                    } else if is_shutdown(sig) {
+                        info!(signal = sig.as_str(), pid = child.pid(), "received {}; stopping the child", sig.as_str());
+                        let stopped = child.stop(sig, grace, true, &mut self.signals).await;
+                        info!(pid = child.pid(), status = %stopped.status, "child stopped");
+                        break RunEnd::Shutdown(stopped.status);
+                    } else if is_forwarded(sig) || sig == Signal::SIGTSTP {
+                        child.signal_group(sig);
+                    }
+                }
+                cause = term.ended() => {
+                    let how = if cause == TermEnd::LeadershipLost { "leadership lost" } else { "leadership released" };
+                    info!(pid = child.pid(), term = term.number(), "{how}; stopping the child");
+                    let stopped = child.stop(stop_signal, grace, false, &mut self.signals).await;
+                    info!(pid = child.pid(), status = %stopped.status, term = term.number(), "child stopped after demotion");
+                    break RunEnd::Demoted { status: stopped.status, shutdown: stopped.shutdown };
+                }
+                () = sleep_until(timeout_at) => {
+                    let limit = humantime::format_duration(self.settings.timeout.unwrap_or_default());
+                    warn!(pid = child.pid(), term = term.number(), "COMMAND ran longer than --timeout {limit}; stopping it");
+                    let stopped = child.stop(stop_signal, grace, false, &mut self.signals).await;
+                    info!(pid = child.pid(), status = %stopped.status, "child stopped after the timeout");
+                    break RunEnd::TimedOut { status: stopped.status, shutdown: stopped.shutdown };
+                }
+                _ = self.reap_timer.tick() => {
+                    child.reap();
+                }
+                () = next_tick(&mut ticker) => {
+                    info!(pid = child.pid(), "tick skipped: the previous run is still going");
                 }
             }
-            Led::Finished(status) => {
-                election.stop().await;
-                return Exit::Child(status);
+        };
+        if let Some(terminal) = &self.terminal {
+            terminal.take_back();
+        }
+        end
+    }
+
+    /// Job control: a child stopped by Ctrl-Z (or by reading or writing the terminal it was
+    /// given) suspends leaderrun too, so the calling shell sees the job stopped; `fg` continues
+    /// leaderrun, which continues the child. A SIGSTOP from someone else is not ours to act on.
+    fn job_control(&mut self, child: &mut Child) {
+        let sig = match child.take_stop() {
+            Some(Signal::SIGTSTP) => Signal::SIGTSTP,
+            Some(sig @ (Signal::SIGTTIN | Signal::SIGTTOU)) if self.terminal.is_some() => sig,
+            _ => return,
+        };
+        info!(
+            pid = child.pid(),
+            signal = sig.as_str(),
+            "child suspended; suspending leaderrun"
+        );
+        if let Some(terminal) = &self.terminal {
+            terminal.take_back();
+        }
+        suspend_self();
+        if let Some(terminal) = &self.terminal {
+            terminal.give_to(Pid::from_raw(child.pid() as i32));
+        }
+        child.signal_group(Signal::SIGCONT);
+        info!(pid = child.pid(), "resumed; child continued");
+    }
+
+    /// Default mode: campaign; run COMMAND for each term; on demotion stop it and campaign
+    /// again; exit when it exits on its own (unless `--restart` says otherwise) or on INT/TERM.
+    async fn while_leader(&mut self, restart: Restart) -> Exit {
+        loop {
+            let term = match self.campaign(Until::Term, None).await {
+                Campaigned::Leading(term) => term,
+                Campaigned::Shutdown => return Exit::Code(0),
+                _ => return Exit::Code(EXIT_FAILURE),
+            };
+            match self.takeover_delay(&term).await {
+                Held::Shutdown => return Exit::Code(0),
+                Held::Lost => continue,
+                Held::Elapsed | Held::Tick => {}
+            }
+            let mut backoff = Backoff::default();
+            loop {
+                let started = Instant::now();
+                let status = match self.run_command(&term, None).await {
+                    RunEnd::SpawnFailed(err) => {
+                        error!("{}", Chain(&err));
+                        return Exit::Code(err.exit_code());
+                    }
+                    RunEnd::Shutdown(status) => return Exit::Child(status),
+                    RunEnd::Demoted { status, shutdown } => {
+                        if shutdown.is_some() {
+                            return Exit::Child(status);
+                        }
+                        break;
+                    }
+                    RunEnd::TimedOut { status, shutdown } => {
+                        if shutdown.is_some() {
+                            return Exit::Child(status);
+                        }
+                        if !restart.restarts(None) {
+                            return Exit::Code(EXIT_TIMEOUT);
+                        }
+                        status
+                    }
+                    RunEnd::Exited(status) => {
+                        if !restart.restarts(Some(status)) {
+                            return Exit::Child(status);
+                        }
+                        status
+                    }
+                };
+                let delay = backoff.after_run(started.elapsed());
+                info!(term = term.number(), last = %status, delay = %humantime::format_duration(delay), "restarting COMMAND after the back-off");
+                match self.hold(&term, Some(Instant::now() + delay), None).await {
+                    Held::Shutdown => return Exit::Child(status),
+                    Held::Lost => break,
+                    Held::Elapsed | Held::Tick => {}
+                }
+            }
+        }
+    }
+
+    /// `--once` / `--wait`: lead once, run COMMAND to its end, keep the lock for `min_hold`
+    /// after the grant; else exit with the conflict code.
+    async fn one_shot(&mut self, wait: Option<Duration>, min_hold: Duration) -> Exit {
+        let conflict = Exit::Code(self.settings.conflict_exit_code);
+        let until = match wait {
+            Some(wait) => Until::Deadline(Instant::now() + wait),
+            None => Until::FirstCheck,
+        };
+        let term = match self.campaign(until, None).await {
+            Campaigned::Leading(term) => term,
+            Campaigned::NotLeading => {
+                debug!("another session holds the lock; COMMAND does not run");
+                return conflict;
+            }
+            Campaigned::Unreachable(cause) => {
+                error!("could not check the lock: {cause}");
+                return Exit::Code(EXIT_FAILURE);
+            }
+            Campaigned::Shutdown => return Exit::Code(0),
+            Campaigned::ElectionFailed => return Exit::Code(EXIT_FAILURE),
+        };
+        let granted = Instant::now();
+        match self.takeover_delay(&term).await {
+            Held::Shutdown => return Exit::Code(0),
+            Held::Lost => {
+                info!("leadership lost during the takeover delay; COMMAND does not run");
+                return conflict;
+            }
+            Held::Elapsed | Held::Tick => {}
+        }
+        let status = match self.run_command(&term, None).await {
+            RunEnd::SpawnFailed(err) => {
+                error!("{}", Chain(&err));
+                return Exit::Code(err.exit_code());
+            }
+            RunEnd::Shutdown(status) => return Exit::Child(status),
+            RunEnd::Demoted { status, shutdown } => {
+                if shutdown.is_some() {
+                    return Exit::Child(status);
+                }
+                info!(status = %status, "leadership lost while COMMAND ran; it was stopped");
+                return conflict;
+            }
+            RunEnd::TimedOut { status, shutdown } => {
+                if shutdown.is_some() {
+                    return Exit::Child(status);
+                }
+                return Exit::Code(EXIT_TIMEOUT);
+            }
+            RunEnd::Exited(status) => status,
+        };
+        let hold_until = granted + min_hold;
+        if Instant::now() < hold_until {
+            debug!(min_hold = %humantime::format_duration(min_hold), "keeping the lock for --min-hold");
+            // Leadership lost meanwhile changes nothing: COMMAND has run.
+            let _ = self.hold(&term, Some(hold_until), None).await;
+        }
+        Exit::Child(status)
+    }
+
+    /// `--every`: the seed's runLeaderTicker. While leading, run COMMAND once per period;
+    /// never overlapping; a failed run is a failed tick and ticking goes on.
+    async fn every(&mut self, period: Duration) -> Exit {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        loop {
+            let term = match self.campaign(Until::Term, Some(&mut ticker)).await {
+                Campaigned::Leading(term) => term,
+                Campaigned::Shutdown => return Exit::Code(0),
+                _ => return Exit::Code(EXIT_FAILURE),
+            };
+            match self.takeover_delay(&term).await {
+                Held::Shutdown => return Exit::Code(0),
+                Held::Lost => continue,
+                Held::Elapsed | Held::Tick => {}
+            }
+            loop {
+                match self.hold(&term, None, Some(&mut ticker)).await {
+                    Held::Shutdown => return Exit::Code(0),
+                    Held::Lost => break,
+                    Held::Tick | Held::Elapsed => {}
+                }
+                match self.run_command(&term, Some(&mut ticker)).await {
+                    RunEnd::SpawnFailed(err) => {
+                        warn!(term = term.number(), "tick failed: {}", Chain(&err));
+                    }
+                    RunEnd::Exited(status) if status.success() => {
+                        debug!(term = term.number(), "tick succeeded");
+                    }
+                    RunEnd::Exited(status) => {
+                        warn!(term = term.number(), status = %status, "tick failed: COMMAND exited with {status}");
+                    }
+                    RunEnd::TimedOut { status, shutdown } => {
+                        warn!(term = term.number(), status = %status, "tick failed: COMMAND ran longer than --timeout");
+                        if shutdown.is_some() {
+                            return Exit::Child(status);
+                        }
+                    }
+                    RunEnd::Demoted { status, shutdown } => {
+                        info!(term = term.number(), status = %status, "tick stopped: leadership lost (not a failure)");
+                        if shutdown.is_some() {
+                            return Exit::Child(status);
+                        }
+                        break;
+                    }
+                    RunEnd::Shutdown(status) => return Exit::Child(status),
+                }
             }
         }
     }
 }
 
-/// How one term's child ended.
-enum Led {
-    /// Leadership ended; the child was stopped and the replica campaigns again (unless a
-    /// shutdown signal arrived meanwhile).
-    Demoted(child::Stopped),
-    /// COMMAND exited on its own or after INT/TERM; leaderrun exits with this status.
-    Finished(ExitStatus),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Supervises the child of one term.
-async fn lead(
-    settings: &Settings,
-    term: &Term,
-    child: &mut Child,
-    signals: &mut SignalStream,
-    terminal: Option<&Terminal>,
-) -> Led {
-    let mut reap_timer = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        // A stop by Ctrl-Z (SIGTSTP), or by reading/writing the terminal we handed over, is job
-        // control; a SIGSTOP from someone else is not ours to act on.
-        let job_stop = match child.take_stop() {
-            Some(Signal::SIGTSTP) => Some(Signal::SIGTSTP),
-            Some(sig @ (Signal::SIGTTIN | Signal::SIGTTOU)) if terminal.is_some() => Some(sig),
-            _ => None,
-        };
-        if let Some(sig) = job_stop {
-            // Job control: the child was suspended (Ctrl-Z). Suspend leaderrun too, so the
-            // calling shell sees the job stopped; `fg` continues us, and we continue the child.
-            info!(
-                pid = child.pid(),
-                signal = sig.as_str(),
-                "child suspended; suspending leaderrun"
-            );
-            if let Some(terminal) = terminal {
-                terminal.take_back();
-            }
-            suspend_self();
-            if let Some(terminal) = terminal {
-                terminal.give_to(Pid::from_raw(child.pid() as i32));
-            }
-            child.signal_group(Signal::SIGCONT);
-            info!(pid = child.pid(), "resumed; child continued");
-        }
-        if let Some(status) = child.status() {
-            info!(pid = child.pid(), status = %status, term = term.number(), "child exited");
-            // Helpers it left running are stopped too before the lock is released.
-            let stopped = child
-                .stop(settings.stop_signal, settings.grace, false, signals)
-                .await;
-            return Led::Finished(stopped.status);
-        }
-        tokio::select! {
-            biased;
-            sig = signals.recv() => {
-                if sig == Signal::SIGCHLD {
-                    child.reap();
-                } else if is_shutdown(sig) {
-                    info!(signal = sig.as_str(), pid = child.pid(), "received {}; stopping the child", sig.as_str());
-                    let stopped = child.stop(sig, settings.grace, true, signals).await;
-                    info!(pid = child.pid(), status = %stopped.status, "child stopped");
-                    return Led::Finished(stopped.status);
-                } else if is_forwarded(sig) || sig == Signal::SIGTSTP {
-                    child.signal_group(sig);
-                }
-            }
-            cause = term.ended() => {
-                let how = if cause == TermEnd::LeadershipLost { "leadership lost" } else { "leadership released" };
-                info!(pid = child.pid(), term = term.number(), "{how}; stopping the child");
-                let stopped = child.stop(settings.stop_signal, settings.grace, false, signals).await;
-                return Led::Demoted(stopped);
-            }
-            _ = reap_timer.tick() => {
-                child.reap();
-            }
-        }
+    #[test]
+    fn backoff_doubles_to_the_cap_and_resets_after_a_long_run() {
+        let mut backoff = Backoff::default();
+        let short = Duration::from_millis(10);
+        let delays: Vec<Duration> = (0..9).map(|_| backoff.after_run(short)).collect();
+        let ms: Vec<u128> = delays.iter().map(Duration::as_millis).collect();
+        assert_eq!(
+            ms,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
+        assert_eq!(backoff.after_run(BACKOFF_RESET_AFTER), BACKOFF_INITIAL);
+        assert_eq!(backoff.after_run(short), BACKOFF_INITIAL * 2);
+    }
+
+    #[test]
+    fn restart_policies() {
+        let ok = Some(ExitStatus::Code(0));
+        let failed = Some(ExitStatus::Code(1));
+        let killed = Some(ExitStatus::Signal(Signal::SIGKILL));
+        assert!(!Restart::Never.restarts(failed));
+        assert!(Restart::Always.restarts(ok));
+        assert!(!Restart::OnFailure.restarts(ok));
+        assert!(Restart::OnFailure.restarts(failed));
+        assert!(Restart::OnFailure.restarts(killed));
+        assert!(Restart::OnFailure.restarts(None), "a timeout is a failure");
     }
 }
