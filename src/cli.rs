@@ -210,6 +210,8 @@ pub struct Cli {
         short = 'n',
         long,
         env = "LEADERRUN_ONCE",
+        // The environment form takes 1/0, true/false, yes/no, on/off.
+        value_parser = clap::builder::FalseyValueParser::new(),
         conflicts_with_all = ["wait", "every"],
         help_heading = "Modes"
     )]

@@ -6,4 +6,5 @@ mod support;
 mod binary;
 mod child;
 mod election;
+mod modes;
 mod terminal;

@@ -1,0 +1,437 @@
+//! The modes of contract §4 with a real PostgreSQL and real processes: cron one-shots, --wait,
+//! the ticker, restarts, timeouts, takeover delay and name-derived lock ids.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::{
+    alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS,
+};
+
+const INTERVAL: &str = "200ms";
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// A replica that holds lock `id` (its child sleeps) until dropped.
+fn holder(cluster: &Cluster, id: i32, scratch: &Scratch) -> Replica {
+    let script = scratch.child_script("holder.sh", "exec sleep 600");
+    let replica = Replica::start(cluster, id, INTERVAL, &["--", script.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    replica
+}
+
+/// Timestamps (seconds) of lines `PREFIX <nanoseconds>` in the event log.
+fn stamps(scratch: &Scratch, prefix: &str) -> Vec<f64> {
+    scratch
+        .events()
+        .iter()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .map(|ns| ns.trim().parse::<f64>().unwrap() / 1e9)
+        .collect()
+}
+
+#[test]
+fn cron_on_two_hosts_two_seconds_apart_runs_the_job_once() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "sleep 1");
+    let args = ["--once", "--min-hold", "10s", "--", job.to_str().unwrap()];
+    let first_fired = Instant::now();
+    let mut first = Replica::start(cluster, id, "1s", &args);
+    scratch.wait_starts(1, secs(5.0));
+    // The second host's cron fires 2 s later, after the 1 s job has finished.
+    while first_fired.elapsed() < secs(2.0) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut second = Replica::start(cluster, id, "1s", &args);
+    assert_eq!(second.wait_exit(secs(5.0)).code(), Some(0));
+    assert_eq!(second.log(), "", "a skipping host prints nothing");
+    assert_eq!(scratch.starts().len(), 1, "the job ran once");
+    // The first host kept the lock for the whole --min-hold, then released it.
+    assert_eq!(first.wait_exit(secs(15.0)).code(), Some(0));
+    assert!(first_fired.elapsed() >= secs(10.0));
+    assert!(cluster.lock_holders(CLASS, id).is_empty());
+}
+
+#[test]
+fn once_while_another_session_holds_the_lock_exits_silently() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let _holder = holder(cluster, id, &scratch);
+    let job = scratch.child_script("job.sh", "echo ran");
+    let started = Instant::now();
+    let mut skipped = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &["--once", "--", job.to_str().unwrap()],
+    );
+    assert_eq!(skipped.wait_exit(secs(5.0)).code(), Some(0));
+    assert!(started.elapsed() < secs(3.0), "--once is one check");
+    assert_eq!(
+        (skipped.log(), skipped.stdout()),
+        (String::new(), String::new())
+    );
+    // The environment form and a conflict code of our own.
+    let mut cmd = leaderrun();
+    cmd.env("LEADERRUN_ONCE", "1")
+        .env("LEADERRUN_DSN", cluster.dsn())
+        .env("LEADERRUN_LOCK_ID", id.to_string())
+        .args(["--conflict-exit-code", "75", "--", job.to_str().unwrap()]);
+    let mut skipped = Replica::spawn(cmd);
+    assert_eq!(skipped.wait_exit(secs(5.0)).code(), Some(75));
+    assert_eq!(skipped.log(), "");
+    assert_eq!(
+        scratch.starts().len(),
+        1,
+        "only the holder's child ever ran"
+    );
+}
+
+#[test]
+fn once_when_leading_runs_to_the_end_and_releases() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 9");
+    let mut once = Replica::start(cluster, id, INTERVAL, &["-n", "--", job.to_str().unwrap()]);
+    assert_eq!(once.wait_exit(secs(5.0)).code(), Some(9));
+    assert_eq!(scratch.starts().len(), 1);
+    assert!(cluster.lock_holders(CLASS, id).is_empty());
+}
+
+#[test]
+fn once_against_an_unreachable_database_is_an_error() {
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        "host=127.0.0.1 port=1 user=postgres",
+        "--once",
+        "--",
+        "true",
+    ]);
+    let mut once = Replica::spawn(cmd);
+    assert_eq!(once.wait_exit(secs(10.0)).code(), Some(125));
+    assert!(
+        once.log().contains("could not check the lock"),
+        "{}",
+        once.log()
+    );
+    // --wait too, once the wait is over.
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", "host=127.0.0.1 port=1 user=postgres"])
+        .args([
+            "--check-interval",
+            INTERVAL,
+            "--wait",
+            "600ms",
+            "--",
+            "true",
+        ]);
+    let mut wait = Replica::spawn(cmd);
+    assert_eq!(wait.wait_exit(secs(10.0)).code(), Some(125));
+}
+
+#[test]
+fn wait_times_out_with_the_conflict_code() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let _holder = holder(cluster, id, &scratch);
+    let started = Instant::now();
+    let mut waiter = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &["--wait", "1s", "--conflict-exit-code", "3", "--", "true"],
+    );
+    assert_eq!(waiter.wait_exit(secs(5.0)).code(), Some(3));
+    let took = started.elapsed();
+    assert!(
+        took >= secs(1.0) && took < secs(3.0),
+        "--wait 1s took {took:?}"
+    );
+    assert_eq!(waiter.log(), "");
+}
+
+#[test]
+fn wait_succeeds_when_the_holder_lets_go() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let holder = holder(cluster, id, &scratch);
+    let job = scratch.child_script("job.sh", "exit 4");
+    let mut waiter = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &["--wait", "10s", "--", job.to_str().unwrap()],
+    );
+    holder.signal(Signal::SIGTERM);
+    assert_eq!(waiter.wait_exit(secs(10.0)).code(), Some(4));
+    assert_eq!(scratch.starts().len(), 2);
+}
+
+#[test]
+fn losing_leadership_mid_run_in_once_exits_with_the_conflict_code() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut once = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &[
+            "--once",
+            "--conflict-exit-code",
+            "42",
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    let start = scratch.wait_starts(1, secs(5.0))[0].clone();
+    cluster.terminate_backend(start.backend_pid);
+    assert_eq!(once.wait_exit(secs(5.0)).code(), Some(42));
+    assert!(!alive(start.pid));
+    assert!(
+        once.log()
+            .contains("INFO leadership lost while COMMAND ran"),
+        "{}",
+        once.log()
+    );
+}
+
+#[test]
+fn a_ticker_on_two_replicas_runs_only_on_the_leader_and_never_overlaps() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    // Each run takes longer than the period, so some ticks fall due while one runs.
+    let job = scratch.child_script(
+        "job.sh",
+        "echo \"begin $(date +%s%N)\" >> \"$EVENTS\"\nsleep 0.45\necho \"end $(date +%s%N)\" >> \"$EVENTS\"",
+    );
+    let job = job.to_str().unwrap();
+    let replicas: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &["--every", "300ms", "--", job]))
+        .collect();
+    scratch.wait_starts(4, secs(10.0));
+    let starts = scratch.starts();
+    assert!(
+        starts.iter().all(|s| s.ppid == starts[0].ppid),
+        "{starts:?}"
+    );
+    let leader = replicas.iter().find(|r| r.pid() == starts[0].ppid).unwrap();
+    leader.wait_log(
+        "tick skipped: the previous run is still going",
+        1,
+        secs(5.0),
+    );
+    let (begins, ends) = (stamps(&scratch, "begin "), stamps(&scratch, "end "));
+    for (i, end) in ends.iter().enumerate() {
+        if let Some(next) = begins.get(i + 1) {
+            assert!(
+                end <= next,
+                "run {i} ended at {end} after run {} began at {next}",
+                i + 1
+            );
+        }
+    }
+}
+
+#[test]
+fn a_failed_tick_is_logged_and_ticking_goes_on() {
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 3");
+    let replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--every", "200ms", "--", job.to_str().unwrap()],
+    );
+    scratch.wait_starts(3, secs(10.0));
+    replica.wait_log(
+        "WARN tick failed: COMMAND exited with exit code 3",
+        2,
+        secs(5.0),
+    );
+}
+
+#[test]
+fn a_ticker_timeout_is_a_failed_tick() {
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &[
+            "--every",
+            "200ms",
+            "--timeout",
+            "300ms",
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    let first = scratch.wait_starts(2, secs(10.0))[0].clone();
+    assert!(!alive(first.pid));
+    replica.wait_log(
+        "WARN tick failed: COMMAND ran longer than --timeout",
+        1,
+        secs(2.0),
+    );
+}
+
+#[test]
+fn restart_always_backs_off_doubling() {
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "echo \"at $(date +%s%N)\" >> \"$EVENTS\"\nexit 1");
+    let replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--restart", "always", "--", job.to_str().unwrap()],
+    );
+    scratch.wait_starts(4, secs(10.0));
+    let at = stamps(&scratch, "at ");
+    let starts = scratch.starts();
+    assert!(
+        starts.iter().all(|s| s.term == 1),
+        "restarts stay in the term"
+    );
+    for (k, pair) in at.windows(2).take(3).enumerate() {
+        let gap = pair[1] - pair[0];
+        let expected = 0.5 * f64::from(1u32 << k);
+        assert!(
+            gap >= expected - 0.02 && gap <= expected + 0.6,
+            "gap {k} was {gap:.3}s, expected about {expected}s"
+        );
+    }
+    assert!(replica
+        .log()
+        .contains("restarting COMMAND after the back-off"));
+}
+
+#[test]
+fn restart_on_failure_ends_after_a_success() {
+    let scratch = Scratch::new();
+    // Fails twice, then succeeds.
+    let job = scratch.child_script(
+        "job.sh",
+        "n=$(grep -c '^start ' \"$EVENTS\")\n[ \"$n\" -ge 3 ] && exit 0\nexit 2",
+    );
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--restart", "on-failure", "--", job.to_str().unwrap()],
+    );
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    assert_eq!(scratch.starts().len(), 3);
+}
+
+#[test]
+fn timeout_stops_the_command_and_exits_124() {
+    let cluster = Cluster::shared();
+    for mode in [&["--once"][..], &[]] {
+        let scratch = Scratch::new();
+        let job = scratch.child_script("job.sh", "exec sleep 600");
+        let mut args = mode.to_vec();
+        args.extend_from_slice(&["--timeout", "500ms", "--", job.to_str().unwrap()]);
+        let mut replica = Replica::start(cluster, unique_lock_id(), INTERVAL, &args);
+        let start = scratch.wait_starts(1, secs(5.0))[0].clone();
+        let began = Instant::now();
+        assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(124), "{mode:?}");
+        assert!(began.elapsed() < secs(2.0));
+        assert!(!alive(start.pid));
+    }
+}
+
+#[test]
+fn takeover_delay_holds_command_back_while_the_lock_is_verified() {
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let started = Instant::now();
+    let replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["-v", "--takeover-delay", "1s", "--", job.to_str().unwrap()],
+    );
+    replica.wait_log("background leader lock acquired", 1, secs(5.0));
+    scratch.wait_starts(1, secs(5.0));
+    assert!(started.elapsed() >= secs(1.0));
+    // The lock was verified during the delay.
+    let log = replica.log();
+    let acquired = log.find("background leader lock acquired").unwrap();
+    let started_child = log.find("child started").unwrap();
+    assert!(
+        log[acquired..started_child].contains("leader check ok"),
+        "{log}"
+    );
+}
+
+#[test]
+fn lock_name_derives_a_fixed_id_that_excludes_by_name() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    let name = format!("nightly-report-{}", unique_lock_id());
+    let id = leaderrun::cli::lock_id_for_name(&name);
+    let start_with = |name: &str| {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &cluster.dsn(), "--lock-name", name])
+            .args(["--check-interval", INTERVAL, "--", job]);
+        Replica::spawn(cmd)
+    };
+    let same: Vec<Replica> = (0..2).map(|_| start_with(&name)).collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.lock, format!("{CLASS}:{id}"));
+    assert_eq!(cluster.lock_holders(CLASS, id), vec![first.backend_pid]);
+    let leader = same.iter().find(|r| r.pid() == first.ppid).unwrap();
+    assert!(leader.log().contains(&format!("lock={CLASS}:{id}")));
+    // Another name is another lock: it runs alongside.
+    let _other = start_with(&format!("{name}-other"));
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.lock, first.lock);
+    assert!(alive(first.pid));
+    wait_for("still one child for the first name", secs(1.0), || {
+        (scratch
+            .starts()
+            .iter()
+            .filter(|s| s.lock == first.lock)
+            .count()
+            == 1)
+            .then_some(())
+    });
+}
+
+#[test]
+fn mode_usage_errors_exit_125() {
+    let cases: &[&[&str]] = &[
+        &["--once", "--every", "1m", "--", "true"],
+        &["--wait", "5s", "--every", "1m", "--", "true"],
+        &["--min-hold", "10s", "--", "true"],
+        &["--lock-name", "a", "--lock-id", "1", "--", "true"],
+        &["--conflict-exit-code", "256", "--", "true"],
+        &["--restart", "sometimes", "--", "true"],
+        &["--restart", "always", "--once", "--", "true"],
+        &["--every", "0s", "--", "true"],
+        &["--timeout", "soon", "--", "true"],
+        &["--wait", "-1s", "--", "true"],
+        &["--takeover-delay", "-1s", "--", "true"],
+    ];
+    for args in cases {
+        let out = leaderrun().args(*args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {stderr}");
+        assert!(stderr.contains("error"), "{args:?}: {stderr}");
+    }
+}
