@@ -30,14 +30,16 @@ const AFTER_LONG_HELP: &str = "\
 Examples:
   leaderrun --dsn postgres://app@db.internal/plexsphere -- ./reconcile-loop
   LEADERRUN_DSN='host=db user=app dbname=plexsphere' leaderrun --lock-id 7 -- sh -c 'exec worker'
-  leaderrun --check-interval 1s --grace 10s --stop-signal INT -- python3 scheduler.py
+  leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report      (crontab on every host)
+  leaderrun --every 5m --timeout 4m -- /app/sweep                      (container entrypoint)
 
 The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_FENCING_TOKEN and \
 LEADERRUN_BACKEND_PID in its environment.
 
-Exit status: COMMAND's status; 128+N when it died of signal N; 0 when stopped by INT/TERM while \
-standby; 125 when leaderrun itself failed (usage, bad DSN); 126 COMMAND not executable; 127 \
-COMMAND not found.
+Exit status: COMMAND's status; 128+N when it died of signal N; the conflict code when \
+--once/--wait did not lead or lost leadership mid-run; 0 when stopped by INT/TERM while standby; \
+124 when --timeout stopped COMMAND; 125 when leaderrun itself failed (usage, bad DSN, database \
+unreachable in --once/--wait); 126 COMMAND not executable; 127 COMMAND not found.
 
 Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible in ps.";
 

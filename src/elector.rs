@@ -34,14 +34,14 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
 use prometheus::{IntGauge, Registry};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant, MissedTickBehavior};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, NoTls, Statement, ToStatement};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument};
 
@@ -183,6 +183,8 @@ pub struct Lease {
     pub fencing_token: i64,
     /// `current_database()` of the lock session (advisory locks are per database).
     pub database: String,
+    /// Wall-clock time of the grant.
+    pub granted_at: SystemTime,
 }
 
 struct TermInner {
@@ -557,6 +559,11 @@ struct Session {
     /// `None` only while [`Session::close`] runs.
     client: Option<Client>,
     backend_pid: i32,
+    /// The standby's try, prepared once per session so each check is one round trip.
+    try_lock: Option<Statement>,
+    /// The leader's check, prepared at the grant; its text carries the term, so that
+    /// `pg_stat_activity.query` of the lock session tells `leaderrun status` since when it leads.
+    check: Option<Statement>,
     /// Resolves when the connection task ends: the server closed the session or the socket
     /// broke. Polled at most until it resolves (the session is discarded then).
     closed: oneshot::Receiver<Option<tokio_postgres::Error>>,
@@ -588,6 +595,8 @@ impl Session {
         let mut session = Session {
             client: Some(client),
             backend_pid: 0,
+            try_lock: None,
+            check: None,
             closed,
             task,
         };
@@ -595,15 +604,44 @@ impl Session {
             .bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
             .await?;
         session.backend_pid = row.get(0);
+        // One round trip: a hot standby grants advisory locks of its own, so never even try
+        // there (FIELD-NOTES PostgreSQL 7). NULL means "in recovery".
+        session.try_lock = Some(
+            session
+                .prepare(
+                    "prepare the lock statement",
+                    bound,
+                    "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
+                     ELSE pg_try_advisory_lock($1, $2) END",
+                )
+                .await?,
+        );
         Ok(session)
     }
 
-    /// Runs one statement that returns one row, bounded by `bound`.
-    async fn bounded(
+    /// Prepares a statement, bounded by `bound`.
+    async fn prepare(
         &self,
         what: &'static str,
         bound: Duration,
         sql: &str,
+    ) -> Result<Statement, Error> {
+        let Some(client) = self.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
+        match timeout(bound, client.prepare(sql)).await {
+            Ok(Ok(statement)) => Ok(statement),
+            Ok(Err(source)) => Err(Error::Query { what, source }),
+            Err(_) => Err(Error::Timeout { what, after: bound }),
+        }
+    }
+
+    /// Runs one statement that returns one row, bounded by `bound`.
+    async fn bounded<S: ToStatement + ?Sized>(
+        &self,
+        what: &'static str,
+        bound: Duration,
+        sql: &S,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, Error> {
         let Some(client) = self.client.as_ref() else {
@@ -756,15 +794,15 @@ impl Campaign<'_> {
         let Some(session) = self.session.as_ref() else {
             return Ok(CheckOutcome::Failed);
         };
+        let Some(statement) = session.try_lock.as_ref() else {
+            return Ok(CheckOutcome::Failed);
+        };
         let lock = config.lock;
-        // One round trip: a hot standby grants advisory locks of its own, so never even try
-        // there (FIELD-NOTES PostgreSQL 7). NULL means "in recovery".
         let row = session
             .bounded(
                 "try advisory lock",
                 bound,
-                "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
-                 ELSE pg_try_advisory_lock($1, $2) END",
+                statement,
                 &[&lock.class, &lock.id],
             )
             .await?;
@@ -820,13 +858,28 @@ impl Campaign<'_> {
                 &[],
             )
             .await?;
+        let number = self.shared.terms.load(Ordering::Acquire) + 1;
         let lease = Lease {
             lock: config.lock,
             backend_pid: session.backend_pid,
             fencing_token: row.get(0),
             database: row.get(1),
+            granted_at: SystemTime::now(),
         };
-        let number = self.shared.terms.fetch_add(1, Ordering::AcqRel) + 1;
+        // The comment is what `leaderrun status` reads back from pg_stat_activity.query; every
+        // value in it is a number or a timestamp we formatted.
+        let check_sql = format!(
+            "/* leaderrun term={number} since={} fencing_token={} */ {LOCK_ROW_SQL}",
+            humantime::format_rfc3339_seconds(lease.granted_at),
+            lease.fencing_token
+        );
+        let check = session
+            .prepare("prepare the leader check", bound, &check_sql)
+            .await?;
+        if let Some(session) = self.session.as_mut() {
+            session.check = Some(check);
+        }
+        self.shared.terms.store(number, Ordering::Release);
         let term = Term::begin(number, lease.clone());
         self.term = Some(term.clone());
         self.shared.leader.store(true, Ordering::Release);
@@ -853,6 +906,9 @@ impl Campaign<'_> {
         let Some(session) = self.session.as_ref() else {
             return;
         };
+        let Some(statement) = session.check.as_ref() else {
+            return;
+        };
         let config = &self.shared.config;
         let bound = config.effective_check_interval().min(config.io_bound());
         let lock = config.lock;
@@ -860,7 +916,7 @@ impl Campaign<'_> {
         let (class, id) = (lock.class as u32, lock.id as u32);
         let started = Instant::now();
         let result = session
-            .bounded("leader check", bound, LOCK_ROW_SQL, &[&class, &id])
+            .bounded("leader check", bound, statement, &[&class, &id])
             .await
             .and_then(|row| {
                 let pid: i32 = row.get(0);
