@@ -51,7 +51,10 @@ Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible i
     about = ABOUT,
     long_about = LONG_ABOUT,
     after_long_help = AFTER_LONG_HELP,
-    allow_negative_numbers = true
+    allow_negative_numbers = true,
+    subcommand_negates_reqs = true,
+    subcommand_value_name = "SUBCOMMAND",
+    override_usage = "leaderrun [OPTIONS] -- COMMAND [ARG...]\n       leaderrun status [--json] [OPTIONS]\n       leaderrun doctor [OPTIONS]"
 )]
 pub struct Cli {
     /// PostgreSQL connection string (URL or keyword/value)
@@ -67,6 +70,7 @@ pub struct Cli {
         long,
         value_name = "DSN",
         env = "LEADERRUN_DSN",
+        global = true,
         hide_env_values = true,
         help_heading = "Connection"
     )]
@@ -81,6 +85,7 @@ pub struct Cli {
         long,
         value_name = "INT4",
         env = "LEADERRUN_LOCK_CLASS",
+        global = true,
         default_value_t = DEFAULT_LOCK_CLASS,
         help_heading = "Lock"
     )]
@@ -95,6 +100,7 @@ pub struct Cli {
         long,
         value_name = "INT4",
         env = "LEADERRUN_LOCK_ID",
+        global = true,
         default_value_t = DEFAULT_LOCK_ID,
         help_heading = "Lock"
     )]
@@ -111,6 +117,7 @@ pub struct Cli {
         long,
         value_name = "NAME",
         env = "LEADERRUN_LOCK_NAME",
+        global = true,
         conflicts_with = "lock_id",
         help_heading = "Lock"
     )]
@@ -125,6 +132,7 @@ pub struct Cli {
         long,
         value_name = "DUR",
         env = "LEADERRUN_CHECK_INTERVAL",
+        global = true,
         default_value = "5s",
         value_parser = parse_duration,
         help_heading = "Timing"
@@ -280,21 +288,97 @@ pub struct Cli {
     pub conflict_exit_code: u8,
 
     /// Log more: -v debug, -vv trace
-    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet", help_heading = "Logging")]
+    #[arg(
+        short,
+        long,
+        action = clap::ArgAction::Count,
+        conflicts_with = "quiet",
+        global = true,
+        help_heading = "Logging"
+    )]
     pub verbose: u8,
 
     /// Log less: -q warnings and errors only, -qq errors only
-    #[arg(short, long, action = clap::ArgAction::Count, help_heading = "Logging")]
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Logging")]
     pub quiet: u8,
+
+    /// Log line format on stderr: text, or json (one object per line with timestamp, level,
+    /// message and fields)
+    ///
+    /// Example: --log-format json
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "LEADERRUN_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text,
+        global = true,
+        help_heading = "Logging"
+    )]
+    pub log_format: LogFormat,
+
+    /// Serve /metrics, /healthz and /readyz on this address (off by default)
+    ///
+    /// Example: --http-addr 0.0.0.0:9464
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "LEADERRUN_HTTP_ADDR",
+        help_heading = "Observing"
+    )]
+    pub http_addr: Option<std::net::SocketAddr>,
+
+    /// Print a generated document (man page or shell completion) and exit
+    #[arg(long, value_name = "WHAT", value_enum, hide = true, exclusive = true)]
+    pub generate: Option<crate::docs::Generate>,
+
+    /// Who leads right now, or whether the lock works through these settings
+    #[command(subcommand)]
+    pub action: Option<Action>,
 
     /// The command to run while this copy leads, and its arguments (no shell)
     #[arg(
         value_name = "COMMAND",
-        required = true,
+        required_unless_present = "generate",
         num_args = 1..,
         trailing_var_arg = true
     )]
     pub command: Vec<OsString>,
+}
+
+/// `leaderrun status` and `leaderrun doctor`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// Who leads right now: the leader's backend, host, since when, and waiters
+    ///
+    /// Runs the pg_locks query for the lock key joined to pg_stat_activity. Exit 0 when a leader
+    /// holds the lock, 1 when none does, 125 on error.
+    ///
+    /// Example: leaderrun status --json --lock-id 7
+    Status {
+        /// Print one JSON object (stable field names) instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prove that the lock excludes through these connection settings
+    ///
+    /// Opens two sessions and checks that the second cannot take a lock the first holds (on a
+    /// scratch id of the same class, so a running leader is not disturbed), that the server is
+    /// not in recovery, that a session keeps its backend (no transaction-mode pooler), that
+    /// idle_session_timeout can be set, and shows TLS and who holds the real key. Exit 0 when
+    /// all hold, 1 when one fails, 125 when it cannot connect.
+    ///
+    /// Example: leaderrun doctor --dsn postgres://app@pgbouncer.internal:6432/plexsphere
+    Doctor,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// `--restart`: what the default mode does when COMMAND exits while leading.
@@ -355,6 +439,8 @@ pub struct Settings {
     pub timeout: Option<Duration>,
     /// `--conflict-exit-code`.
     pub conflict_exit_code: u8,
+    /// `--http-addr`.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 /// Parses the process arguments; prints help/version and exits 0, or prints the usage error
@@ -381,6 +467,23 @@ impl Cli {
     /// A clap error (printed like clap's own) for `--min-hold` without `--once`/`--wait`.
     pub fn validate(&self) -> Result<(), clap::Error> {
         use clap::CommandFactory;
+        let run_only = self.once
+            || self.wait.is_some()
+            || self.every.is_some()
+            || self.restart.is_some()
+            || self.timeout.is_some()
+            || self.min_hold.is_some()
+            || self.takeover_delay.is_some()
+            || self.grace.is_some()
+            || self.http_addr.is_some()
+            || !self.command.is_empty();
+        if self.action.is_some() && run_only {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "status and doctor take only connection, lock and logging options \
+                 (to run a program named status or doctor: leaderrun [OPTIONS] -- status)",
+            ));
+        }
         if self.min_hold.is_some() && !self.once && self.wait.is_none() {
             return Err(Cli::command().error(
                 clap::error::ErrorKind::ArgumentConflict,
@@ -440,6 +543,7 @@ impl Cli {
             takeover_delay: self.takeover_delay.unwrap_or(Duration::ZERO),
             timeout: self.timeout,
             conflict_exit_code: self.conflict_exit_code,
+            http_addr: self.http_addr,
         })
     }
 

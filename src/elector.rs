@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
-use prometheus::{IntGauge, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant, MissedTickBehavior};
@@ -108,8 +108,10 @@ pub struct Config {
     /// the span fields (a name, a replica id) to tell electors apart. Default: a disabled span.
     pub span: tracing::Span,
     /// Registry that receives the `plexsphere_background_leader` gauge (no labels; 1 while
-    /// leading, 0 otherwise). `None` registers no gauge. Electors that share a registry share
-    /// one gauge, and so write one series.
+    /// leading, 0 otherwise; the seed's Metric table) and the election's own metrics:
+    /// `leaderrun_terms_started_total`, `leaderrun_checks_total{outcome}`,
+    /// `leaderrun_check_duration_seconds` and `leaderrun_demotions_total{cause}`. `None`
+    /// registers nothing. Electors that share a registry share these, and so write one series.
     pub registry: Option<Registry>,
 }
 
@@ -331,7 +333,7 @@ struct Shared {
     running: AtomicBool,
     terms: AtomicU64,
     current: watch::Sender<Term>,
-    gauge: Option<IntGauge>,
+    metrics: Option<Arc<ElectorMetrics>>,
 }
 
 /// A participant in the election for one advisory lock: the seed's `Elector`.
@@ -357,10 +359,10 @@ impl Elector {
     /// Builds an elector (the seed's `leader.New`). Connects to nothing yet.
     ///
     /// # Errors
-    /// [`Error::Metrics`] when the gauge cannot be registered on [`Config::registry`].
+    /// [`Error::Metrics`] when the metrics cannot be registered on [`Config::registry`].
     pub fn new(config: Config) -> Result<Elector, Error> {
-        let gauge = match &config.registry {
-            Some(registry) => Some(shared_gauge(registry)?),
+        let metrics = match &config.registry {
+            Some(registry) => Some(shared_metrics(registry)?),
             None => None,
         };
         let (current, _) = watch::channel(Term::standby());
@@ -374,7 +376,7 @@ impl Elector {
                 running: AtomicBool::new(false),
                 terms: AtomicU64::new(0),
                 current,
-                gauge,
+                metrics,
             }),
         })
     }
@@ -488,27 +490,92 @@ impl Elector {
     }
 }
 
-/// Finds the elector gauge already registered on `registry`, or registers a new one.
+/// The election's metrics on one registry.
+struct ElectorMetrics {
+    leader: IntGauge,
+    terms: IntCounter,
+    checks: IntCounterVec,
+    check_seconds: Histogram,
+    demotions: IntCounterVec,
+}
+
+impl ElectorMetrics {
+    fn new() -> Result<ElectorMetrics, prometheus::Error> {
+        Ok(ElectorMetrics {
+            leader: IntGauge::new(GAUGE_NAME, "1 while this replica leads, 0 otherwise")?,
+            terms: IntCounter::new(
+                "leaderrun_terms_started_total",
+                "Terms this replica began (lock grants).",
+            )?,
+            checks: IntCounterVec::new(
+                Opts::new(
+                    "leaderrun_checks_total",
+                    "Checks by outcome: granted, refused, verified, lost, failed.",
+                ),
+                &["outcome"],
+            )?,
+            check_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "leaderrun_check_duration_seconds",
+                    "Time one check took, connect included.",
+                )
+                .buckets(vec![
+                    0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0,
+                ]),
+            )?,
+            demotions: IntCounterVec::new(
+                Opts::new(
+                    "leaderrun_demotions_total",
+                    "Demotions by cause: session_closed, timeout, check_failed, lock_not_held, \
+                     backend_changed, in_recovery, abandoned.",
+                ),
+                &["cause"],
+            )?,
+        })
+    }
+
+    fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
+        registry.register(Box::new(self.leader.clone()))?;
+        registry.register(Box::new(self.terms.clone()))?;
+        registry.register(Box::new(self.checks.clone()))?;
+        registry.register(Box::new(self.check_seconds.clone()))?;
+        registry.register(Box::new(self.demotions.clone()))?;
+        Ok(())
+    }
+}
+
+/// The label of a demotion's cause in `leaderrun_demotions_total`.
+fn demotion_cause(err: &Error) -> &'static str {
+    match err {
+        Error::SessionClosed(_) => "session_closed",
+        Error::Timeout { .. } => "timeout",
+        Error::LockNotHeld { .. } => "lock_not_held",
+        Error::BackendChanged { .. } => "backend_changed",
+        Error::InRecovery { .. } => "in_recovery",
+        e if e.is_closed() => "session_closed",
+        _ => "check_failed",
+    }
+}
+
+/// Finds the election metrics already registered on `registry`, or registers new ones.
 ///
 /// prometheus' `AlreadyReg` does not hand back the existing collector (Go's does), so electors
-/// remember which registries they registered a gauge on. Registry identity is tested by
-/// registering a throw-away collector with a unique name on one registry and seeing whether the
-/// other refuses it as already registered; both registrations are undone at once.
-fn shared_gauge(registry: &Registry) -> Result<IntGauge, Error> {
-    static GAUGES: Mutex<Vec<(Registry, IntGauge)>> = Mutex::new(Vec::new());
-    let mut gauges = GAUGES.lock().unwrap_or_else(|e| e.into_inner());
-    for (known, gauge) in gauges.iter() {
-        if same_registry(known, registry) {
-            return Ok(gauge.clone());
+/// remember which registries they registered on. Registry identity is tested by registering a
+/// throw-away collector with a unique name on one registry and seeing whether the other
+/// refuses it as already registered; both registrations are undone at once.
+fn shared_metrics(registry: &Registry) -> Result<Arc<ElectorMetrics>, Error> {
+    static KNOWN: Mutex<Vec<(Registry, Arc<ElectorMetrics>)>> = Mutex::new(Vec::new());
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    for (other, metrics) in known.iter() {
+        if same_registry(other, registry) {
+            return Ok(metrics.clone());
         }
     }
-    let gauge = IntGauge::new(GAUGE_NAME, "1 while this replica leads, 0 otherwise")
-        .map_err(Error::Metrics)?;
-    registry
-        .register(Box::new(gauge.clone()))
-        .map_err(Error::Metrics)?;
-    gauges.push((registry.clone(), gauge.clone()));
-    Ok(gauge)
+    let metrics = Arc::new(ElectorMetrics::new().map_err(Error::Metrics)?);
+    metrics.register(registry).map_err(Error::Metrics)?;
+    known.push((registry.clone(), metrics.clone()));
+    Ok(metrics)
 }
 
 fn same_registry(a: &Registry, b: &Registry) -> bool {
@@ -554,6 +621,46 @@ fn same_registry(a: &Registry, b: &Registry) -> bool {
     same
 }
 
+/// A connected client, a receiver that resolves when the connection ends (with its error, if
+/// any), and the task that drives the connection (abort it to close the socket at once).
+pub type Connected = (
+    Client,
+    oneshot::Receiver<Option<tokio_postgres::Error>>,
+    JoinHandle<()>,
+);
+
+/// Connects with `config`, bounded by `bound`; the connection is driven on its own task.
+/// `target` is the redacted description used in errors.
+///
+/// # Errors
+/// [`Error::Connect`] when the server refuses or authentication fails; [`Error::Timeout`].
+pub async fn connect(
+    config: &tokio_postgres::Config,
+    target: &str,
+    bound: Duration,
+) -> Result<Connected, Error> {
+    let (client, connection) = match timeout(bound, config.connect(NoTls)).await {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(source)) => {
+            return Err(Error::Connect {
+                target: target.to_owned(),
+                source,
+            })
+        }
+        Err(_) => {
+            return Err(Error::Timeout {
+                what: "connect",
+                after: bound,
+            })
+        }
+    };
+    let (tx, closed) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let _ = tx.send(connection.await.err());
+    });
+    Ok((client, closed, task))
+}
+
 /// The one database session of an elector, with its connection driven on its own task.
 struct Session {
     /// `None` only while [`Session::close`] runs.
@@ -573,25 +680,7 @@ struct Session {
 impl Session {
     async fn open(config: &Config, target: &str) -> Result<Session, Error> {
         let bound = config.io_bound();
-        let (client, connection) = match timeout(bound, config.connect.connect(NoTls)).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(source)) => {
-                return Err(Error::Connect {
-                    target: target.to_owned(),
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(Error::Timeout {
-                    what: "connect",
-                    after: bound,
-                })
-            }
-        };
-        let (tx, closed) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            let _ = tx.send(connection.await.err());
-        });
+        let (client, closed, task) = connect(&config.connect, target, bound).await?;
         let mut session = Session {
             client: Some(client),
             backend_pid: 0,
@@ -766,6 +855,17 @@ impl Campaign<'_> {
     /// Publishes one check's outcome in [`Checks`].
     fn record(&self, outcome: CheckOutcome, started: Instant, error: Option<&Error>) {
         let now = Instant::now();
+        if let Some(metrics) = &self.shared.metrics {
+            let label = match outcome {
+                CheckOutcome::Granted => "granted",
+                CheckOutcome::Refused => "refused",
+                CheckOutcome::Verified => "verified",
+                CheckOutcome::Lost => "lost",
+                CheckOutcome::Failed => "failed",
+            };
+            metrics.checks.with_label_values(&[label]).inc();
+            metrics.check_seconds.observe((now - started).as_secs_f64());
+        }
         self.shared.checks.send_modify(|checks| {
             checks.total += 1;
             match outcome {
@@ -883,8 +983,9 @@ impl Campaign<'_> {
         let term = Term::begin(number, lease.clone());
         self.term = Some(term.clone());
         self.shared.leader.store(true, Ordering::Release);
-        if let Some(gauge) = &self.shared.gauge {
-            gauge.set(1);
+        if let Some(metrics) = &self.shared.metrics {
+            metrics.leader.set(1);
+            metrics.terms.inc();
         }
         self.shared.current.send_replace(term);
         info!(
@@ -960,6 +1061,12 @@ impl Campaign<'_> {
         let Some(term) = self.end_term(TermEnd::LeadershipLost) else {
             return;
         };
+        if let Some(metrics) = &self.shared.metrics {
+            metrics
+                .demotions
+                .with_label_values(&[demotion_cause(cause)])
+                .inc();
+        }
         self.session = None;
         warn!(
             target: "leaderrun::elector",
@@ -974,8 +1081,8 @@ impl Campaign<'_> {
     fn end_term(&mut self, cause: TermEnd) -> Option<Term> {
         let term = self.term.take()?;
         self.shared.leader.store(false, Ordering::Release);
-        if let Some(gauge) = &self.shared.gauge {
-            gauge.set(0);
+        if let Some(metrics) = &self.shared.metrics {
+            metrics.leader.set(0);
         }
         self.shared.current.send_replace(Term::standby());
         term.end(cause);
@@ -1025,6 +1132,9 @@ impl Campaign<'_> {
         let led = self.end_term(TermEnd::LeadershipLost);
         self.session = None;
         if led.is_some() {
+            if let Some(metrics) = &self.shared.metrics {
+                metrics.demotions.with_label_values(&["abandoned"]).inc();
+            }
             if panicked {
                 warn!(target: "leaderrun::elector", "background leader lock abandoned after a panic");
             } else {

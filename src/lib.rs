@@ -37,11 +37,17 @@
 pub mod child;
 pub mod cli;
 pub mod conninfo;
+pub mod docs;
 pub mod elector;
 pub mod error;
+pub mod health;
+pub mod http;
 pub mod logging;
+pub mod metrics;
+pub mod notify;
 pub mod runner;
 pub mod signals;
+pub mod status;
 pub mod terminal;
 
 pub use elector::{CheckOutcome, Checks, Config, Done, Elector, Lease, LockKey, Term, TermEnd};

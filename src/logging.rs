@@ -1,10 +1,11 @@
 //! Log lines to stderr (contract §7): the seed's wording, one line per event, fields appended.
 
-/// Installs the global subscriber: text lines on stderr at `level`, unless `RUST_LOG` is set
-/// and no -v/-q flag was given, in which case `RUST_LOG` decides.
+/// Installs the global subscriber: lines on stderr at `level`, unless `RUST_LOG` is set and no
+/// -v/-q flag was given, in which case `RUST_LOG` decides. `json` writes one object per line
+/// with `timestamp`, `level`, `message` and the event's fields at the top level.
 ///
 /// Safe to call once per process; later calls do nothing.
-pub fn init(level: tracing::Level, explicit: bool) {
+pub fn init(level: tracing::Level, explicit: bool, json: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
 
@@ -14,10 +15,19 @@ pub fn init(level: tracing::Level, explicit: bool) {
         }
         _ => EnvFilter::new(level.as_str()),
     };
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
-        .with_env_filter(filter)
-        .try_init();
+        .with_env_filter(filter);
+    let _ = if json {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init()
+    } else {
+        builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init()
+    };
 }

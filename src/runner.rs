@@ -17,6 +17,7 @@
 //! The binary runs this on a current-thread runtime on the main thread, which is therefore the
 //! thread that forks every child and lives as long as they do (`PR_SET_PDEATHSIG`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -27,9 +28,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::child::{self, Child, Command, ExitStatus, SpawnError};
-use crate::cli::{Cli, Mode, Restart, Settings, EXIT_FAILURE};
+use crate::cli::{Action, Cli, Mode, Restart, Settings, EXIT_FAILURE};
 use crate::elector::{CheckOutcome, Config, Elector, Term, TermEnd};
 use crate::error::Chain;
+use crate::health::Health;
+use crate::http::Observed;
+use crate::metrics::{self, ChildExit, Metrics};
 use crate::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
 use crate::terminal::Terminal;
 
@@ -71,6 +75,29 @@ pub fn main(cli: Cli, signals: SignalStream) -> Exit {
             return Exit::Code(EXIT_FAILURE);
         }
     };
+    let bound = settings
+        .connect
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(settings.check_interval);
+    match cli.action {
+        Some(Action::Status { json }) => {
+            return Exit::Code(crate::status::status_main(
+                &settings.connect,
+                settings.lock,
+                bound,
+                json,
+            ))
+        }
+        Some(Action::Doctor) => {
+            return Exit::Code(crate::status::doctor_main(
+                &settings.connect,
+                settings.lock,
+                bound,
+            ))
+        }
+        None => {}
+    }
     // COMMAND is looked up before campaigning: a typo must not wait silently as a standby.
     let path = std::env::var_os("PATH");
     let command = match Command::resolve(settings.command.clone(), path.as_deref()) {
@@ -163,22 +190,34 @@ pub async fn run(
     signals: SignalStream,
     terminal: Option<Terminal>,
 ) -> Exit {
-    let elector = match Elector::new(elector_config(&settings)) {
+    let metrics = Metrics::new();
+    let mut config = elector_config(&settings);
+    config.registry = Some(metrics.registry().clone());
+    let elector = match Elector::new(config) {
         Ok(elector) => elector,
         Err(err) => {
             error!("{}", Chain(&err));
             return Exit::Code(EXIT_FAILURE);
         }
     };
-    let server = crate::conninfo::describe(&settings.connect);
-    let interval = humantime::format_duration(settings.check_interval).to_string();
-    let grace = humantime::format_duration(settings.grace).to_string();
-    // A one-shot that does not lead prints nothing at the default level (cron mails nothing).
-    if matches!(settings.mode, Mode::OneShot { .. }) {
-        debug!(server = ?server, lock = %settings.lock, check_interval = %interval, grace = %grace, "campaigning for the background leader lock");
-    } else {
-        info!(server = ?server, lock = %settings.lock, check_interval = %interval, grace = %grace, "campaigning for the background leader lock");
+    let health = Arc::new(Health::new(settings.check_interval));
+    log_settings(&settings, &command);
+    // Probes come up before the first check, on threads of their own.
+    if let Some(addr) = settings.http_addr {
+        let observed = Observed {
+            elector: elector.clone(),
+            metrics: metrics.clone(),
+            health: health.clone(),
+        };
+        match crate::http::serve(addr, observed) {
+            Ok(bound) => info!(addr = %bound, "serving /metrics, /healthz and /readyz"),
+            Err(err) => {
+                error!("{}", Chain(&err));
+                return Exit::Code(EXIT_FAILURE);
+            }
+        }
     }
+    let notifier = tokio::spawn(crate::notify::follow(elector.clone(), health.clone()));
     let mode = settings.mode;
     let mut supervisor = Supervisor {
         settings,
@@ -187,14 +226,76 @@ pub async fn run(
         terminal,
         election: Election::start(elector),
         reap_timer: tokio::time::interval(Duration::from_secs(1)),
+        metrics,
+        health,
     };
     let exit = match mode {
         Mode::WhileLeader { restart } => supervisor.while_leader(restart).await,
         Mode::OneShot { wait, min_hold } => supervisor.one_shot(wait, min_hold).await,
         Mode::Every { period } => supervisor.every(period).await,
     };
+    crate::notify::stopping();
+    notifier.abort();
     supervisor.election.stop().await;
     exit
+}
+
+/// The one INFO line with the effective settings at start (DEBUG for a one-shot, which must
+/// print nothing when it does not lead). The password is never part of it.
+fn log_settings(settings: &Settings, command: &Command) {
+    let mode = match settings.mode {
+        Mode::WhileLeader { restart } => {
+            format!("while-leader, restart {restart:?}").to_lowercase()
+        }
+        Mode::OneShot {
+            wait: None,
+            min_hold,
+        } => {
+            format!("once, min-hold {}", humantime::format_duration(min_hold))
+        }
+        Mode::OneShot {
+            wait: Some(wait),
+            min_hold,
+        } => format!(
+            "wait {}, min-hold {}",
+            humantime::format_duration(wait),
+            humantime::format_duration(min_hold)
+        ),
+        Mode::Every { period } => format!("every {}", humantime::format_duration(period)),
+    };
+    let dur = |d: Duration| humantime::format_duration(d).to_string();
+    let server = crate::conninfo::describe(&settings.connect);
+    let app = settings.connect.get_application_name().unwrap_or("");
+    let timeout = settings.timeout.map(dur).unwrap_or_else(|| "none".into());
+    let http = settings
+        .http_addr
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| "off".into());
+    let program = command.program().display().to_string();
+    macro_rules! settings_line {
+        ($level:ident) => {
+            tracing::$level!(
+                mode = %mode,
+                server = ?server,
+                application_name = %app,
+                lock = %settings.lock,
+                check_interval = %dur(settings.check_interval),
+                grace = %dur(settings.grace),
+                stop_signal = settings.stop_signal.as_str(),
+                idle_session_timeout = %dur(settings.idle_session_timeout),
+                takeover_delay = %dur(settings.takeover_delay),
+                timeout = %timeout,
+                http_addr = %http,
+                command = %program,
+                "campaigning for the background leader lock"
+            )
+        };
+    }
+    if matches!(settings.mode, Mode::OneShot { .. }) {
+        settings_line!(debug);
+    } else {
+        settings_line!(info);
+    }
 }
 
 /// The election task and the token that stops it.
@@ -324,6 +425,8 @@ pub struct Supervisor {
     election: Election,
     /// Reaps on a slow timer too, since SIGCHLD coalesces (FIELD-NOTES child 6).
     reap_timer: Interval,
+    metrics: Metrics,
+    health: Arc<Health>,
 }
 
 /// The next tick of an optional ticker; pending forever without one.
@@ -430,6 +533,7 @@ impl Supervisor {
                 }
                 () = next_tick(&mut ticker) => {
                     debug!("tick: standby, nothing to run");
+                    self.metrics.tick(metrics::Tick::Standby);
                 }
             }
         }
@@ -480,6 +584,7 @@ impl Supervisor {
             Err(err) => return RunEnd::SpawnFailed(err),
         };
         info!(pid = child.pid(), term = term.number(), "child started");
+        self.metrics.child_started();
         let timeout_at = self.settings.timeout.map(|t| Instant::now() + t);
         let (stop_signal, grace) = (self.settings.stop_signal, self.settings.grace);
         let end = loop {
@@ -525,13 +630,45 @@ impl Supervisor {
                 }
                 () = next_tick(&mut ticker) => {
                     info!(pid = child.pid(), "tick skipped: the previous run is still going");
+                    self.metrics.tick(metrics::Tick::Skipped);
                 }
             }
         };
         if let Some(terminal) = &self.terminal {
             terminal.take_back();
         }
+        self.record(term, &end);
         end
+    }
+
+    /// Counts a run's end and keeps readiness (the seed's table) up to date.
+    fn record(&self, term: &Term, end: &RunEnd) {
+        match end {
+            RunEnd::Exited(status) if status.success() => {
+                self.metrics.child_exited(ChildExit::Success);
+                self.health.run_succeeded();
+            }
+            RunEnd::Exited(status) => {
+                self.metrics.child_exited(ChildExit::Failure);
+                self.health
+                    .run_failed(term.number(), format!("COMMAND exited with {status}"));
+            }
+            RunEnd::TimedOut { .. } => {
+                self.metrics.child_exited(ChildExit::Stopped);
+                let limit = humantime::format_duration(self.settings.timeout.unwrap_or_default());
+                self.health.run_failed(
+                    term.number(),
+                    format!("COMMAND ran longer than --timeout {limit}"),
+                );
+            }
+            RunEnd::Demoted { .. } | RunEnd::Shutdown(_) => {
+                self.metrics.child_exited(ChildExit::Stopped);
+            }
+            RunEnd::SpawnFailed(err) => {
+                self.health
+                    .run_failed(term.number(), Chain(err).to_string());
+            }
+        }
     }
 
     /// Job control: a child stopped by Ctrl-Z (or by reading or writing the terminal it was
@@ -700,21 +837,26 @@ impl Supervisor {
                 match self.run_command(&term, Some(&mut ticker)).await {
                     RunEnd::SpawnFailed(err) => {
                         warn!(term = term.number(), "tick failed: {}", Chain(&err));
+                        self.metrics.tick(metrics::Tick::Failure);
                     }
                     RunEnd::Exited(status) if status.success() => {
                         debug!(term = term.number(), "tick succeeded");
+                        self.metrics.tick(metrics::Tick::Success);
                     }
                     RunEnd::Exited(status) => {
                         warn!(term = term.number(), status = %status, "tick failed: COMMAND exited with {status}");
+                        self.metrics.tick(metrics::Tick::Failure);
                     }
                     RunEnd::TimedOut { status, shutdown } => {
                         warn!(term = term.number(), status = %status, "tick failed: COMMAND ran longer than --timeout");
+                        self.metrics.tick(metrics::Tick::Failure);
                         if shutdown.is_some() {
                             return Exit::Child(status);
                         }
                     }
                     RunEnd::Demoted { status, shutdown } => {
                         info!(term = term.number(), status = %status, "tick stopped: leadership lost (not a failure)");
+                        self.metrics.tick(metrics::Tick::Interrupted);
                         if shutdown.is_some() {
                             return Exit::Child(status);
                         }

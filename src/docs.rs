@@ -1,0 +1,168 @@
+//! Generated documents: the man page and shell completions, both from the clap definition.
+//!
+//! `leaderrun --generate man` (hidden) prints `man/leaderrun.1`; `--generate complete-bash` and
+//! friends print the files in `completions/`. The committed copies are checked by a test that
+//! fails when they drift from the CLI; it names the command that regenerates them:
+//! `LEADERRUN_REGENERATE=1 cargo test --test tests generated_docs`.
+
+use clap::CommandFactory;
+use roff::{bold, italic, roman, Roff};
+
+use crate::cli::Cli;
+
+/// What `--generate` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Generate {
+    /// The man page, roff.
+    Man,
+    /// bash completion.
+    CompleteBash,
+    /// zsh completion.
+    CompleteZsh,
+    /// fish completion.
+    CompleteFish,
+    /// elvish completion.
+    CompleteElvish,
+    /// PowerShell completion.
+    CompletePowershell,
+}
+
+/// Every generated document and where its committed copy lives, relative to the repository.
+pub const FILES: [(Generate, &str); 6] = [
+    (Generate::Man, "man/leaderrun.1"),
+    (Generate::CompleteBash, "completions/leaderrun.bash"),
+    (Generate::CompleteZsh, "completions/_leaderrun"),
+    (Generate::CompleteFish, "completions/leaderrun.fish"),
+    (Generate::CompleteElvish, "completions/leaderrun.elv"),
+    (Generate::CompletePowershell, "completions/_leaderrun.ps1"),
+];
+
+/// Renders one document.
+pub fn render(what: Generate) -> Vec<u8> {
+    use clap_complete::Shell;
+    let shell = match what {
+        Generate::Man => return man_page(),
+        Generate::CompleteBash => Shell::Bash,
+        Generate::CompleteZsh => Shell::Zsh,
+        Generate::CompleteFish => Shell::Fish,
+        Generate::CompleteElvish => Shell::Elvish,
+        Generate::CompletePowershell => Shell::PowerShell,
+    };
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "leaderrun", &mut out);
+    out
+}
+
+fn section(roff: &mut Roff, title: &str) {
+    roff.control("SH", [title]);
+}
+
+fn paragraph(roff: &mut Roff, text: &str) {
+    roff.control("PP", []).text([roman(text)]);
+}
+
+fn item(roff: &mut Roff, tag: &str, text: &str) {
+    roff.control("TP", []).text([bold(tag)]).text([roman(text)]);
+}
+
+/// The man page: clap_mangen's sections plus EXIT STATUS, ENVIRONMENT, SIGNALS and EXAMPLES,
+/// which follow the contract. The ENVIRONMENT list of options is read off the clap definition.
+pub fn man_page() -> Vec<u8> {
+    let command = Cli::command();
+    let man = clap_mangen::Man::new(command.clone()).date("");
+    let mut out = Vec::new();
+    // Writing into a Vec cannot fail.
+    let _ = man.render_title(&mut out);
+    let _ = man.render_name_section(&mut out);
+    let _ = man.render_synopsis_section(&mut out);
+    let _ = man.render_description_section(&mut out);
+    let _ = man.render_options_section(&mut out);
+    let _ = man.render_subcommands_section(&mut out);
+
+    let mut roff = Roff::new();
+    section(&mut roff, "EXIT STATUS");
+    for (code, text) in [
+        ("COMMAND's status", "COMMAND exited on its own."),
+        ("128+N", "COMMAND was ended by signal N. For SIGINT, leaderrun (when not PID 1) dies of SIGINT itself, so a calling shell loop stops; the shell shows 130."),
+        ("conflict code", "--once/--wait did not lead, or lost leadership while COMMAND ran (--conflict-exit-code, default 0)."),
+        ("0", "Stopped by INT or TERM while standby."),
+        ("124", "--timeout expired and COMMAND was stopped (--once/--wait and the default mode)."),
+        ("125", "leaderrun itself failed: usage error, bad DSN, database unreachable or authentication failed in --once/--wait, HTTP port in use."),
+        ("126", "COMMAND was found but is not executable."),
+        ("127", "COMMAND was not found."),
+    ] {
+        item(&mut roff, code, text);
+    }
+    paragraph(
+        &mut roff,
+        "leaderrun status exits 0 when a leader holds the lock, 1 when none does, 125 on error. \
+         leaderrun doctor exits 0 when every check holds, 1 when one fails, 125 when it cannot connect.",
+    );
+
+    section(&mut roff, "ENVIRONMENT");
+    for arg in command.get_arguments() {
+        if let Some(env) = arg.get_env() {
+            let flag = arg.get_long().map(|l| format!("--{l}")).unwrap_or_default();
+            item(
+                &mut roff,
+                &env.to_string_lossy(),
+                &format!("Same as {flag}."),
+            );
+        }
+    }
+    for (var, text) in [
+        ("PLEXSPHERE_DSN, DATABASE_URL", "Used in this order when neither --dsn nor LEADERRUN_DSN is given."),
+        ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT, PGSSLMODE", "Fill in what the DSN leaves out, as for psql. Pass passwords here or in ~/.pgpass, not in --dsn, which ps shows."),
+        ("RUST_LOG", "Log filter (e.g. leaderrun=debug) when neither -v nor -q is given."),
+        ("NOTIFY_SOCKET, WATCHDOG_USEC", "Set by systemd: READY=1 after the first check, STATUS= on every change, STOPPING=1 on shutdown, WATCHDOG=1 while the check loop is healthy."),
+        ("LEADERRUN_TERM, LEADERRUN_LOCK, LEADERRUN_FENCING_TOKEN, LEADERRUN_BACKEND_PID", "Given to COMMAND: the term number in this process (1, 2, ...), the key as class:id, a number from PostgreSQL that is greater for every later term of any replica, and the lock session's backend pid."),
+    ] {
+        item(&mut roff, var, text);
+    }
+
+    section(&mut roff, "SIGNALS");
+    for (sig, text) in [
+        ("INT, TERM", "Passed on to COMMAND's process group, then shutdown: grace, SIGKILL, pg_advisory_unlock, exit with COMMAND's status (0 as a standby). A second one while stopping sends SIGKILL at once."),
+        ("HUP, QUIT, USR1, USR2, WINCH, ALRM", "Passed on to COMMAND's process group; ignored while standby."),
+        ("TSTP", "Passed on; when COMMAND stops, leaderrun stops itself so the shell shows the job stopped; fg resumes both."),
+        ("PIPE", "Ignored."),
+        ("CHLD", "Reaps: leaderrun is a child subreaper (or PID 1) and reaps every orphan."),
+    ] {
+        item(&mut roff, sig, text);
+    }
+    paragraph(
+        &mut roff,
+        "COMMAND runs in its own process group; when leaderrun owns the terminal's foreground at start, \
+         the child's group gets it. A stop sends the stop signal and SIGCONT to the group and to adopted \
+         orphans, then SIGKILL after the grace. The child gets PR_SET_PDEATHSIG(SIGKILL).",
+    );
+
+    section(&mut roff, "EXAMPLES");
+    for (text, example) in [
+        (
+            "Run a worker on exactly one of many hosts:",
+            "leaderrun --dsn postgres://app@db/plexsphere -- ./worker",
+        ),
+        (
+            "A nightly cron job on every host that runs once:",
+            "leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report",
+        ),
+        (
+            "A container entrypoint that sweeps every five minutes on the leader:",
+            "leaderrun --every 5m --timeout 4m -- /app/sweep",
+        ),
+        ("Who leads:", "leaderrun status --lock-id 7"),
+        (
+            "Does the lock exclude through a pooler?",
+            "leaderrun doctor --dsn postgres://app@pgbouncer:6432/plexsphere",
+        ),
+    ] {
+        roff.control("PP", []).text([roman(text)]);
+        roff.control("RS", ["4"])
+            .text([italic(example)])
+            .control("RE", []);
+    }
+    out.extend_from_slice(roff.render().as_bytes());
+    let _ = man.render_version_section(&mut out);
+    out
+}

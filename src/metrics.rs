@@ -1,0 +1,146 @@
+//! The binary's Prometheus registry (contract §7).
+//!
+//! The election's metrics (`plexsphere_background_leader`, checks, terms, demotions) are
+//! registered by the [`Elector`] itself on the same registry; this module adds what only the
+//! binary knows (child runs and ticks), the time since the last successful check, and the
+//! process collector. Names follow Prometheus conventions: `leaderrun_…_total` counters and
+//! `…_seconds` units.
+
+use prometheus::{Encoder, Gauge, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+
+use crate::elector::Elector;
+
+/// Outcome label of `leaderrun_child_exits_total`.
+#[derive(Clone, Copy, Debug)]
+pub enum ChildExit {
+    /// Exited with 0.
+    Success,
+    /// Exited non-zero or died of a signal on its own.
+    Failure,
+    /// Stopped by leaderrun: demotion, `--timeout` or shutdown.
+    Stopped,
+}
+
+/// Outcome label of `leaderrun_ticks_total`.
+#[derive(Clone, Copy, Debug)]
+pub enum Tick {
+    /// The run succeeded.
+    Success,
+    /// The run failed (non-zero, signal, timeout, could not start).
+    Failure,
+    /// Skipped: the previous run was still going.
+    Skipped,
+    /// Stopped by a demotion (not a failure).
+    Interrupted,
+    /// Standby: nothing to run.
+    Standby,
+}
+
+/// Counters of the binary, on the registry `/metrics` serves.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    child_starts: IntCounter,
+    child_exits: IntCounterVec,
+    ticks: IntCounterVec,
+    since_success: Gauge,
+}
+
+impl Metrics {
+    /// A fresh registry with the binary's metrics and the process collector.
+    ///
+    /// # Panics
+    /// Never in practice: the names are constants that register once on a new registry.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let child_starts =
+            IntCounter::new("leaderrun_child_starts_total", "Times COMMAND was started.")
+                .expect("valid metric");
+        let child_exits = IntCounterVec::new(
+            Opts::new(
+                "leaderrun_child_exits_total",
+                "Ends of COMMAND by outcome: success, failure, stopped (by leaderrun).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let ticks = IntCounterVec::new(
+            Opts::new(
+                "leaderrun_ticks_total",
+                "--every ticks by outcome: success, failure, skipped, interrupted, standby.",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let since_success = Gauge::new(
+            "leaderrun_seconds_since_last_successful_check",
+            "Seconds since the last check that got an answer from the server.",
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(child_starts.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(child_exits.clone()),
+            Box::new(ticks.clone()),
+            Box::new(since_success.clone()),
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+        ] {
+            registry.register(collector).expect("fresh registry");
+        }
+        Metrics {
+            registry,
+            child_starts,
+            child_exits,
+            ticks,
+            since_success,
+        }
+    }
+
+    /// The registry, for [`crate::Config::registry`].
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// COMMAND was started.
+    pub fn child_started(&self) {
+        self.child_starts.inc();
+    }
+
+    /// COMMAND ended.
+    pub fn child_exited(&self, outcome: ChildExit) {
+        let label = match outcome {
+            ChildExit::Success => "success",
+            ChildExit::Failure => "failure",
+            ChildExit::Stopped => "stopped",
+        };
+        self.child_exits.with_label_values(&[label]).inc();
+    }
+
+    /// A tick of `--every`.
+    pub fn tick(&self, outcome: Tick) {
+        let label = match outcome {
+            Tick::Success => "success",
+            Tick::Failure => "failure",
+            Tick::Skipped => "skipped",
+            Tick::Interrupted => "interrupted",
+            Tick::Standby => "standby",
+        };
+        self.ticks.with_label_values(&[label]).inc();
+    }
+
+    /// The Prometheus text exposition of everything, `elector`'s state read at this moment.
+    pub fn render(&self, elector: &Elector) -> String {
+        if let Some(at) = elector.checks().last_success_at {
+            self.since_success.set(at.elapsed().as_secs_f64());
+        }
+        let mut out = Vec::new();
+        // Encoding gathered families into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

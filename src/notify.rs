@@ -1,0 +1,83 @@
+//! systemd's notification protocol (`NOTIFY_SOCKET`), contract §7.
+//!
+//! READY=1 after the first check; STATUS= on every change (`leader, term N`, `standby`,
+//! `database unreachable: <cause>`); STOPPING=1 on shutdown; WATCHDOG=1 every half
+//! `WATCHDOG_USEC` while the check loop is healthy (so a wedged loop gets restarted). Without
+//! `NOTIFY_SOCKET` nothing is sent.
+
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tracing::debug;
+
+use crate::elector::{CheckOutcome, Elector};
+use crate::health::Health;
+
+fn send(states: &[NotifyState]) {
+    if let Err(err) = sd_notify::notify(false, states) {
+        debug!("systemd notify failed: {err}");
+    }
+}
+
+/// The STATUS= text for the elector's state now.
+pub fn status_line(elector: &Elector) -> String {
+    let checks = elector.checks();
+    let term = elector.term();
+    if !term.is_ended() {
+        format!("leader, term {}", term.number())
+    } else if checks.last == Some(CheckOutcome::Failed) {
+        format!(
+            "database unreachable: {}",
+            checks.last_error.unwrap_or_default()
+        )
+    } else if checks.total == 0 {
+        "starting".to_owned()
+    } else {
+        "standby".to_owned()
+    }
+}
+
+/// Follows the elector and tells systemd; runs until the task is dropped. Returns at once when
+/// `NOTIFY_SOCKET` is not set.
+pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    let mut usec = 0;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut usec)
+        .then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(100)));
+    let mut checks = elector.watch_checks();
+    let mut ready = false;
+    let mut last_status = String::new();
+    let mut ping = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+    loop {
+        tokio::select! {
+            changed = checks.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let status = status_line(&elector);
+                if !ready {
+                    ready = true;
+                    send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+                    last_status = status;
+                } else if status != last_status {
+                    send(&[NotifyState::Status(&status)]);
+                    last_status = status;
+                }
+            }
+            _ = ping.tick(), if watchdog.is_some() => {
+                if health.liveness(&elector).is_ok() {
+                    send(&[NotifyState::Watchdog]);
+                }
+            }
+        }
+    }
+}
+
+/// STOPPING=1: leaderrun is shutting down.
+pub fn stopping() {
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        send(&[NotifyState::Stopping]);
+    }
+}

@@ -1,0 +1,560 @@
+//! `leaderrun status` and `leaderrun doctor` (contract §7).
+//!
+//! `status` runs the seed's `pg_locks` query for the key in use, joined to `pg_stat_activity`:
+//! the leader's backend pid, application name (`leaderrun@HOST:PID`), client address and port,
+//! backend start, and, read back from the text of the leader's check statement, its term, the
+//! time it began leading and its fencing token. Waiters are sessions queued on the key.
+//!
+//! `doctor` proves, through exactly the connection settings a replica would use, what the
+//! election relies on: two sessions exclude each other on a scratch id of the same class (a
+//! running leader is not disturbed), the server is not in recovery, a session keeps its backend
+//! (no transaction-mode pooler), `idle_session_timeout` can be set; it also shows the TLS state
+//! and who holds the real key.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use crate::cli::EXIT_FAILURE;
+use crate::conninfo::describe;
+use crate::elector::{connect, LockKey};
+use crate::error::{Chain, Error};
+
+/// The leader as `status` sees it.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Leader {
+    /// Backend pid of the lock session.
+    pub pid: i32,
+    /// `application_name` of the lock session (`leaderrun@HOST:PID` unless the DSN set one).
+    pub application_name: Option<String>,
+    /// Client address of the lock session (null for Unix sockets or without permission).
+    pub client_addr: Option<String>,
+    /// Client port of the lock session.
+    pub client_port: Option<i32>,
+    /// When the lock session's backend started (RFC 3339, UTC).
+    pub backend_start: Option<String>,
+    /// The term number in the leading process, when its check statement is visible.
+    pub term: Option<u64>,
+    /// When this term began (RFC 3339, UTC), when known.
+    pub since: Option<String>,
+    /// Seconds the leader has led, when known (local clock minus `since`).
+    pub leading_seconds: Option<u64>,
+    /// The fencing token of the term, when known.
+    pub fencing_token: Option<i64>,
+}
+
+/// The output of `status`; also its `--json` form (field names are stable).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The key, `class:id`.
+    pub lock: String,
+    /// First int4.
+    pub lock_class: i32,
+    /// Second int4.
+    pub lock_id: i32,
+    /// The database the key lives in (advisory locks are per database).
+    pub database: String,
+    /// The server, redacted (no password).
+    pub server: String,
+    /// The leader, or null.
+    pub leader: Option<Leader>,
+    /// Backend pids waiting for the key (sessions blocked in `pg_advisory_lock`).
+    pub waiters: Vec<i32>,
+}
+
+const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
+       host(a.client_addr), a.client_port, \
+       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+       a.query, current_database() \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
+     ORDER BY l.granted DESC, l.pid";
+
+/// What the leader's check statement says about its term: `term`, `since`, `fencing_token`
+/// from `/* leaderrun term=N since=TS fencing_token=T */`.
+fn parse_check_comment(query: &str) -> (Option<u64>, Option<String>, Option<i64>) {
+    let Some(rest) = query.trim_start().strip_prefix("/* leaderrun ") else {
+        return (None, None, None);
+    };
+    let Some(end) = rest.find("*/") else {
+        return (None, None, None);
+    };
+    let (mut term, mut since, mut token) = (None, None, None);
+    for field in rest[..end].split_whitespace() {
+        match field.split_once('=') {
+            Some(("term", v)) => term = v.parse().ok(),
+            Some(("since", v)) => since = Some(v.to_owned()),
+            Some(("fencing_token", v)) => token = v.parse().ok(),
+            _ => {}
+        }
+    }
+    (term, since, token)
+}
+
+/// Queries who holds `lock` through `client`.
+///
+/// # Errors
+/// [`Error::Query`] when the query fails; [`Error::Timeout`] after `bound`.
+pub async fn report(
+    client: &Client,
+    server: &str,
+    lock: LockKey,
+    bound: Duration,
+) -> Result<Report, Error> {
+    let (class, id) = (lock.class as u32, lock.id as u32);
+    let rows = match tokio::time::timeout(bound, client.query(STATUS_SQL, &[&class, &id])).await {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(source)) => {
+            return Err(Error::Query {
+                what: "status query",
+                source,
+            })
+        }
+        Err(_) => {
+            return Err(Error::Timeout {
+                what: "status query",
+                after: bound,
+            })
+        }
+    };
+    let database = match rows.first() {
+        Some(row) => row.get(7),
+        None => {
+            let row = client.query_one("SELECT current_database()", &[]).await;
+            row.map(|r| r.get(0)).unwrap_or_default()
+        }
+    };
+    let mut leader = None;
+    let mut waiters = Vec::new();
+    for row in &rows {
+        let pid: i32 = row.get(0);
+        let granted: bool = row.get(1);
+        if !granted {
+            waiters.push(pid);
+            continue;
+        }
+        let query: Option<String> = row.get(6);
+        let (term, since, fencing_token) = parse_check_comment(query.as_deref().unwrap_or(""));
+        let leading_seconds = since
+            .as_deref()
+            .and_then(|s| humantime::parse_rfc3339(s).ok())
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .map(|d| d.as_secs());
+        leader = Some(Leader {
+            pid,
+            application_name: row.get(2),
+            client_addr: row.get(3),
+            client_port: row.get(4),
+            backend_start: row.get(5),
+            term,
+            since,
+            leading_seconds,
+            fencing_token,
+        });
+    }
+    Ok(Report {
+        lock: lock.to_string(),
+        lock_class: lock.class,
+        lock_id: lock.id,
+        database,
+        server: server.to_owned(),
+        leader,
+        waiters,
+    })
+}
+
+fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
+    value
+        .as_ref()
+        .map_or_else(|| "unknown".to_owned(), T::to_string)
+}
+
+impl Report {
+    /// The human table.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "lock           {} (database {}, {})\n",
+            self.lock, self.database, self.server
+        );
+        match &self.leader {
+            None => out.push_str("leader         none\n"),
+            Some(l) => {
+                out.push_str(&format!("leader pid     {}\n", l.pid));
+                out.push_str(&format!("application    {}\n", show(&l.application_name)));
+                let client = match (&l.client_addr, l.client_port) {
+                    (Some(addr), Some(port)) if port > 0 => format!("{addr}:{port}"),
+                    (Some(addr), _) => addr.clone(),
+                    (None, _) => "local socket or not visible".to_owned(),
+                };
+                out.push_str(&format!("client         {client}\n"));
+                out.push_str(&format!("backend start  {}\n", show(&l.backend_start)));
+                let led = match (&l.since, l.leading_seconds) {
+                    (Some(since), Some(secs)) => format!(
+                        "{since} ({})",
+                        humantime::format_duration(Duration::from_secs(secs))
+                    ),
+                    (Some(since), None) => since.clone(),
+                    _ => "unknown".to_owned(),
+                };
+                out.push_str(&format!("leading since  {led}\n"));
+                out.push_str(&format!("term           {}\n", show(&l.term)));
+                out.push_str(&format!("fencing token  {}\n", show(&l.fencing_token)));
+            }
+        }
+        let waiters = if self.waiters.is_empty() {
+            "none".to_owned()
+        } else {
+            self.waiters
+                .iter()
+                .map(i32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out.push_str(&format!("waiters        {waiters}\n"));
+        out
+    }
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(err) => {
+            tracing::error!("cannot start the async runtime: {err}");
+            None
+        }
+    }
+}
+
+/// `leaderrun status`: prints the report; exit 0 with a leader, 1 without, 125 on error.
+pub fn status_main(
+    connect_config: &tokio_postgres::Config,
+    lock: LockKey,
+    bound: Duration,
+    json: bool,
+) -> u8 {
+    let Some(rt) = runtime() else {
+        return EXIT_FAILURE;
+    };
+    let server = describe(connect_config);
+    let result = rt.block_on(async {
+        let (client, _closed, _task) = connect(connect_config, &server, bound).await?;
+        report(&client, &server, lock, bound).await
+    });
+    match result {
+        Ok(report) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&report).unwrap_or_else(|_| "{}".to_owned())
+                );
+            } else {
+                print!("{}", report.table());
+            }
+            u8::from(report.leader.is_none())
+        }
+        Err(err) => {
+            tracing::error!("status: {}", Chain(&err));
+            EXIT_FAILURE
+        }
+    }
+}
+
+/// One line of `doctor`'s output.
+#[derive(Debug)]
+pub struct Finding {
+    /// Short name of the check.
+    pub check: &'static str,
+    /// Whether it holds.
+    pub ok: bool,
+    /// What was found.
+    pub detail: String,
+    /// What to do about it, when it does not hold.
+    pub hint: Option<String>,
+}
+
+impl Finding {
+    fn pass(check: &'static str, detail: impl Into<String>) -> Finding {
+        Finding {
+            check,
+            ok: true,
+            detail: detail.into(),
+            hint: None,
+        }
+    }
+
+    fn fail(check: &'static str, detail: impl Into<String>, hint: impl Into<String>) -> Finding {
+        Finding {
+            check,
+            ok: false,
+            detail: detail.into(),
+            hint: Some(hint.into()),
+        }
+    }
+}
+
+async fn one<T>(client: &Client, sql: &str, bound: Duration) -> Result<T, Error>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    match tokio::time::timeout(bound, client.query_one(sql, &[])).await {
+        Ok(Ok(row)) => Ok(row.get(0)),
+        Ok(Err(source)) => Err(Error::Query {
+            what: "doctor query",
+            source,
+        }),
+        Err(_) => Err(Error::Timeout {
+            what: "doctor query",
+            after: bound,
+        }),
+    }
+}
+
+fn permission_hint(err: &Error) -> String {
+    let denied = matches!(err, Error::Query { source, .. }
+        if source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE));
+    if denied {
+        "the role lacks a permission this check needs; grant it or use the role the replicas use"
+            .to_owned()
+    } else {
+        "see the error; the replicas would meet it too".to_owned()
+    }
+}
+
+/// Runs every check through two sessions `a` and `b`; `scratch` is an id of the lock's class
+/// no replica uses.
+pub async fn findings(
+    a: &Client,
+    b: &Client,
+    server: &str,
+    lock: LockKey,
+    scratch: i32,
+    bound: Duration,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    match one::<String>(a, "SHOW server_version", bound).await {
+        Ok(version) => out.push(Finding::pass(
+            "connect",
+            format!("two sessions to {server} (PostgreSQL {version})"),
+        )),
+        Err(err) => out.push(Finding::fail(
+            "connect",
+            Chain(&err).to_string(),
+            permission_hint(&err),
+        )),
+    }
+
+    match one::<bool>(a, "SELECT pg_is_in_recovery()", bound).await {
+        Ok(false) => out.push(Finding::pass("primary", "the server is not in recovery")),
+        Ok(true) => out.push(Finding::fail(
+            "primary",
+            "the server is in recovery (a hot standby): it grants advisory locks of its own, \
+             so a replica here would be a second leader; leaderrun refuses to lead on it",
+            "point the DSN at the primary, e.g. with several hosts and target_session_attrs=read-write",
+        )),
+        Err(err) => out.push(Finding::fail("primary", Chain(&err).to_string(), permission_hint(&err))),
+    }
+
+    // Exclusion on a scratch id: a takes it, b must be refused, then b gets it once a lets go.
+    let try_sql = format!("SELECT pg_try_advisory_lock({}, {scratch})", lock.class);
+    let unlock_sql = format!("SELECT pg_advisory_unlock({}, {scratch})", lock.class);
+    let exclusion = async {
+        let first: bool = one(a, &try_sql, bound).await?;
+        let second: bool = one(b, &try_sql, bound).await?;
+        let _: bool = one(a, &unlock_sql, bound).await?;
+        let after_release: bool = one(b, &try_sql, bound).await?;
+        if after_release {
+            let _: bool = one(b, &unlock_sql, bound).await?;
+        }
+        Ok::<_, Error>((first, second, after_release))
+    };
+    match exclusion.await {
+        Ok((true, false, true)) => out.push(Finding::pass(
+            "exclusion",
+            format!(
+                "a second session cannot take a lock the first holds ({}:{scratch}), and gets it once released",
+                lock.class
+            ),
+        )),
+        Ok((first, second, after)) => out.push(Finding::fail(
+            "exclusion",
+            format!("first session granted: {first}, second while held: {second}, second after release: {after}"),
+            "both sessions reached one backend or the lock did not hold: a transaction-mode \
+             pooler (PgBouncer pool_mode=transaction) cannot carry session locks; connect directly \
+             or through a session-mode pooler",
+        )),
+        Err(err) => out.push(Finding::fail("exclusion", Chain(&err).to_string(), permission_hint(&err))),
+    }
+
+    // The session keeps its backend and its session state between statements.
+    let sticky = async {
+        let pid1: i32 = one(a, "SELECT pg_backend_pid()", bound).await?;
+        let _: String = one(
+            a,
+            "SELECT set_config('leaderrun.doctor_marker', 'marked', false)",
+            bound,
+        )
+        .await?;
+        let pid2: i32 = one(a, "SELECT pg_backend_pid()", bound).await?;
+        let marker: Option<String> = one(
+            a,
+            "SELECT current_setting('leaderrun.doctor_marker', true)",
+            bound,
+        )
+        .await?;
+        Ok::<_, Error>((pid1, pid2, marker))
+    };
+    match sticky.await {
+        Ok((p1, p2, Some(m))) if p1 == p2 && m == "marked" => out.push(Finding::pass(
+            "session",
+            format!("the session keeps its backend ({p1}) and its settings between statements"),
+        )),
+        Ok((p1, p2, marker)) => out.push(Finding::fail(
+            "session",
+            format!("backend {p1} then {p2}; session marker {marker:?}"),
+            "the session moved between statements: a transaction-mode pooler (PgBouncer \
+             pool_mode=transaction, or a hosted pooler) strands or doubles session locks; \
+             use a direct connection or a session-mode pooler",
+        )),
+        Err(err) => out.push(Finding::fail(
+            "session",
+            Chain(&err).to_string(),
+            permission_hint(&err),
+        )),
+    }
+
+    match one::<String>(
+        a,
+        "SELECT set_config('idle_session_timeout', '60000', false)",
+        bound,
+    )
+    .await
+    {
+        Ok(_) => out.push(Finding::pass(
+            "idle timeout",
+            "idle_session_timeout can be set on the lock session",
+        )),
+        Err(Error::Query { source, .. })
+            if source.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) =>
+        {
+            out.push(Finding::fail(
+                "idle timeout",
+                "the server has no idle_session_timeout (PostgreSQL before 14)",
+                "upgrade to PostgreSQL 14 or later; until then an orphaned lock session is \
+                 bounded only by TCP keepalives, and a cut-off leader can block the lock for hours",
+            ))
+        }
+        Err(err) => out.push(Finding::fail(
+            "idle timeout",
+            Chain(&err).to_string(),
+            permission_hint(&err),
+        )),
+    }
+
+    match one::<Option<bool>>(
+        a,
+        "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+        bound,
+    )
+    .await
+    {
+        Ok(Some(true)) => out.push(Finding::pass("tls", "the session is encrypted (TLS)")),
+        Ok(_) => out.push(Finding::pass(
+            "tls",
+            "the session is not encrypted (fine on a trusted network or a Unix socket)",
+        )),
+        Err(err) => out.push(Finding::fail(
+            "tls",
+            Chain(&err).to_string(),
+            permission_hint(&err),
+        )),
+    }
+
+    match report(a, server, lock, bound).await {
+        Ok(r) => out.push(Finding::pass(
+            "leader",
+            match &r.leader {
+                Some(l) => format!(
+                    "{} is held by backend {} ({})",
+                    r.lock,
+                    l.pid,
+                    l.application_name
+                        .as_deref()
+                        .unwrap_or("application unknown")
+                ),
+                None => format!("nobody holds {} right now", r.lock),
+            },
+        )),
+        Err(err) => out.push(Finding::fail(
+            "leader",
+            Chain(&err).to_string(),
+            permission_hint(&err),
+        )),
+    }
+    out
+}
+
+/// `leaderrun doctor`: prints each finding; exit 0 when all hold, 1 when one fails, 125 when
+/// it cannot connect.
+pub fn doctor_main(connect_config: &tokio_postgres::Config, lock: LockKey, bound: Duration) -> u8 {
+    let Some(rt) = runtime() else {
+        return EXIT_FAILURE;
+    };
+    let server = describe(connect_config);
+    // A scratch id of the same class that no replica uses: derived from this process.
+    let scratch = crate::cli::lock_id_for_name(&format!(
+        "leaderrun doctor {} {}",
+        std::process::id(),
+        lock.id
+    ));
+    let result = rt.block_on(async {
+        let (a, _ca, _ta) = connect(connect_config, &server, bound).await?;
+        let (b, _cb, _tb) = connect(connect_config, &server, bound).await?;
+        Ok::<_, Error>(findings(&a, &b, &server, lock, scratch, bound).await)
+    });
+    match result {
+        Ok(findings) => {
+            for f in &findings {
+                println!(
+                    "{:<4}  {:<12}  {}",
+                    if f.ok { "ok" } else { "FAIL" },
+                    f.check,
+                    f.detail
+                );
+                if let Some(hint) = &f.hint {
+                    println!("{:<4}  {:<12}  hint: {hint}", "", "");
+                }
+            }
+            u8::from(findings.iter().any(|f| !f.ok))
+        }
+        Err(err) => {
+            println!("FAIL  connect       {}", Chain(&err));
+            println!(
+                "      {:<12}  hint: check the DSN, PG* variables and pg_hba.conf; \
+                 leaderrun connects exactly like this",
+                ""
+            );
+            EXIT_FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_comment_round_trip() {
+        let q = "/* leaderrun term=3 since=2026-11-30T05:00:00Z fencing_token=745 */ SELECT 1";
+        assert_eq!(
+            parse_check_comment(q),
+            (Some(3), Some("2026-11-30T05:00:00Z".to_owned()), Some(745))
+        );
+        assert_eq!(parse_check_comment("SELECT 1"), (None, None, None));
+    }
+}
