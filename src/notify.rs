@@ -43,9 +43,7 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
     if std::env::var_os("NOTIFY_SOCKET").is_none() {
         return;
     }
-    let mut usec = 0;
-    let watchdog = sd_notify::watchdog_enabled(false, &mut usec)
-        .then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(100)));
+    let watchdog = watchdog_period();
     let mut checks = elector.watch_checks();
     let mut ready = false;
     let mut last_status = String::new();
@@ -73,6 +71,19 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
             }
         }
     }
+}
+
+/// Half of `WATCHDOG_USEC`, when systemd asks for pings: as libsystemd's
+/// `sd_watchdog_enabled`, `WATCHDOG_PID`, when set, must be this process (sd-notify's own
+/// helper also insists on it being set).
+fn watchdog_period() -> Option<Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID") {
+        if pid.parse::<u32>().ok()? != std::process::id() {
+            return None;
+        }
+    }
+    (usec > 0).then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(50)))
 }
 
 /// STOPPING=1: leaderrun is shutting down.

@@ -5,6 +5,8 @@ mod support;
 
 mod binary;
 mod child;
+mod docs;
 mod election;
 mod modes;
+mod operate;
 mod terminal;

@@ -220,6 +220,41 @@ impl Cluster {
         cluster
     }
 
+    /// A hot standby of `primary`, made with `pg_basebackup -R` and started on its own port.
+    pub fn standby_of(primary: &Cluster) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("leaderrun-standby-")
+            .tempdir_in(scratch_root())
+            .expect("standby dir");
+        chown_to_server_user(dir.path());
+        let out = as_server_user(&mut Command::new(bin_dir().join("pg_basebackup")))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-R", "-X", "stream", "--no-sync", "-D"])
+            .arg(dir.path().join("data"))
+            .output()
+            .expect("run pg_basebackup");
+        assert!(
+            out.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = Cluster {
+            dir,
+            bin: bin_dir().to_owned(),
+            port: free_port(),
+            postmaster: Mutex::new(None),
+        };
+        cluster.start();
+        cluster
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -290,7 +325,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if std::fs::read_to_string(&pidfile)
-                .map(|s| s.lines().any(|l| l.trim() == "ready"))
+                .map(|s| s.lines().any(|l| matches!(l.trim(), "ready" | "standby")))
                 .unwrap_or(false)
             {
                 break;

@@ -1,0 +1,106 @@
+
+using namespace System.Management.Automation
+using namespace System.Management.Automation.Language
+
+Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
+    param($wordToComplete, $commandAst, $cursorPosition)
+
+    $commandElements = $commandAst.CommandElements
+    $command = @(
+        'leaderrun'
+        for ($i = 1; $i -lt $commandElements.Count; $i++) {
+            $element = $commandElements[$i]
+            if ($element -isnot [StringConstantExpressionAst] -or
+                $element.StringConstantType -ne [StringConstantType]::BareWord -or
+                $element.Value.StartsWith('-') -or
+                $element.Value -eq $wordToComplete) {
+                break
+        }
+        $element.Value
+    }) -join ';'
+
+    $completions = @(switch ($command) {
+        'leaderrun' {
+            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value)')
+            [CompletionResult]::new('--lock-class', '--lock-class', [CompletionResultType]::ParameterName, 'First int4 of the advisory lock key')
+            [CompletionResult]::new('--lock-id', '--lock-id', [CompletionResultType]::ParameterName, 'Second int4 of the advisory lock key')
+            [CompletionResult]::new('--lock-name', '--lock-name', [CompletionResultType]::ParameterName, 'Derive the lock id from NAME instead of giving --lock-id')
+            [CompletionResult]::new('--check-interval', '--check-interval', [CompletionResultType]::ParameterName, 'Standby retry period, leader verification period, and timeout of one verification')
+            [CompletionResult]::new('--grace', '--grace', [CompletionResultType]::ParameterName, 'Time between the stop signal and SIGKILL [default: the check interval]')
+            [CompletionResult]::new('--stop-signal', '--stop-signal', [CompletionResultType]::ParameterName, 'First signal sent to COMMAND''s process group on demotion or shutdown')
+            [CompletionResult]::new('--takeover-delay', '--takeover-delay', [CompletionResultType]::ParameterName, 'A new leader verifies its lock this long before it starts COMMAND [default: 0s]')
+            [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Longest one run of COMMAND may take; then it is stopped like on demotion')
+            [CompletionResult]::new('--min-hold', '--min-hold', [CompletionResultType]::ParameterName, 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]')
+            [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'Like --once, but campaign for at most DUR before giving up with the conflict code')
+            [CompletionResult]::new('--every', '--every', [CompletionResultType]::ParameterName, 'Ticker: while leading, run COMMAND once per period')
+            [CompletionResult]::new('--restart', '--restart', [CompletionResultType]::ParameterName, 'Default mode: what to do when COMMAND exits while leading')
+            [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)')
+            [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)')
+            [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Serve /metrics, /healthz and /readyz on this address (off by default)')
+            [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print a generated document (man page or shell completion) and exit')
+            [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
+            [CompletionResult]::new('--once', '--once', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Log more: -v debug, -vv trace')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Log more: -v debug, -vv trace')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Log less: -q warnings and errors only, -qq errors only')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Log less: -q warnings and errors only, -qq errors only')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Who leads right now: the leader''s backend, host, since when, and waiters')
+            [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Prove that the lock excludes through these connection settings')
+            [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
+            break
+        }
+        'leaderrun;status' {
+            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value)')
+            [CompletionResult]::new('--lock-class', '--lock-class', [CompletionResultType]::ParameterName, 'First int4 of the advisory lock key')
+            [CompletionResult]::new('--lock-id', '--lock-id', [CompletionResultType]::ParameterName, 'Second int4 of the advisory lock key')
+            [CompletionResult]::new('--lock-name', '--lock-name', [CompletionResultType]::ParameterName, 'Derive the lock id from NAME instead of giving --lock-id')
+            [CompletionResult]::new('--check-interval', '--check-interval', [CompletionResultType]::ParameterName, 'Standby retry period, leader verification period, and timeout of one verification')
+            [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)')
+            [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print one JSON object (stable field names) instead of a table')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Log more: -v debug, -vv trace')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Log more: -v debug, -vv trace')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Log less: -q warnings and errors only, -qq errors only')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Log less: -q warnings and errors only, -qq errors only')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
+        'leaderrun;doctor' {
+            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value)')
+            [CompletionResult]::new('--lock-class', '--lock-class', [CompletionResultType]::ParameterName, 'First int4 of the advisory lock key')
+            [CompletionResult]::new('--lock-id', '--lock-id', [CompletionResultType]::ParameterName, 'Second int4 of the advisory lock key')
+            [CompletionResult]::new('--lock-name', '--lock-name', [CompletionResultType]::ParameterName, 'Derive the lock id from NAME instead of giving --lock-id')
+            [CompletionResult]::new('--check-interval', '--check-interval', [CompletionResultType]::ParameterName, 'Standby retry period, leader verification period, and timeout of one verification')
+            [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Log more: -v debug, -vv trace')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Log more: -v debug, -vv trace')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Log less: -q warnings and errors only, -qq errors only')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Log less: -q warnings and errors only, -qq errors only')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
+        'leaderrun;help' {
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Who leads right now: the leader''s backend, host, since when, and waiters')
+            [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Prove that the lock excludes through these connection settings')
+            [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
+            break
+        }
+        'leaderrun;help;status' {
+            break
+        }
+        'leaderrun;help;doctor' {
+            break
+        }
+        'leaderrun;help;help' {
+            break
+        }
+    })
+
+    $completions.Where{ $_.CompletionText -like "$wordToComplete*" } |
+        Sort-Object -Property ListItemText
+}

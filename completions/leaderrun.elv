@@ -1,0 +1,94 @@
+
+use builtin;
+use str;
+
+set edit:completion:arg-completer[leaderrun] = {|@words|
+    fn spaces {|n|
+        builtin:repeat $n ' ' | str:join ''
+    }
+    fn cand {|text desc|
+        edit:complex-candidate $text &display=$text' '(spaces (- 14 (wcswidth $text)))$desc
+    }
+    var command = 'leaderrun'
+    for word $words[1..-1] {
+        if (str:has-prefix $word '-') {
+            break
+        }
+        set command = $command';'$word
+    }
+    var completions = [
+        &'leaderrun'= {
+            cand --dsn 'PostgreSQL connection string (URL or keyword/value)'
+            cand --lock-class 'First int4 of the advisory lock key'
+            cand --lock-id 'Second int4 of the advisory lock key'
+            cand --lock-name 'Derive the lock id from NAME instead of giving --lock-id'
+            cand --check-interval 'Standby retry period, leader verification period, and timeout of one verification'
+            cand --grace 'Time between the stop signal and SIGKILL [default: the check interval]'
+            cand --stop-signal 'First signal sent to COMMAND''s process group on demotion or shutdown'
+            cand --takeover-delay 'A new leader verifies its lock this long before it starts COMMAND [default: 0s]'
+            cand --timeout 'Longest one run of COMMAND may take; then it is stopped like on demotion'
+            cand --min-hold 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]'
+            cand --wait 'Like --once, but campaign for at most DUR before giving up with the conflict code'
+            cand --every 'Ticker: while leading, run COMMAND once per period'
+            cand --restart 'Default mode: what to do when COMMAND exits while leading'
+            cand --conflict-exit-code 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)'
+            cand --log-format 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)'
+            cand --http-addr 'Serve /metrics, /healthz and /readyz on this address (off by default)'
+            cand --generate 'Print a generated document (man page or shell completion) and exit'
+            cand -n 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
+            cand --once 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
+            cand -v 'Log more: -v debug, -vv trace'
+            cand --verbose 'Log more: -v debug, -vv trace'
+            cand -q 'Log less: -q warnings and errors only, -qq errors only'
+            cand --quiet 'Log less: -q warnings and errors only, -qq errors only'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand status 'Who leads right now: the leader''s backend, host, since when, and waiters'
+            cand doctor 'Prove that the lock excludes through these connection settings'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'leaderrun;status'= {
+            cand --dsn 'PostgreSQL connection string (URL or keyword/value)'
+            cand --lock-class 'First int4 of the advisory lock key'
+            cand --lock-id 'Second int4 of the advisory lock key'
+            cand --lock-name 'Derive the lock id from NAME instead of giving --lock-id'
+            cand --check-interval 'Standby retry period, leader verification period, and timeout of one verification'
+            cand --log-format 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)'
+            cand --json 'Print one JSON object (stable field names) instead of a table'
+            cand -v 'Log more: -v debug, -vv trace'
+            cand --verbose 'Log more: -v debug, -vv trace'
+            cand -q 'Log less: -q warnings and errors only, -qq errors only'
+            cand --quiet 'Log less: -q warnings and errors only, -qq errors only'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'leaderrun;doctor'= {
+            cand --dsn 'PostgreSQL connection string (URL or keyword/value)'
+            cand --lock-class 'First int4 of the advisory lock key'
+            cand --lock-id 'Second int4 of the advisory lock key'
+            cand --lock-name 'Derive the lock id from NAME instead of giving --lock-id'
+            cand --check-interval 'Standby retry period, leader verification period, and timeout of one verification'
+            cand --log-format 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)'
+            cand -v 'Log more: -v debug, -vv trace'
+            cand --verbose 'Log more: -v debug, -vv trace'
+            cand -q 'Log less: -q warnings and errors only, -qq errors only'
+            cand --quiet 'Log less: -q warnings and errors only, -qq errors only'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'leaderrun;help'= {
+            cand status 'Who leads right now: the leader''s backend, host, since when, and waiters'
+            cand doctor 'Prove that the lock excludes through these connection settings'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'leaderrun;help;status'= {
+        }
+        &'leaderrun;help;doctor'= {
+        }
+        &'leaderrun;help;help'= {
+        }
+    ]
+    $completions[$command]
+}

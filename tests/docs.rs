@@ -1,0 +1,66 @@
+//! The committed man page and completions match the CLI definition.
+
+use std::path::Path;
+
+#[test]
+fn generated_docs_are_fresh() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let regenerate = std::env::var_os("LEADERRUN_REGENERATE").is_some();
+    let mut stale = Vec::new();
+    for (what, file) in leaderrun::docs::FILES {
+        let path = root.join(file);
+        let fresh = leaderrun::docs::render(what);
+        if regenerate {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &fresh).unwrap();
+        } else if std::fs::read(&path).ok().as_deref() != Some(&fresh[..]) {
+            stale.push(file);
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "{stale:?} no longer match the CLI; regenerate with: \
+         LEADERRUN_REGENERATE=1 cargo test --test tests generated_docs"
+    );
+}
+
+#[test]
+fn the_man_page_has_the_contract_sections() {
+    let man = String::from_utf8(leaderrun::docs::man_page()).unwrap();
+    for section in [
+        "EXIT STATUS",
+        "ENVIRONMENT",
+        "SIGNALS",
+        "EXAMPLES",
+        "OPTIONS",
+    ] {
+        assert!(
+            man.contains(&format!(".SH \"{section}\"")) || man.contains(&format!(".SH {section}")),
+            "{section} missing"
+        );
+    }
+    for needle in [
+        "LEADERRUN_CHECK_INTERVAL",
+        "LEADERRUN_TAKEOVER_DELAY",
+        "124",
+        "127",
+        "PR_SET_PDEATHSIG",
+    ] {
+        assert!(man.contains(needle), "{needle} missing from the man page");
+    }
+}
+
+#[test]
+fn the_hidden_generate_flag_prints_the_same_documents() {
+    for (what, name) in [
+        (leaderrun::docs::Generate::Man, "man"),
+        (leaderrun::docs::Generate::CompleteBash, "complete-bash"),
+    ] {
+        let out = crate::support::leaderrun()
+            .args(["--generate", name])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(out.stdout, leaderrun::docs::render(what));
+    }
+}

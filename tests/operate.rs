@@ -1,0 +1,464 @@
+//! The operator surface against a real PostgreSQL: metrics and probes over HTTP, `status`,
+//! `doctor` (also against a hot standby), JSON logs, the systemd protocol, secrets.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::support::{leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS};
+
+const INTERVAL: &str = "200ms";
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// One HTTP/1.0 request; returns the status code and the body.
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the probe port");
+    stream.set_read_timeout(Some(secs(5.0))).unwrap();
+    write!(stream, "{method} {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The address a replica started with `--http-addr 127.0.0.1:0` bound, from its log.
+fn probe_addr(replica: &Replica) -> SocketAddr {
+    wait_for("the HTTP address in the log", secs(5.0), || {
+        let log = replica.log();
+        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+        let addr = line.split("addr=").nth(1)?.split_whitespace().next()?;
+        addr.parse().ok()
+    })
+}
+
+/// The value of an unlabelled sample in a Prometheus text exposition.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn the_gauge_flips_on_failover_across_two_replicas() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let args = ["--http-addr", "127.0.0.1:0", "--", job.to_str().unwrap()];
+    let mut replicas: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &args))
+        .collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(probe_addr).collect();
+    let leader = replicas.iter().position(|r| r.pid() == first.ppid).unwrap();
+    let other = 1 - leader;
+    let gauge = |i: usize| {
+        sample(
+            &http(addrs[i], "GET", "/metrics").1,
+            "plexsphere_background_leader",
+        )
+    };
+    wait_for("the standby to have checked", secs(5.0), || {
+        (gauge(other) == Some(0.0)).then_some(())
+    });
+    assert_eq!(gauge(leader), Some(1.0));
+    let metrics = http(addrs[leader], "GET", "/metrics").1;
+    for name in [
+        "leaderrun_terms_started_total",
+        "leaderrun_child_starts_total",
+        "leaderrun_seconds_since_last_successful_check",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(
+            sample(&metrics, name).is_some(),
+            "{name} missing:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.contains("leaderrun_checks_total{outcome=\"granted\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("leaderrun_check_duration_seconds_bucket"),
+        "{metrics}"
+    );
+
+    replicas[leader].signal(Signal::SIGTERM);
+    replicas[leader].wait_exit(secs(5.0));
+    wait_for("the other replica's gauge to read 1", secs(5.0), || {
+        (gauge(other) == Some(1.0)).then_some(())
+    });
+}
+
+#[test]
+fn probes_follow_the_readiness_table() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    // Fails while the marker file exists.
+    let marker = scratch.file("fail");
+    let job = scratch.child_script(
+        "job.sh",
+        &format!("[ -e '{}' ] && exit 3\nexit 0", marker.display()),
+    );
+    let job = job.to_str().unwrap();
+    let holder_script = scratch.child_script("holder.sh", "exec sleep 600");
+    let leader = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &["--http-addr", "127.0.0.1:0", "--every", "200ms", "--", job],
+    );
+    let addr = probe_addr(&leader);
+    wait_for("the leader to be ready", secs(5.0), || {
+        let (code, body) = http(addr, "GET", "/readyz");
+        (code == 200 && body.starts_with("leader, term 1")).then_some(())
+    });
+    // A failed tick fails readiness with its error, until a later tick succeeds.
+    std::fs::write(&marker, "").unwrap();
+    let body = wait_for("readiness to fail", secs(5.0), || {
+        let (code, body) = http(addr, "GET", "/readyz");
+        (code == 503).then_some(body)
+    });
+    assert!(body.contains("exit code 3"), "{body}");
+    std::fs::remove_file(&marker).unwrap();
+    wait_for("readiness to recover", secs(5.0), || {
+        (http(addr, "GET", "/readyz").0 == 200).then_some(())
+    });
+    assert_eq!(http(addr, "GET", "/healthz"), (200, "ok\n".to_owned()));
+
+    // A standby is ready: it runs nothing.
+    let standby = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--",
+            holder_script.to_str().unwrap(),
+        ],
+    );
+    let standby_addr = probe_addr(&standby);
+    wait_for("the standby to be ready", secs(5.0), || {
+        (http(standby_addr, "GET", "/readyz") == (200, "standby\n".to_owned())).then_some(())
+    });
+
+    // HEAD works; other methods and paths do not.
+    assert_eq!(http(addr, "HEAD", "/readyz"), (200, String::new()));
+    assert_eq!(http(addr, "POST", "/readyz").0, 405);
+    assert_eq!(http(addr, "GET", "/nope").0, 404);
+}
+
+#[test]
+fn probes_before_the_first_check_and_when_the_loop_is_stuck() {
+    // A server that accepts TCP connections and never answers: the first connect hangs until
+    // the DSN's connect_timeout, so there is no check yet, and the loop is stuck.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!("host=127.0.0.1 port={port} user=postgres connect_timeout=20"),
+    ])
+    .args([
+        "--check-interval",
+        INTERVAL,
+        "--http-addr",
+        "127.0.0.1:0",
+        "--",
+        "true",
+    ]);
+    let replica = Replica::spawn(cmd);
+    let addr = probe_addr(&replica);
+    assert_eq!(
+        http(addr, "GET", "/readyz"),
+        (503, "booted, no check yet\n".to_owned())
+    );
+    let body = wait_for(
+        "liveness to fail after 3 intervals without a check",
+        secs(5.0),
+        || {
+            let (code, body) = http(addr, "GET", "/healthz");
+            (code == 503).then_some(body)
+        },
+    );
+    assert!(body.contains("no check for"), "{body}");
+    drop(silent);
+}
+
+#[test]
+fn a_port_in_use_exits_125() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = leaderrun()
+        .args([
+            "--dsn",
+            &Cluster::shared().dsn(),
+            "--http-addr",
+            &addr,
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot serve HTTP on"), "{stderr}");
+}
+
+#[test]
+fn status_shows_the_leader_or_none() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let status = |json: bool| {
+        let mut cmd = leaderrun();
+        cmd.args([
+            "status",
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id.to_string(),
+        ]);
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    let none = status(false);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&none.stdout).contains("leader         none"));
+
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let _leader = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let out = status(true);
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["lock"], format!("{CLASS}:{id}"));
+    assert_eq!(report["database"], "postgres");
+    let leader = &report["leader"];
+    assert_eq!(leader["pid"], start.backend_pid);
+    assert_eq!(leader["term"], 1);
+    assert_eq!(leader["fencing_token"], start.fencing_token);
+    assert_eq!(leader["client_addr"], "127.0.0.1");
+    assert!(leader["since"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        leader["application_name"].as_str().unwrap(),
+        format!(
+            "leaderrun@{}:{}",
+            nix::unistd::gethostname().unwrap().to_string_lossy(),
+            start.ppid
+        )
+    );
+    let table = String::from_utf8(status(false).stdout).unwrap();
+    assert!(
+        table.contains(&format!("leader pid     {}", start.backend_pid)),
+        "{table}"
+    );
+    assert!(table.contains("leading since"), "{table}");
+
+    let unreachable = leaderrun()
+        .args(["status", "--dsn", "host=127.0.0.1 port=1 user=postgres"])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(125));
+}
+
+#[test]
+fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
+    let primary = Cluster::start_private();
+    let standby = Cluster::standby_of(&primary);
+    let doctor = |cluster: &Cluster| {
+        leaderrun()
+            .args(["doctor", "--dsn", &cluster.dsn()])
+            .output()
+            .unwrap()
+    };
+    let good = doctor(&primary);
+    let text = String::from_utf8_lossy(&good.stdout);
+    assert_eq!(good.status.code(), Some(0), "{text}");
+    for check in [
+        "connect",
+        "primary",
+        "exclusion",
+        "session",
+        "idle timeout",
+        "tls",
+        "leader",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("ok") && l.contains(check)),
+            "{check}: {text}"
+        );
+    }
+    let bad = doctor(&standby);
+    let text = String::from_utf8_lossy(&bad.stdout);
+    assert_eq!(bad.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL  primary") && text.contains("in recovery"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hint: point the DSN at the primary"),
+        "{text}"
+    );
+
+    // And the election itself refuses to lead there, saying why.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let replica = Replica::start(
+        &standby,
+        unique_lock_id(),
+        INTERVAL,
+        &["--", job.to_str().unwrap()],
+    );
+    replica.wait_log("ERROR leader: server", 2, secs(5.0));
+    assert!(replica
+        .log()
+        .contains("is in recovery (a hot standby); refusing to lead"));
+    assert!(scratch.starts().is_empty());
+
+    let unreachable = leaderrun()
+        .args(["doctor", "--dsn", "host=127.0.0.1 port=1 user=postgres"])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(125));
+}
+
+#[test]
+fn json_log_lines_parse_and_carry_fields() {
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--log-format", "json", "--", job.to_str().unwrap()],
+    );
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    let lines: Vec<serde_json::Value> = replica
+        .log()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.len() >= 4);
+    for line in &lines {
+        assert!(
+            line["timestamp"].is_string()
+                && line["level"].is_string()
+                && line["message"].is_string(),
+            "{line}"
+        );
+    }
+    let acquired = lines
+        .iter()
+        .find(|l| l["message"] == "background leader lock acquired")
+        .expect("acquisition line");
+    assert_eq!(acquired["level"], "INFO");
+    assert!(acquired["term"].is_u64() && acquired["backend_pid"].is_i64());
+    let exited = lines
+        .iter()
+        .find(|l| l["message"] == "child exited")
+        .unwrap();
+    assert_eq!(exited["status"], "exit code 0");
+}
+
+#[test]
+fn systemd_hears_ready_status_watchdog_and_stopping() {
+    let scratch = Scratch::new();
+    let socket_path = scratch.file("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(secs(5.0))).unwrap();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "400000")
+        .args([
+            "--dsn",
+            &Cluster::shared().dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .args(["--check-interval", INTERVAL, "--", job.to_str().unwrap()]);
+    let mut replica = Replica::spawn(cmd);
+    let mut seen: Vec<String> = Vec::new();
+    let receive_until = |want: &str, seen: &mut Vec<String>| {
+        while !seen.iter().any(|m| m.contains(want)) {
+            let mut buf = [0u8; 4096];
+            let n = socket
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("waiting for {want}: {e}; got {seen:?}"));
+            seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    };
+    receive_until("READY=1", &mut seen);
+    receive_until("STATUS=leader, term 1", &mut seen);
+    receive_until("WATCHDOG=1", &mut seen);
+    // STATUS=leader can come before the child starts; TERM before that is a standby's (exit 0).
+    scratch.wait_starts(1, secs(5.0));
+    replica.signal(Signal::SIGTERM);
+    receive_until("STOPPING=1", &mut seen);
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143));
+}
+
+#[test]
+fn the_password_appears_nowhere() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let go = scratch.file("go");
+    let job = scratch.child_script(
+        "job.sh",
+        &format!(
+            "env > \"$EVENTS.env\"\nwhile [ ! -e '{}' ]; do sleep 0.02; done",
+            go.display()
+        ),
+    );
+    // Trust auth accepts any password; what matters is where it shows up.
+    let dsn = format!("{} password=hunter2", cluster.dsn());
+    let mut cmd = leaderrun();
+    cmd.args(["-vv", "--dsn", &dsn, "--lock-id", &id.to_string()])
+        .args(["--http-addr", "127.0.0.1:0", "--", job.to_str().unwrap()]);
+    let mut replica = Replica::spawn(cmd);
+    let addr = probe_addr(&replica);
+    let metrics = http(addr, "GET", "/metrics").1;
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    let mut outputs = vec![replica.log(), metrics];
+    for sub in ["status", "doctor"] {
+        let out = leaderrun().args([sub, "--dsn", &dsn]).output().unwrap();
+        outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        outputs.push(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    // The child's environment: leaderrun adds nothing that carries it.
+    let env = std::fs::read_to_string(scratch.path().join("events.env")).unwrap();
+    outputs.push(
+        env.lines()
+            .filter(|l| l.starts_with("LEADERRUN_"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    for output in &outputs {
+        assert!(!output.contains("hunter2"), "password leaked:\n{output}");
+    }
+    assert!(outputs[0].contains("background leader lock acquired"));
+}
