@@ -4,6 +4,13 @@
 //! does can stall the election: tiny_http reads requests on its own threads, and each response
 //! is written from a short-lived thread (at most [`MAX_IN_FLIGHT`] at once; beyond that the
 //! request gets a 503 at once). `GET` and `HEAD` work; other methods get 405, other paths 404.
+//!
+//! A known limit of tiny_http 0.12: it reads each connection with a blocking read, without
+//! timeouts, on a pool that grows only when no thread is idle. A burst of connections that
+//! send nothing can queue later requests behind them until those clients go away. That delays
+//! probes, never the election, which runs on its own runtime. (A receive timeout on the
+//! listening socket would be copied to accepted connections, but it also makes tiny_http's
+//! accept loop give up after one idle period, so it is not used.)
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,10 +52,8 @@ pub struct BindError {
 /// # Errors
 /// [`BindError`] when the address cannot be bound, e.g. the port is in use.
 pub fn serve(addr: SocketAddr, observed: Observed) -> Result<SocketAddr, BindError> {
-    let server = Server::http(addr).map_err(|e| BindError {
-        addr,
-        reason: e.to_string(),
-    })?;
+    let fail = |reason: String| BindError { addr, reason };
+    let server = Server::http(addr).map_err(|e| fail(e.to_string()))?;
     let bound = server.server_addr().to_ip().unwrap_or(addr);
     let in_flight = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
@@ -74,10 +79,7 @@ pub fn serve(addr: SocketAddr, observed: Observed) -> Result<SocketAddr, BindErr
                 }
             }
         })
-        .map_err(|e| BindError {
-            addr,
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| fail(e.to_string()))?;
     Ok(bound)
 }
 

@@ -271,3 +271,38 @@ async fn a_panic_in_run_ends_the_term_and_abandons_the_lock() {
         .expect("leads after the panic");
     again.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_leaders_failure_no_longer_fails_readiness() {
+    let cluster = Cluster::shared();
+    let elector = Elector::new(config(unique_lock_id(), None)).unwrap();
+    let health = leaderrun::health::Health::new(Duration::from_millis(200));
+    assert_eq!(
+        health.readiness(&elector),
+        Err("booted, no check yet".to_owned())
+    );
+    let running = run(&elector);
+    let term = timeout(WAIT, elector.wait_for_term()).await.expect("leads");
+    assert_eq!(health.readiness(&elector), Ok("leader, term 1".to_owned()));
+    health.run_failed(term.number(), "COMMAND exited with exit code 3".into());
+    assert_eq!(
+        health.readiness(&elector),
+        Err("COMMAND exited with exit code 3".to_owned())
+    );
+    // Demoted: a standby has no outcome of its own.
+    let killer = cluster.client().await;
+    let pid = term.lease().unwrap().backend_pid;
+    killer
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    timeout(WAIT, term.ended()).await.expect("demoted");
+    assert_eq!(health.readiness(&elector), Ok("standby".to_owned()));
+    // Leading again, in a new term: the old term's failure does not come back.
+    let next = timeout(WAIT, elector.wait_for_term())
+        .await
+        .expect("leads again");
+    assert_eq!(next.number(), 2);
+    assert_eq!(health.readiness(&elector), Ok("leader, term 2".to_owned()));
+    running.stop().await;
+}

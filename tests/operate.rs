@@ -22,7 +22,9 @@ fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     stream.set_read_timeout(Some(secs(5.0))).unwrap();
     write!(stream, "{method} {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
     let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
+    stream
+        .read_to_string(&mut raw)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}; read so far: {raw:?}"));
     let status = raw
         .split_whitespace()
         .nth(1)
@@ -159,6 +161,21 @@ fn probes_follow_the_readiness_table() {
     wait_for("the standby to be ready", secs(5.0), || {
         (http(standby_addr, "GET", "/readyz") == (200, "standby\n".to_owned())).then_some(())
     });
+
+    // Clients that connect and send nothing, or half a request, never stall the election: the
+    // ticks go on and leadership holds. (They can delay probes until they go away: a tiny_http
+    // limit, see the http module.)
+    let mut idle: Vec<TcpStream> = (0..40).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for stream in idle.iter_mut().take(20) {
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x")
+            .unwrap();
+    }
+    let ticks_before = scratch.starts().len();
+    let during = scratch.wait_starts(ticks_before + 3, secs(5.0));
+    assert!(during.iter().all(|s| s.term == 1));
+    drop(idle);
+    assert_eq!(http(addr, "GET", "/healthz"), (200, "ok\n".to_owned()));
 
     // HEAD works; other methods and paths do not.
     assert_eq!(http(addr, "HEAD", "/readyz"), (200, String::new()));
