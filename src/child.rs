@@ -39,6 +39,23 @@ use tracing::{debug, info, warn};
 use crate::signals::{is_forwarded, is_shutdown, SignalStream};
 use crate::terminal::Terminal;
 
+/// The process group of the child that is running now (0: none), for [`kill_on_panic`].
+static RUNNING_GROUP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Installs a panic hook that SIGKILLs the running child's process group before the default
+/// hook runs: a leaderrun that dies of a bug must not leave COMMAND's helpers running while
+/// another replica takes the lock (`PR_SET_PDEATHSIG` reaches only the direct child).
+pub fn kill_on_panic() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let group = RUNNING_GROUP.load(std::sync::atomic::Ordering::Acquire);
+        if group > 0 {
+            let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+        }
+        previous(info);
+    }));
+}
+
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitStatus {
@@ -88,6 +105,14 @@ pub enum SpawnError {
         /// COMMAND as given.
         program: String,
     },
+    /// A script whose `#!` interpreter does not exist (exit 127, as a shell reports it).
+    #[error("{program}: bad interpreter {interpreter}: no such file")]
+    BadInterpreter {
+        /// COMMAND as given.
+        program: String,
+        /// The interpreter its first line names.
+        interpreter: String,
+    },
     /// `fork`/`exec` failed; exec errors map to 126/127 like a shell's, other failures are
     /// leaderrun's own (125).
     #[error("cannot start {program}")]
@@ -104,7 +129,7 @@ impl SpawnError {
     /// The exit status of contract §6 for this failure: 127, 126, or 125.
     pub fn exit_code(&self) -> u8 {
         match self {
-            SpawnError::NotFound { .. } => 127,
+            SpawnError::NotFound { .. } | SpawnError::BadInterpreter { .. } => 127,
             SpawnError::NotExecutable { .. } => 126,
             SpawnError::Spawn { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOENT) | Some(libc::ENOTDIR) => 127,
@@ -160,10 +185,16 @@ impl Command {
         for candidate in candidates {
             match executable(&candidate) {
                 Some(true) => {
+                    if let Some(interpreter) = missing_interpreter(&candidate) {
+                        return Err(SpawnError::BadInterpreter {
+                            program: shown,
+                            interpreter,
+                        });
+                    }
                     return Ok(Command {
                         program: candidate,
                         argv,
-                    })
+                    });
                 }
                 Some(false) => not_executable = true,
                 None => {}
@@ -185,6 +216,22 @@ impl Command {
     pub fn argv(&self) -> &[OsString] {
         &self.argv
     }
+}
+
+/// The interpreter a `#!` script names, when it does not exist: exec would fail with ENOENT
+/// only once the replica leads, so it is caught at start like a missing COMMAND.
+fn missing_interpreter(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|&b| b == b'\n').next()?;
+    let interpreter = std::str::from_utf8(line)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .to_owned();
+    (!Path::new(&interpreter).exists()).then_some(interpreter)
 }
 
 /// `None`: nothing there. `Some(true)`: an executable regular file. `Some(false)`: something
@@ -339,6 +386,7 @@ impl Child {
         let pid = Pid::from_raw(child.id() as i32);
         // Dropping std's handle neither waits nor kills; `reap` is the only waiter.
         drop(child);
+        RUNNING_GROUP.store(pid.as_raw(), std::sync::atomic::Ordering::Release);
         Ok(Child {
             pid,
             status: None,
@@ -412,6 +460,7 @@ impl Child {
         let mut deadline = Instant::now() + grace;
         let mut killed = false;
         let mut announced = false;
+        let mut forced = false;
         loop {
             let reaped = self.reap();
             let group_alive = self.group_alive();
@@ -421,15 +470,26 @@ impl Child {
                 .collect();
             if let Some(status) = self.status {
                 if !group_alive && orphans.is_empty() && !reaped.children_left {
+                    let _ = RUNNING_GROUP.compare_exchange(
+                        self.pid.as_raw(),
+                        0,
+                        std::sync::atomic::Ordering::AcqRel,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                     return Stopped { status, shutdown };
                 }
             }
             if !killed && Instant::now() >= deadline {
-                if announced {
+                if announced && !forced {
+                    let what = if self.status.is_some() {
+                        "processes COMMAND left behind are"
+                    } else {
+                        "child is"
+                    };
                     warn!(
-                        pid = self.pid.as_raw(),
+                        pgid = self.pid.as_raw(),
                         grace = %humantime::format_duration(grace),
-                        "child still running after the grace period; sending SIGKILL"
+                        "{what} still running after the grace period; sending SIGKILL"
                     );
                 }
                 killed = true;
@@ -465,6 +525,7 @@ impl Child {
                     s if is_shutdown(s) && (shutting_down || shutdown.is_some()) => {
                         info!(signal = s.as_str(), "second {} while stopping the child; sending SIGKILL now", s.as_str());
                         deadline = Instant::now();
+                        forced = true;
                     }
                     s if is_forwarded(s) => {
                         if is_shutdown(s) {

@@ -135,6 +135,7 @@ pub struct Cli {
         global = true,
         default_value = "5s",
         value_parser = parse_duration,
+        allow_hyphen_values = true,
         help_heading = "Timing"
     )]
     pub check_interval: Duration,
@@ -147,6 +148,7 @@ pub struct Cli {
         value_name = "DUR",
         env = "LEADERRUN_GRACE",
         value_parser = parse_duration,
+        allow_hyphen_values = true,
         help_heading = "Timing"
     )]
     pub grace: Option<Duration>,
@@ -176,6 +178,7 @@ pub struct Cli {
         value_name = "DUR",
         env = "LEADERRUN_TAKEOVER_DELAY",
         value_parser = parse_duration_or_zero,
+        allow_hyphen_values = true,
         help_heading = "Timing"
     )]
     pub takeover_delay: Option<Duration>,
@@ -191,6 +194,7 @@ pub struct Cli {
         value_name = "DUR",
         env = "LEADERRUN_TIMEOUT",
         value_parser = parse_duration,
+        allow_hyphen_values = true,
         help_heading = "Timing"
     )]
     pub timeout: Option<Duration>,
@@ -206,6 +210,7 @@ pub struct Cli {
         value_name = "DUR",
         env = "LEADERRUN_MIN_HOLD",
         value_parser = parse_duration_or_zero,
+        allow_hyphen_values = true,
         help_heading = "Timing"
     )]
     pub min_hold: Option<Duration>,
@@ -237,6 +242,7 @@ pub struct Cli {
         value_name = "DUR",
         env = "LEADERRUN_WAIT",
         value_parser = parse_duration,
+        allow_hyphen_values = true,
         conflicts_with = "every",
         help_heading = "Modes"
     )]
@@ -253,6 +259,7 @@ pub struct Cli {
         value_name = "DUR",
         env = "LEADERRUN_EVERY",
         value_parser = parse_duration,
+        allow_hyphen_values = true,
         help_heading = "Modes"
     )]
     pub every: Option<Duration>,
@@ -484,6 +491,21 @@ impl Cli {
                  (to run a program named status or doctor: leaderrun [OPTIONS] -- status)",
             ));
         }
+        let idle = idle_session_timeout(
+            self.check_interval,
+            self.grace.unwrap_or(self.check_interval),
+        );
+        if idle > MAX_IDLE_SESSION_TIMEOUT {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ValueValidation,
+                format!(
+                    "--check-interval/--grace too long: the lock session's idle_session_timeout \
+                     would be {}, over PostgreSQL's limit of {}",
+                    humantime::format_duration(idle),
+                    humantime::format_duration(MAX_IDLE_SESSION_TIMEOUT)
+                ),
+            ));
+        }
         if self.min_hold.is_some() && !self.once && self.wait.is_none() {
             return Err(Cli::command().error(
                 clap::error::ErrorKind::ArgumentConflict,
@@ -571,8 +593,14 @@ pub fn idle_session_timeout(interval: Duration, grace: Duration) -> Duration {
     }
 }
 
-/// Parses a positive duration with a unit (`500ms`, `5s`, `2m`); zero, negative and unit-less
-/// values are refused (contract §3).
+/// PostgreSQL's largest `idle_session_timeout`: `INT_MAX` milliseconds (about 24.8 days).
+pub const MAX_IDLE_SESSION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// The longest duration any option takes: one year.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses a positive duration with a unit (`500ms`, `5s`, `2m`); zero, negative, unit-less and
+/// longer-than-a-year values are refused (contract §3).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
     if trimmed.starts_with('-') {
@@ -584,6 +612,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(trimmed).map_err(|e| e.to_string())?;
     if duration.is_zero() {
         return Err("must be greater than zero".into());
+    }
+    if duration > MAX_DURATION {
+        return Err("must be at most a year".into());
     }
     Ok(duration)
 }
@@ -606,21 +637,34 @@ pub fn lock_id_for_name(name: &str) -> i32 {
     i32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
 }
 
-/// Parses a signal given as `TERM`, `SIGTERM`, `term` or a number. SIGKILL and SIGSTOP are
-/// accepted (a stop signal that cannot be caught is the user's choice).
+/// Parses a stop signal given as `TERM`, `SIGTERM`, `term` or a number. Signals that cannot
+/// end a process (job-control stops, SIGCONT, and those ignored by default: CHLD, URG, WINCH)
+/// are refused, since the first step of every stop would then do nothing. SIGKILL is accepted.
 pub fn parse_signal(text: &str) -> Result<Signal, String> {
     let trimmed = text.trim();
-    if let Ok(number) = trimmed.parse::<i32>() {
-        return Signal::try_from(number).map_err(|_| format!("no signal number {number}"));
-    }
-    let upper = trimmed.to_ascii_uppercase();
-    let name = if upper.starts_with("SIG") {
-        upper
+    let signal = if let Ok(number) = trimmed.parse::<i32>() {
+        Signal::try_from(number).map_err(|_| format!("no signal number {number}"))?
     } else {
-        format!("SIG{upper}")
+        let upper = trimmed.to_ascii_uppercase();
+        let name = if upper.starts_with("SIG") {
+            upper
+        } else {
+            format!("SIG{upper}")
+        };
+        name.parse::<Signal>()
+            .map_err(|_| format!("unknown signal {trimmed:?}"))?
     };
-    name.parse::<Signal>()
-        .map_err(|_| format!("unknown signal {trimmed:?}"))
+    use Signal::*;
+    if matches!(
+        signal,
+        SIGSTOP | SIGTSTP | SIGTTIN | SIGTTOU | SIGCONT | SIGCHLD | SIGURG | SIGWINCH
+    ) {
+        return Err(format!(
+            "{} does not end a process; use TERM, INT, HUP, QUIT, USR1, USR2 or KILL",
+            signal.as_str()
+        ));
+    }
+    Ok(signal)
 }
 
 #[cfg(test)]
@@ -641,6 +685,7 @@ mod tests {
         assert!(parse_duration("0s").unwrap_err().contains("zero"));
         assert!(parse_duration("-1s").unwrap_err().contains("negative"));
         assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("2years").unwrap_err().contains("a year"));
     }
 
     #[test]
@@ -694,6 +739,8 @@ mod tests {
             &["--every", "0s"],
             &["--timeout", "0s"],
             &["--wait", "-5s"],
+            &["--check-interval", "10days"],
+            &["--check-interval", "1s", "--grace", "30days"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");
         }
@@ -718,6 +765,9 @@ mod tests {
         assert_eq!(parse_signal("hup"), Ok(Signal::SIGHUP));
         assert_eq!(parse_signal("15"), Ok(Signal::SIGTERM));
         assert!(parse_signal("NOPE").is_err());
+        assert!(parse_signal("STOP").is_err());
+        assert!(parse_signal("chld").is_err());
+        assert_eq!(parse_signal("KILL"), Ok(Signal::SIGKILL));
         assert!(parse_signal("99").is_err());
     }
 

@@ -28,6 +28,15 @@ pub enum ConnInfoError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The DSN is neither a `postgres://` URL nor keyword/value pairs.
+    #[error(
+        "invalid DSN (from {origin}): expected a postgres:// or postgresql:// URL, \
+         or keyword/value pairs like 'host=db user=app dbname=plexsphere'"
+    )]
+    Form {
+        /// Where the DSN came from.
+        origin: String,
+    },
     /// A `PG*` variable holds a value that cannot be used.
     #[error("invalid {var}: {value:?}")]
     Env {
@@ -59,8 +68,14 @@ pub fn resolve(
             .unwrap_or((None, String::new())),
     };
     let mut config = match &dsn {
-        Some(dsn) => tokio_postgres::Config::from_str(dsn)
-            .map_err(|source| ConnInfoError::Dsn { origin, source })?,
+        Some(dsn) => {
+            let url = dsn.starts_with("postgres://") || dsn.starts_with("postgresql://");
+            if !url && (dsn.contains("://") || !dsn.contains('=')) {
+                return Err(ConnInfoError::Form { origin });
+            }
+            tokio_postgres::Config::from_str(dsn)
+                .map_err(|source| ConnInfoError::Dsn { origin, source })?
+        }
         None => tokio_postgres::Config::new(),
     };
 
@@ -189,7 +204,10 @@ pub fn describe(config: &tokio_postgres::Config) -> String {
         .collect();
     let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
     let mut out = format!("host={}", hosts.join(","));
-    if !ports.is_empty() {
+    if ports.is_empty() {
+        // tokio-postgres' default, as libpq's.
+        out.push_str(" port=5432");
+    } else {
         out.push_str(&format!(" port={}", ports.join(",")));
     }
     if let Some(db) = config.get_dbname() {
@@ -236,7 +254,7 @@ mod tests {
             ("PLEXSPHERE_DSN", "host=plex user=u"),
             ("DATABASE_URL", "host=url user=u"),
         ]);
-        assert!(describe(&resolve(None, &e).unwrap()).starts_with("host=plex "));
+        assert!(describe(&resolve(None, &e).unwrap()).starts_with("host=plex port=5432 "));
         let e = env(&[("PLEXSPHERE_DSN", ""), ("DATABASE_URL", "host=url user=u")]);
         assert!(describe(&resolve(None, &e).unwrap()).starts_with("host=url "));
     }
@@ -265,6 +283,17 @@ mod tests {
         let shown = format!("{}", crate::error::Chain(&err));
         assert!(shown.starts_with("invalid DSN (from --dsn)"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn dsn_of_another_form_is_named_as_such() {
+        for bad in ["nonsense", "mysql://u:p@h/db"] {
+            let err = resolve(Some(bad), &env(&[])).unwrap_err();
+            assert!(err
+                .to_string()
+                .contains("expected a postgres:// or postgresql:// URL"));
+            assert!(!err.to_string().contains(":p@"));
+        }
     }
 
     #[test]

@@ -1071,7 +1071,6 @@ impl Campaign<'_> {
         warn!(
             target: "leaderrun::elector",
             term = term.number(),
-            cause = %Chain(cause),
             "background leader lock lost: {}",
             Chain(cause)
         );

@@ -15,8 +15,12 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
         }
         _ => EnvFilter::new(level.as_str()),
     };
+    // A log line that cannot be written (stderr closed, a pipe whose reader left) is dropped:
+    // tracing-subscriber would otherwise report it with eprintln!, which panics on that same
+    // broken stderr and would abort a leader mid-term.
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_target(false)
         .with_env_filter(filter);
     let _ = if json {

@@ -107,6 +107,7 @@ pub fn main(cli: Cli, signals: SignalStream) -> Exit {
             return Exit::Code(err.exit_code());
         }
     };
+    child::kill_on_panic();
     // Decided before anything is spawned: only a leaderrun that owns the terminal's foreground
     // at start hands it to its children.
     let terminal = Terminal::claim();

@@ -218,6 +218,12 @@ impl Report {
     }
 }
 
+/// Writes to stdout; a closed stdout (`| head`) is not an error worth a panic.
+fn out(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
 fn runtime() -> Option<tokio::runtime::Runtime> {
     match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -249,12 +255,10 @@ pub fn status_main(
     match result {
         Ok(report) => {
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&report).unwrap_or_else(|_| "{}".to_owned())
-                );
+                let json = serde_json::to_string(&report).unwrap_or_else(|_| "{}".to_owned());
+                out(&format!("{json}\n"));
             } else {
-                print!("{}", report.table());
+                out(&report.table());
             }
             u8::from(report.leader.is_none())
         }
@@ -520,25 +524,25 @@ pub fn doctor_main(connect_config: &tokio_postgres::Config, lock: LockKey, bound
     match result {
         Ok(findings) => {
             for f in &findings {
-                println!(
-                    "{:<4}  {:<12}  {}",
+                out(&format!(
+                    "{:<4}  {:<12}  {}\n",
                     if f.ok { "ok" } else { "FAIL" },
                     f.check,
                     f.detail
-                );
+                ));
                 if let Some(hint) = &f.hint {
-                    println!("{:<4}  {:<12}  hint: {hint}", "", "");
+                    out(&format!("{:<4}  {:<12}  hint: {hint}\n", "", ""));
                 }
             }
             u8::from(findings.iter().any(|f| !f.ok))
         }
         Err(err) => {
-            println!("FAIL  connect       {}", Chain(&err));
-            println!(
+            out(&format!("FAIL  connect       {}\n", Chain(&err)));
+            out(&format!(
                 "      {:<12}  hint: check the DSN, PG* variables and pg_hba.conf; \
-                 leaderrun connects exactly like this",
+                 leaderrun connects exactly like this\n",
                 ""
-            );
+            ));
             EXIT_FAILURE
         }
     }

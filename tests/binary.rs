@@ -287,6 +287,9 @@ fn usage_errors_exit_125_without_a_backtrace() {
         &["--stop-signal", "NOPE", "--", "true"],
         &["--frobnicate", "--", "true"],
         &["--dsn", "postgres://u:hunter2@h:notaport/db", "--", "true"],
+        &["--dsn", "mysql://u:hunter2@h/db", "--", "true"],
+        &["--stop-signal", "STOP", "--", "true"],
+        &["--check-interval", "1000h", "--", "true"],
     ];
     for args in cases {
         let out = leaderrun().args(*args).output().expect("run leaderrun");
@@ -296,6 +299,11 @@ fn usage_errors_exit_125_without_a_backtrace() {
         assert!(!stderr.contains("hunter2"), "{args:?}: {stderr}");
         assert!(!stderr.trim().is_empty(), "{args:?}: no message");
     }
+    let out = leaderrun()
+        .args(["--check-interval", "-1s", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must not be negative"));
     let out = leaderrun().arg("--help").output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("--check-interval"));
@@ -306,6 +314,13 @@ fn missing_or_unexecutable_command_exits_at_once() {
     let scratch = Scratch::new();
     let plain = scratch.file("plain.txt");
     std::fs::write(&plain, "not a program").unwrap();
+    let bad_interpreter = scratch.child_script("bad.sh", "exit 0");
+    let text = std::fs::read_to_string(&bad_interpreter).unwrap();
+    std::fs::write(
+        &bad_interpreter,
+        text.replace("#!/bin/sh", "#!/nonexistent/interp"),
+    )
+    .unwrap();
     // Nothing listens on this port: the checks must happen before any connection attempt.
     let dsn = "host=127.0.0.1 port=1 user=postgres connect_timeout=30";
     let cases = [
@@ -313,6 +328,7 @@ fn missing_or_unexecutable_command_exits_at_once() {
         ("./no/such/file", 127),
         (plain.to_str().unwrap(), 126),
         (scratch.path().to_str().unwrap(), 126),
+        (bad_interpreter.to_str().unwrap(), 127),
     ];
     for (command, code) in cases {
         let started = Instant::now();
@@ -508,4 +524,50 @@ fn stop_signal_and_forwarded_signals_reach_the_child() {
     // The same process leads again and starts COMMAND afresh.
     let second = scratch.wait_starts(2, secs(5.0))[1].clone();
     assert_eq!((second.ppid, second.term), (replica.pid(), 2));
+}
+
+#[test]
+fn a_broken_stderr_never_aborts_a_leader() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "sleep 600 & echo \"bg $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &cluster.dsn(),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+    ])
+    .args(["--check-interval", INTERVAL, "--", script.to_str().unwrap()])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let mut leader = cmd.spawn().unwrap();
+    // The reader goes away: every later log line meets EPIPE.
+    drop(leader.stderr.take());
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let background: i32 = wait_for("background pid", secs(5.0), || {
+        scratch
+            .events()
+            .iter()
+            .find_map(|l| l.strip_prefix("bg ").map(|p| p.parse().unwrap()))
+    });
+    // Demotion logs a WARN line: it must still stop the whole group and go on campaigning.
+    cluster.terminate_backend(start.backend_pid);
+    wait_for("the group to stop", secs(3.0), || {
+        (!alive(start.pid) && !alive(background)).then_some(())
+    });
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    assert_eq!(second.term, 2);
+    assert!(leader.try_wait().unwrap().is_none(), "leaderrun died");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(leader.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = leader.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
 }
