@@ -466,6 +466,7 @@ impl Elector {
             shared: &self.shared,
             session: None,
             term: None,
+            safe_until: None,
             finished: false,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
@@ -528,7 +529,7 @@ impl ElectorMetrics {
                 Opts::new(
                     "leaderrun_demotions_total",
                     "Demotions by cause: session_closed, timeout, check_failed, lock_not_held, \
-                     backend_changed, in_recovery, abandoned.",
+                     backend_changed, in_recovery, safe_window_passed, abandoned.",
                 ),
                 &["cause"],
             )?,
@@ -553,6 +554,7 @@ fn demotion_cause(err: &Error) -> &'static str {
         Error::LockNotHeld { .. } => "lock_not_held",
         Error::BackendChanged { .. } => "backend_changed",
         Error::InRecovery { .. } => "in_recovery",
+        Error::SafeWindowPassed { .. } => "safe_window_passed",
         e if e.is_closed() => "session_closed",
         _ => "check_failed",
     }
@@ -769,11 +771,30 @@ async fn session_closed(session: &mut Option<Session>) -> Option<tokio_postgres:
     }
 }
 
+/// Reads CLOCK_BOOTTIME: monotonic, and it keeps running while the machine sleeps
+/// (FIELD-NOTES PostgreSQL 6), unlike tokio's clock.
+pub fn boottime() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// How one check phase of the campaign ended.
+enum Phase {
+    Checked,
+    Unsafe,
+    Cancelled,
+}
+
 /// One call of [`Elector::run`]: the state that must be cleaned up however the call ends.
 struct Campaign<'a> {
     shared: &'a Shared,
     session: Option<Session>,
     term: Option<Term>,
+    /// End of the leader's safe window, on [`boottime`]: the send time of the last check that
+    /// proved the lock (or of the grant) plus 2 check intervals. Past it the server may already
+    /// have given the lock away (contract §8), so the leader demotes without asking.
+    safe_until: Option<Duration>,
     /// Set when `run` returns normally; a `Campaign` dropped without it was unwound by a panic
     /// or dropped mid-await.
     finished: bool,
@@ -792,26 +813,71 @@ impl Campaign<'_> {
         let interval = self.shared.config.effective_check_interval();
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Compares the safe window with CLOCK_BOOTTIME often, so a resume after a suspend or a
+        // SIGSTOP is noticed even before the (monotonic) check timer fires.
+        let mut safety = tokio::time::interval(
+            (interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(250)),
+        );
+        safety.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return,
+                _ = safety.tick() => {
+                    if self.window_passed() {
+                        self.demote_unsafe();
+                        ticker.reset();
+                    }
+                    continue;
+                }
                 closed = session_closed(&mut self.session) => {
+                    let led = self.term.is_some();
                     self.on_session_closed(closed);
+                    if led {
+                        ticker.reset();
+                    }
                     continue;
                 }
                 _ = ticker.tick() => {}
             }
-            let check = async {
-                if self.term.is_some() {
-                    self.verify().await;
-                } else {
-                    self.try_acquire().await;
+            let leading = self.term.is_some();
+            let safe_until = self.safe_until;
+            let phase = {
+                let check = async {
+                    if self.term.is_some() {
+                        self.verify().await;
+                    } else {
+                        self.try_acquire().await;
+                    }
+                };
+                tokio::pin!(check);
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break Phase::Cancelled,
+                        _ = safety.tick(), if leading => {
+                            if safe_until.is_some_and(|until| boottime() > until) {
+                                break Phase::Unsafe;
+                            }
+                        }
+                        () = &mut check => break Phase::Checked,
+                    }
                 }
             };
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => {
+            match phase {
+                Phase::Checked => {
+                    if leading && self.term.is_none() {
+                        // Demoted: the next try is one full interval away, which gives the
+                        // child's stop a head start on any new round trip.
+                        ticker.reset();
+                    }
+                }
+                Phase::Unsafe => {
+                    // The check in flight is abandoned with its session (demote closes it).
+                    self.demote_unsafe();
+                    ticker.reset();
+                }
+                Phase::Cancelled => {
                     // A try that was in flight may have been granted on the server: a standby
                     // drops its session (closing it frees any such grant). A leader keeps its
                     // session so that `resign` can unlock it.
@@ -820,9 +886,24 @@ impl Campaign<'_> {
                     }
                     return;
                 }
-                () = check => {}
             }
         }
+    }
+
+    /// Whether the leader's safe window (2 check intervals from the send time of its last good
+    /// check, on CLOCK_BOOTTIME) has passed.
+    fn window_passed(&self) -> bool {
+        self.term.is_some() && self.safe_until.is_some_and(|until| boottime() > until)
+    }
+
+    /// Demotes because the safe window passed, without a round trip.
+    fn demote_unsafe(&mut self) {
+        let Some(until) = self.safe_until else {
+            return;
+        };
+        let window = self.shared.config.effective_check_interval() * 2;
+        let since = boottime().saturating_sub(until) + window;
+        self.demote(&Error::SafeWindowPassed { since });
     }
 
     fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
@@ -836,7 +917,12 @@ impl Campaign<'_> {
 
     async fn try_acquire(&mut self) {
         let started = Instant::now();
+        let sent = boottime();
         match self.try_acquire_inner().await {
+            Ok(CheckOutcome::Granted) => {
+                self.safe_until = Some(sent + self.shared.config.effective_check_interval() * 2);
+                self.record(CheckOutcome::Granted, started, None);
+            }
             Ok(outcome) => self.record(outcome, started, None),
             Err(err @ Error::InRecovery { .. }) => {
                 error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
@@ -1010,6 +1096,12 @@ impl Campaign<'_> {
         let Some(statement) = session.check.as_ref() else {
             return;
         };
+        // After a suspend or a SIGSTOP: no round trip once the safe window has passed.
+        if self.window_passed() {
+            self.demote_unsafe();
+            return;
+        }
+        let sent = boottime();
         let config = &self.shared.config;
         let bound = config.effective_check_interval().min(config.io_bound());
         let lock = config.lock;
@@ -1043,6 +1135,7 @@ impl Campaign<'_> {
             });
         match result {
             Ok(()) => {
+                self.safe_until = Some(sent + config.effective_check_interval() * 2);
                 self.record(CheckOutcome::Verified, started, None);
                 debug!(target: "leaderrun::elector", latency_ms = started.elapsed().as_millis() as u64, "leader check ok");
             }
@@ -1079,6 +1172,7 @@ impl Campaign<'_> {
     /// Ends the current term, if any: IsLeader false, gauge 0, standby placeholder published.
     fn end_term(&mut self, cause: TermEnd) -> Option<Term> {
         let term = self.term.take()?;
+        self.safe_until = None;
         self.shared.leader.store(false, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(0);

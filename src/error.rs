@@ -84,6 +84,18 @@ pub enum Error {
         now: i32,
     },
 
+    /// No check has proved the lock for 2 check intervals (a partition, a stuck check, or the
+    /// process was suspended): the server may already have given the lock away (contract §8).
+    #[error(
+        "no check has proved the lock for {} (more than 2 check intervals): \
+         the server may have given it away",
+        humantime::format_duration(Duration::from_millis(since.as_millis() as u64))
+    )]
+    SafeWindowPassed {
+        /// Time since the send time of the last good check.
+        since: Duration,
+    },
+
     /// The server is a hot standby: it grants advisory locks of its own, which would make a
     /// second leader (contract §8, FIELD-NOTES PostgreSQL 7).
     #[error("server {server} is in recovery (a hot standby); refusing to lead on it")]

@@ -9,4 +9,5 @@ mod docs;
 mod election;
 mod modes;
 mod operate;
+mod safety;
 mod terminal;

@@ -264,6 +264,11 @@ impl Cluster {
         self.dir.path()
     }
 
+    /// The server's TCP address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     /// Keyword/value DSN over TCP as the `postgres` superuser.
     pub fn dsn(&self) -> String {
         format!(

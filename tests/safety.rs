@@ -1,0 +1,134 @@
+//! Contract §8 with real components: partitions through a TCP proxy, a paused leaderrun,
+//! fencing tokens over forced terms.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::proxy::Proxy;
+use crate::support::{alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// Child script that records `began PID NS` and, on TERM, `ended PID NS`.
+const TIMED_CHILD: &str = "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+     trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
+     while :; do sleep 0.02; done";
+
+fn stamp(scratch: &Scratch, what: &str, pid: i32) -> Option<f64> {
+    let prefix = format!("{what} {pid} ");
+    scratch.events().iter().find_map(|l| {
+        l.strip_prefix(&prefix)
+            .and_then(|ns| ns.trim().parse::<f64>().ok())
+            .map(|ns| ns / 1e9)
+    })
+}
+
+fn through_proxy(
+    cluster: &Cluster,
+    proxy: &Proxy,
+    id: i32,
+    interval: &str,
+    script: &str,
+) -> Replica {
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            proxy.port()
+        ),
+    ])
+    .args([
+        "--lock-id",
+        &id.to_string(),
+        "--check-interval",
+        interval,
+        "--",
+        script,
+    ]);
+    let _ = cluster;
+    Replica::spawn(cmd)
+}
+
+#[test]
+fn a_partitioned_leaders_child_is_dead_before_the_standby_starts() {
+    let cluster = Cluster::shared();
+    let proxy = Proxy::start(cluster.addr());
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", TIMED_CHILD);
+    let script = script.to_str().unwrap();
+    let leader = through_proxy(cluster, &proxy, id, "300ms", script);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.ppid, leader.pid());
+    let _standby = Replica::start(cluster, id, "300ms", &["--", script]);
+    proxy.blackhole();
+    let cut_at = Instant::now();
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    let took = cut_at.elapsed();
+    assert_ne!(second.ppid, first.ppid);
+    // The server frees the lock only after idle_session_timeout (4 × 300 ms) …
+    assert!(took >= secs(0.8), "the lock moved after {took:?}");
+    // … and the standby leads within that plus one interval and some slack.
+    assert!(took < secs(3.0), "the standby took {took:?}");
+    let ended = stamp(&scratch, "ended", first.pid).expect("the old child got TERM");
+    let began = wait_for("the new child's start stamp", secs(2.0), || {
+        stamp(&scratch, "began", second.pid)
+    });
+    assert!(
+        ended < began,
+        "overlap: old child ended at {ended:.3}, new began at {began:.3}"
+    );
+    assert!(!alive(first.pid));
+    leader.wait_log("background leader lock lost", 1, secs(1.0));
+}
+
+#[test]
+fn a_resumed_leader_stops_its_child_before_any_round_trip() {
+    let cluster = Cluster::shared();
+    let proxy = Proxy::start(cluster.addr());
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    // A long interval: a check that had to time out would take a whole second.
+    let leader = through_proxy(cluster, &proxy, id, "1s", script);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _standby = Replica::start(cluster, id, "200ms", &["--", script]);
+    leader.signal(Signal::SIGSTOP);
+    // The server ends the paused leader's idle session (4 s) and the standby takes over.
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, first.ppid);
+    // Nothing the resumed leader sends will be answered now.
+    proxy.blackhole();
+    assert!(alive(first.pid), "the paused leader's child still runs");
+    leader.signal(Signal::SIGCONT);
+    let resumed = Instant::now();
+    wait_for("the resumed leader to stop its child", secs(1.0), || {
+        (!alive(first.pid)).then_some(())
+    });
+    assert!(resumed.elapsed() < secs(0.9), "{:?}", resumed.elapsed());
+    leader.wait_log("no check has proved the lock for", 1, secs(1.0));
+}
+
+#[test]
+fn fencing_tokens_increase_over_forced_terms() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let _replicas: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, "200ms", &["--", script]))
+        .collect();
+    for round in 1..=4 {
+        let start = scratch.wait_starts(round, secs(10.0))[round - 1].clone();
+        cluster.terminate_backend(start.backend_pid);
+    }
+    let starts = scratch.wait_starts(5, secs(10.0));
+    let tokens: Vec<i64> = starts.iter().map(|s| s.fencing_token).collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
