@@ -365,6 +365,8 @@ impl Elector {
             Some(registry) => Some(shared_metrics(registry)?),
             None => None,
         };
+        let mut config = config;
+        pin_client_timers(&mut config);
         let (current, _) = watch::channel(Term::standby());
         let (checks, _) = watch::channel(Checks::default());
         Ok(Elector {
@@ -560,6 +562,42 @@ fn demotion_cause(err: &Error) -> &'static str {
     }
 }
 
+/// Client-side TCP timers (FIELD-NOTES PostgreSQL 5): keepalives so a vanished server is
+/// noticed between checks, and `TCP_USER_TIMEOUT` so a check stuck in retransmission fails
+/// within 2 check intervals instead of the kernel's minutes.
+fn pin_client_timers(config: &mut Config) {
+    let interval = config.effective_check_interval();
+    let second = Duration::from_secs(1);
+    config
+        .connect
+        .keepalives(true)
+        .keepalives_idle(interval.max(second))
+        .keepalives_interval((interval / 2).max(second))
+        .keepalives_retries(3)
+        .tcp_user_timeout(interval * 2);
+}
+
+/// The server-side timers pinned on every session right after connect (FIELD-NOTES
+/// PostgreSQL 5): role or database defaults may differ, so they are set with `set_config` and
+/// read back. Values are in the GUCs' base units (ms, or s for the keepalives).
+fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
+    let ms = |d: Duration| d.as_millis().max(1).to_string();
+    let secs = |d: Duration| d.as_secs_f64().ceil().max(1.0).to_string();
+    let bound = config.io_bound();
+    let idle = config.effective_idle_session_timeout();
+    vec![
+        ("statement_timeout", ms(bound)),
+        ("lock_timeout", ms(bound)),
+        ("idle_in_transaction_session_timeout", ms(idle)),
+        // The server's own fallback for a vanished client (and the only bound before
+        // PostgreSQL 14): about idle_session_timeout in all.
+        ("tcp_keepalives_idle", secs(idle / 2)),
+        ("tcp_keepalives_interval", secs(idle / 8)),
+        ("tcp_keepalives_count", "4".to_owned()),
+        ("tcp_user_timeout", ms(idle)),
+    ]
+}
+
 /// Finds the election metrics already registered on `registry`, or registers new ones.
 ///
 /// prometheus' `AlreadyReg` does not hand back the existing collector (Go's does), so electors
@@ -695,6 +733,7 @@ impl Session {
             .bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
             .await?;
         session.backend_pid = row.get(0);
+        session.pin_timers(config, bound).await?;
         // One round trip: a hot standby grants advisory locks of its own, so never even try
         // there (FIELD-NOTES PostgreSQL 7). NULL means "in recovery".
         session.try_lock = Some(
@@ -708,6 +747,57 @@ impl Session {
                 .await?,
         );
         Ok(session)
+    }
+
+    /// Sets [`server_timers`] and reads them back from `pg_settings`; a value the server did
+    /// not take is logged at WARN (the TCP ones only matter, and only stick, over TCP).
+    async fn pin_timers(&self, config: &Config, bound: Duration) -> Result<(), Error> {
+        let timers = server_timers(config);
+        let names: Vec<&str> = timers.iter().map(|(n, _)| *n).collect();
+        let values: Vec<&str> = timers.iter().map(|(_, v)| v.as_str()).collect();
+        let Some(client) = self.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
+        let set = "SELECT set_config(w.name, w.value, false) \
+                   FROM unnest($1::text[], $2::text[]) AS w(name, value)";
+        let read = "SELECT name, setting, inet_server_addr() IS NULL \
+                    FROM pg_settings WHERE name = ANY($1::text[])";
+        let both = async {
+            client.query(set, &[&names, &values]).await?;
+            client.query(read, &[&names]).await
+        };
+        let rows = match timeout(bound, both).await {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(source)) => {
+                return Err(Error::Query {
+                    what: "pin session timers",
+                    source,
+                })
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    what: "pin session timers",
+                    after: bound,
+                })
+            }
+        };
+        for row in rows {
+            let name: String = row.get(0);
+            let setting: String = row.get(1);
+            let unix_socket: bool = row.get(2);
+            if unix_socket && name.starts_with("tcp_") {
+                continue;
+            }
+            let wanted = timers.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
+            if wanted.is_some_and(|w| *w != setting) {
+                warn!(
+                    target: "leaderrun::elector",
+                    "leader: the server did not take {name} = {} (it has {setting})",
+                    wanted.map(String::as_str).unwrap_or_default()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Prepares a statement, bounded by `bound`.
