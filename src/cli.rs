@@ -426,6 +426,8 @@ pub enum Mode {
 pub struct Settings {
     /// Resolved connection settings.
     pub connect: tokio_postgres::Config,
+    /// `sslmode` and certificates.
+    pub tls: crate::tls::TlsSettings,
     /// The advisory lock key.
     pub lock: LockKey,
     /// Check interval (never zero).
@@ -551,10 +553,11 @@ impl Cli {
         &self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, crate::conninfo::ConnInfoError> {
-        let connect = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
+        let resolved = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
         let grace = self.grace.unwrap_or(self.check_interval);
         Ok(Settings {
-            connect,
+            connect: resolved.config,
+            tls: resolved.tls,
             lock: self.lock(),
             check_interval: self.check_interval,
             grace,

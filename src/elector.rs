@@ -46,6 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument};
 
 use crate::error::{Chain, Error};
+use crate::tls::TlsSettings;
 
 /// Default lock class: `1886156915` = `0x706C7873`, ASCII `plxs` (the seed's leader lock).
 pub const DEFAULT_LOCK_CLASS: i32 = 1_886_156_915;
@@ -94,6 +95,9 @@ pub struct Config {
     /// seed's pool). Its `connect_timeout`, when set, bounds connecting and every standby
     /// statement; otherwise the check interval does (contract §8).
     pub connect: tokio_postgres::Config,
+    /// TLS: libpq's `sslmode` (including `verify-ca`/`verify-full`) and certificates. Default:
+    /// `prefer`, as libpq.
+    pub tls: TlsSettings,
     /// The advisory lock key; default [`LockKey::default`], the seed's `(1886156915, 1)`.
     pub lock: LockKey,
     /// How often a standby tries the lock and the leader verifies it, and how long the leader's
@@ -120,6 +124,7 @@ impl Config {
     pub fn new(connect: tokio_postgres::Config) -> Self {
         Config {
             connect,
+            tls: TlsSettings::default(),
             lock: LockKey::default(),
             check_interval: DEFAULT_CHECK_INTERVAL,
             idle_session_timeout: None,
@@ -669,17 +674,46 @@ pub type Connected = (
     JoinHandle<()>,
 );
 
-/// Connects with `config`, bounded by `bound`; the connection is driven on its own task.
-/// `target` is the redacted description used in errors.
+/// Connects with `config` and `tls`, bounded by `bound`; the connection is driven on its own
+/// task. `target` is the redacted description used in errors.
 ///
 /// # Errors
-/// [`Error::Connect`] when the server refuses or authentication fails; [`Error::Timeout`].
+/// [`Error::Connect`] when the server refuses, TLS verification fails or authentication
+/// fails; [`Error::Tls`] when the TLS settings cannot be used; [`Error::Timeout`].
 pub async fn connect(
     config: &tokio_postgres::Config,
+    tls: &TlsSettings,
     target: &str,
     bound: Duration,
 ) -> Result<Connected, Error> {
-    let (client, connection) = match timeout(bound, config.connect(NoTls)).await {
+    let mut config = config.clone();
+    config.ssl_mode(tls.driver_mode());
+    if tls.enabled() {
+        let connector = tls.connector().map_err(Error::Tls)?;
+        drive(
+            timeout(bound, config.connect(connector)).await,
+            target,
+            bound,
+        )
+    } else {
+        drive(timeout(bound, config.connect(NoTls)).await, target, bound)
+    }
+}
+
+/// Spawns the connection future of a finished connect.
+fn drive<S, T>(
+    connected: Result<
+        Result<(Client, tokio_postgres::Connection<S, T>), tokio_postgres::Error>,
+        tokio::time::error::Elapsed,
+    >,
+    target: &str,
+    bound: Duration,
+) -> Result<Connected, Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (client, connection) = match connected {
         Ok(Ok(pair)) => pair,
         Ok(Err(source)) => {
             return Err(Error::Connect {
@@ -720,7 +754,7 @@ struct Session {
 impl Session {
     async fn open(config: &Config, target: &str) -> Result<Session, Error> {
         let bound = config.io_bound();
-        let (client, closed, task) = connect(&config.connect, target, bound).await?;
+        let (client, closed, task) = connect(&config.connect, &config.tls, target, bound).await?;
         let mut session = Session {
             client: Some(client),
             backend_pid: 0,

@@ -36,6 +36,10 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// The TLS settings cannot be used (a certificate file missing or malformed).
+    #[error("TLS settings")]
+    Tls(#[source] crate::tls::TlsError),
+
     /// A statement failed on the server or the connection broke while it ran.
     #[error("{what}")]
     Query {

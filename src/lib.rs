@@ -49,6 +49,7 @@ pub mod runner;
 pub mod signals;
 pub mod status;
 pub mod terminal;
+pub mod tls;
 
 pub use elector::{CheckOutcome, Checks, Config, Done, Elector, Lease, LockKey, Term, TermEnd};
 pub use error::{Chain, Error};

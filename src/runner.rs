@@ -84,6 +84,7 @@ pub fn main(cli: Cli, signals: SignalStream) -> Exit {
         Some(Action::Status { json }) => {
             return Exit::Code(crate::status::status_main(
                 &settings.connect,
+                &settings.tls,
                 settings.lock,
                 bound,
                 json,
@@ -92,6 +93,7 @@ pub fn main(cli: Cli, signals: SignalStream) -> Exit {
         Some(Action::Doctor) => {
             return Exit::Code(crate::status::doctor_main(
                 &settings.connect,
+                &settings.tls,
                 settings.lock,
                 bound,
             ))
@@ -130,6 +132,7 @@ pub fn main(cli: Cli, signals: SignalStream) -> Exit {
 /// The elector configuration for `settings`.
 pub fn elector_config(settings: &Settings) -> Config {
     let mut config = Config::new(settings.connect.clone());
+    config.tls = settings.tls.clone();
     config.lock = settings.lock;
     config.check_interval = settings.check_interval;
     config.idle_session_timeout = Some(settings.idle_session_timeout);

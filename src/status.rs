@@ -240,6 +240,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 /// `leaderrun status`: prints the report; exit 0 with a leader, 1 without, 125 on error.
 pub fn status_main(
     connect_config: &tokio_postgres::Config,
+    tls: &crate::tls::TlsSettings,
     lock: LockKey,
     bound: Duration,
     json: bool,
@@ -249,7 +250,7 @@ pub fn status_main(
     };
     let server = describe(connect_config);
     let result = rt.block_on(async {
-        let (client, _closed, _task) = connect(connect_config, &server, bound).await?;
+        let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
         report(&client, &server, lock, bound).await
     });
     match result {
@@ -505,7 +506,12 @@ pub async fn findings(
 
 /// `leaderrun doctor`: prints each finding; exit 0 when all hold, 1 when one fails, 125 when
 /// it cannot connect.
-pub fn doctor_main(connect_config: &tokio_postgres::Config, lock: LockKey, bound: Duration) -> u8 {
+pub fn doctor_main(
+    connect_config: &tokio_postgres::Config,
+    tls: &crate::tls::TlsSettings,
+    lock: LockKey,
+    bound: Duration,
+) -> u8 {
     let Some(rt) = runtime() else {
         return EXIT_FAILURE;
     };
@@ -517,8 +523,8 @@ pub fn doctor_main(connect_config: &tokio_postgres::Config, lock: LockKey, bound
         lock.id
     ));
     let result = rt.block_on(async {
-        let (a, _ca, _ta) = connect(connect_config, &server, bound).await?;
-        let (b, _cb, _tb) = connect(connect_config, &server, bound).await?;
+        let (a, _ca, _ta) = connect(connect_config, tls, &server, bound).await?;
+        let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;
         Ok::<_, Error>(findings(&a, &b, &server, lock, scratch, bound).await)
     });
     match result {

@@ -1,0 +1,382 @@
+//! TLS for the election's sessions: rustls with the `ring` provider, plugged into
+//! tokio-postgres, with libpq's `sslmode` semantics (contract §1).
+//!
+//! | sslmode | encrypted | server certificate checked |
+//! |---|---|---|
+//! | `disable` | no | — |
+//! | `prefer` | if the server offers it | no |
+//! | `require` | yes | no; with `sslrootcert` given, like `verify-ca` (libpq) |
+//! | `verify-ca` | yes | chain to the root (`sslrootcert`, else the system's roots) |
+//! | `verify-full` | yes | chain, and the host name or IP the client connected to |
+//!
+//! `sslcert`/`sslkey` give a client certificate (PEM). A failed verification fails the
+//! connect with rustls' reason in the error chain.
+
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
+
+/// libpq's `sslmode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SslMode {
+    /// No TLS.
+    Disable,
+    /// TLS when the server offers it, unverified (libpq's default).
+    #[default]
+    Prefer,
+    /// TLS, unverified unless a root certificate is named.
+    Require,
+    /// TLS, chain verified.
+    VerifyCa,
+    /// TLS, chain and host name verified.
+    VerifyFull,
+}
+
+impl std::str::FromStr for SslMode {
+    type Err = String;
+    fn from_str(text: &str) -> Result<SslMode, String> {
+        Ok(match text {
+            "disable" => SslMode::Disable,
+            // libpq's `allow` tries plaintext first; TLS-when-offered is the closer safe match.
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => return Err(format!("invalid sslmode {other:?}")),
+        })
+    }
+}
+
+/// The TLS part of the connection settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// `sslmode`.
+    pub mode: SslMode,
+    /// `sslrootcert`: PEM file of trusted roots; `None` means the system's roots.
+    pub root_cert: Option<PathBuf>,
+    /// `sslcert`: PEM client certificate chain.
+    pub client_cert: Option<PathBuf>,
+    /// `sslkey`: PEM private key of the client certificate.
+    pub client_key: Option<PathBuf>,
+}
+
+/// Why a TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// A certificate or key file could not be read or parsed.
+    #[error("cannot read {what} {path}")]
+    File {
+        /// `sslrootcert`, `sslcert` or `sslkey`.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// rustls refused the configuration (e.g. a key that does not match the certificate).
+    #[error("invalid TLS configuration")]
+    Rustls(#[source] rustls::Error),
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read_pem_certs(
+    what: &'static str,
+    path: &PathBuf,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let file_err = |source: io::Error| TlsError::File {
+        what,
+        path: path.clone(),
+        source,
+    };
+    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_err(io::Error::other(e.to_string())))?
+        .collect();
+    let certs = certs.map_err(|e| file_err(io::Error::other(e.to_string())))?;
+    if certs.is_empty() {
+        return Err(file_err(io::Error::other("no PEM certificate in the file")));
+    }
+    Ok(certs)
+}
+
+impl TlsSettings {
+    /// Whether any TLS is attempted.
+    pub fn enabled(&self) -> bool {
+        self.mode != SslMode::Disable
+    }
+
+    /// The tokio-postgres `sslmode` that goes with this setting (verification is ours).
+    pub fn driver_mode(&self) -> tokio_postgres::config::SslMode {
+        match self.mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        }
+    }
+
+    /// Builds the connector.
+    ///
+    /// # Errors
+    /// [`TlsError`] when a named file cannot be read or rustls refuses the configuration.
+    pub fn connector(&self) -> Result<MakeRustlsConnect, TlsError> {
+        let provider = provider();
+        let verify = match (self.mode, &self.root_cert) {
+            (SslMode::VerifyFull, _) => Verify::Full,
+            (SslMode::VerifyCa, _) | (SslMode::Require, Some(_)) => Verify::Chain,
+            _ => Verify::Nothing,
+        };
+        let verifier: Arc<dyn ServerCertVerifier> = match verify {
+            Verify::Nothing => Arc::new(AcceptAny(provider.clone())),
+            Verify::Chain | Verify::Full => {
+                let mut roots = RootCertStore::empty();
+                match &self.root_cert {
+                    Some(path) => {
+                        for cert in read_pem_certs("sslrootcert", path)? {
+                            roots.add(cert).map_err(TlsError::Rustls)?;
+                        }
+                    }
+                    None => {
+                        for cert in rustls_native_certs::load_native_certs().certs {
+                            let _ = roots.add(cert);
+                        }
+                    }
+                }
+                let webpki =
+                    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                        .build()
+                        .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+                if verify == Verify::Full {
+                    webpki
+                } else {
+                    Arc::new(ChainOnly(webpki))
+                }
+            }
+        };
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::Rustls)?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let config = match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => {
+                let chain = read_pem_certs("sslcert", cert)?;
+                let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::File {
+                    what: "sslkey",
+                    path: key.clone(),
+                    source: io::Error::other(e.to_string()),
+                })?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(TlsError::Rustls)?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        Ok(MakeRustlsConnect {
+            config: Arc::new(config),
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verify {
+    Nothing,
+    Chain,
+    Full,
+}
+
+/// `sslmode=prefer|require` without a root: encrypt, trust any certificate (libpq's meaning).
+/// Handshake signatures are still checked.
+#[derive(Debug)]
+struct AcceptAny(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `sslmode=verify-ca`: the chain must lead to a trusted root; the name is not checked.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// tokio-postgres' TLS factory over rustls.
+#[derive(Clone)]
+pub struct MakeRustlsConnect {
+    config: Arc<ClientConfig>,
+}
+
+impl<S> MakeTlsConnect<S> for MakeRustlsConnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = RustlsStream<S>;
+    type TlsConnect = RustlsConnect;
+    type Error = rustls::pki_types::InvalidDnsNameError;
+
+    fn make_tls_connect(&mut self, host: &str) -> Result<RustlsConnect, Self::Error> {
+        let name = ServerName::try_from(host.to_owned())?;
+        Ok(RustlsConnect {
+            name,
+            connector: tokio_rustls::TlsConnector::from(self.config.clone()),
+        })
+    }
+}
+
+/// One connection's TLS handshake.
+pub struct RustlsConnect {
+    name: ServerName<'static>,
+    connector: tokio_rustls::TlsConnector,
+}
+
+impl<S> TlsConnect<S> for RustlsConnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = RustlsStream<S>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<RustlsStream<S>>> + Send>>;
+
+    fn connect(self, stream: S) -> Self::Future {
+        Box::pin(async move {
+            let stream = self.connector.connect(self.name, stream).await?;
+            Ok(RustlsStream(Box::new(stream)))
+        })
+    }
+}
+
+/// An encrypted stream. Channel binding is not offered (SCRAM works without it).
+pub struct RustlsStream<S>(Box<tokio_rustls::client::TlsStream<S>>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for RustlsStream<S> {
+    fn channel_binding(&self) -> ChannelBinding {
+        ChannelBinding::none()
+    }
+}
