@@ -532,19 +532,20 @@ fn build(
         }
     }
     if let Some(attrs) = take(&params, "target_session_attrs") {
-        let attrs =
-            match attrs.as_str() {
-                "any" => TargetSessionAttrs::Any,
-                "read-write" | "primary" => TargetSessionAttrs::ReadWrite,
-                "read-only" | "standby" => TargetSessionAttrs::ReadOnly,
-                other => return Err(value_err(
+        let attrs = match attrs.as_str() {
+            "any" => TargetSessionAttrs::Any,
+            "read-write" | "primary" => TargetSessionAttrs::ReadWrite,
+            "read-only" | "standby" => TargetSessionAttrs::ReadOnly,
+            other => {
+                return Err(value_err(
                     "target_session_attrs",
                     &params,
                     format!(
                         "{other:?} is not supported (any, read-write, primary, read-only, standby)"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         config.target_session_attrs(attrs);
     }
     if let Some(binding) = take(&params, "channel_binding") {

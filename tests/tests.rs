@@ -11,3 +11,4 @@ mod modes;
 mod operate;
 mod safety;
 mod terminal;
+mod tls;

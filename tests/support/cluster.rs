@@ -20,6 +20,19 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+/// Certificate files written by [`Cluster::enable_tls`] (the tests' user can read them).
+pub struct Certs {
+    dir: PathBuf,
+}
+
+impl Certs {
+    /// A file in the certificate directory: `ca.crt`, `other-ca.crt`, `client.crt`,
+    /// `client.key`, …
+    pub fn file(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+}
+
 /// A PostgreSQL server of the tests' own.
 pub struct Cluster {
     dir: tempfile::TempDir,
@@ -353,6 +366,104 @@ impl Cluster {
             });
         }
         *guard = Some(child);
+    }
+
+    /// Turns on TLS: writes a CA, a server certificate for `localhost`/127.0.0.1, a client
+    /// certificate for the role `certuser` (created here; it must present that certificate),
+    /// and an unrelated CA, then restarts.
+    pub fn enable_tls(&self) -> Certs {
+        let dir = self.dir.path().join("tls");
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ca = |name: &str| {
+            run(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={name}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.crt"),
+            ]);
+        };
+        ca("ca");
+        ca("other-ca");
+        let leaf = |name: &str, cn: &str, ext: &str| {
+            run(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={cn}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+            ]);
+            std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.crt"),
+            ]);
+        };
+        leaf(
+            "server",
+            "localhost",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        );
+        leaf("client", "certuser", "basicConstraints=CA:FALSE\n");
+        use std::os::unix::fs::PermissionsExt;
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            chown_to_server_user(&entry.path());
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        chown_to_server_user(&dir);
+        let conf = format!(
+            "\nssl = on\nssl_cert_file = '{0}/server.crt'\nssl_key_file = '{0}/server.key'\nssl_ca_file = '{0}/ca.crt'\n",
+            dir.display()
+        );
+        let mut pgconf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.data().join("postgresql.conf"))
+            .unwrap();
+        std::io::Write::write_all(&mut pgconf, conf.as_bytes()).unwrap();
+        let hba_path = self.data().join("pg_hba.conf");
+        let hba = std::fs::read_to_string(&hba_path).unwrap();
+        std::fs::write(&hba_path, format!("hostssl all certuser 127.0.0.1/32 cert\nhost all certuser 127.0.0.1/32 reject\n{hba}")).unwrap();
+        self.sql("CREATE ROLE certuser LOGIN SUPERUSER");
+        self.restart();
+        Certs { dir }
     }
 
     /// Fast shutdown (SIGINT: terminate sessions, checkpoint) and wait for the postmaster.
