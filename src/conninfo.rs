@@ -717,7 +717,8 @@ mod tests {
     /// psql's documented behaviour, one row per case: DSN, environment, expected description.
     #[test]
     fn resolution_table() {
-        let cases: &[(Option<&str>, &[(&str, &str)], &str)] = &[
+        type Case<'a> = (Option<&'a str>, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case] = &[
             (
                 Some("postgres://app@db.example:6543/plexsphere"),
                 &[],

@@ -700,15 +700,14 @@ pub async fn connect(
     }
 }
 
+/// What a connect bounded by a timeout yields.
+type Bounded<S, T> = Result<
+    Result<(Client, tokio_postgres::Connection<S, T>), tokio_postgres::Error>,
+    tokio::time::error::Elapsed,
+>;
+
 /// Spawns the connection future of a finished connect.
-fn drive<S, T>(
-    connected: Result<
-        Result<(Client, tokio_postgres::Connection<S, T>), tokio_postgres::Error>,
-        tokio::time::error::Elapsed,
-    >,
-    target: &str,
-    bound: Duration,
-) -> Result<Connected, Error>
+fn drive<S, T>(connected: Bounded<S, T>, target: &str, bound: Duration) -> Result<Connected, Error>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
