@@ -1051,6 +1051,22 @@ impl Campaign<'_> {
                 error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
+            Err(err @ Error::SharedBackend) => {
+                error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                // Closing the client does not end a pooled server session: give the lock back.
+                if let Some(session) = self.session.take() {
+                    let lock = self.shared.config.lock;
+                    let _ = session
+                        .bounded(
+                            "unlock",
+                            UNLOCK_BOUND,
+                            "SELECT pg_advisory_unlock($1, $2)",
+                            &[&lock.class, &lock.id],
+                        )
+                        .await;
+                }
+                self.record(CheckOutcome::Failed, started, Some(&err));
+            }
             Err(err) => {
                 // FIELD-NOTES PostgreSQL 3: whatever failed, the session may hold a grant we
                 // never saw; never reuse it.
@@ -1159,6 +1175,13 @@ impl Campaign<'_> {
             }
             Err(err) => return Err(err),
         }
+        // Behind a transaction-mode pooler two client sessions can share one server backend,
+        // and a session lock then excludes nothing. Prove exclusion once per grant with a
+        // second session (FIELD-NOTES PostgreSQL 8).
+        self.probe_exclusion().await?;
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
         let row = session
             .bounded(
                 "read fencing token",
@@ -1208,6 +1231,43 @@ impl Campaign<'_> {
             idle_session_timeout_ms = %idle_ms,
             "background leader lock acquired"
         );
+        Ok(())
+    }
+
+    /// Opens a second session and tries the lock this session was just granted: it must be
+    /// refused. Granted means both sessions reached one server backend (a transaction-mode
+    /// pooler); the probe's extra hold is released again.
+    async fn probe_exclusion(&self) -> Result<(), Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let lock = config.lock;
+        let (client, _closed, _task) =
+            connect(&config.connect, &config.tls, &self.shared.target, bound).await?;
+        // The simple protocol: no named prepared statement that a pooler could mix up; the
+        // key is two integers.
+        let try_sql = format!("SELECT pg_try_advisory_lock({}, {})", lock.class, lock.id);
+        let unlock_sql = format!("SELECT pg_advisory_unlock({}, {})", lock.class, lock.id);
+        let granted = match timeout(bound, client.simple_query(&try_sql)).await {
+            Ok(Ok(messages)) => messages.iter().any(|m| {
+                matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
+            }),
+            Ok(Err(source)) => {
+                return Err(Error::Query {
+                    what: "probe exclusion",
+                    source,
+                })
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    what: "probe exclusion",
+                    after: bound,
+                })
+            }
+        };
+        if granted {
+            let _ = timeout(bound, client.simple_query(&unlock_sql)).await;
+            return Err(Error::SharedBackend);
+        }
         Ok(())
     }
 

@@ -100,6 +100,15 @@ pub enum Error {
         since: Duration,
     },
 
+    /// A second session was granted the lock this session holds: both reached one server
+    /// backend, as behind a transaction-mode pooler (FIELD-NOTES PostgreSQL 8).
+    #[error(
+        "a second session was granted the lock this session holds, so both share one server \
+         backend: a transaction-mode connection pooler (e.g. PgBouncer pool_mode=transaction) \
+         cannot carry a session advisory lock; connect directly or through a session-mode pooler"
+    )]
+    SharedBackend,
+
     /// The server is a hot standby: it grants advisory locks of its own, which would make a
     /// second leader (contract §8, FIELD-NOTES PostgreSQL 7).
     #[error("server {server} is in recovery (a hot standby); refusing to lead on it")]

@@ -200,3 +200,51 @@ fn session_timers_are_pinned_whatever_the_role_defaults() {
     replica.signal(Signal::SIGCONT);
     assert!(!replica.log().contains("did not take"), "{}", replica.log());
 }
+
+#[test]
+fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
+    use crate::support::pooler::Bouncer;
+    let cluster = Cluster::start_private();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let through = |bouncer: &Bouncer, id: i32| {
+        let mut cmd = leaderrun();
+        cmd.args(["-v", "--dsn", &bouncer.dsn(), "--lock-id", &id.to_string()])
+            .args(["--check-interval", "200ms", "--", script]);
+        Replica::spawn(cmd)
+    };
+
+    let transaction = Bouncer::start(&cluster, "transaction", 1);
+    let id = unique_lock_id();
+    let refused = through(&transaction, id);
+    refused.wait_log(
+        "ERROR leader: a second session was granted the lock",
+        2,
+        secs(10.0),
+    );
+    assert!(refused.log().contains("transaction-mode connection pooler"));
+    assert!(
+        scratch.starts().is_empty(),
+        "no child behind a transaction pooler"
+    );
+    assert!(
+        cluster.lock_holders(crate::support::CLASS, id).is_empty(),
+        "the lock was given back"
+    );
+    drop(refused);
+
+    let session = Bouncer::start(&cluster, "session", 10);
+    let id = unique_lock_id();
+    let replicas: Vec<Replica> = (0..2).map(|_| through(&session, id)).collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(
+        cluster.lock_holders(crate::support::CLASS, id),
+        vec![first.backend_pid]
+    );
+    let standby = replicas.iter().find(|r| r.pid() != first.ppid).unwrap();
+    assert!(!standby.log().contains("ERROR"), "{}", standby.log());
+    // Still exactly one child after the standby has been refused a few times.
+    standby.wait_log("lock held by another session", 3, secs(5.0));
+    assert_eq!(scratch.starts().len(), 1);
+}

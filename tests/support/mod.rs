@@ -1,6 +1,7 @@
 //! Test support: a real PostgreSQL cluster, the real binary, and waits with deadlines.
 
 pub mod cluster;
+pub mod pooler;
 pub mod proxy;
 
 use std::io::Read;
