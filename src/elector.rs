@@ -107,6 +107,12 @@ pub struct Config {
     /// value, 4 × check interval. The binary raises it to 3 × interval + grace when the grace
     /// is longer than one interval (contract §3). Rounded up to whole milliseconds.
     pub idle_session_timeout: Option<Duration>,
+    /// A standby waits for the lock in the server's queue (`pg_advisory_lock` bounded by
+    /// `lock_timeout` = one check interval) instead of trying it once per interval, so a
+    /// released lock, whether unlocked or freed by a dying session, is granted to a standby at
+    /// once. Still one session and about one statement per interval. `false` (the default)
+    /// is the seed's fixed-interval `pg_try_advisory_lock`.
+    pub wait_for_release: bool,
     /// Span the elector's events are emitted in: the seed's `Logger`. A tracing target must be
     /// a compile-time constant, so events always carry the target `leaderrun::elector`; give
     /// the span fields (a name, a replica id) to tell electors apart. Default: a disabled span.
@@ -128,6 +134,7 @@ impl Config {
             lock: LockKey::default(),
             check_interval: DEFAULT_CHECK_INTERVAL,
             idle_session_timeout: None,
+            wait_for_release: false,
             span: tracing::Span::none(),
             registry: None,
         }
@@ -591,8 +598,12 @@ fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     let bound = config.io_bound();
     let idle = config.effective_idle_session_timeout();
     vec![
-        ("statement_timeout", ms(bound)),
-        ("lock_timeout", ms(bound)),
+        // A waiting standby's statement lasts up to one interval (lock_timeout) by design.
+        (
+            "statement_timeout",
+            ms(bound + config.effective_check_interval()),
+        ),
+        ("lock_timeout", ms(config.effective_check_interval())),
         ("idle_in_transaction_session_timeout", ms(idle)),
         // The server's own fallback for a vanished client (and the only bound before
         // PostgreSQL 14): about idle_session_timeout in all.
@@ -769,14 +780,18 @@ impl Session {
         session.pin_timers(config, bound).await?;
         // One round trip: a hot standby grants advisory locks of its own, so never even try
         // there (FIELD-NOTES PostgreSQL 7). NULL means "in recovery".
+        // With `wait_for_release` the standby waits in the server's lock queue, bounded by
+        // `lock_timeout` (one interval): a released lock is granted to it at once.
+        let sql = if config.wait_for_release {
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
+             ELSE (SELECT true FROM (SELECT pg_advisory_lock($1, $2)) AS waited) END"
+        } else {
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
+             ELSE pg_try_advisory_lock($1, $2) END"
+        };
         session.try_lock = Some(
             session
-                .prepare(
-                    "prepare the lock statement",
-                    bound,
-                    "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
-                     ELSE pg_try_advisory_lock($1, $2) END",
-                )
+                .prepare("prepare the lock statement", bound, sql)
                 .await?,
         );
         Ok(session)
@@ -1123,14 +1138,32 @@ impl Campaign<'_> {
             return Ok(CheckOutcome::Failed);
         };
         let lock = config.lock;
-        let row = session
+        // A waiting try ends on the server (lock_timeout, one interval) before the client's
+        // bound; only a client-side timeout means "unknown outcome" (FIELD-NOTES PostgreSQL 3).
+        let bound = if config.wait_for_release {
+            config.effective_check_interval() + bound
+        } else {
+            bound
+        };
+        let row = match session
             .bounded(
                 "try advisory lock",
                 bound,
                 statement,
                 &[&lock.class, &lock.id],
             )
-            .await?;
+            .await
+        {
+            Err(Error::Query { source, .. })
+                if config.wait_for_release
+                    && source.code()
+                        == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+            {
+                debug!(target: "leaderrun::elector", lock = %lock, "lock held by another session for a whole interval; standing by");
+                return Ok(CheckOutcome::Refused);
+            }
+            other => other?,
+        };
         match row.get::<_, Option<bool>>(0) {
             None => Err(Error::InRecovery {
                 server: self.shared.target.clone(),

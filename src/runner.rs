@@ -136,6 +136,9 @@ pub fn elector_config(settings: &Settings) -> Config {
     config.lock = settings.lock;
     config.check_interval = settings.check_interval;
     config.idle_session_timeout = Some(settings.idle_session_timeout);
+    // Standbys wait in the lock queue, so a release reaches them at once (contract §8); a
+    // `--once` check must not wait.
+    config.wait_for_release = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
     config
 }
 

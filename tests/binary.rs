@@ -571,3 +571,54 @@ fn a_broken_stderr_never_aborts_a_leader() {
     let status = leader.wait().unwrap();
     assert_eq!(status.code(), Some(143));
 }
+
+#[test]
+fn a_release_reaches_a_waiting_standby_at_once_even_at_the_default_interval() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    // The default check interval, 5 s: without waiting in the lock queue a standby would need
+    // up to 5 s to notice.
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(cluster, id, "5s", &["--", script]))
+        .collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // Graceful: SIGTERM, the child stops, the lock is released, a standby is granted it.
+    let leader = leader_of(&mut replicas, &first);
+    leader.signal(Signal::SIGTERM);
+    leader.wait_exit(secs(10.0));
+    let released = Instant::now();
+    let second = scratch.wait_starts(2, secs(2.0))[1].clone();
+    assert!(
+        released.elapsed() < secs(1.0),
+        "graceful handover took {:?}",
+        released.elapsed()
+    );
+    // Sudden: kill -9, the server frees the lock when the socket closes.
+    let leader = leader_of(&mut replicas, &second);
+    leader.signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    let third = scratch.wait_starts(3, secs(2.0))[2].clone();
+    assert!(
+        killed.elapsed() < secs(1.0),
+        "failover took {:?}",
+        killed.elapsed()
+    );
+    assert!(third.fencing_token > second.fencing_token);
+    // Waiting standbys show as waiters in pg_locks.
+    let out = leaderrun()
+        .args([
+            "status",
+            "--json",
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["leader"]["pid"], third.backend_pid);
+}
