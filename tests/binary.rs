@@ -581,7 +581,7 @@ fn a_release_reaches_a_waiting_standby_at_once_even_at_the_default_interval() {
     let script = script.to_str().unwrap();
     // The default check interval, 5 s: without waiting in the lock queue a standby would need
     // up to 5 s to notice.
-    let mut replicas: Vec<Replica> = (0..3)
+    let mut replicas: Vec<Replica> = (0..4)
         .map(|_| Replica::start(cluster, id, "5s", &["--", script]))
         .collect();
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
