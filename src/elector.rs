@@ -698,8 +698,18 @@ pub async fn connect(
     bound: Duration,
 ) -> Result<Connected, Error> {
     let mut config = config.clone();
-    config.ssl_mode(tls.driver_mode());
-    if tls.enabled() {
+    // libpq never uses TLS over a Unix socket, whatever sslmode says.
+    let unix_only = config
+        .get_hosts()
+        .iter()
+        .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+    let use_tls = tls.enabled() && !unix_only;
+    config.ssl_mode(if use_tls {
+        tls.driver_mode()
+    } else {
+        tokio_postgres::config::SslMode::Disable
+    });
+    if use_tls {
         let connector = tls.connector().map_err(Error::Tls)?;
         drive(
             timeout(bound, config.connect(connector)).await,

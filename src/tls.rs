@@ -10,7 +10,8 @@
 //! | `verify-full` | yes | chain, and the host name or IP the client connected to |
 //!
 //! `sslcert`/`sslkey` give a client certificate (PEM). A failed verification fails the
-//! connect with rustls' reason in the error chain.
+//! connect with rustls' reason in the error chain. As with libpq, a Unix-socket connection
+//! never uses TLS.
 
 use std::future::Future;
 use std::io;
@@ -314,6 +315,13 @@ where
     type Error = rustls::pki_types::InvalidDnsNameError;
 
     fn make_tls_connect(&mut self, host: &str) -> Result<RustlsConnect, Self::Error> {
+        // A Unix socket path in a list of hosts: the server answers the TLS request with "no"
+        // there, so the name is never used.
+        let host = if host.starts_with('/') {
+            "localhost"
+        } else {
+            host
+        };
         let name = ServerName::try_from(host.to_owned())?;
         Ok(RustlsConnect {
             name,

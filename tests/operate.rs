@@ -479,3 +479,33 @@ fn the_password_appears_nowhere() {
     }
     assert!(outputs[0].contains("background leader lock acquired"));
 }
+
+#[test]
+fn a_unix_socket_connects_without_tls_whatever_sslmode_says() {
+    let cluster = Cluster::shared();
+    for mode in ["prefer", "require"] {
+        let dsn = format!(
+            "host={} port={} user=postgres dbname=postgres sslmode={mode}",
+            cluster.socket_dir().display(),
+            cluster.addr().port()
+        );
+        let out = leaderrun()
+            .args([
+                "--once",
+                "--dsn",
+                &dsn,
+                "--lock-id",
+                &unique_lock_id().to_string(),
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -12,3 +12,9 @@ mod operate;
 mod safety;
 mod terminal;
 mod tls;
+
+// The smoke test uses only part of the benchmark's measurements.
+mod bench_smoke;
+#[allow(dead_code)]
+#[path = "../benches/measure.rs"]
+mod measure;

@@ -38,6 +38,7 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     port: u16,
+    max_connections: u32,
     postmaster: Mutex<Option<Child>>,
 }
 
@@ -210,6 +211,11 @@ impl Cluster {
 
     /// A cluster of this test's own, for restarting, stopping, pausing or killing it.
     pub fn start_private() -> Cluster {
+        Cluster::start_private_with(300)
+    }
+
+    /// A cluster of this test's own with room for `max_connections` sessions.
+    pub fn start_private_with(max_connections: u32) -> Cluster {
         let template = template();
         let dir = tempfile::Builder::new()
             .prefix("leaderrun-pg-")
@@ -227,6 +233,7 @@ impl Cluster {
             dir,
             bin: bin_dir().to_owned(),
             port: free_port(),
+            max_connections,
             postmaster: Mutex::new(None),
         };
         cluster.start();
@@ -262,6 +269,7 @@ impl Cluster {
             dir,
             bin: bin_dir().to_owned(),
             port: free_port(),
+            max_connections: primary.max_connections,
             postmaster: Mutex::new(None),
         };
         cluster.start();
@@ -311,7 +319,7 @@ impl Cluster {
                 "-c",
                 "full_page_writes=off",
                 "-c",
-                "max_connections=300",
+                &format!("max_connections={}", self.max_connections),
                 "-c",
                 "shared_buffers=16MB",
                 "-c",

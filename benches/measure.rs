@@ -1,0 +1,389 @@
+//! The measurements of the `handover` benchmark, shared with the smoke test in the test suite.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::support::proxy::Proxy;
+use crate::support::{alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+use nix::sys::signal::Signal;
+
+const CHILD: &str = "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+     trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
+     while :; do sleep 0.01; done";
+
+fn now_s() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn stamp(scratch: &Scratch, what: &str, pid: i32) -> Option<f64> {
+    let prefix = format!("{what} {pid} ");
+    scratch.events().iter().find_map(|l| {
+        l.strip_prefix(&prefix)
+            .and_then(|ns| ns.trim().parse::<f64>().ok())
+            .map(|ns| ns / 1e9)
+    })
+}
+
+/// One measured quantity over N runs (milliseconds unless `unit` says otherwise).
+pub struct Row {
+    pub name: String,
+    pub unit: &'static str,
+    pub samples: Vec<f64>,
+    pub note: String,
+}
+
+impl Row {
+    pub fn stats(&self) -> Option<(f64, f64, f64, f64)> {
+        if self.samples.is_empty() {
+            return None;
+        }
+        let mut v = self.samples.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let pick = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        Some((v[0], pick(0.5), pick(0.95), v[v.len() - 1]))
+    }
+}
+
+fn start_pair(
+    cluster: &Cluster,
+    interval: &str,
+    dsn: Option<String>,
+) -> (Scratch, Vec<Replica>, i32) {
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", CHILD);
+    let script = script.to_str().unwrap().to_owned();
+    let mut replicas = Vec::new();
+    // The first replica (through `dsn` when given) leads; the second waits directly.
+    let mut cmd = leaderrun();
+    cmd.args([
+        "-q",
+        "--dsn",
+        &dsn.unwrap_or_else(|| cluster.dsn()),
+        "--lock-id",
+        &id.to_string(),
+    ])
+    .args(["--check-interval", interval, "--", &script]);
+    replicas.push(Replica::spawn(cmd));
+    scratch.wait_starts(1, Duration::from_secs(10));
+    replicas.push(Replica::start(
+        cluster,
+        id,
+        interval,
+        &["-q", "--", &script],
+    ));
+    // Let the standby reach the lock queue.
+    std::thread::sleep(Duration::from_millis(300));
+    (scratch, replicas, id)
+}
+
+/// Handover after SIGTERM of the leader: old child's end → new child's start.
+pub fn graceful(cluster: &Cluster, interval: &str, runs: usize) -> Row {
+    let mut samples = Vec::new();
+    for _ in 0..runs {
+        let (scratch, replicas, _) = start_pair(cluster, interval, None);
+        let first = scratch.starts()[0].clone();
+        replicas[0].signal(Signal::SIGTERM);
+        let second = scratch.wait_starts(2, Duration::from_secs(30))[1].clone();
+        let ended = wait_for("end stamp", Duration::from_secs(5), || {
+            stamp(&scratch, "ended", first.pid)
+        });
+        let began = wait_for("start stamp", Duration::from_secs(5), || {
+            stamp(&scratch, "began", second.pid)
+        });
+        samples.push((began - ended) * 1e3);
+    }
+    Row {
+        name: format!("handover after SIGTERM, interval {interval}"),
+        unit: "ms",
+        samples,
+        note: "old child stopped → new child started".into(),
+    }
+}
+
+/// Failover latency (event → new child) and overlap (old child's death − new child's start).
+pub fn failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
+    let (mut latency, mut overlap) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let proxy = Proxy::start(cluster.addr());
+        let via = (how == "partition").then(|| {
+            format!(
+                "host=127.0.0.1 port={} user=postgres dbname=postgres",
+                proxy.port()
+            )
+        });
+        let interval = if how == "partition" { "1s" } else { "5s" };
+        let (scratch, replicas, _) = start_pair(cluster, interval, via);
+        let first = scratch.starts()[0].clone();
+        let at = now_s();
+        match how {
+            "kill -9" => replicas[0].signal(Signal::SIGKILL),
+            "pg_terminate_backend" => cluster.terminate_backend(first.backend_pid),
+            _ => proxy.blackhole(),
+        }
+        let mut old_dead = None;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let new_start = loop {
+            if old_dead.is_none() && !alive(first.pid) {
+                old_dead = Some(stamp(&scratch, "ended", first.pid).unwrap_or_else(now_s));
+            }
+            let starts = scratch.starts();
+            if starts.len() >= 2 && old_dead.is_some() {
+                let pid = starts[1].pid;
+                break wait_for("start stamp", Duration::from_secs(5), || {
+                    stamp(&scratch, "began", pid)
+                });
+            }
+            assert!(Instant::now() < deadline, "{how}: no failover");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let began = new_start;
+        latency.push((began - at) * 1e3);
+        overlap.push((old_dead.unwrap() - began) * 1e3);
+        drop(replicas);
+    }
+    (
+        Row {
+            name: format!("failover after {how}"),
+            unit: "ms",
+            samples: latency,
+            note: if how == "partition" {
+                "interval 1s; bounded by idle_session_timeout (4 s)".into()
+            } else {
+                "interval 5s (default)".into()
+            },
+        },
+        Row {
+            name: format!("overlap after {how}"),
+            unit: "ms",
+            samples: overlap,
+            note: "old child's death − new child's start; ≤ 0 means none".into(),
+        },
+    )
+}
+
+fn timed(runs: usize, mut f: impl FnMut()) -> Vec<f64> {
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect()
+}
+
+pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
+    let lockfile = std::env::temp_dir().join("leaderrun-bench.lock");
+    let runs = runs * 4;
+    let bin = env!("CARGO_BIN_EXE_leaderrun");
+    let unix = format!(
+        "host={} port={} user=postgres dbname=postgres",
+        cluster.socket_dir().display(),
+        cluster.addr().port()
+    );
+    let mut rows = vec![
+        Row {
+            name: "`true`".into(),
+            unit: "ms",
+            samples: timed(runs, || {
+                Command::new("true").status().unwrap();
+            }),
+            note: String::new(),
+        },
+        Row {
+            name: "`flock -n FILE true`".into(),
+            unit: "ms",
+            samples: timed(runs, || {
+                Command::new("flock")
+                    .arg("-n")
+                    .arg(&lockfile)
+                    .arg("true")
+                    .status()
+                    .unwrap();
+            }),
+            note: String::new(),
+        },
+    ];
+    for (name, dsn) in [("TCP loopback", cluster.dsn()), ("Unix socket", unix)] {
+        let id = unique_lock_id().to_string();
+        let samples = timed(runs, || {
+            let out = Command::new(bin)
+                .args([
+                    "-q",
+                    "--once",
+                    "--dsn",
+                    &dsn,
+                    "--lock-id",
+                    &id,
+                    "--",
+                    "true",
+                ])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        });
+        rows.push(Row {
+            name: format!("`leaderrun --once -- true`, {name}"),
+            unit: "ms",
+            samples,
+            note: String::new(),
+        });
+    }
+    rows
+}
+
+fn proc_cpu_rss(pid: i32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, r)| r.split(' ').collect())
+        .unwrap_or_default();
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let cpu = fields
+        .get(11)
+        .and_then(|u| u.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        + fields
+            .get(12)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (cpu / ticks, rss_kb / 1024.0)
+}
+
+fn postgres_cpu() -> f64 {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(|pid| proc_cpu_rss(pid).0)
+        .sum()
+}
+
+pub fn footprint(cluster: &Cluster, standbys: &[usize], window: Duration) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 3600");
+    let script = script.to_str().unwrap().to_owned();
+    let mut cmd = leaderrun();
+    cmd.args(["-v", "--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+        .args(["--", &script]);
+    let leader = Replica::spawn(cmd);
+    scratch.wait_starts(1, Duration::from_secs(10));
+    let standby = Replica::start(cluster, id, "5s", &["-q", "--", &script]);
+    std::thread::sleep(Duration::from_millis(500));
+    let (l0, s0) = (proc_cpu_rss(leader.pid()), proc_cpu_rss(standby.pid()));
+    std::thread::sleep(window);
+    let (l1, s1) = (proc_cpu_rss(leader.pid()), proc_cpu_rss(standby.pid()));
+    let per_hour = 3600.0 / window.as_secs_f64();
+    rows.push(Row {
+        name: "leader: RSS".into(),
+        unit: "MiB",
+        samples: vec![l1.1],
+        note: "default interval".into(),
+    });
+    rows.push(Row {
+        name: "leader: CPU per hour".into(),
+        unit: "s",
+        samples: vec![(l1.0 - l0.0) * per_hour],
+        note: format!("from a {}s window", window.as_secs()),
+    });
+    rows.push(Row {
+        name: "idle standby: RSS".into(),
+        unit: "MiB",
+        samples: vec![s1.1],
+        note: "default interval".into(),
+    });
+    rows.push(Row {
+        name: "idle standby: CPU per hour".into(),
+        unit: "s",
+        samples: vec![(s1.0 - s0.0) * per_hour],
+        note: format!("from a {}s window", window.as_secs()),
+    });
+    drop(standby);
+    for &n in standbys {
+        let many: Vec<Replica> = (0..n)
+            .map(|_| Replica::start(cluster, id, "5s", &["-q", "--", &script]))
+            .collect();
+        wait_for("all standbys connected", Duration::from_secs(120), || {
+            let rows = cluster.sql(&format!("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} AND NOT granted"));
+            (rows[0].parse::<usize>().unwrap_or(0) >= n).then_some(())
+        });
+        let sessions = cluster
+            .sql("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'leaderrun@%'")
+            [0]
+        .clone();
+        let cpu0 = postgres_cpu();
+        let t = Instant::now();
+        std::thread::sleep(window);
+        let cpu = (postgres_cpu() - cpu0) / t.elapsed().as_secs_f64();
+        rows.push(Row {
+            name: format!("server with {n} standbys: CPU"),
+            unit: "cores",
+            samples: vec![cpu],
+            note: format!("{sessions} leaderrun sessions"),
+        });
+        drop(many);
+    }
+    // The leader's check latency meanwhile, from its own histogram.
+    let log = leader.log();
+    let latencies: Vec<f64> = log
+        .lines()
+        .filter(|l| l.contains("leader check ok"))
+        .filter_map(|l| {
+            l.split("latency_ms=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    rows.push(Row {
+        name: "leader check latency during the runs above".into(),
+        unit: "ms",
+        samples: latencies,
+        note: "1 ms resolution".into(),
+    });
+    rows
+}
+
+pub fn etcd_row() -> Row {
+    let found = ["etcd", "etcdctl"].iter().all(|b| {
+        Command::new("which")
+            .arg(b)
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    Row {
+        name: "`etcdctl lock` handover".into(),
+        unit: "ms",
+        samples: Vec::new(),
+        note: if found {
+            "not measured in this version".into()
+        } else {
+            "skipped: etcd/etcdctl not installed".into()
+        },
+    }
+}
