@@ -20,7 +20,7 @@ mod measure;
 
 use std::time::Duration;
 
-use measure::{etcd_row, failover, footprint, graceful, one_shot};
+use measure::{etcd, failover, footprint, graceful, one_shot};
 use support::Cluster;
 
 fn main() {
@@ -48,7 +48,7 @@ fn main() {
         (vec![100, 500], Duration::from_secs(20))
     };
     rows.extend(footprint(&cluster, &standbys, window));
-    rows.push(etcd_row());
+    rows.extend(etcd(runs));
 
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())

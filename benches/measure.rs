@@ -6,6 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::support::proxy::Proxy;
 use crate::support::{alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
 use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 
 const CHILD: &str = "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
      trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
@@ -368,22 +369,151 @@ pub fn footprint(cluster: &Cluster, standbys: &[usize], window: Duration) -> Vec
     rows
 }
 
-pub fn etcd_row() -> Row {
-    let found = ["etcd", "etcdctl"].iter().all(|b| {
+/// `etcdctl lock --ttl 5` side by side (Debian's etcd-server and etcd-client), when installed:
+/// handover after SIGTERM and after `kill -9` of the holder, with the overlap window.
+pub fn etcd(runs: usize) -> Vec<Row> {
+    let installed = ["etcd", "etcdctl"].iter().all(|b| {
         Command::new("which")
             .arg(b)
             .stdout(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     });
-    Row {
-        name: "`etcdctl lock` handover".into(),
-        unit: "ms",
-        samples: Vec::new(),
-        note: if found {
-            "not measured in this version".into()
-        } else {
-            "skipped: etcd/etcdctl not installed".into()
-        },
+    if !installed {
+        return vec![Row {
+            name: "`etcdctl lock` handover".into(),
+            unit: "ms",
+            samples: Vec::new(),
+            note: "skipped: etcd/etcdctl not installed (Debian: etcd-server, etcd-client)".into(),
+        }];
     }
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (client, peer) = (free(), free());
+    let data = tempfile::tempdir().unwrap();
+    let endpoint = format!("http://127.0.0.1:{client}");
+    let mut etcd = Command::new("etcd")
+        .arg("--data-dir")
+        .arg(data.path())
+        .args([
+            "--listen-client-urls",
+            &endpoint,
+            "--advertise-client-urls",
+            &endpoint,
+        ])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args([
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer}"),
+        ])
+        .args([
+            "--initial-cluster",
+            &format!("default=http://127.0.0.1:{peer}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd");
+    wait_for("etcd to answer", Duration::from_secs(20), || {
+        Command::new("etcdctl")
+            .args(["--endpoints", &endpoint, "endpoint", "health"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .ok()
+            .filter(|s| s.success())
+    });
+    let mut rows = Vec::new();
+    for (how, sig) in [("SIGTERM", Signal::SIGTERM), ("kill -9", Signal::SIGKILL)] {
+        let (mut latency, mut overlap) = (Vec::new(), Vec::new());
+        let mut missed = 0;
+        for run in 0..runs {
+            let scratch = Scratch::new();
+            let script = scratch.child_script("child.sh", CHILD);
+            let name = format!("bench-{how}-{run}-{}", std::process::id());
+            let lock = || {
+                let mut cmd = Command::new("etcdctl");
+                cmd.args(["--endpoints", &endpoint, "lock", "--ttl", "5", &name])
+                    .arg(&script)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                cmd.spawn().expect("etcdctl lock")
+            };
+            let mut holder = lock();
+            scratch.wait_starts(1, Duration::from_secs(10));
+            let mut waiter = lock();
+            std::thread::sleep(Duration::from_millis(300));
+            let first = scratch.starts()[0].clone();
+            let at = now_s();
+            let _ = nix::sys::signal::kill(Pid::from_raw(holder.id() as i32), sig);
+            // etcdctl may not hand over at all (it keeps its lease while its command runs):
+            // give it 15 s, three lease TTLs.
+            let deadline = Instant::now() + Duration::from_secs(15);
+            let second = loop {
+                if let Some(second) = scratch.starts().get(1).cloned() {
+                    break Some(second);
+                }
+                if Instant::now() > deadline {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            let Some(second) = second else {
+                missed += 1;
+                let _ = nix::sys::signal::kill(Pid::from_raw(first.pid), Signal::SIGKILL);
+                for child in [&mut holder, &mut waiter] {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                continue;
+            };
+            let began = wait_for("start stamp", Duration::from_secs(5), || {
+                stamp(&scratch, "began", second.pid)
+            });
+            latency.push((began - at) * 1e3);
+            // How long the old child outlived the new one's start (capped at 2 s, then killed).
+            let dead = wait_for("old child", Duration::from_secs(3), || {
+                if !alive(first.pid) {
+                    Some(stamp(&scratch, "ended", first.pid).unwrap_or_else(now_s))
+                } else if now_s() - began > 2.0 {
+                    Some(began + 2.0)
+                } else {
+                    None
+                }
+            });
+            overlap.push((dead - began) * 1e3);
+            for pid in [first.pid, second.pid] {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            for child in [&mut holder, &mut waiter] {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        rows.push(Row {
+            name: format!("`etcdctl lock --ttl 5` failover after {how} of the holder"),
+            unit: "ms",
+            samples: latency,
+            note: if missed > 0 {
+                format!("etcd 3.4 from Debian, one local member; {missed} of {runs} runs: no handover within 15 s")
+            } else {
+                "etcd 3.4 from Debian, one local member".into()
+            },
+        });
+        rows.push(Row {
+            name: format!("`etcdctl lock` overlap after {how} of the holder"),
+            unit: "ms",
+            samples: overlap,
+            note: "old child's death − new child's start; 2000 = old child still running after 2 s"
+                .into(),
+        });
+    }
+    let _ = etcd.kill();
+    let _ = etcd.wait();
+    rows
 }

@@ -118,13 +118,15 @@ impl Scratch {
             .filter_map(|l| l.strip_prefix("start "))
             .map(|l| {
                 let f: Vec<&str> = l.split(' ').collect();
+                // Without leaderrun (the benchmark's etcdctl runs) the LEADERRUN_* fields are
+                // empty: 0.
                 Start {
                     pid: f[0].parse().unwrap(),
                     ppid: f[1].parse().unwrap(),
-                    term: f[2].parse().unwrap(),
-                    backend_pid: f[3].parse().unwrap(),
-                    fencing_token: f[4].parse().unwrap(),
-                    lock: f[5].to_owned(),
+                    term: f.get(2).and_then(|v| v.parse().ok()).unwrap_or(0),
+                    backend_pid: f.get(3).and_then(|v| v.parse().ok()).unwrap_or(0),
+                    fencing_token: f.get(4).and_then(|v| v.parse().ok()).unwrap_or(0),
+                    lock: f.get(5).map(|v| (*v).to_owned()).unwrap_or_default(),
                 }
             })
             .collect()
