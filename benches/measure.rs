@@ -19,15 +19,6 @@ fn now_s() -> f64 {
         .as_secs_f64()
 }
 
-fn stamp(scratch: &Scratch, what: &str, pid: i32) -> Option<f64> {
-    let prefix = format!("{what} {pid} ");
-    scratch.events().iter().find_map(|l| {
-        l.strip_prefix(&prefix)
-            .and_then(|ns| ns.trim().parse::<f64>().ok())
-            .map(|ns| ns / 1e9)
-    })
-}
-
 /// One measured quantity over N runs (milliseconds unless `unit` says otherwise).
 pub struct Row {
     pub name: String,
@@ -90,10 +81,10 @@ pub fn graceful(cluster: &Cluster, interval: &str, runs: usize) -> Row {
         replicas[0].signal(Signal::SIGTERM);
         let second = scratch.wait_starts(2, Duration::from_secs(30))[1].clone();
         let ended = wait_for("end stamp", Duration::from_secs(5), || {
-            stamp(&scratch, "ended", first.pid)
+            scratch.stamp("ended", first.pid)
         });
         let began = wait_for("start stamp", Duration::from_secs(5), || {
-            stamp(&scratch, "began", second.pid)
+            scratch.stamp("began", second.pid)
         });
         samples.push((began - ended) * 1e3);
     }
@@ -129,13 +120,13 @@ pub fn failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let new_start = loop {
             if old_dead.is_none() && !alive(first.pid) {
-                old_dead = Some(stamp(&scratch, "ended", first.pid).unwrap_or_else(now_s));
+                old_dead = Some(scratch.stamp("ended", first.pid).unwrap_or_else(now_s));
             }
             let starts = scratch.starts();
             if starts.len() >= 2 && old_dead.is_some() {
                 let pid = starts[1].pid;
                 break wait_for("start stamp", Duration::from_secs(5), || {
-                    stamp(&scratch, "began", pid)
+                    scratch.stamp("began", pid)
                 });
             }
             assert!(Instant::now() < deadline, "{how}: no failover");
@@ -473,13 +464,13 @@ pub fn etcd(runs: usize) -> Vec<Row> {
                 continue;
             };
             let began = wait_for("start stamp", Duration::from_secs(5), || {
-                stamp(&scratch, "began", second.pid)
+                scratch.stamp("began", second.pid)
             });
             latency.push((began - at) * 1e3);
             // How long the old child outlived the new one's start (capped at 2 s, then killed).
             let dead = wait_for("old child", Duration::from_secs(3), || {
                 if !alive(first.pid) {
-                    Some(stamp(&scratch, "ended", first.pid).unwrap_or_else(now_s))
+                    Some(scratch.stamp("ended", first.pid).unwrap_or_else(now_s))
                 } else if now_s() - began > 2.0 {
                     Some(began + 2.0)
                 } else {

@@ -114,12 +114,7 @@ fn terminated_lock_session_stops_the_child_at_once() {
         .map(|_| Replica::start(cluster, id, "3s", &["--", script]))
         .collect();
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let background: i32 = wait_for("background worker pid", secs(5.0), || {
-        scratch
-            .events()
-            .iter()
-            .find_map(|l| l.strip_prefix("bg ").map(|p| p.parse().unwrap()))
-    });
+    let background: i32 = scratch.recorded_pid("bg ");
     cluster.terminate_backend(first.backend_pid);
     let terminated = Instant::now();
     wait_for("the child's whole group to stop", secs(1.5), || {
@@ -267,11 +262,7 @@ fn helpers_left_by_an_exited_command_are_stopped_before_exit() {
     );
     let status = replica.wait_exit(secs(10.0));
     assert_eq!(status.code(), Some(5));
-    let background: i32 = scratch
-        .events()
-        .iter()
-        .find_map(|l| l.strip_prefix("bg ").map(|p| p.parse().unwrap()))
-        .expect("background pid recorded");
+    let background: i32 = scratch.recorded_pid("bg ");
     assert!(!alive(background), "helper {background} outlived leaderrun");
 }
 
@@ -549,12 +540,7 @@ fn a_broken_stderr_never_aborts_a_leader() {
     // The reader goes away: every later log line meets EPIPE.
     drop(leader.stderr.take());
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let background: i32 = wait_for("background pid", secs(5.0), || {
-        scratch
-            .events()
-            .iter()
-            .find_map(|l| l.strip_prefix("bg ").map(|p| p.parse().unwrap()))
-    });
+    let background: i32 = scratch.recorded_pid("bg ");
     // Demotion logs a WARN line: it must still stop the whole group and go on campaigning.
     cluster.terminate_backend(start.backend_pid);
     wait_for("the group to stop", secs(3.0), || {

@@ -15,15 +15,6 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
 
-fn recorded_pid(scratch: &Scratch, prefix: &str) -> i32 {
-    wait_for(&format!("{prefix:?} pid in the events"), secs(5.0), || {
-        scratch.events().iter().find_map(|l| {
-            l.strip_prefix(prefix)
-                .and_then(|p| p.trim().parse::<i32>().ok())
-        })
-    })
-}
-
 #[test]
 fn a_grandchild_that_called_setsid_is_stopped_on_demotion() {
     let cluster = Cluster::shared();
@@ -41,7 +32,7 @@ fn a_grandchild_that_called_setsid_is_stopped_on_demotion() {
         &["--", script.to_str().unwrap()],
     );
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let escaped = recorded_pid(&scratch, "escaped ");
+    let escaped = scratch.recorded_pid("escaped ");
     wait_for(
         "the escaped grandchild to be in its own session",
         secs(2.0),

@@ -17,15 +17,6 @@ const TIMED_CHILD: &str = "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
      trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
      while :; do sleep 0.02; done";
 
-fn stamp(scratch: &Scratch, what: &str, pid: i32) -> Option<f64> {
-    let prefix = format!("{what} {pid} ");
-    scratch.events().iter().find_map(|l| {
-        l.strip_prefix(&prefix)
-            .and_then(|ns| ns.trim().parse::<f64>().ok())
-            .map(|ns| ns / 1e9)
-    })
-}
-
 fn through_proxy(
     cluster: &Cluster,
     proxy: &Proxy,
@@ -74,9 +65,11 @@ fn a_partitioned_leaders_child_is_dead_before_the_standby_starts() {
     assert!(took >= secs(0.8), "the lock moved after {took:?}");
     // … and the standby leads within that plus one interval and some slack.
     assert!(took < secs(3.0), "the standby took {took:?}");
-    let ended = stamp(&scratch, "ended", first.pid).expect("the old child got TERM");
+    let ended = scratch
+        .stamp("ended", first.pid)
+        .expect("the old child got TERM");
     let began = wait_for("the new child's start stamp", secs(2.0), || {
-        stamp(&scratch, "began", second.pid)
+        scratch.stamp("began", second.pid)
     });
     assert!(
         ended < began,

@@ -132,6 +132,29 @@ impl Scratch {
             .collect()
     }
 
+    /// The pid recorded in a line `PREFIX PID` of the event log, waiting up to 5 s for it.
+    pub fn recorded_pid(&self, prefix: &str) -> i32 {
+        wait_for(
+            &format!("{prefix:?} pid in the events"),
+            Duration::from_secs(5),
+            || {
+                self.events()
+                    .iter()
+                    .find_map(|l| l.strip_prefix(prefix).and_then(|p| p.trim().parse().ok()))
+            },
+        )
+    }
+
+    /// The time (seconds since the epoch) in a line `WHAT PID NANOSECONDS` of the event log.
+    pub fn stamp(&self, what: &str, pid: i32) -> Option<f64> {
+        let prefix = format!("{what} {pid} ");
+        self.events().iter().find_map(|l| {
+            l.strip_prefix(&prefix)
+                .and_then(|ns| ns.trim().parse::<f64>().ok())
+                .map(|ns| ns / 1e9)
+        })
+    }
+
     /// Waits until at least `n` starts are recorded and returns them.
     pub fn wait_starts(&self, n: usize, within: Duration) -> Vec<Start> {
         wait_for(&format!("{n} child start(s)"), within, || {
