@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! `leaderrun`: run a command on exactly one machine of many, elected by a PostgreSQL session
 //! advisory lock.
 //!

@@ -2,17 +2,17 @@
 //!
 //! One mechanism, [`Supervisor`], with three waits every mode is built from:
 //!
-//! * [`Supervisor::campaign`] waits as a standby until a term begins, a one-shot's check or
+//! * `Supervisor::campaign` waits as a standby until a term begins, a one-shot's check or
 //!   deadline is done, or INT/TERM arrives;
-//! * [`Supervisor::hold`] keeps leading without a child until a time (takeover delay, minimum
+//! * `Supervisor::hold` keeps leading without a child until a time (takeover delay, minimum
 //!   hold, restart back-off) or the next tick, or until the term ends;
-//! * [`Supervisor::run_command`] runs COMMAND once inside a term and reports why it ended:
+//! * `Supervisor::run_command` runs COMMAND once inside a term and reports why it ended:
 //!   it exited (what is left of its group is stopped too), the term ended, `--timeout`, or
 //!   INT/TERM (forwarded, then stop).
 //!
 //! Each of them handles every signal the same way: SIGCHLD reaps, INT/TERM shut down, the
 //! others go to the child's group while there is one. The modes are short loops over them:
-//! [`Supervisor::while_leader`], [`Supervisor::one_shot`], [`Supervisor::every`].
+//! `Supervisor::while_leader`, `Supervisor::one_shot`, `Supervisor::every`.
 //!
 //! The binary runs this on a current-thread runtime on the main thread, which is therefore the
 //! thread that forks every child and lives as long as they do (`PR_SET_PDEATHSIG`).
@@ -366,7 +366,7 @@ fn child_env(term: &Term) -> Vec<(&'static str, String)> {
     env
 }
 
-/// What [`Supervisor::campaign`] waits for.
+/// What `Supervisor::campaign` waits for.
 #[derive(Clone, Copy, Debug)]
 enum Until {
     /// A term (default mode, `--every`).
@@ -390,7 +390,7 @@ enum Campaigned {
     ElectionFailed,
 }
 
-/// How a [`Supervisor::hold`] ended.
+/// How a `Supervisor::hold` ended.
 enum Held {
     /// The time came.
     Elapsed,
