@@ -37,7 +37,6 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Serve /metrics, /healthz and /readyz on this address (off by default)')
-            [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print a generated document (man page or shell completion) and exit')
             [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
             [CompletionResult]::new('--once', '--once', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Log more: -v debug, -vv trace')

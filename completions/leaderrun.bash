@@ -41,7 +41,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-n -v -q -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --min-hold --once --wait --every --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --generate --help --version status doctor help"
+            opts="-n -v -q -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --min-hold --once --wait --every --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -109,10 +109,6 @@ _leaderrun() {
                     ;;
                 --http-addr)
                     COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --generate)
-                    COMPREPLY=($(compgen -W "man complete-bash complete-zsh complete-fish complete-elvish complete-powershell" -- "${cur}"))
                     return 0
                     ;;
                 *)

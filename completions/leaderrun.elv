@@ -34,7 +34,6 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand --conflict-exit-code 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)'
             cand --log-format 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)'
             cand --http-addr 'Serve /metrics, /healthz and /readyz on this address (off by default)'
-            cand --generate 'Print a generated document (man page or shell completion) and exit'
             cand -n 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
             cand --once 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
             cand -v 'Log more: -v debug, -vv trace'

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n dsn= lock-class= lock-id= lock-name= check-interval= grace= stop-signal= takeover-delay= timeout= min-hold= n/once wait= every= restart= conflict-exit-code= v/verbose q/quiet log-format= http-addr= generate= h/help V/version
+    string join \n dsn= lock-class= lock-id= lock-name= check-interval= grace= stop-signal= takeover-delay= timeout= min-hold= n/once wait= every= restart= conflict-exit-code= v/verbose q/quiet log-format= http-addr= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -43,12 +43,6 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l conflict-exit-code 
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l http-addr -d 'Serve /metrics, /healthz and /readyz on this address (off by default)' -r
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -l generate -d 'Print a generated document (man page or shell completion) and exit' -r -f -a "man\t'The man page, roff'
-complete-bash\t'bash completion'
-complete-zsh\t'zsh completion'
-complete-fish\t'fish completion'
-complete-elvish\t'elvish completion'
-complete-powershell\t'PowerShell completion'"
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l once -d 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'Log more: -v debug, -vv trace'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s q -l quiet -d 'Log less: -q warnings and errors only, -qq errors only'

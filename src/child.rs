@@ -371,7 +371,12 @@ impl Child {
         let mut cmd = std::process::Command::new(&command.program);
         cmd.arg0(&command.argv[0])
             .args(&command.argv[1..])
-            .envs(env.iter().map(|(k, v)| (k, v)));
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            // systemd's notification socket belongs to leaderrun (the main process), as
+            // sd_notify's unset_environment would have it.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID");
         let parent = nix::unistd::getpid().as_raw();
         let foreground = terminal.is_some();
         // SAFETY: the closure runs between fork and exec and only makes raw syscalls

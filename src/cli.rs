@@ -118,6 +118,7 @@ pub struct Cli {
         value_name = "NAME",
         env = "LEADERRUN_LOCK_NAME",
         global = true,
+        value_parser = clap::builder::NonEmptyStringValueParser::new(),
         conflicts_with = "lock_id",
         help_heading = "Lock"
     )]
@@ -225,8 +226,8 @@ pub struct Cli {
         short = 'n',
         long,
         env = "LEADERRUN_ONCE",
-        // The environment form takes 1/0, true/false, yes/no, on/off.
-        value_parser = clap::builder::FalseyValueParser::new(),
+        // The environment form takes 1/0, true/false, yes/no, on/off; anything else is an error.
+        value_parser = clap::builder::BoolishValueParser::new(),
         conflicts_with_all = ["wait", "every"],
         help_heading = "Modes"
     )]
@@ -326,18 +327,17 @@ pub struct Cli {
 
     /// Serve /metrics, /healthz and /readyz on this address (off by default)
     ///
+    /// HOST:PORT or IP:PORT; :PORT listens on all addresses.
+    ///
     /// Example: --http-addr 0.0.0.0:9464
     #[arg(
         long,
         value_name = "ADDR",
         env = "LEADERRUN_HTTP_ADDR",
+        value_parser = parse_http_addr,
         help_heading = "Observing"
     )]
     pub http_addr: Option<std::net::SocketAddr>,
-
-    /// Print a generated document (man page or shell completion) and exit
-    #[arg(long, value_name = "WHAT", value_enum, hide = true, exclusive = true)]
-    pub generate: Option<crate::docs::Generate>,
 
     /// Who leads right now, or whether the lock works through these settings
     #[command(subcommand)]
@@ -346,7 +346,7 @@ pub struct Cli {
     /// The command to run while this copy leads, and its arguments (no shell)
     #[arg(
         value_name = "COMMAND",
-        required_unless_present = "generate",
+        required = true,
         num_args = 1..,
         trailing_var_arg = true
     )]
@@ -622,6 +622,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// Parses `--http-addr`: `IP:PORT`, `HOST:PORT` (the first address the name resolves to) or
+/// `:PORT` (all IPv4 addresses).
+pub fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let text = text.trim();
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_owned(),
+    };
+    full.to_socket_addrs()
+        .map_err(|e| format!("{e}; expected HOST:PORT, IP:PORT or :PORT"))?
+        .next()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
+}
+
 /// Like [`parse_duration`], but zero is allowed (`--takeover-delay 0s`, `--min-hold 0s`, their
 /// defaults).
 pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
@@ -744,6 +759,7 @@ mod tests {
             &["--wait", "-5s"],
             &["--check-interval", "10days"],
             &["--check-interval", "1s", "--grace", "30days"],
+            &["--lock-name", ""],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");
         }
@@ -759,6 +775,20 @@ mod tests {
             parse(&["--takeover-delay", "0s"]).unwrap().takeover_delay,
             Some(Duration::ZERO)
         );
+    }
+
+    #[test]
+    fn http_addresses() {
+        assert_eq!(parse_http_addr("127.0.0.1:9464").unwrap().port(), 9464);
+        assert_eq!(
+            parse_http_addr(":9464").unwrap().to_string(),
+            "0.0.0.0:9464"
+        );
+        assert!(parse_http_addr("localhost:9464")
+            .unwrap()
+            .ip()
+            .is_loopback());
+        assert!(parse_http_addr("9464").is_err());
     }
 
     #[test]

@@ -503,7 +503,8 @@ fn build(
         let port = if port.is_empty() { "5432" } else { port };
         let parsed = port
             .parse::<u16>()
-            .map_err(|_| value_err("port", &params, format!("{port:?} is not a port number")))?;
+            // The value is not repeated: in a malformed URL it may be part of the password.
+            .map_err(|_| value_err("port", &params, "not a port number".to_owned()))?;
         config.port(parsed);
     }
     let user = take(&params, "user").unwrap_or_else(os_user);
@@ -907,6 +908,8 @@ mod tests {
             "nonsense",
             "mysql://u:hunter2@h/db",
             "postgres://u:hunter2@h:notaport/db",
+            "postgres://postgres:hun/ter2@127.0.0.1/postgres",
+            "postgres://postgres:hun?ter2@127.0.0.1/postgres",
             "host=h password=hunter2 frobnicate=1",
             "host=h password='hunter2",
         ] {

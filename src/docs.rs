@@ -1,16 +1,16 @@
 //! Generated documents: the man page and shell completions, both from the clap definition.
 //!
-//! `leaderrun --generate man` (hidden) prints `man/leaderrun.1`; `--generate complete-bash` and
-//! friends print the files in `completions/`. The committed copies are checked by a test that
-//! fails when they drift from the CLI; it names the command that regenerates them:
-//! `LEADERRUN_REGENERATE=1 cargo test --test tests generated_docs`.
+//! [`render`] produces `man/leaderrun.1` and the files in `completions/` ([`FILES`]). The
+//! committed copies are checked by a test that fails when they drift from the CLI and names the
+//! command that regenerates them: `LEADERRUN_REGENERATE=1 cargo test --test tests generated_docs`.
+//! (No hidden flag: clap_complete would list it in the completions.)
 
 use clap::CommandFactory;
 use roff::{bold, italic, roman, Roff};
 
 use crate::cli::Cli;
 
-/// What `--generate` prints.
+/// One generated document.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Generate {
     /// The man page, roff.
@@ -77,9 +77,28 @@ pub fn man_page() -> Vec<u8> {
     let _ = man.render_synopsis_section(&mut out);
     let _ = man.render_description_section(&mut out);
     let _ = man.render_options_section(&mut out);
-    let _ = man.render_subcommands_section(&mut out);
 
     let mut roff = Roff::new();
+    // Our own SUBCOMMANDS section: clap_mangen's points to leaderrun-status(1) pages that are
+    // not generated.
+    section(&mut roff, "SUBCOMMANDS");
+    for sub in command.get_subcommands() {
+        let name = sub.get_name();
+        let args: Vec<String> = sub
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(|l| format!("[--{l}]")))
+            .collect();
+        let about = sub
+            .get_long_about()
+            .or(sub.get_about())
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        item(
+            &mut roff,
+            &format!("leaderrun {name} {} [OPTIONS]", args.join(" ")),
+            &about,
+        );
+    }
     section(&mut roff, "EXIT STATUS");
     for (code, text) in [
         ("COMMAND's status", "COMMAND exited on its own."),

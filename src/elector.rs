@@ -335,6 +335,8 @@ pub struct Checks {
     pub last_latency: Duration,
     /// The latest failure, with its cause chain.
     pub last_error: Option<String>,
+    /// Sessions opened so far: non-zero once the server has been reached at all.
+    pub sessions_opened: u64,
 }
 
 struct Shared {
@@ -580,21 +582,23 @@ fn demotion_cause(err: &Error) -> &'static str {
 fn pin_client_timers(config: &mut Config) {
     let interval = config.effective_check_interval();
     let second = Duration::from_secs(1);
+    // The kernel takes at most 32767 s for keepalive times and i32::MAX ms for TCP_USER_TIMEOUT.
+    let keepalive_max = Duration::from_secs(32_767);
     config
         .connect
         .keepalives(true)
-        .keepalives_idle(interval.max(second))
-        .keepalives_interval((interval / 2).max(second))
+        .keepalives_idle(interval.clamp(second, keepalive_max))
+        .keepalives_interval((interval / 2).clamp(second, keepalive_max))
         .keepalives_retries(3)
-        .tcp_user_timeout(interval * 2);
+        .tcp_user_timeout((interval * 2).min(Duration::from_millis(i32::MAX as u64)));
 }
 
 /// The server-side timers pinned on every session right after connect (FIELD-NOTES
 /// PostgreSQL 5): role or database defaults may differ, so they are set with `set_config` and
 /// read back. Values are in the GUCs' base units (ms, or s for the keepalives).
 fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
-    let ms = |d: Duration| d.as_millis().max(1).to_string();
-    let secs = |d: Duration| d.as_secs_f64().ceil().max(1.0).to_string();
+    let ms = |d: Duration| d.as_millis().clamp(1, i32::MAX as u128).to_string();
+    let secs = |d: Duration| d.as_secs_f64().ceil().clamp(1.0, 32_767.0).to_string();
     let bound = config.io_bound();
     let idle = config.effective_idle_session_timeout();
     vec![
@@ -1140,6 +1144,7 @@ impl Campaign<'_> {
         let bound = config.io_bound();
         if self.session.is_none() {
             self.session = Some(Session::open(config, &self.shared.target).await?);
+            self.shared.checks.send_modify(|c| c.sessions_opened += 1);
         }
         let Some(session) = self.session.as_ref() else {
             return Ok(CheckOutcome::Failed);
@@ -1271,7 +1276,7 @@ impl Campaign<'_> {
             server = ?self.shared.target,
             lock = %lease.lock,
             fencing_token = lease.fencing_token,
-            idle_session_timeout_ms = %idle_ms,
+            idle_session_timeout_ms = idle.as_millis() as u64,
             "background leader lock acquired"
         );
         Ok(())

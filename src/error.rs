@@ -153,6 +153,18 @@ impl fmt::Display for Chain<'_> {
                 if let Some(hint) = db.hint() {
                     write!(f, "; hint: {hint}")?;
                 }
+                // Prepared statements that collide or vanish between statements: the session
+                // is being shared or swapped (FIELD-NOTES PostgreSQL 8).
+                let code = db.code();
+                if *code == tokio_postgres::error::SqlState::DUPLICATE_PSTATEMENT
+                    || *code == tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME
+                {
+                    f.write_str(
+                        "; likely cause: a transaction-mode connection pooler (e.g. PgBouncer \
+                         pool_mode=transaction) shares server sessions between clients; \
+                         connect directly or through a session-mode pooler",
+                    )?;
+                }
             } else {
                 write!(f, "{err}")?;
             }

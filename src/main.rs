@@ -13,11 +13,6 @@ fn main() -> ExitCode {
         }
     };
     let cli = leaderrun::cli::parse();
-    if let Some(what) = cli.generate {
-        use std::io::Write;
-        let _ = std::io::stdout().write_all(&leaderrun::docs::render(what));
-        return ExitCode::SUCCESS;
-    }
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
     leaderrun::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::runner::main(cli, signals).finish()

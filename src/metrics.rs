@@ -44,6 +44,7 @@ pub struct Metrics {
     child_exits: IntCounterVec,
     ticks: IntCounterVec,
     since_success: Gauge,
+    started: std::time::Instant,
 }
 
 impl Metrics {
@@ -74,7 +75,7 @@ impl Metrics {
         .expect("valid metric");
         let since_success = Gauge::new(
             "leaderrun_seconds_since_last_successful_check",
-            "Seconds since the last check that got an answer from the server.",
+            "Seconds since the last check that got an answer from the server (since start when none has).",
         )
         .expect("valid metric");
         for collector in [
@@ -92,6 +93,7 @@ impl Metrics {
             child_exits,
             ticks,
             since_success,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -129,9 +131,12 @@ impl Metrics {
 
     /// The Prometheus text exposition of everything, `elector`'s state read at this moment.
     pub fn render(&self, elector: &Elector) -> String {
-        if let Some(at) = elector.checks().last_success_at {
-            self.since_success.set(at.elapsed().as_secs_f64());
-        }
+        // Never a success: the time since start, so an alert on this gauge fires.
+        let since = match elector.checks().last_success_at {
+            Some(at) => at.elapsed(),
+            None => self.started.elapsed(),
+        };
+        self.since_success.set(since.as_secs_f64());
         let mut out = Vec::new();
         // Encoding gathered families into a Vec cannot fail.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);

@@ -217,6 +217,9 @@ pub async fn run(
             health: health.clone(),
         };
         match crate::http::serve(addr, observed) {
+            Ok(bound) if matches!(settings.mode, Mode::OneShot { .. }) => {
+                debug!(addr = %bound, "serving /metrics, /healthz and /readyz")
+            }
             Ok(bound) => info!(addr = %bound, "serving /metrics, /healthz and /readyz"),
             Err(err) => {
                 error!("{}", Chain(&err));
@@ -530,10 +533,12 @@ impl Supervisor {
                     if elector.is_leader() {
                         continue;
                     }
-                    return if seen.total > 0 && seen.failed == seen.total {
-                        Campaigned::Unreachable(seen.last_error.unwrap_or_default())
-                    } else if seen.total == 0 {
-                        Campaigned::Unreachable("no check completed within --wait".to_owned())
+                    // A standby may still be waiting in the lock queue when the wait is over: what
+                    // counts is whether the server was reached at all (contract §4).
+                    return if seen.sessions_opened == 0 {
+                        Campaigned::Unreachable(seen.last_error.unwrap_or_else(|| {
+                            "could not connect within --wait".to_owned()
+                        }))
                     } else {
                         Campaigned::NotLeading
                     };
@@ -751,7 +756,8 @@ impl Supervisor {
                 let delay = backoff.after_run(started.elapsed());
                 info!(term = term.number(), last = %status, delay = %humantime::format_duration(delay), "restarting COMMAND after the back-off");
                 match self.hold(&term, Some(Instant::now() + delay), None).await {
-                    Held::Shutdown => return Exit::Child(status),
+                    // Nothing runs during the back-off: stopped on request, like a standby.
+                    Held::Shutdown => return Exit::Code(0),
                     Held::Lost => break,
                     Held::Elapsed | Held::Tick => {}
                 }

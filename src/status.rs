@@ -64,7 +64,7 @@ pub struct Report {
 }
 
 const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
-       host(a.client_addr), a.client_port, \
+       host(a.client_addr), NULLIF(a.client_port, -1), \
        to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
        a.query, current_database() \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \

@@ -49,18 +49,3 @@ fn the_man_page_has_the_contract_sections() {
         assert!(man.contains(needle), "{needle} missing from the man page");
     }
 }
-
-#[test]
-fn the_hidden_generate_flag_prints_the_same_documents() {
-    for (what, name) in [
-        (leaderrun::docs::Generate::Man, "man"),
-        (leaderrun::docs::Generate::CompleteBash, "complete-bash"),
-    ] {
-        let out = crate::support::leaderrun()
-            .args(["--generate", name])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(0));
-        assert_eq!(out.stdout, leaderrun::docs::render(what));
-    }
-}

@@ -160,6 +160,46 @@ fn wait_times_out_with_the_conflict_code() {
 }
 
 #[test]
+fn a_wait_shorter_than_the_check_interval_still_means_conflict() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let _holder = holder(cluster, id, &scratch);
+    // The default 5 s interval: the standby is still waiting in the lock queue when --wait ends.
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+        .args([
+            "--wait",
+            "1s",
+            "--conflict-exit-code",
+            "7",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--", "true"]);
+    let mut waiter = Replica::spawn(cmd);
+    assert_eq!(waiter.wait_exit(secs(5.0)).code(), Some(7));
+    assert_eq!(
+        waiter.log(),
+        "",
+        "a skipping one-shot prints nothing, probes or not"
+    );
+}
+
+#[test]
+fn very_long_intervals_still_connect() {
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    let mut once = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        "10h",
+        &["--once", "--", job.to_str().unwrap()],
+    );
+    assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0), "{}", once.log());
+}
+
+#[test]
 fn wait_succeeds_when_the_holder_lets_go() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
@@ -434,4 +474,10 @@ fn mode_usage_errors_exit_125() {
         assert_eq!(out.status.code(), Some(125), "{args:?}: {stderr}");
         assert!(stderr.contains("error"), "{args:?}: {stderr}");
     }
+    let out = leaderrun()
+        .env("LEADERRUN_ONCE", "garbage")
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
 }

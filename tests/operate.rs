@@ -217,6 +217,10 @@ fn probes_before_the_first_check_and_when_the_loop_is_stuck() {
         },
     );
     assert!(body.contains("no check for"), "{body}");
+    // Never a successful check: the gauge counts from start, so an alert on it fires.
+    let metrics = http(addr, "GET", "/metrics").1;
+    let since = sample(&metrics, "leaderrun_seconds_since_last_successful_check").unwrap();
+    assert!(since > 0.5, "{since}");
     drop(silent);
 }
 
