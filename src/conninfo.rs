@@ -656,6 +656,27 @@ fn application_name(host: &str, pid: u32) -> String {
     format!("{prefix}{host}{suffix}")
 }
 
+/// A compact, space-free name of where `config` connects, for log fields:
+/// `USER@HOST:PORT/DBNAME` (several hosts joined by commas), never the password.
+pub fn endpoint(config: &tokio_postgres::Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            Host::Tcp(name) if name.contains(':') => format!("[{name}]"),
+            Host::Tcp(name) => name.clone(),
+            Host::Unix(path) => path.display().to_string(),
+        })
+        .collect();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "{}@{}:{port}/{}",
+        config.get_user().unwrap_or(""),
+        hosts.join(","),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
 /// A one-line description of where `config` connects, without the password:
 /// `host=H port=P dbname=D user=U` (several hosts joined by commas).
 pub fn describe(config: &tokio_postgres::Config) -> String {
@@ -918,6 +939,12 @@ mod tests {
             assert!(shown.starts_with("invalid"), "{shown}");
             assert!(!shown.contains("hunter2"), "{shown}");
         }
+    }
+
+    #[test]
+    fn endpoint_is_one_word() {
+        let c = resolve_with(Some("postgresql://app:secret@db:6543/plexsphere"), &[]).unwrap();
+        assert_eq!(endpoint(&c.config), "app@db:6543/plexsphere");
     }
 
     #[test]

@@ -1273,7 +1273,7 @@ impl Campaign<'_> {
             term = number,
             backend_pid = lease.backend_pid,
             database = %lease.database,
-            server = ?self.shared.target,
+            server = %crate::conninfo::endpoint(&self.shared.config.connect),
             lock = %lease.lock,
             fencing_token = lease.fencing_token,
             idle_session_timeout_ms = idle.as_millis() as u64,

@@ -274,7 +274,7 @@ fn log_settings(settings: &Settings, command: &Command) {
         Mode::Every { period } => format!("every {}", humantime::format_duration(period)),
     };
     let dur = |d: Duration| humantime::format_duration(d).to_string();
-    let server = crate::conninfo::describe(&settings.connect);
+    let server = crate::conninfo::endpoint(&settings.connect);
     let app = settings.connect.get_application_name().unwrap_or("");
     let timeout = settings.timeout.map(dur).unwrap_or_else(|| "none".into());
     let http = settings
@@ -286,7 +286,7 @@ fn log_settings(settings: &Settings, command: &Command) {
         ($level:ident) => {
             tracing::$level!(
                 mode = %mode,
-                server = ?server,
+                server = %server,
                 application_name = %app,
                 lock = %settings.lock,
                 check_interval = %dur(settings.check_interval),
