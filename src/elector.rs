@@ -787,11 +787,7 @@ impl Session {
             closed,
             task,
         };
-        let row = session
-            .bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
-            .await?;
-        session.backend_pid = row.get(0);
-        session.pin_timers(config, bound).await?;
+        session.backend_pid = session.pin_timers(config, bound).await?;
         // One round trip: a hot standby grants advisory locks of its own, so never even try
         // there (FIELD-NOTES PostgreSQL 7). NULL means "in recovery".
         // With `wait_for_release` the standby waits in the server's lock queue, bounded by
@@ -812,8 +808,9 @@ impl Session {
     }
 
     /// Sets [`server_timers`] and reads them back from `pg_settings`; a value the server did
-    /// not take is logged at WARN (the TCP ones only matter, and only stick, over TCP).
-    async fn pin_timers(&self, config: &Config, bound: Duration) -> Result<(), Error> {
+    /// not take is logged at WARN (the TCP ones only matter, and only stick, over TCP). Returns
+    /// `pg_backend_pid()`, read in the same round trip.
+    async fn pin_timers(&self, config: &Config, bound: Duration) -> Result<i32, Error> {
         let timers = server_timers(config);
         let names: Vec<&str> = timers.iter().map(|(n, _)| *n).collect();
         let values: Vec<&str> = timers.iter().map(|(_, v)| v.as_str()).collect();
@@ -822,7 +819,7 @@ impl Session {
         };
         let set = "SELECT set_config(w.name, w.value, false) \
                    FROM unnest($1::text[], $2::text[]) AS w(name, value)";
-        let read = "SELECT name, setting, inet_server_addr() IS NULL \
+        let read = "SELECT name, setting, inet_server_addr() IS NULL, pg_backend_pid() \
                     FROM pg_settings WHERE name = ANY($1::text[])";
         let both = async {
             client.query(set, &[&names, &values]).await?;
@@ -843,10 +840,12 @@ impl Session {
                 })
             }
         };
+        let mut backend_pid = None;
         for row in rows {
             let name: String = row.get(0);
             let setting: String = row.get(1);
             let unix_socket: bool = row.get(2);
+            backend_pid = Some(row.get::<_, i32>(3));
             if unix_socket && name.starts_with("tcp_") {
                 continue;
             }
@@ -859,7 +858,13 @@ impl Session {
                 );
             }
         }
-        Ok(())
+        match backend_pid {
+            Some(pid) => Ok(pid),
+            None => Ok(self
+                .bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
+                .await?
+                .get(0)),
+        }
     }
 
     /// Prepares a statement, bounded by `bound`.
