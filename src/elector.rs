@@ -157,7 +157,7 @@ impl Config {
 
     /// Bound on connecting and on a standby's statements: the DSN's `connect_timeout` when
     /// set, else the check interval (contract §8).
-    fn io_bound(&self) -> Duration {
+    pub fn io_bound(&self) -> Duration {
         self.connect
             .get_connect_timeout()
             .copied()

@@ -75,11 +75,7 @@ pub fn main(cli: Cli, signals: SignalStream) -> Exit {
             return Exit::Code(EXIT_FAILURE);
         }
     };
-    let bound = settings
-        .connect
-        .get_connect_timeout()
-        .copied()
-        .unwrap_or(settings.check_interval);
+    let bound = elector_config(&settings).io_bound();
     match cli.action {
         Some(Action::Status { json }) => {
             return Exit::Code(crate::status::status_main(
