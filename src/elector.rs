@@ -1075,11 +1075,9 @@ impl Campaign<'_> {
     async fn try_acquire(&mut self) {
         let started = Instant::now();
         let sent = boottime();
-        match self.try_acquire_inner().await {
-            Ok(CheckOutcome::Granted) => {
-                self.safe_until = Some(sent + self.shared.config.effective_check_interval() * 2);
-                self.record(CheckOutcome::Granted, started, None);
-            }
+        match self.try_acquire_inner(started, sent).await {
+            // begin_term recorded it, before publishing the term.
+            Ok(CheckOutcome::Granted) => {}
             Ok(outcome) => self.record(outcome, started, None),
             Err(err @ Error::InRecovery { .. }) => {
                 error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
@@ -1144,7 +1142,11 @@ impl Campaign<'_> {
         });
     }
 
-    async fn try_acquire_inner(&mut self) -> Result<CheckOutcome, Error> {
+    async fn try_acquire_inner(
+        &mut self,
+        started: Instant,
+        sent: Duration,
+    ) -> Result<CheckOutcome, Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
         if self.session.is_none() {
@@ -1192,12 +1194,19 @@ impl Campaign<'_> {
                 debug!(target: "leaderrun::elector", lock = %lock, "lock held by another session; standing by");
                 Ok(CheckOutcome::Refused)
             }
-            Some(true) => self.begin_term().await.map(|()| CheckOutcome::Granted),
+            Some(true) => self
+                .begin_term(started, sent)
+                .await
+                .map(|()| CheckOutcome::Granted),
         }
     }
 
     /// The lock was granted on the current session: make it the lock session and start a term.
-    async fn begin_term(&mut self) -> Result<(), Error> {
+    ///
+    /// `started` and `sent` are the check's start (monotonic) and send time (boottime): the
+    /// check is recorded and the safe window set before the term is published, so nobody
+    /// observes a term without the check that granted it.
+    async fn begin_term(&mut self, started: Instant, sent: Duration) -> Result<(), Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
         let Some(session) = self.session.as_ref() else {
@@ -1272,6 +1281,8 @@ impl Campaign<'_> {
             metrics.leader.set(1);
             metrics.terms.inc();
         }
+        self.safe_until = Some(sent + config.effective_check_interval() * 2);
+        self.record(CheckOutcome::Granted, started, None);
         self.shared.current.send_replace(term);
         info!(
             target: "leaderrun::elector",
