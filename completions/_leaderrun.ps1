@@ -27,7 +27,7 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             [CompletionResult]::new('--lock-name', '--lock-name', [CompletionResultType]::ParameterName, 'Derive the lock id from NAME instead of giving --lock-id')
             [CompletionResult]::new('--check-interval', '--check-interval', [CompletionResultType]::ParameterName, 'Standby retry period, leader verification period, and timeout of one verification')
             [CompletionResult]::new('--grace', '--grace', [CompletionResultType]::ParameterName, 'Time between the stop signal and SIGKILL [default: the check interval]')
-            [CompletionResult]::new('--stop-signal', '--stop-signal', [CompletionResultType]::ParameterName, 'First signal sent to COMMAND''s process group on demotion or shutdown')
+            [CompletionResult]::new('--stop-signal', '--stop-signal', [CompletionResultType]::ParameterName, 'First signal sent to COMMAND''s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits')
             [CompletionResult]::new('--takeover-delay', '--takeover-delay', [CompletionResultType]::ParameterName, 'A new leader verifies its lock this long before it starts COMMAND [default: 0s]')
             [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Longest one run of COMMAND may take; then it is stopped like on demotion')
             [CompletionResult]::new('--min-hold', '--min-hold', [CompletionResultType]::ParameterName, 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]')

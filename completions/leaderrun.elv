@@ -24,7 +24,7 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand --lock-name 'Derive the lock id from NAME instead of giving --lock-id'
             cand --check-interval 'Standby retry period, leader verification period, and timeout of one verification'
             cand --grace 'Time between the stop signal and SIGKILL [default: the check interval]'
-            cand --stop-signal 'First signal sent to COMMAND''s process group on demotion or shutdown'
+            cand --stop-signal 'First signal sent to COMMAND''s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits'
             cand --takeover-delay 'A new leader verifies its lock this long before it starts COMMAND [default: 0s]'
             cand --timeout 'Longest one run of COMMAND may take; then it is stopped like on demotion'
             cand --min-hold 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]'

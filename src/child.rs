@@ -14,47 +14,30 @@
 //! * One place waits (FIELD-NOTES child 6): [`reap`] drains `waitpid(-1, WNOHANG)` and
 //!   recognises the main child inside the loop. Nothing else calls `wait`.
 //! * leaderrun is a child subreaper (or PID 1), so descendants that escape the group with
-//!   `setsid` are re-parented to it; [`Child::stop`] signals those adopted orphans too, and the
-//!   child counts as stopped only when the main child is reaped, its group is empty and no
-//!   adopted orphan is left (FIELD-NOTES child 3–4).
+//!   `setsid` are re-parented to it. What is left of a tree is found from leaderrun's own
+//!   children (`/proc/self/task/*/children`), never by scanning all of `/proc`; a tree is
+//!   empty when the main child is reaped, its group is gone and no adopted orphan is left
+//!   (FIELD-NOTES child 3–4).
+//!
+//! This module knows processes, not policy: when to signal, how long to wait and what a stop
+//! means is the [`crate::supervisor`]'s business, through the [`Tree`] and [`Spawner`] traits
+//! (which its tests implement with fake processes).
 //!
 //! What cannot be guaranteed without cgroups: a descendant that double-forks *and* whose
 //! parent outlives it in another session is not ours until it is re-parented.
-
-use std::collections::HashSet;
-use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use tokio::time::Instant;
-use tracing::{debug, info, warn};
-
-use crate::signals::{is_forwarded, is_shutdown, SignalStream};
-use crate::terminal::Terminal;
-
-/// The process group of the child that is running now (0: none), for [`kill_on_panic`].
-static RUNNING_GROUP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-/// Installs a panic hook that SIGKILLs the running child's process group before the default
-/// hook runs: a leaderrun that dies of a bug must not leave COMMAND's helpers running while
-/// another replica takes the lock (`PR_SET_PDEATHSIG` reaches only the direct child).
-pub fn kill_on_panic() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let group = RUNNING_GROUP.load(std::sync::atomic::Ordering::Acquire);
-        if group > 0 {
-            let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
-        }
-        previous(info);
-    }));
-}
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use tracing::{debug, warn};
 
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -298,52 +281,87 @@ pub fn reap(main: Option<Pid>) -> Reaped {
     }
 }
 
-/// Pids whose parent is this process: the main child and every adopted orphan.
-fn children_of_self() -> Vec<Pid> {
-    let me = std::process::id() as i32;
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
+/// Pids whose parent is this process (the main child and every adopted orphan), read from
+/// `/proc/self/task/*/children`: a subreaper's orphans are re-parented to one of its threads.
+/// `None` when that cannot be read (no `/proc`); then only the process group can be reached.
+pub fn own_children() -> Option<Vec<Pid>> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
     let mut out = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
+    let mut read_any = false;
+    for task in tasks.flatten() {
+        let Ok(list) = std::fs::read_to_string(task.path().join("children")) else {
             continue;
         };
-        let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid …"; comm may hold spaces and parentheses, so split after the
-        // last ')'.
-        let Some(close) = stat.iter().rposition(|&b| b == b')') else {
-            continue;
-        };
-        let mut fields = stat[close + 1..]
-            .split(|&b| b == b' ')
-            .filter(|f| !f.is_empty());
-        let state = fields.next();
-        let ppid = fields
-            .next()
-            .and_then(|f| std::str::from_utf8(f).ok())
-            .and_then(|f| f.parse::<i32>().ok());
-        if ppid == Some(me) && state != Some(b"Z") {
-            out.push(Pid::from_raw(pid));
-        }
+        read_any = true;
+        out.extend(
+            list.split_ascii_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .map(Pid::from_raw),
+        );
     }
-    out
+    read_any.then_some(out)
 }
 
-/// How a [`Child::stop`] ended.
-#[derive(Clone, Copy, Debug)]
-pub struct Stopped {
-    /// The main child's status.
-    pub status: ExitStatus,
-    /// The first INT/TERM that arrived while stopping for another reason (demotion, the child's
-    /// own exit): it was forwarded, and the caller should shut down afterwards.
-    pub shutdown: Option<Signal>,
+/// What one look at a [`Tree`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeState {
+    /// The main child's status, once it has been reaped.
+    pub main: Option<ExitStatus>,
+    /// The signal that stopped the main child since the last look (Ctrl-Z, or reading the
+    /// terminal from the background), if it stopped.
+    pub stopped: Option<Signal>,
+    /// Whether nothing of the tree is left: the main child reaped, its group gone, no adopted
+    /// orphan alive.
+    pub empty: bool,
+}
+
+/// COMMAND's process tree as the supervisor drives it: the main child, its process group, and
+/// the orphans adopted from it. Dropping a tree that may still run kills it (SIGKILL): the
+/// supervisor always stops a tree first, so this only happens when a panic unwinds it, and
+/// then nothing of COMMAND may outlive the process (issue: only a panic that ends the process
+/// ends the tree without its grace).
+pub trait Tree: std::fmt::Debug {
+    /// The main child's pid, which is also its process group id.
+    fn pid(&self) -> u32;
+    /// Sends `sig` to the main child's process group only (signals passed on, job control).
+    fn signal_group(&mut self, sig: Signal);
+    /// Sends `sig` to the group and to every adopted orphan (a stop).
+    fn signal_all(&mut self, sig: Signal);
+    /// Reaps what has exited and reports what is left.
+    fn poll(&mut self) -> TreeState;
+}
+
+/// Starts COMMAND: the supervisor's one way to make a [`Tree`].
+pub trait Spawner {
+    /// Starts COMMAND with `env` added to the inherited environment.
+    ///
+    /// # Errors
+    /// [`SpawnError`] as [`Child::spawn`] reports it.
+    fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError>;
+
+    /// Reaps children that belong to no running tree (leftovers of an earlier term, strays
+    /// adopted as PID 1 or subreaper).
+    fn reap_strays(&mut self);
+}
+
+/// The real [`Spawner`]: forks and execs `command`, giving the child the terminal's foreground
+/// when leaderrun owned it at start (`foreground`: the terminal's descriptor).
+#[derive(Debug)]
+pub struct ProcessSpawner {
+    /// What to run.
+    pub command: Command,
+    /// The controlling terminal's descriptor when leaderrun owns its foreground.
+    pub foreground: Option<RawFd>,
+}
+
+impl Spawner for ProcessSpawner {
+    fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError> {
+        Ok(Box::new(Child::spawn(&self.command, env, self.foreground)?))
+    }
+
+    fn reap_strays(&mut self) {
+        reap(None);
+    }
 }
 
 /// A running COMMAND: the leader of its own process group.
@@ -352,10 +370,17 @@ pub struct Child {
     pid: Pid,
     status: Option<ExitStatus>,
     stopped: Option<Signal>,
+    empty: bool,
+    /// The last stop signal sent with [`Tree::signal_all`], and the orphans that got it: an
+    /// orphan adopted later (its parent died meanwhile) gets it when it shows up.
+    stopping: Option<Signal>,
+    signalled: HashSet<Pid>,
 }
 
 impl Child {
-    /// Starts `command` in a new process group with `env` added to the inherited environment.
+    /// Starts `command` in a new process group with `env` added to the inherited environment;
+    /// with `foreground` (the controlling terminal's descriptor) the child's group becomes the
+    /// terminal's foreground group before exec.
     ///
     /// Must be called on the thread that lives as long as the process (the binary's main
     /// thread), because `PR_SET_PDEATHSIG` is tied to the forking thread.
@@ -366,7 +391,7 @@ impl Child {
     pub fn spawn(
         command: &Command,
         env: &[(&str, String)],
-        terminal: Option<&Terminal>,
+        foreground: Option<RawFd>,
     ) -> Result<Child, SpawnError> {
         let mut cmd = std::process::Command::new(&command.program);
         cmd.arg0(&command.argv[0])
@@ -378,11 +403,12 @@ impl Child {
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID");
         let parent = nix::unistd::getpid().as_raw();
-        let foreground = terminal.is_some();
+        let keep_ignored = crate::signals::ignored_at_entry();
+        let tty = foreground.unwrap_or(-1);
         // SAFETY: the closure runs between fork and exec and only makes raw syscalls
         // (no allocation, no locks), as required in a forked child of a threaded process.
         unsafe {
-            cmd.pre_exec(move || prepare_child(parent, foreground));
+            cmd.pre_exec(move || prepare_child(parent, tty, keep_ignored));
         }
         let child = cmd.spawn().map_err(|source| SpawnError::Spawn {
             program: command.argv[0].to_string_lossy().into_owned(),
@@ -391,44 +417,31 @@ impl Child {
         let pid = Pid::from_raw(child.id() as i32);
         // Dropping std's handle neither waits nor kills; `reap` is the only waiter.
         drop(child);
-        RUNNING_GROUP.store(pid.as_raw(), std::sync::atomic::Ordering::Release);
         Ok(Child {
             pid,
             status: None,
             stopped: None,
+            empty: false,
+            stopping: None,
+            signalled: HashSet::new(),
         })
     }
 
-    /// The main child's pid, which is also its process group id.
-    pub fn pid(&self) -> u32 {
+    fn group_alive(&self) -> bool {
+        !matches!(killpg(self.pid, None), Err(Errno::ESRCH))
+    }
+
+    fn orphans(&self) -> Option<Vec<Pid>> {
+        own_children().map(|all| all.into_iter().filter(|&p| p != self.pid).collect())
+    }
+}
+
+impl Tree for Child {
+    fn pid(&self) -> u32 {
         self.pid.as_raw() as u32
     }
 
-    /// The main child's status once it has been reaped.
-    pub fn status(&self) -> Option<ExitStatus> {
-        self.status
-    }
-
-    /// Drains exited children (see [`reap`]); records the main child's status.
-    pub fn reap(&mut self) -> Reaped {
-        let reaped = reap(Some(self.pid));
-        if let Some(status) = reaped.main {
-            self.status = Some(status);
-        }
-        if reaped.main_stopped.is_some() {
-            self.stopped = reaped.main_stopped;
-        }
-        reaped
-    }
-
-    /// The signal that stopped the main child since the last call (e.g. SIGTSTP from Ctrl-Z),
-    /// if any.
-    pub fn take_stop(&mut self) -> Option<Signal> {
-        self.stopped.take()
-    }
-
-    /// Sends `sig` to the child's process group (ESRCH, an empty group, is not an error).
-    pub fn signal_group(&self, sig: Signal) {
+    fn signal_group(&mut self, sig: Signal) {
         match killpg(self.pid, sig) {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(err) => warn!(
@@ -439,116 +452,78 @@ impl Child {
         }
     }
 
-    fn group_alive(&self) -> bool {
-        !matches!(killpg(self.pid, None), Err(Errno::ESRCH))
+    fn signal_all(&mut self, sig: Signal) {
+        self.signal_group(sig);
+        if sig != Signal::SIGCONT {
+            self.stopping = Some(sig);
+            self.signalled.clear();
+        }
+        for orphan in self.orphans().unwrap_or_default() {
+            let _ = kill(orphan, sig);
+            self.signalled.insert(orphan);
+        }
     }
 
-    /// Stops the child: `first` and SIGCONT to the group and to every adopted orphan, then
-    /// SIGKILL to all of them when `grace` has passed, and waits until the main child is
-    /// reaped, the group is empty and no adopted orphan is left (FIELD-NOTES child 3–4). Also
-    /// when the main child has already exited: what is left of its group is stopped the same way.
-    ///
-    /// While it waits, signals keep being handled: SIGCHLD reaps; another forwarded signal goes
-    /// to the group; INT/TERM when `shutting_down` (the second one) means SIGKILL now, otherwise
-    /// it is forwarded and reported in [`Stopped::shutdown`]; SIGTSTP is not passed on.
-    pub async fn stop(
-        &mut self,
-        first: Signal,
-        grace: Duration,
-        shutting_down: bool,
-        signals: &mut SignalStream,
-    ) -> Stopped {
-        const POLL: Duration = Duration::from_millis(20);
-        let mut shutdown = None;
-        let mut signalled: HashSet<Pid> = HashSet::new();
-        let mut current = first;
-        let mut deadline = Instant::now() + grace;
-        let mut killed = false;
-        let mut announced = false;
-        let mut forced = false;
-        loop {
-            let reaped = self.reap();
-            let group_alive = self.group_alive();
-            let orphans: Vec<Pid> = children_of_self()
-                .into_iter()
-                .filter(|&p| p != self.pid)
-                .collect();
-            if let Some(status) = self.status {
-                if !group_alive && orphans.is_empty() && !reaped.children_left {
-                    let _ = RUNNING_GROUP.compare_exchange(
-                        self.pid.as_raw(),
-                        0,
-                        std::sync::atomic::Ordering::AcqRel,
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
-                    return Stopped { status, shutdown };
-                }
-            }
-            if !killed && Instant::now() >= deadline {
-                if announced && !forced {
-                    let what = if self.status.is_some() {
-                        "processes COMMAND left behind are"
-                    } else {
-                        "child is"
-                    };
-                    warn!(
-                        pgid = self.pid.as_raw(),
-                        grace = %humantime::format_duration(grace),
-                        "{what} still running after the grace period; sending SIGKILL"
-                    );
-                }
-                killed = true;
-                current = Signal::SIGKILL;
-                signalled.clear();
-                if group_alive {
-                    self.signal_group(Signal::SIGKILL);
-                }
-            }
-            if !announced && !killed {
-                announced = true;
-                if group_alive {
-                    self.signal_group(current);
-                    self.signal_group(Signal::SIGCONT);
-                }
-            }
-            for orphan in orphans {
-                if signalled.insert(orphan) {
-                    let _ = kill(orphan, current);
-                    if current != Signal::SIGKILL {
+    fn poll(&mut self) -> TreeState {
+        let reaped = reap(Some(self.pid));
+        if let Some(status) = reaped.main {
+            self.status = Some(status);
+        }
+        let stopped = reaped.main_stopped.or(self.stopped.take());
+        if self.empty {
+            return TreeState {
+                main: self.status,
+                stopped,
+                empty: true,
+            };
+        }
+        // Only a stop or a finished main child needs the orphans: avoid reading them otherwise.
+        let orphans = (self.stopping.is_some() || self.status.is_some())
+            .then(|| self.orphans())
+            .flatten();
+        if let (Some(sig), Some(orphans)) = (self.stopping, &orphans) {
+            for &orphan in orphans {
+                if self.signalled.insert(orphan) {
+                    let _ = kill(orphan, sig);
+                    if sig != Signal::SIGKILL {
                         let _ = kill(orphan, Signal::SIGCONT);
                     }
                 }
             }
-            let wake = if killed {
-                Instant::now() + POLL
-            } else {
-                deadline.min(Instant::now() + POLL)
+        }
+        if self.status.is_some() {
+            let orphans_left = match orphans {
+                Some(orphans) => !orphans.is_empty(),
+                // Without /proc: any child at all counts.
+                None => reaped.children_left,
             };
-            tokio::select! {
-                sig = signals.recv() => match sig {
-                    Signal::SIGCHLD => {}
-                    s if is_shutdown(s) && (shutting_down || shutdown.is_some()) => {
-                        info!(signal = s.as_str(), "second {} while stopping the child; sending SIGKILL now", s.as_str());
-                        deadline = Instant::now();
-                        forced = true;
-                    }
-                    s if is_forwarded(s) => {
-                        if is_shutdown(s) {
-                            shutdown = Some(s);
-                        }
-                        self.signal_group(s);
-                    }
-                    // A Ctrl-Z now would stop what we are stopping; SIGCONT keeps it going.
-                    _ => {}
-                },
-                () = tokio::time::sleep_until(wake) => {}
+            self.empty = !self.group_alive() && !orphans_left;
+        }
+        TreeState {
+            main: self.status,
+            stopped,
+            empty: self.empty,
+        }
+    }
+}
+
+impl Drop for Child {
+    /// A tree dropped before it was seen empty is killed: see [`Tree`].
+    fn drop(&mut self) {
+        if !self.empty {
+            let _ = killpg(self.pid, Signal::SIGKILL);
+            if self.status.is_none() {
+                let _ = kill(self.pid, Signal::SIGKILL);
+            }
+            for orphan in self.orphans().unwrap_or_default() {
+                let _ = kill(orphan, Signal::SIGKILL);
             }
         }
     }
 }
 
 /// Runs in the forked child before exec: raw syscalls only (FIELD-NOTES child 10).
-fn prepare_child(parent: i32, foreground: bool) -> std::io::Result<()> {
+fn prepare_child(parent: i32, tty: RawFd, keep_ignored: u64) -> std::io::Result<()> {
     // SAFETY: plain syscalls on values we own; no allocation, no locks.
     unsafe {
         // Own process group, so the stop signal reaches everything it starts
@@ -558,8 +533,8 @@ fn prepare_child(parent: i32, foreground: bool) -> std::io::Result<()> {
         }
         // Take the terminal's foreground before exec, so the program never reads the terminal
         // from a background group. SIGTTOU is still ignored here (inherited from leaderrun).
-        if foreground {
-            libc::tcsetpgrp(0, libc::getpid());
+        if tty >= 0 {
+            libc::tcsetpgrp(tty, libc::getpid());
         }
         if libc::prctl(
             libc::PR_SET_PDEATHSIG,
@@ -575,9 +550,11 @@ fn prepare_child(parent: i32, foreground: bool) -> std::io::Result<()> {
         if libc::getppid() != parent {
             libc::_exit(125);
         }
-        // Handlers are reset by exec, but ignored signals stay ignored (FIELD-NOTES child 11).
+        // Handlers are reset by exec, but ignored signals stay ignored: restore the default
+        // for what leaderrun itself ignored (SIGPIPE, SIGTTOU), keep what was ignored when it
+        // started, as a POSIX shell does (FIELD-NOTES child 11).
         for sig in 1..32 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP && keep_ignored & (1 << sig) == 0 {
                 libc::signal(sig, libc::SIG_DFL);
             }
         }

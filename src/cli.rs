@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 use crate::elector::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
 
 /// Exit status for leaderrun's own failures, usage errors included (contract §6).
-pub const EXIT_FAILURE: u8 = 125;
+pub const EXIT_FAILURE: u8 = crate::exit_codes::FAILURE;
 
 const ABOUT: &str =
     "Run COMMAND on exactly one machine of many, elected by a PostgreSQL advisory lock";
@@ -154,9 +154,12 @@ pub struct Cli {
     )]
     pub grace: Option<Duration>,
 
-    /// First signal sent to COMMAND's process group on demotion or shutdown
+    /// First signal sent to COMMAND's process group on demotion, on --timeout, and to helpers
+    /// left behind when COMMAND exits
     ///
-    /// A name with or without SIG (TERM, SIGINT, hup) or a number.
+    /// On shutdown the INT or TERM that leaderrun received is passed on instead. SIGKILL
+    /// follows after the grace period. A name with or without SIG (TERM, SIGINT, hup) or a
+    /// number.
     ///
     /// Example: --stop-signal INT
     #[arg(
@@ -388,38 +391,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// `--restart`: what the default mode does when COMMAND exits while leading.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Restart {
-    /// Release the lock and exit with COMMAND's status.
-    Never,
-    /// Restart after a non-zero exit, a death by signal or a timeout.
-    OnFailure,
-    /// Restart after every exit.
-    Always,
-}
-
-/// How COMMAND is run (contract §4).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Default: run COMMAND while leading; start it afresh in every term.
-    WhileLeader {
-        /// What to do when it exits on its own.
-        restart: Restart,
-    },
-    /// `--once` (`wait: None`) or `--wait DUR`: run at most once.
-    OneShot {
-        /// How long to campaign; `None` is a single check.
-        wait: Option<Duration>,
-        /// `--min-hold`: keep the lock at least this long after the grant.
-        min_hold: Duration,
-    },
-    /// `--every DUR`: run once per period while leading.
-    Every {
-        /// The ticker period.
-        period: Duration,
-    },
-}
+pub use crate::supervisor::{Mode, Restart};
 
 /// The checked settings of a run.
 #[derive(Debug)]
@@ -430,14 +402,11 @@ pub struct Settings {
     pub tls: crate::tls::TlsSettings,
     /// The advisory lock key.
     pub lock: LockKey,
-    /// Check interval (never zero).
-    pub check_interval: Duration,
-    /// Grace between stop signal and SIGKILL (never zero).
-    pub grace: Duration,
-    /// First signal of a stop.
+    /// Check interval, grace and the lock session's `idle_session_timeout`: the timing model,
+    /// checked.
+    pub timing: crate::timing::Timing,
+    /// First signal of a stop for demotion, `--timeout` and leftovers.
     pub stop_signal: Signal,
-    /// `idle_session_timeout` for the lock session (contract §3).
-    pub idle_session_timeout: Duration,
     /// COMMAND and its arguments, as given.
     pub command: Vec<OsString>,
     /// The mode.
@@ -493,19 +462,10 @@ impl Cli {
                  (to run a program named status or doctor: leaderrun [OPTIONS] -- status)",
             ));
         }
-        let idle = idle_session_timeout(
-            self.check_interval,
-            self.grace.unwrap_or(self.check_interval),
-        );
-        if idle > MAX_IDLE_SESSION_TIMEOUT {
+        if let Err(err) = self.timing().check() {
             return Err(Cli::command().error(
                 clap::error::ErrorKind::ValueValidation,
-                format!(
-                    "--check-interval/--grace too long: the lock session's idle_session_timeout \
-                     would be {}, over PostgreSQL's limit of {}",
-                    humantime::format_duration(idle),
-                    humantime::format_duration(MAX_IDLE_SESSION_TIMEOUT)
-                ),
+                format!("--check-interval/--grace: {err}"),
             ));
         }
         if self.min_hold.is_some() && !self.once && self.wait.is_none() {
@@ -527,6 +487,14 @@ impl Cli {
                 .as_deref()
                 .map_or(self.lock_id, lock_id_for_name),
         }
+    }
+
+    /// The timing model for `--check-interval` and `--grace` (default: one interval).
+    pub fn timing(&self) -> crate::timing::Timing {
+        crate::timing::Timing::new(
+            self.check_interval,
+            self.grace.unwrap_or(self.check_interval),
+        )
     }
 
     /// The mode the flags select.
@@ -554,15 +522,12 @@ impl Cli {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, crate::conninfo::ConnInfoError> {
         let resolved = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
-        let grace = self.grace.unwrap_or(self.check_interval);
         Ok(Settings {
             connect: resolved.config,
             tls: resolved.tls,
             lock: self.lock(),
-            check_interval: self.check_interval,
-            grace,
+            timing: self.timing(),
             stop_signal: self.stop_signal,
-            idle_session_timeout: idle_session_timeout(self.check_interval, grace),
             command: self.command.clone(),
             mode: self.mode(),
             takeover_delay: self.takeover_delay.unwrap_or(Duration::ZERO),
@@ -583,21 +548,6 @@ impl Cli {
         }
     }
 }
-
-/// `idle_session_timeout` of the lock session (contract §3): the seed's 4 × interval, raised to
-/// 3 × interval + grace when the grace is longer than one interval, so that a cut-off leader
-/// (which stops its child within 2 × interval + grace) is always done before the server frees
-/// the lock.
-pub fn idle_session_timeout(interval: Duration, grace: Duration) -> Duration {
-    if grace > interval {
-        interval * 3 + grace
-    } else {
-        interval * 4
-    }
-}
-
-/// PostgreSQL's largest `idle_session_timeout`: `INT_MAX` milliseconds (about 24.8 days).
-pub const MAX_IDLE_SESSION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// The longest duration any option takes: one year.
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -802,18 +752,6 @@ mod tests {
         assert!(parse_signal("chld").is_err());
         assert_eq!(parse_signal("KILL"), Ok(Signal::SIGKILL));
         assert!(parse_signal("99").is_err());
-    }
-
-    #[test]
-    fn idle_timeout_rule() {
-        let s = Duration::from_secs;
-        assert_eq!(idle_session_timeout(s(5), s(5)), s(20));
-        assert_eq!(idle_session_timeout(s(5), s(2)), s(20));
-        assert_eq!(idle_session_timeout(s(5), s(30)), s(45));
-        // The timing model of FIELD-NOTES PostgreSQL 6: 2i + g < T always.
-        for (i, g) in [(1, 1), (1, 10), (5, 4), (5, 6), (2, 100)] {
-            assert!(s(2 * i + g) < idle_session_timeout(s(i), s(g)));
-        }
     }
 
     #[test]

@@ -206,6 +206,17 @@ struct TermInner {
     lease: Option<Lease>,
     token: CancellationToken,
     end: OnceLock<TermEnd>,
+    /// End of the safe window of the last check that proved the lock, as nanoseconds of
+    /// [`boottime`]; 0 when nothing proved it.
+    proven_until: AtomicU64,
+    /// Holds on the term, and whether new ones are refused (the term ended).
+    holds: watch::Sender<Holds>,
+}
+
+#[derive(Debug, Default)]
+struct Holds {
+    count: usize,
+    closed: bool,
 }
 
 /// One continuous period of leadership, or the ended placeholder a standby hands out.
@@ -213,6 +224,19 @@ struct TermInner {
 /// The seed's `Term(parent)`: cheap to clone; [`Term::ended`] resolves when leadership ends,
 /// and [`Term::end_cause`] then tells why. On a standby, [`Elector::term`] returns a term that
 /// has already ended (number 0, no lease).
+///
+/// # Proof and holds: the two rules every user of a term passes through
+///
+/// * A term carries its **proof**: the end of the safe window of the last check that proved
+///   the lock ([`Term::proven_until`], on CLOCK_BOOTTIME). Work may start or continue only
+///   while [`Term::is_proven`]: past the window the server may already have given the lock
+///   away (contract §8, FIELD-NOTES PostgreSQL 6 and child 14). Once a window has passed it
+///   never reopens; the term is as good as ended.
+/// * Work that runs under a term takes a [`TermHold`] ([`Term::hold`], refused outside the
+///   proof). While the lock may still be held, the elector releases it (unlock, or closing a
+///   live session after a failed check) only once every hold is dropped, i.e. after the work
+///   is dead (FIELD-NOTES PostgreSQL 13). The wait is bounded by the session's
+///   `idle_session_timeout`, after which the server has freed an idle session's lock anyway.
 #[derive(Clone)]
 pub struct Term(Arc<TermInner>);
 
@@ -222,35 +246,109 @@ impl std::fmt::Debug for Term {
             .field("number", &self.0.number)
             .field("lease", &self.0.lease)
             .field("end", &self.0.end.get())
+            .field("proven_until", &self.proven_until())
             .finish()
     }
 }
 
+/// Work running under a [`Term`]: while any hold of a term lives, the lock is not released on
+/// purpose. Drop it when the work (for the binary: COMMAND's whole tree) is dead.
+#[derive(Debug)]
+pub struct TermHold {
+    term: Term,
+}
+
+impl TermHold {
+    /// The term this hold is on.
+    pub fn term(&self) -> &Term {
+        &self.term
+    }
+}
+
+impl Drop for TermHold {
+    fn drop(&mut self) {
+        self.term.0.holds.send_modify(|h| h.count -= 1);
+    }
+}
+
+/// The issuing side of a [`Term`]: proves it, ends it, and waits for its holds. The
+/// [`Elector`] is one issuer; tests of code that runs under terms are another.
+#[derive(Debug)]
+pub struct TermControl {
+    term: Term,
+}
+
+impl TermControl {
+    /// The term this controls.
+    pub fn term(&self) -> &Term {
+        &self.term
+    }
+
+    /// Records a check that proved the lock: the proof now runs until `until` (on
+    /// [`boottime`]). Refused (returns false) when the proof had already run out: a passed
+    /// safe window never reopens, so a late answer cannot revive a term whose work may
+    /// already have been stopped elsewhere.
+    pub fn prove(&self, until: Duration) -> bool {
+        let now = boottime().as_nanos() as u64;
+        let until = until.as_nanos() as u64;
+        let mut current = self.term.0.proven_until.load(Ordering::Acquire);
+        loop {
+            if current <= now || self.term.is_ended() {
+                return false;
+            }
+            match self.term.0.proven_until.compare_exchange(
+                current,
+                current.max(until),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// Ends the term once (later calls keep the first cause) and refuses new holds.
+    pub fn end(&self, cause: TermEnd) {
+        self.term.0.holds.send_modify(|h| h.closed = true);
+        let _ = self.term.0.end.set(cause);
+        self.term.0.token.cancel();
+    }
+
+    /// Waits until every [`TermHold`] is dropped, at most `bound`; true when they all were.
+    pub async fn released(&self, bound: Duration) -> bool {
+        let mut rx = self.term.0.holds.subscribe();
+        let released = timeout(bound, rx.wait_for(|h| h.count == 0)).await.is_ok();
+        released
+    }
+
+    /// Holds alive now.
+    pub fn holds(&self) -> usize {
+        self.term.0.holds.borrow().count
+    }
+}
+
 impl Term {
-    fn begin(number: u64, lease: Lease) -> Term {
-        Term(Arc::new(TermInner {
+    /// Begins term `number` with `lease`, proven until `proven_until` (on [`boottime`]).
+    /// Returns the term to hand out and the control its issuer keeps.
+    pub fn issue(number: u64, lease: Option<Lease>, proven_until: Duration) -> (Term, TermControl) {
+        let (holds, _) = watch::channel(Holds::default());
+        let term = Term(Arc::new(TermInner {
             number,
-            lease: Some(lease),
+            lease,
             token: CancellationToken::new(),
             end: OnceLock::new(),
-        }))
+            proven_until: AtomicU64::new(proven_until.as_nanos() as u64),
+            holds,
+        }));
+        (term.clone(), TermControl { term })
     }
 
     fn standby() -> Term {
-        let term = Term(Arc::new(TermInner {
-            number: 0,
-            lease: None,
-            token: CancellationToken::new(),
-            end: OnceLock::new(),
-        }));
-        term.0.token.cancel();
+        let (term, control) = Term::issue(0, None, Duration::ZERO);
+        control.term.0.token.cancel();
+        control.term.0.holds.send_modify(|h| h.closed = true);
         term
-    }
-
-    /// Ends the term once; later calls keep the first cause.
-    fn end(&self, cause: TermEnd) {
-        let _ = self.0.end.set(cause);
-        self.0.token.cancel();
     }
 
     /// The term's number: 1, 2, … in the order this elector was granted the lock; 0 for the
@@ -267,6 +365,38 @@ impl Term {
     /// Whether the term is over (always true for a standby's placeholder).
     pub fn is_ended(&self) -> bool {
         self.0.token.is_cancelled()
+    }
+
+    /// End of the safe window of the last check that proved the lock, on [`boottime`];
+    /// `None` when no check did.
+    pub fn proven_until(&self) -> Option<Duration> {
+        match self.0.proven_until.load(Ordering::Acquire) {
+            0 => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// Whether the term lasts and the safe window of its last proof is still open now: the
+    /// one condition under which work may start or continue (contract §8).
+    pub fn is_proven(&self) -> bool {
+        !self.is_ended() && self.proven_until().is_some_and(|until| boottime() < until)
+    }
+
+    /// Takes a hold for work that starts now; `None` when the term is not proven (ended, or
+    /// its safe window passed). See the type's docs.
+    pub fn hold(&self) -> Option<TermHold> {
+        if !self.is_proven() {
+            return None;
+        }
+        let mut taken = false;
+        self.0.holds.send_if_modified(|h| {
+            if !h.closed {
+                h.count += 1;
+                taken = true;
+            }
+            taken
+        });
+        taken.then(|| TermHold { term: self.clone() })
     }
 
     /// Why the term ended; `None` while it lasts and for a standby's placeholder.
@@ -418,6 +548,12 @@ impl Elector {
         self.shared.checks.subscribe()
     }
 
+    /// A receiver that sees every change of [`Elector::term`]: each term that begins, and the
+    /// standby placeholder published when one ends.
+    pub fn watch_term(&self) -> watch::Receiver<Term> {
+        self.shared.current.subscribe()
+    }
+
     /// The current term (the seed's `Term`): live while leading; already ended on a standby.
     pub fn term(&self) -> Term {
         self.shared.current.borrow().clone()
@@ -447,10 +583,13 @@ impl Elector {
         Fut: Future,
     {
         let term = self.term();
-        if term.is_ended() {
+        // The work starts only inside the proof, and the lock is not released on purpose
+        // before it returned.
+        let Some(hold) = term.hold() else {
             return Done::Standby;
-        }
+        };
         let output = work(term.clone()).await;
+        drop(hold);
         if term.end_cause() == Some(TermEnd::LeadershipLost) {
             let _span = self.shared.config.span.enter();
             info!(
@@ -482,7 +621,6 @@ impl Elector {
             shared: &self.shared,
             session: None,
             term: None,
-            safe_until: None,
             finished: false,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
@@ -609,6 +747,11 @@ fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
         ),
         ("lock_timeout", ms(config.effective_check_interval())),
         ("idle_in_transaction_session_timeout", ms(idle)),
+        // The seed's bound on an orphaned lock session, from the moment the session may ask
+        // for the lock (FIELD-NOTES PostgreSQL 14): a grant that reaches a client that stopped
+        // listening is freed within it. A standby is never idle that long: it runs a statement
+        // every interval, or waits in one.
+        ("idle_session_timeout", ms(idle)),
         // The server's own fallback for a vanished client (and the only bound before
         // PostgreSQL 14): about idle_session_timeout in all.
         ("tcp_keepalives_idle", secs(idle / 2)),
@@ -817,8 +960,10 @@ impl Session {
         let Some(client) = self.client.as_ref() else {
             return Err(Error::SessionClosed(None));
         };
+        // Only settings the server has: idle_session_timeout is new in PostgreSQL 14.
         let set = "SELECT set_config(w.name, w.value, false) \
-                   FROM unnest($1::text[], $2::text[]) AS w(name, value)";
+                   FROM unnest($1::text[], $2::text[]) AS w(name, value) \
+                   WHERE EXISTS (SELECT 1 FROM pg_settings s WHERE s.name = w.name)";
         let read = "SELECT name, setting, inet_server_addr() IS NULL, pg_backend_pid() \
                     FROM pg_settings WHERE name = ANY($1::text[])";
         let both = async {
@@ -841,6 +986,16 @@ impl Session {
             }
         };
         let mut backend_pid = None;
+        if !rows
+            .iter()
+            .any(|r| r.get::<_, String>(0) == "idle_session_timeout")
+        {
+            warn!(
+                target: "leaderrun::elector",
+                "leader: server has no idle_session_timeout (PostgreSQL before 14): \
+                 an orphaned lock session is bounded only by TCP keepalives"
+            );
+        }
         for row in rows {
             let name: String = row.get(0);
             let setting: String = row.get(1);
@@ -938,7 +1093,7 @@ pub fn boottime() -> Duration {
 
 /// How one check phase of the campaign ended.
 enum Phase {
-    Checked,
+    Checked(Result<(), Error>),
     Unsafe,
     Cancelled,
 }
@@ -947,11 +1102,10 @@ enum Phase {
 struct Campaign<'a> {
     shared: &'a Shared,
     session: Option<Session>,
-    term: Option<Term>,
-    /// End of the leader's safe window, on [`boottime`]: the send time of the last check that
-    /// proved the lock (or of the grant) plus 2 check intervals. Past it the server may already
-    /// have given the lock away (contract §8), so the leader demotes without asking.
-    safe_until: Option<Duration>,
+    /// The term while leading. Its proof ends 2 check intervals after the send time of the
+    /// last check that proved the lock (or of the grant); past it the server may already have
+    /// given the lock away (contract §8), so the leader demotes without asking.
+    term: Option<TermControl>,
     /// Set when `run` returns normally; a `Campaign` dropped without it was unwound by a panic
     /// or dropped mid-await.
     finished: bool,
@@ -982,7 +1136,7 @@ impl Campaign<'_> {
                 _ = cancel.cancelled() => return,
                 _ = safety.tick() => {
                     if self.window_passed() {
-                        self.demote_unsafe();
+                        self.demote_unsafe().await;
                         ticker.reset();
                     }
                     continue;
@@ -998,13 +1152,14 @@ impl Campaign<'_> {
                 _ = ticker.tick() => {}
             }
             let leading = self.term.is_some();
-            let safe_until = self.safe_until;
+            let proven_until = self.term.as_ref().and_then(|t| t.term().proven_until());
             let phase = {
                 let check = async {
                     if self.term.is_some() {
-                        self.verify().await;
+                        self.verify().await
                     } else {
                         self.try_acquire().await;
+                        Ok(())
                     }
                 };
                 tokio::pin!(check);
@@ -1013,25 +1168,26 @@ impl Campaign<'_> {
                         biased;
                         _ = cancel.cancelled() => break Phase::Cancelled,
                         _ = safety.tick(), if leading => {
-                            if safe_until.is_some_and(|until| boottime() > until) {
+                            if proven_until.is_some_and(|until| boottime() >= until) {
                                 break Phase::Unsafe;
                             }
                         }
-                        () = &mut check => break Phase::Checked,
+                        result = &mut check => break Phase::Checked(result),
                     }
                 }
             };
             match phase {
-                Phase::Checked => {
-                    if leading && self.term.is_none() {
-                        // Demoted: the next try is one full interval away, which gives the
-                        // child's stop a head start on any new round trip.
-                        ticker.reset();
-                    }
+                Phase::Checked(Ok(())) => {}
+                Phase::Checked(Err(err)) => {
+                    // The check failed on a live session: the lock may still be held, so the
+                    // work stops before it is released (FIELD-NOTES PostgreSQL 13).
+                    self.demote(&err).await;
+                    // The next try is one full interval away.
+                    ticker.reset();
                 }
                 Phase::Unsafe => {
-                    // The check in flight is abandoned with its session (demote closes it).
-                    self.demote_unsafe();
+                    // The check in flight is abandoned; the session goes once the work is dead.
+                    self.demote_unsafe().await;
                     ticker.reset();
                 }
                 Phase::Cancelled => {
@@ -1050,23 +1206,34 @@ impl Campaign<'_> {
     /// Whether the leader's safe window (2 check intervals from the send time of its last good
     /// check, on CLOCK_BOOTTIME) has passed.
     fn window_passed(&self) -> bool {
-        self.term.is_some() && self.safe_until.is_some_and(|until| boottime() > until)
+        self.term
+            .as_ref()
+            .is_some_and(|t| t.term().proven_until().is_some_and(|u| boottime() >= u))
     }
 
     /// Demotes because the safe window passed, without a round trip.
-    fn demote_unsafe(&mut self) {
-        let Some(until) = self.safe_until else {
+    async fn demote_unsafe(&mut self) {
+        let Some(until) = self.term.as_ref().and_then(|t| t.term().proven_until()) else {
             return;
         };
         let window = self.shared.config.effective_check_interval() * 2;
         let since = boottime().saturating_sub(until) + window;
-        self.demote(&Error::SafeWindowPassed { since });
+        self.demote(&Error::SafeWindowPassed { since }).await;
     }
 
+    /// The server ended the session: the lock is gone with it, so there is nothing to hold
+    /// back; the term ends at once (FIELD-NOTES PostgreSQL 4).
     fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
         self.session = None;
-        if self.term.is_some() {
-            self.demote(&Error::SessionClosed(cause));
+        if let Some(control) = self.end_term(TermEnd::LeadershipLost) {
+            let cause = Error::SessionClosed(cause);
+            self.count_demotion(&cause);
+            warn!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "background leader lock lost: {}",
+                Chain(&cause)
+            );
         } else {
             debug!(target: "leaderrun::elector", "standby session closed by the server; reconnecting at the next check");
         }
@@ -1209,34 +1376,10 @@ impl Campaign<'_> {
     async fn begin_term(&mut self, started: Instant, sent: Duration) -> Result<(), Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
-        let Some(session) = self.session.as_ref() else {
+        if self.session.is_none() {
             return Ok(());
-        };
-        let idle = config.effective_idle_session_timeout();
-        let idle_ms = idle.as_nanos().div_ceil(1_000_000).to_string();
-        // The seed's bound on an orphaned lock session. Session-level, so a role or database
-        // default cannot override it.
-        match session
-            .bounded(
-                "set idle_session_timeout",
-                bound,
-                "SELECT set_config('idle_session_timeout', $1, false)",
-                &[&idle_ms],
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(Error::Query { source, .. })
-                if source.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) =>
-            {
-                warn!(
-                    target: "leaderrun::elector",
-                    "leader: server has no idle_session_timeout (PostgreSQL before 14): \
-                     an orphaned lock session is bounded only by TCP keepalives"
-                );
-            }
-            Err(err) => return Err(err),
         }
+        let idle = config.effective_idle_session_timeout();
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing. Prove exclusion once per grant with a
         // second session (FIELD-NOTES PostgreSQL 8).
@@ -1274,14 +1417,18 @@ impl Campaign<'_> {
             session.check = Some(check);
         }
         self.shared.terms.store(number, Ordering::Release);
-        let term = Term::begin(number, lease.clone());
-        self.term = Some(term.clone());
+        // The grant is the term's first proof: its window counts from the try's send time.
+        let (term, control) = Term::issue(
+            number,
+            Some(lease.clone()),
+            sent + config.effective_check_interval() * 2,
+        );
+        self.term = Some(control);
         self.shared.leader.store(true, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(1);
             metrics.terms.inc();
         }
-        self.safe_until = Some(sent + config.effective_check_interval() * 2);
         self.record(CheckOutcome::Granted, started, None);
         self.shared.current.send_replace(term);
         info!(
@@ -1336,17 +1483,25 @@ impl Campaign<'_> {
     }
 
     /// The leader's check: proves in one round trip that this session still holds the lock.
-    async fn verify(&mut self) {
+    /// `Err` is the cause to demote with; the session is left as it is for [`Self::demote`].
+    async fn verify(&mut self) -> Result<(), Error> {
         let Some(session) = self.session.as_ref() else {
-            return;
+            return Ok(());
         };
         let Some(statement) = session.check.as_ref() else {
-            return;
+            return Ok(());
         };
         // After a suspend or a SIGSTOP: no round trip once the safe window has passed.
         if self.window_passed() {
-            self.demote_unsafe();
-            return;
+            let until = self
+                .term
+                .as_ref()
+                .and_then(|t| t.term().proven_until())
+                .unwrap_or_default();
+            let window = self.shared.config.effective_check_interval() * 2;
+            return Err(Error::SafeWindowPassed {
+                since: boottime().saturating_sub(until) + window,
+            });
         }
         let sent = boottime();
         let config = &self.shared.config;
@@ -1380,62 +1535,106 @@ impl Campaign<'_> {
                     Ok(())
                 }
             });
+        let window = config.effective_check_interval() * 2;
+        // An answer that arrives after the window closed proves nothing any more.
+        let result = result.and_then(|()| match &self.term {
+            Some(control) if !control.prove(sent + window) => Err(Error::SafeWindowPassed {
+                since: boottime().saturating_sub(sent),
+            }),
+            _ => Ok(()),
+        });
         match result {
             Ok(()) => {
-                self.safe_until = Some(sent + config.effective_check_interval() * 2);
                 self.record(CheckOutcome::Verified, started, None);
                 debug!(target: "leaderrun::elector", latency_ms = started.elapsed().as_millis() as u64, "leader check ok");
+                Ok(())
             }
             Err(err) => {
                 if matches!(err, Error::BackendChanged { .. } | Error::InRecovery { .. }) {
                     error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
                 }
                 self.record(CheckOutcome::Lost, started, Some(&err));
-                self.demote(&err);
+                Err(err)
             }
         }
     }
 
-    /// The seed's demotion: end the term, close the session, log the cause.
-    fn demote(&mut self, cause: &Error) {
-        let Some(term) = self.end_term(TermEnd::LeadershipLost) else {
-            return;
-        };
+    fn count_demotion(&self, cause: &Error) {
         if let Some(metrics) = &self.shared.metrics {
             metrics
                 .demotions
                 .with_label_values(&[demotion_cause(cause)])
                 .inc();
         }
-        self.session = None;
+    }
+
+    /// The seed's demotion, with the release after the work: end the term (every holder sees
+    /// it at once), log the cause, and close the session only once every [`TermHold`] is
+    /// dropped, since a session that is still open may still hold the lock (FIELD-NOTES
+    /// PostgreSQL 13). Nothing is sent on the session meanwhile, so the server's
+    /// `idle_session_timeout` bounds the wait; so does this one.
+    async fn demote(&mut self, cause: &Error) {
+        let Some(control) = self.end_term(TermEnd::LeadershipLost) else {
+            return;
+        };
+        self.count_demotion(cause);
         warn!(
             target: "leaderrun::elector",
-            term = term.number(),
+            term = control.term().number(),
             "background leader lock lost: {}",
             Chain(cause)
         );
+        let session = self.session.take();
+        self.release_after_holds(&control, session.is_some()).await;
+        drop(session);
+    }
+
+    /// Waits for the holds of `control`'s term, bounded by `idle_session_timeout`.
+    async fn release_after_holds(&self, control: &TermControl, may_hold_lock: bool) {
+        if control.holds() == 0 || !may_hold_lock {
+            return;
+        }
+        debug!(
+            target: "leaderrun::elector",
+            term = control.term().number(),
+            "keeping the lock session until the term's work has stopped"
+        );
+        let bound = self.shared.config.effective_idle_session_timeout();
+        if !control.released(bound).await {
+            warn!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "the work of the term still runs after idle_session_timeout ({}); \
+                 releasing the lock session anyway",
+                humantime::format_duration(bound)
+            );
+        }
     }
 
     /// Ends the current term, if any: IsLeader false, gauge 0, standby placeholder published.
-    fn end_term(&mut self, cause: TermEnd) -> Option<Term> {
-        let term = self.term.take()?;
-        self.safe_until = None;
+    fn end_term(&mut self, cause: TermEnd) -> Option<TermControl> {
+        let control = self.term.take()?;
         self.shared.leader.store(false, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(0);
         }
         self.shared.current.send_replace(Term::standby());
-        term.end(cause);
-        Some(term)
+        control.end(cause);
+        Some(control)
     }
 
     /// After cancellation: end the term, unlock under the 2-second bound, close.
     async fn resign(&mut self) {
-        let term = self.end_term(TermEnd::Resigned);
+        let control = self.end_term(TermEnd::Resigned);
+        if let Some(control) = &control {
+            self.release_after_holds(control, self.session.is_some())
+                .await;
+        }
         let Some(session) = self.session.take() else {
             return;
         };
-        if let Some(term) = term {
+        if let Some(control) = control {
+            let term = control.term();
             let lock = self.shared.config.lock;
             match session
                 .bounded(
@@ -1470,7 +1669,24 @@ impl Campaign<'_> {
     /// the lock when the socket closes.
     fn abandon(&mut self, panicked: bool) {
         let led = self.end_term(TermEnd::LeadershipLost);
-        self.session = None;
+        let session = self.session.take();
+        if let (Some(control), Some(session)) = (&led, session) {
+            // Work may still run under the term: the session (and maybe the lock) stays until
+            // it is dead, as in every other demotion, on a task of its own since this runs in
+            // a drop. Nothing is sent on it: it may be mid-statement.
+            if control.holds() > 0 {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let held = TermControl {
+                        term: control.term().clone(),
+                    };
+                    let bound = self.shared.config.effective_idle_session_timeout();
+                    runtime.spawn(async move {
+                        held.released(bound).await;
+                        drop(session);
+                    });
+                }
+            }
+        }
         if led.is_some() {
             if let Some(metrics) = &self.shared.metrics {
                 metrics.demotions.with_label_values(&["abandoned"]).inc();

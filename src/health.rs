@@ -18,22 +18,24 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::elector::Elector;
+use crate::timing::Timing;
 
 /// Shared between the supervisor (which records run outcomes) and the HTTP thread.
 #[derive(Debug)]
 pub struct Health {
     booted: Instant,
-    check_interval: Duration,
+    /// `/healthz` limit, [`Timing::liveness_limit`].
+    liveness_limit: Duration,
     /// The latest failed run or tick: (term, reason). Cleared by a later success.
     failure: Mutex<Option<(u64, String)>>,
 }
 
 impl Health {
-    /// Starts the clock for liveness at boot.
-    pub fn new(check_interval: Duration) -> Health {
+    /// Starts the clock for liveness at boot; the limit comes from `timing`.
+    pub fn new(timing: &Timing) -> Health {
         Health {
             booted: Instant::now(),
-            check_interval,
+            liveness_limit: timing.liveness_limit(),
             failure: Mutex::new(None),
         }
     }
@@ -51,7 +53,7 @@ impl Health {
     /// `/healthz`: the check loop has run within 3 check intervals (counting from boot until
     /// the first check). `Err` carries the reason for a 503.
     pub fn liveness(&self, elector: &Elector) -> Result<String, String> {
-        let limit = self.check_interval * 3;
+        let limit = self.liveness_limit;
         let since = elector.checks().last_at.unwrap_or(self.booted);
         let age = since.elapsed();
         if age <= limit {

@@ -41,6 +41,7 @@ pub mod conninfo;
 pub mod docs;
 pub mod elector;
 pub mod error;
+pub mod exit_codes;
 pub mod health;
 pub mod http;
 pub mod logging;
@@ -49,8 +50,14 @@ pub mod notify;
 pub mod runner;
 pub mod signals;
 pub mod status;
+pub mod supervisor;
 pub mod terminal;
+pub mod timing;
 pub mod tls;
 
-pub use elector::{CheckOutcome, Checks, Config, Done, Elector, Lease, LockKey, Term, TermEnd};
+pub use elector::{
+    CheckOutcome, Checks, Config, Done, Elector, Lease, LockKey, Term, TermControl, TermEnd,
+    TermHold,
+};
 pub use error::{Chain, Error};
+pub use timing::Timing;

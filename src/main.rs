@@ -1,7 +1,12 @@
-//! `leaderrun [OPTIONS] -- COMMAND [ARG...]`: parse, run, exit with the contract's status.
-//! Never returns a `Result`: errors are logged as one line each, not as a backtrace.
+//! `leaderrun [OPTIONS] -- COMMAND [ARG...]`: parse, build, run, exit with the contract's
+//! status. Never returns a `Result`: errors are logged as one line each, not as a backtrace.
 
 use std::process::ExitCode;
+
+use leaderrun::cli::Action;
+use leaderrun::exit_codes::FAILURE;
+use leaderrun::supervisor::Exit;
+use leaderrun::{runner, status, Chain};
 
 fn main() -> ExitCode {
     // Handlers first: a signal that arrives during start-up waits in the stream.
@@ -9,11 +14,27 @@ fn main() -> ExitCode {
         Ok(signals) => signals,
         Err(err) => {
             eprintln!("leaderrun: cannot install signal handlers: {err}");
-            return ExitCode::from(leaderrun::cli::EXIT_FAILURE);
+            return ExitCode::from(FAILURE);
         }
     };
     let cli = leaderrun::cli::parse();
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
     leaderrun::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
-    leaderrun::runner::main(cli, signals).finish()
+    let settings = match cli.settings(&|name| std::env::var(name).ok()) {
+        Ok(settings) => settings,
+        Err(err) => {
+            tracing::error!("{}", Chain(&err));
+            return ExitCode::from(FAILURE);
+        }
+    };
+    let bound = runner::elector_config(&settings).io_bound();
+    let (connect, tls, lock) = (&settings.connect, &settings.tls, settings.lock);
+    let exit = match cli.action {
+        Some(Action::Status { json }) => {
+            Exit::Code(status::status_main(connect, tls, lock, bound, json))
+        }
+        Some(Action::Doctor) => Exit::Code(status::doctor_main(connect, tls, lock, bound)),
+        None => runner::main(settings, signals),
+    };
+    exit.finish()
 }

@@ -45,6 +45,9 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
     }
     let watchdog = watchdog_period();
     let mut checks = elector.watch_checks();
+    // Demotions that come without a check (the server closed the session, the safe window
+    // passed) change the term, not the tally: follow both.
+    let mut terms = elector.watch_term();
     let mut ready = false;
     let mut last_status = String::new();
     let mut ping = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
@@ -54,21 +57,31 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
                 if changed.is_err() {
                     return;
                 }
-                let status = status_line(&elector);
-                if !ready {
-                    ready = true;
-                    send(&[NotifyState::Ready, NotifyState::Status(&status)]);
-                    last_status = status;
-                } else if status != last_status {
-                    send(&[NotifyState::Status(&status)]);
-                    last_status = status;
+            }
+            changed = terms.changed() => {
+                if changed.is_err() {
+                    return;
                 }
             }
             _ = ping.tick(), if watchdog.is_some() => {
                 if health.liveness(&elector).is_ok() {
                     send(&[NotifyState::Watchdog]);
                 }
+                continue;
             }
+        }
+        // READY=1 after the first check, not the first connect (contract §7).
+        if elector.checks().total == 0 {
+            continue;
+        }
+        let status = status_line(&elector);
+        if !ready {
+            ready = true;
+            send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+            last_status = status;
+        } else if status != last_status {
+            send(&[NotifyState::Status(&status)]);
+            last_status = status;
         }
     }
 }

@@ -6,6 +6,13 @@
 //! reads, so a signal that arrives while connecting or campaigning waits in the channel and is
 //! acted on (never lost). Handling them explicitly also matters as PID 1, where the kernel drops
 //! every signal that has no handler (FIELD-NOTES child 7).
+//!
+//! A signal that was ignored when leaderrun started (`nohup`, `cmd &` in a non-interactive
+//! shell) gets no handler: it stays ignored, is never passed on, and COMMAND inherits the
+//! ignored disposition, as a POSIX shell keeps it (contract §5, FIELD-NOTES child 11).
+//! [`ignored_at_entry`] tells the child which ones those are.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::signal::Signal;
 use signal_hook::consts::signal::{
@@ -35,6 +42,26 @@ pub const FORWARDED: [Signal; 8] = [
     Signal::SIGALRM,
 ];
 
+/// Signals ignored at entry, bit N for signal N; see [`ignored_at_entry`].
+static IGNORED_AT_ENTRY: AtomicU64 = AtomicU64::new(0);
+
+/// The signals (bit N for signal N) whose disposition was "ignore" when [`install`] ran, so
+/// the child keeps them ignored. SIGPIPE is never among them: Rust's runtime ignores it before
+/// `main`, so its disposition at entry is unknown, and like std, leaderrun gives the child the
+/// default back.
+pub fn ignored_at_entry() -> u64 {
+    IGNORED_AT_ENTRY.load(Ordering::Acquire)
+}
+
+/// Whether `sig` is ignored right now.
+fn is_ignored(sig: i32) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
 /// The receiving end of the installed handlers.
 ///
 /// SIGCHLD is delivered here too (it wakes the reaper); like the kernel, the channel may merge
@@ -48,9 +75,22 @@ pub struct SignalStream {
 /// # Errors
 /// The OS error when a handler cannot be installed or the thread cannot start.
 pub fn install() -> std::io::Result<SignalStream> {
-    let mut signals = Signals::new([
-        SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH, SIGALRM, SIGTSTP, SIGCHLD,
-    ])?;
+    let mut ignored = 0u64;
+    for sig in 1..32 {
+        if sig != libc::SIGPIPE && is_ignored(sig) {
+            ignored |= 1 << sig;
+        }
+    }
+    IGNORED_AT_ENTRY.store(ignored, Ordering::Release);
+    // SIGCHLD is ours whatever its disposition was: the reaper needs it.
+    let wanted: Vec<i32> = [
+        SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH, SIGALRM, SIGTSTP,
+    ]
+    .into_iter()
+    .filter(|&sig| ignored & (1 << sig) == 0)
+    .chain([SIGCHLD])
+    .collect();
+    let mut signals = Signals::new(wanted)?;
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("signals".into())
@@ -66,7 +106,17 @@ pub fn install() -> std::io::Result<SignalStream> {
     Ok(SignalStream { rx })
 }
 
+/// The sending end of a [`SignalStream`] made by [`SignalStream::channel`].
+pub type SignalSender = mpsc::UnboundedSender<Signal>;
+
 impl SignalStream {
+    /// A stream fed by hand instead of by handlers: for running the supervisor in-process
+    /// (tests, or a program that takes its signals elsewhere).
+    pub fn channel() -> (SignalSender, SignalStream) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (tx, SignalStream { rx })
+    }
+
     /// Next received signal. Pending forever if the forwarding thread is gone (it never ends
     /// while the process runs).
     pub async fn recv(&mut self) -> Signal {
