@@ -308,6 +308,13 @@ impl TermControl {
         }
     }
 
+    /// Ends the proof now, before the term can be ended: for an issuer that learns the lock may
+    /// be gone (and for tests of what runs under a term). Like a passed window, it never
+    /// reopens.
+    pub fn revoke_proof(&self) {
+        self.term.0.proven_until.store(1, Ordering::Release);
+    }
+
     /// Ends the term once (later calls keep the first cause) and refuses new holds.
     pub fn end(&self, cause: TermEnd) {
         self.term.0.holds.send_modify(|h| h.closed = true);

@@ -863,6 +863,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         self.record(&term, why, status);
         let next = self.after_stop(&term, why, status, started.elapsed());
         self.state = match next {
+            State::Done(exit)
+            | State::Leading {
+                then: Then::Exit(exit),
+                ..
+            } if self.shutdown.is_some() => State::Done(exit),
             State::Done(exit) => State::Done(exit),
             _ if self.fatal => State::Done(Exit::Code(exit_codes::FAILURE)),
             _ if self.shutdown.is_some() => State::Done(if self.shutdown_reached_child {

@@ -226,3 +226,59 @@ fn in_the_background_it_never_takes_the_terminal() {
     pane.wait_screen("rc=143", 1);
     assert!(!alive(start.pid));
 }
+
+#[test]
+fn with_stdin_redirected_a_child_that_opens_dev_tty_can_read_it() {
+    // An ssh or sudo prompt reads /dev/tty, not stdin: the child's group must have the
+    // terminal's foreground although leaderrun's stdin is not the terminal.
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "read line < /dev/tty\necho \"got:$line\" > /dev/tty",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "{} < /dev/null; echo \"r\"\"c=$?\"",
+        leaderrun_line(&format!("-- {}", script.display()))
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    wait_for("the child to block reading /dev/tty", secs(5.0), || {
+        // 'S': sleeping in read; 'T' would be the SIGTTIN stop this test is about.
+        let s = state(start.pid)?;
+        assert_ne!(s, 'T', "the child stopped on SIGTTIN");
+        (s == 'S').then_some(())
+    });
+    pane.type_line("hello");
+    pane.wait_screen("got:hello", 1);
+    pane.wait_screen("rc=0", 1);
+}
+
+#[test]
+fn after_ctrl_z_and_bg_the_shell_keeps_the_terminal() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "while :; do echo tick >> \"$EVENTS\"; sleep 0.05; done",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line(&leaderrun_line(&format!("-- {}", script.display())));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    pane.key("C-z");
+    pane.wait_screen("Stopped", 1);
+    wait_for("child and leaderrun to be stopped", secs(3.0), || {
+        (state(start.pid) == Some('T') && state(start.ppid) == Some('T')).then_some(())
+    });
+    pane.type_line("bg");
+    let ticks = scratch.events().len();
+    wait_for(
+        "the child to tick again in the background",
+        secs(3.0),
+        || (scratch.events().len() > ticks + 2).then_some(()),
+    );
+    // The shell still owns the terminal: it runs what we type.
+    pane.type_line("echo \"sh\"\"ell-$((40+2))\"");
+    pane.wait_screen("shell-42", 1);
+    pane.type_line("kill %1; wait %1; echo \"r\"\"c=$?\"");
+    pane.wait_screen("rc=143", 1);
+    assert!(!alive(start.pid));
+}

@@ -10,6 +10,7 @@ mod election;
 mod modes;
 mod operate;
 mod safety;
+mod supervisor;
 mod terminal;
 mod tls;
 
