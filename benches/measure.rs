@@ -1,10 +1,13 @@
 //! The measurements of the `handover` benchmark, shared with the smoke test in the test suite.
 
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::support::proxy::Proxy;
-use crate::support::{alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+use crate::support::{
+    alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS,
+};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
@@ -67,9 +70,54 @@ fn start_pair(
         interval,
         &["-q", "--", &script],
     ));
-    // Let the standby reach the lock queue.
-    std::thread::sleep(Duration::from_millis(300));
+    // The standby must be waiting in the lock queue before anything is measured.
+    wait_queued(cluster, id);
     (scratch, replicas, id)
+}
+
+/// Waits until a session waits in the server's queue for lock `id` (of the default class).
+fn wait_queued(cluster: &Cluster, id: i32) {
+    wait_for(
+        "the standby in the lock queue",
+        Duration::from_secs(10),
+        || {
+            let rows = cluster.sql(&format!(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND classid = ({CLASS}::bigint & 4294967295)::text::oid \
+                 AND objid = ({id}::bigint & 4294967295)::text::oid \
+                 AND objsubid = 2 AND NOT granted"
+            ));
+            (rows[0].parse::<usize>().unwrap_or(0) >= 1).then_some(())
+        },
+    )
+}
+
+/// When process `pid` exits, as seen by a thread blocked on its pidfd: a tight upper bound on
+/// its death (a poll loop may be scheduled late and report it after the new child's start).
+fn death_watch(pid: i32) -> mpsc::Receiver<f64> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    assert!(
+        fd >= 0,
+        "pidfd_open({pid}): {}",
+        std::io::Error::last_os_error()
+    );
+    let fd = fd as i32;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the descriptor is ours and closed once.
+        while unsafe { libc::poll(&mut pfd, 1, -1) } < 0
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {}
+        let _ = tx.send(now_s());
+        unsafe { libc::close(fd) };
+    });
+    rx
 }
 
 /// Handover after SIGTERM of the leader: old child's end → new child's start.
@@ -110,6 +158,7 @@ pub fn failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
         let interval = if how == "partition" { "1s" } else { "5s" };
         let (scratch, replicas, _) = start_pair(cluster, interval, via);
         let first = scratch.starts()[0].clone();
+        let died = death_watch(first.pid);
         let at = now_s();
         match how {
             "kill -9" => replicas[0].signal(Signal::SIGKILL),
@@ -119,8 +168,10 @@ pub fn failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
         let mut old_dead = None;
         let deadline = Instant::now() + Duration::from_secs(30);
         let new_start = loop {
-            if old_dead.is_none() && !alive(first.pid) {
-                old_dead = Some(scratch.stamp("ended", first.pid).unwrap_or_else(now_s));
+            if old_dead.is_none() {
+                if let Ok(exited) = died.try_recv() {
+                    old_dead = Some(scratch.stamp("ended", first.pid).unwrap_or(exited));
+                }
             }
             let starts = scratch.starts();
             if starts.len() >= 2 && old_dead.is_some() {

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::support::{
-    alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS,
+    alive, leaderrun, status, unique_lock_id, wait_for, wait_status_waiters, Cluster, Replica,
+    Scratch, CLASS,
 };
 
 const INTERVAL: &str = "200ms";
@@ -594,18 +595,16 @@ fn a_release_reaches_a_waiting_standby_at_once_even_at_the_default_interval() {
         killed.elapsed()
     );
     assert!(third.fencing_token > second.fencing_token);
-    // Waiting standbys show as waiters in pg_locks.
-    let out = leaderrun()
-        .args([
-            "status",
-            "--json",
-            "--dsn",
-            &cluster.dsn(),
-            "--lock-id",
-            &id.to_string(),
-        ])
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The one standby left waits in the server's queue: `status` shows it as the waiter, in
+    // the table and in --json, next to the third leader.
+    let standby = replicas
+        .iter()
+        .find(|r| ![first.ppid, second.ppid, third.ppid].contains(&r.pid()))
+        .expect("one standby left");
+    let standby_backends = cluster.backends_of(standby.pid());
+    assert_eq!(standby_backends.len(), 1, "{standby_backends:?}");
+    wait_status_waiters(cluster, id, &standby_backends, secs(5.0));
+    let report: serde_json::Value =
+        serde_json::from_slice(&status(cluster, id, true).stdout).unwrap();
     assert_eq!(report["leader"]["pid"], third.backend_pid);
 }

@@ -164,17 +164,32 @@ fn as_pid_1_it_reaps_every_orphan() {
         nix::unistd::geteuid().is_root(),
         "this test needs root for a PID namespace (unshare --pid)"
     );
+    const ORPHANS: usize = 200;
     let cluster = Cluster::shared();
     let scratch = Scratch::new();
-    // 200 short-lived orphans re-parented to PID 1 (leaderrun); then count zombies in the
-    // namespace's /proc. The script itself is the main child and exits 7.
+    // The script is the main child and exits 7. Each subshell starts a `sleep` and exits at
+    // once, so the sleep is orphaned and re-parented to PID 1 of the namespace: leaderrun. The
+    // script records every orphan's pid, waits (bounded) until all are re-parented and records
+    // `orphaned PID PPID STATE` for each; then it kills them all at once, so PID 1 has that
+    // many dead children to reap, waits (bounded) until their /proc entries are gone (reaped,
+    // not zombies) and records how many are left and how many zombies the namespace has.
     let script = scratch.child_script(
         "child.sh",
-        "echo \"pid1 $(cat /proc/1/comm)\" >> \"$EVENTS\"\n\
-         i=0; while [ $i -lt 200 ]; do (sleep 0.01 &); i=$((i+1)); done\n\
-         sleep 1\n\
-         echo \"zombies $(cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"' | wc -l)\" >> \"$EVENTS\"\n\
-         exit 7",
+        &format!(
+            "echo \"pid1 $(cat /proc/1/comm)\" >> \"$EVENTS\"\n\
+             i=0; while [ $i -lt {ORPHANS} ]; do (sleep 600 & echo \"orphan $!\" >> \"$EVENTS\"); i=$((i+1)); done\n\
+             files=$(awk '$1 == \"orphan\" {{print \"/proc/\" $2 \"/stat\"}}' \"$EVENTS\")\n\
+             n=0; while [ $n -lt 200 ]; do\n\
+               [ \"$(cat $files 2>/dev/null | awk '$4 == 1' | wc -l)\" -eq {ORPHANS} ] && break\n\
+               n=$((n+1)); sleep 0.05\n\
+             done\n\
+             cat $files 2>/dev/null | awk '{{print \"orphaned\", $1, $4, $3}}' >> \"$EVENTS\"\n\
+             kill $(awk '$1 == \"orphan\" {{print $2}}' \"$EVENTS\")\n\
+             n=0; while [ $n -lt 200 ] && [ \"$(cat $files 2>/dev/null | wc -l)\" -gt 0 ]; do n=$((n+1)); sleep 0.05; done\n\
+             echo \"left $(cat $files 2>/dev/null | wc -l)\" >> \"$EVENTS\"\n\
+             echo \"zombies $(cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"' | wc -l)\" >> \"$EVENTS\"\n\
+             exit 7"
+        ),
     );
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc"])
@@ -191,14 +206,38 @@ fn as_pid_1_it_reaps_every_orphan() {
         cmd.env_remove(key);
     }
     let mut replica = Replica::spawn(cmd);
-    let status = replica.wait_exit(secs(20.0));
+    let status = replica.wait_exit(secs(40.0));
     let events = scratch.events();
+    let field = |prefix: &str| -> Vec<Vec<String>> {
+        events
+            .iter()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .map(|l| l.split(' ').map(str::to_owned).collect())
+            .collect()
+    };
     assert!(
         events.contains(&"pid1 leaderrun".to_owned()),
         "{events:?}\n{}",
         replica.log()
     );
-    assert!(events.contains(&"zombies 0".to_owned()), "{events:?}");
+    // The orphans existed: ORPHANS distinct processes, each alive and a child of PID 1
+    // (leaderrun) before any was killed.
+    let orphans: std::collections::BTreeSet<String> =
+        field("orphan ").into_iter().map(|f| f[0].clone()).collect();
+    assert_eq!(orphans.len(), ORPHANS, "{events:?}");
+    let orphaned = field("orphaned ");
+    let adopted: std::collections::BTreeSet<String> = orphaned
+        .iter()
+        .filter(|f| f[1] == "1" && f[2] != "Z")
+        .map(|f| f[0].clone())
+        .collect();
+    assert_eq!(
+        adopted, orphans,
+        "not every orphan was alive under PID 1: {orphaned:?}"
+    );
+    // And after they all died at once, PID 1 reaped every one: no zombie is left.
+    assert_eq!(field("left "), [["0"]], "{events:?}");
+    assert_eq!(field("zombies "), [["0"]], "{events:?}");
     assert_eq!(status.code(), Some(7), "{}", replica.log());
 }
 

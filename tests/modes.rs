@@ -38,18 +38,29 @@ fn cron_on_two_hosts_two_seconds_apart_runs_the_job_once() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
     let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "sleep 1");
+    let job = scratch.child_script("job.sh", "sleep 1\necho \"done $$\" >> \"$EVENTS\"");
     let args = ["--once", "--min-hold", "10s", "--", job.to_str().unwrap()];
     let first_fired = Instant::now();
     let mut first = Replica::start(cluster, id, "1s", &args);
-    scratch.wait_starts(1, secs(5.0));
-    // The second host's cron fires 2 s later, after the 1 s job has finished.
-    while first_fired.elapsed() < secs(2.0) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let start = scratch.wait_starts(1, secs(5.0))[0].clone();
+    // The second host's cron fires 2 s later, after the 1 s job has finished: wait for both
+    // instead of hoping 2 s were enough for the job.
+    scratch.recorded_pid("done ");
+    wait_for("the first job to exit", secs(5.0), || {
+        (!alive(start.pid)).then_some(())
+    });
+    wait_for(
+        "the second host's cron time, 2 s after the first",
+        secs(5.0),
+        || (first_fired.elapsed() >= secs(2.0)).then_some(()),
+    );
+    // The job is over, but --min-hold keeps the first host's lock session holding the lock.
+    assert!(first.running(), "the first host exited before --min-hold");
+    assert_eq!(cluster.lock_holders(CLASS, id), vec![start.backend_pid]);
     let mut second = Replica::start(cluster, id, "1s", &args);
     assert_eq!(second.wait_exit(secs(5.0)).code(), Some(0));
     assert_eq!(second.log(), "", "a skipping host prints nothing");
+    assert_eq!(second.stdout(), "", "a skipping host runs nothing");
     assert_eq!(scratch.starts().len(), 1, "the job ran once");
     // The first host kept the lock for the whole --min-hold, then released it.
     assert_eq!(first.wait_exit(secs(15.0)).code(), Some(0));

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::support::{leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS};
+use crate::support::{
+    leaderrun, status, unique_lock_id, wait_for, wait_status_waiters, Cluster, Replica, Scratch,
+    CLASS,
+};
 
 const INTERVAL: &str = "200ms";
 
@@ -248,33 +251,22 @@ fn a_port_in_use_exits_125() {
 fn status_shows_the_leader_or_none() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
-    let status = |json: bool| {
-        let mut cmd = leaderrun();
-        cmd.args([
-            "status",
-            "--dsn",
-            &cluster.dsn(),
-            "--lock-id",
-            &id.to_string(),
-        ]);
-        if json {
-            cmd.arg("--json");
-        }
-        cmd.output().unwrap()
-    };
-    let none = status(false);
+    let none = status(cluster, id, false);
     assert_eq!(none.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&none.stdout).contains("leader         none"));
+    let table = String::from_utf8_lossy(&none.stdout);
+    assert!(table.contains("leader         none"), "{table}");
+    assert!(table.contains("waiters        none"), "{table}");
 
     let scratch = Scratch::new();
     let job = scratch.child_script("job.sh", "exec sleep 600");
     let _leader = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let out = status(true);
+    let out = status(cluster, id, true);
     assert_eq!(out.status.code(), Some(0));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["lock"], format!("{CLASS}:{id}"));
     assert_eq!(report["database"], "postgres");
+    assert_eq!(report["waiters"], serde_json::json!([]));
     let leader = &report["leader"];
     assert_eq!(leader["pid"], start.backend_pid);
     assert_eq!(leader["term"], 1);
@@ -289,12 +281,33 @@ fn status_shows_the_leader_or_none() {
             start.ppid
         )
     );
-    let table = String::from_utf8(status(false).stdout).unwrap();
+    let table = String::from_utf8(status(cluster, id, false).stdout).unwrap();
     assert!(
         table.contains(&format!("leader pid     {}", start.backend_pid)),
         "{table}"
     );
     assert!(table.contains("leading since"), "{table}");
+    assert!(table.contains("waiters        none"), "{table}");
+
+    // Two standbys wait in the server's queue: both are listed as waiters, the leader is not.
+    let standbys: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]))
+        .collect();
+    let waiting: Vec<i32> = standbys
+        .iter()
+        .map(|r| {
+            wait_for("the standby's session", secs(10.0), || {
+                let backends = cluster.backends_of(r.pid());
+                (backends.len() == 1).then(|| backends[0])
+            })
+        })
+        .collect();
+    assert!(!waiting.contains(&start.backend_pid));
+    wait_status_waiters(cluster, id, &waiting, secs(5.0));
+    let report: serde_json::Value =
+        serde_json::from_slice(&status(cluster, id, true).stdout).unwrap();
+    assert_eq!(report["leader"]["pid"], start.backend_pid);
+    assert_eq!(scratch.starts().len(), 1);
 
     let unreachable = leaderrun()
         .args(["status", "--dsn", "host=127.0.0.1 port=1 user=postgres"])
@@ -432,8 +445,38 @@ fn systemd_hears_ready_status_watchdog_and_stopping() {
         }
     };
     receive_until("READY=1", &mut seen);
+    // READY=1 only once the first check has completed: the STATUS= sent with it (or the last
+    // one before it) already tells that check's outcome, "leader, term 1" for this lone
+    // replica ("standby" if the term was not yet published when it was composed), never
+    // "starting"; and nothing says "starting" before READY=1.
+    let status_of = |datagram: &str| -> Option<String> {
+        datagram
+            .lines()
+            .find_map(|l| l.strip_prefix("STATUS="))
+            .map(str::to_owned)
+    };
+    let ready_at = seen.iter().position(|m| m.contains("READY=1")).unwrap();
+    let status_at_ready = seen[..=ready_at].iter().rev().find_map(|m| status_of(m));
+    assert!(
+        matches!(
+            status_at_ready.as_deref(),
+            Some("leader, term 1" | "standby")
+        ),
+        "READY=1 before the first check completed: {seen:?}"
+    );
+    assert!(
+        !seen[..=ready_at]
+            .iter()
+            .any(|m| status_of(m).as_deref() == Some("starting")),
+        "{seen:?}"
+    );
     receive_until("STATUS=leader, term 1", &mut seen);
     receive_until("WATCHDOG=1", &mut seen);
+    assert_eq!(
+        seen.iter().filter(|m| m.contains("READY=1")).count(),
+        1,
+        "READY=1 more than once: {seen:?}"
+    );
     // STATUS=leader can come before the child starts; TERM before that is a standby's (exit 0).
     scratch.wait_starts(1, secs(5.0));
     replica.signal(Signal::SIGTERM);
@@ -470,14 +513,18 @@ fn the_password_appears_nowhere() {
         outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
         outputs.push(String::from_utf8_lossy(&out.stderr).into_owned());
     }
-    // The child's environment: leaderrun adds nothing that carries it.
+    // The child's whole environment: leaderrun adds nothing that carries it, and the caller set
+    // no PGPASSWORD (`leaderrun()` clears PG*), so the child must not get one either.
     let env = std::fs::read_to_string(scratch.path().join("events.env")).unwrap();
-    outputs.push(
-        env.lines()
-            .filter(|l| l.starts_with("LEADERRUN_"))
-            .collect::<Vec<_>>()
-            .join("\n"),
+    assert!(
+        env.lines().any(|l| l.starts_with("LEADERRUN_TERM=")),
+        "not the child's environment:\n{env}"
     );
+    assert!(
+        !env.lines().any(|l| l.starts_with("PGPASSWORD=")),
+        "PGPASSWORD set in the child:\n{env}"
+    );
+    outputs.push(env);
     for output in &outputs {
         assert!(!output.contains("hunter2"), "password leaked:\n{output}");
     }

@@ -158,22 +158,72 @@ fn a_cut_connection_demotes_at_once_and_leads_again_through_the_proxy() {
 
 #[test]
 fn session_timers_are_pinned_whatever_the_role_defaults() {
+    use crate::support::proxy::{data_row, messages};
     let cluster = Cluster::start_private();
     // Role defaults that would break the timing model if left in place.
     cluster.sql("ALTER ROLE postgres SET statement_timeout = '1h'");
     cluster.sql("ALTER ROLE postgres SET idle_session_timeout = 0");
+    // They are in effect for new sessions of the role.
+    assert_eq!(cluster.sql("SHOW statement_timeout"), ["1h"]);
+    // No session can read another's settings, so the lock session is watched on the wire: a
+    // recording proxy keeps what the server sent it (no TLS, so the messages are readable).
+    let proxy = Proxy::recording(cluster.addr());
     let scratch = Scratch::new();
     let script = scratch.child_script("child.sh", "exec sleep 600");
-    let replica = Replica::start(
-        &cluster,
-        unique_lock_id(),
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+            proxy.port()
+        ),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+        "--check-interval",
         "300ms",
-        &["--", script.to_str().unwrap()],
-    );
+        "--",
+        script.to_str().unwrap(),
+    ]);
+    let replica = Replica::spawn(cmd);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    // What the lock session runs with, read from outside through pg_stat_activity is not
-    // possible; the session's own settings show in its check statement's effect instead:
-    // a paused leader loses its session after idle_session_timeout (4 × 300 ms).
+    // The lock session is the connection whose BackendKeyData names the backend the child was
+    // told; the server's own rows in it give `statement_timeout` as the session has it, read
+    // from pg_settings after leaderrun pinned it. In milliseconds, at most the I/O bound (one
+    // interval here) plus one interval: 600, not the role's 3600000.
+    let recorded = proxy.server_bytes();
+    let lock_session = recorded
+        .iter()
+        .find(|bytes| {
+            messages(bytes)
+                .iter()
+                .any(|(kind, body)| *kind == b'K' && body[..4] == start.backend_pid.to_be_bytes())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no connection to backend {} among {}",
+                start.backend_pid,
+                recorded.len()
+            )
+        });
+    let settings: Vec<String> = messages(lock_session)
+        .iter()
+        .filter(|(kind, _)| *kind == b'D')
+        .map(|(_, body)| data_row(body))
+        .filter(|cols| cols.first() == Some(&Some(&b"statement_timeout"[..])))
+        .map(|cols| String::from_utf8_lossy(cols[1].unwrap_or_default()).into_owned())
+        .collect();
+    assert_eq!(
+        settings.len(),
+        1,
+        "statement_timeout read back: {settings:?}"
+    );
+    let pinned: u64 = settings[0].parse().expect("statement_timeout in ms");
+    assert!(
+        (1..=600).contains(&pinned),
+        "the lock session runs with statement_timeout = {pinned} ms"
+    );
+    // The session's idle_session_timeout shows in its effect: a paused leader loses its
+    // session after idle_session_timeout (4 × 300 ms), not never (the role's 0).
     replica.signal(Signal::SIGSTOP);
     let paused = Instant::now();
     wait_for(

@@ -532,6 +532,20 @@ impl Cluster {
         .collect()
     }
 
+    /// Backend pids of the sessions whose `application_name` says `leaderrun` process `pid`
+    /// opened them (`leaderrun@HOST:PID`).
+    pub fn backends_of(&self, pid: i32) -> Vec<i32> {
+        let host = nix::unistd::gethostname().expect("hostname");
+        let name = format!("leaderrun@{}:{pid}", host.to_string_lossy());
+        assert!(!name.contains('\''), "{name}");
+        self.sql(&format!(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = '{name}' ORDER BY pid"
+        ))
+        .iter()
+        .map(|l| l.parse().expect("pid"))
+        .collect()
+    }
+
     /// `pg_terminate_backend(pid)`.
     pub fn terminate_backend(&self, pid: i32) {
         let rows = self.sql(&format!("SELECT pg_terminate_backend({pid})"));

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use cluster::Cluster;
@@ -169,13 +170,19 @@ pub struct Replica {
     child: Child,
     stderr: Arc<Mutex<String>>,
     stdout: Arc<Mutex<String>>,
+    /// The collector threads of stderr and stdout; each ends at EOF of its pipe.
+    collectors: Vec<JoinHandle<()>>,
     status: Option<ExitStatus>,
 }
 
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+/// How long the pipes may stay open after the process exited (a descendant that outlives it
+/// holds them); past that, the output read so far is not all of it and the test fails.
+const EOF_AFTER_EXIT: Duration = Duration::from_secs(5);
+
+fn collect(mut from: impl Read + Send + 'static) -> (Arc<Mutex<String>>, JoinHandle<()>) {
     let buf = Arc::new(Mutex::new(String::new()));
     let sink = buf.clone();
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         let mut chunk = [0u8; 4096];
         while let Ok(n) = from.read(&mut chunk) {
             if n == 0 {
@@ -186,7 +193,7 @@ fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
                 .push_str(&String::from_utf8_lossy(&chunk[..n]));
         }
     });
-    buf
+    (buf, reader)
 }
 
 /// A `Command` for the binary under test, with the environment cleared of leaderrun and
@@ -207,6 +214,49 @@ pub fn leaderrun() -> Command {
     cmd
 }
 
+/// `leaderrun status --dsn DSN --lock-id ID`, with `--json` when `json`.
+pub fn status(cluster: &Cluster, lock_id: i32, json: bool) -> std::process::Output {
+    let mut cmd = leaderrun();
+    cmd.args(["status", "--dsn", &cluster.dsn()])
+        .args(["--lock-id", &lock_id.to_string()]);
+    if json {
+        cmd.arg("--json");
+    }
+    cmd.output().expect("run leaderrun status")
+}
+
+/// Waits until `leaderrun status` lists exactly `waiters` as the sessions waiting for the
+/// lock, both in `--json` (`"waiters": [PID, ...]`) and in the table (`waiters        PID, ...`
+/// or `none`), in pid order as it prints them; panics with both outputs at the deadline.
+pub fn wait_status_waiters(cluster: &Cluster, lock_id: i32, waiters: &[i32], within: Duration) {
+    let mut want = waiters.to_vec();
+    want.sort_unstable();
+    let want_json: Vec<serde_json::Value> = want.iter().map(|&p| p.into()).collect();
+    let line = if want.is_empty() {
+        "waiters        none".to_owned()
+    } else {
+        let pids: Vec<String> = want.iter().map(i32::to_string).collect();
+        format!("waiters        {}", pids.join(", "))
+    };
+    let deadline = Instant::now() + within;
+    loop {
+        let json = String::from_utf8_lossy(&status(cluster, lock_id, true).stdout).into_owned();
+        let table = String::from_utf8_lossy(&status(cluster, lock_id, false).stdout).into_owned();
+        let report: Option<serde_json::Value> = serde_json::from_str(&json).ok();
+        let json_ok =
+            report.is_some_and(|r| r["waiters"] == serde_json::Value::from(want_json.clone()));
+        if json_ok && table.lines().any(|l| l == line) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`leaderrun status` did not list waiters {want:?} within {within:?}; \
+             --json printed {json}the table:\n{table}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Replica {
     /// Starts `leaderrun --dsn DSN --lock-id ID --check-interval INTERVAL ARGS...`.
     pub fn start(cluster: &Cluster, lock_id: i32, interval: &str, args: &[&str]) -> Replica {
@@ -225,12 +275,13 @@ impl Replica {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn leaderrun");
-        let stderr = collect(child.stderr.take().unwrap());
-        let stdout = collect(child.stdout.take().unwrap());
+        let (stderr, err_reader) = collect(child.stderr.take().unwrap());
+        let (stdout, out_reader) = collect(child.stdout.take().unwrap());
         Replica {
             child,
             stderr,
             stdout,
+            collectors: vec![err_reader, out_reader],
             status: None,
         }
     }
@@ -262,7 +313,9 @@ impl Replica {
         kill(Pid::from_raw(self.pid()), sig).expect("signal replica");
     }
 
-    /// Waits for the process to exit; panics with its log at the deadline.
+    /// Waits for the process to exit and for its stdout and stderr to reach EOF (the collector
+    /// threads joined), so [`Replica::log`] and [`Replica::stdout`] are then all it wrote;
+    /// panics with its log at the deadline.
     pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         if let Some(status) = self.status {
             return status;
@@ -271,8 +324,7 @@ impl Replica {
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 self.status = Some(status);
-                // Let the collectors read the rest of the output.
-                std::thread::sleep(Duration::from_millis(20));
+                self.join_collectors();
                 return status;
             }
             assert!(
@@ -282,6 +334,25 @@ impl Replica {
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Joins the collector threads once both pipes are at EOF; panics when a pipe stays open
+    /// for [`EOF_AFTER_EXIT`] after the exit.
+    fn join_collectors(&mut self) {
+        let eof_by = Instant::now() + EOF_AFTER_EXIT;
+        while self.collectors.iter().any(|c| !c.is_finished()) {
+            assert!(
+                Instant::now() < eof_by,
+                "replica {} exited, but its stdout/stderr stayed open for {EOF_AFTER_EXIT:?} \
+                 (a descendant still holds them); log so far:\n{}",
+                self.pid(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for reader in self.collectors.drain(..) {
+            reader.join().expect("output collector panicked");
         }
     }
 

@@ -1,5 +1,7 @@
 //! A TCP proxy that can forward, blackhole (stop forwarding in both directions while keeping
-//! every socket open, like a partition) and cut (close every connection).
+//! every socket open, like a partition) and cut (close every connection). A recording proxy
+//! also keeps what the server sent on each connection, to read the server's own answers to a
+//! client (see [`messages`]).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -10,13 +12,18 @@ use std::time::Duration;
 const FORWARD: u8 = 0;
 const BLACKHOLE: u8 = 1;
 
+/// Bytes one connection received from the server.
+type Recording = Arc<Mutex<Vec<u8>>>;
+
 pub struct Proxy {
     addr: SocketAddr,
     mode: Arc<AtomicU8>,
     streams: Arc<Mutex<Vec<TcpStream>>>,
+    /// Per connection, in accept order; `None` unless recording.
+    recordings: Option<Arc<Mutex<Vec<Recording>>>>,
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>) {
+fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>, record: Option<Recording>) {
     from.set_read_timeout(Some(Duration::from_millis(10)))
         .unwrap();
     let mut buf = [0u8; 16 * 1024];
@@ -32,6 +39,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>) {
                 return;
             }
             Ok(n) => {
+                if let Some(record) = &record {
+                    record.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     return;
                 }
@@ -48,11 +58,21 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>) {
 impl Proxy {
     /// Listens on 127.0.0.1 (any free port) and forwards each connection to `target`.
     pub fn start(target: SocketAddr) -> Proxy {
+        Proxy::start_with(target, false)
+    }
+
+    /// Like [`Proxy::start`], and keeps every byte the server sends on each connection.
+    pub fn recording(target: SocketAddr) -> Proxy {
+        Proxy::start_with(target, true)
+    }
+
+    fn start_with(target: SocketAddr, record: bool) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(AtomicU8::new(FORWARD));
         let streams = Arc::new(Mutex::new(Vec::new()));
-        let (m, st) = (mode.clone(), streams.clone());
+        let recordings = record.then(|| Arc::new(Mutex::new(Vec::new())));
+        let (m, st, rec) = (mode.clone(), streams.clone(), recordings.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
@@ -64,17 +84,30 @@ impl Proxy {
                     all.push(client.try_clone().unwrap());
                     all.push(server.try_clone().unwrap());
                 }
+                let from_server = rec.as_ref().map(|all: &Arc<Mutex<Vec<Recording>>>| {
+                    let one = Recording::default();
+                    all.lock().unwrap().push(one.clone());
+                    one
+                });
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (m1, m2) = (m.clone(), m.clone());
-                std::thread::spawn(move || pump(client, server, m1));
-                std::thread::spawn(move || pump(s2, c2, m2));
+                std::thread::spawn(move || pump(client, server, m1, None));
+                std::thread::spawn(move || pump(s2, c2, m2, from_server));
             }
         });
         Proxy {
             addr,
             mode,
             streams,
+            recordings,
         }
+    }
+
+    /// What the server sent so far on each connection, in the order they were accepted.
+    pub fn server_bytes(&self) -> Vec<Vec<u8>> {
+        let all = self.recordings.as_ref().expect("a recording proxy");
+        let all = all.lock().unwrap();
+        all.iter().map(|r| r.lock().unwrap().clone()).collect()
     }
 
     pub fn port(&self) -> u16 {
@@ -96,4 +129,37 @@ impl Proxy {
             let _ = stream.shutdown(Shutdown::Both);
         }
     }
+}
+
+/// The messages of a PostgreSQL server's side of a connection (`sslmode=disable`, so it starts
+/// with the first typed message): `(type, body)`; a trailing partial message is left out.
+pub fn messages(mut bytes: &[u8]) -> Vec<(u8, &[u8])> {
+    let mut out = Vec::new();
+    while bytes.len() >= 5 {
+        let len = u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize;
+        if len < 4 || bytes.len() < 1 + len {
+            break;
+        }
+        out.push((bytes[0], &bytes[5..1 + len]));
+        bytes = &bytes[1 + len..];
+    }
+    out
+}
+
+/// The columns of a DataRow (`D`) body; `None` for SQL NULL.
+pub fn data_row(mut body: &[u8]) -> Vec<Option<&[u8]>> {
+    let mut cols = Vec::new();
+    let n = i16::from_be_bytes(body[..2].try_into().unwrap());
+    body = &body[2..];
+    for _ in 0..n {
+        let len = i32::from_be_bytes(body[..4].try_into().unwrap());
+        body = &body[4..];
+        if len < 0 {
+            cols.push(None);
+        } else {
+            cols.push(Some(&body[..len as usize]));
+            body = &body[len as usize..];
+        }
+    }
+    cols
 }
