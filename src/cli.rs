@@ -9,10 +9,9 @@ use std::time::Duration;
 use clap::Parser;
 use nix::sys::signal::Signal;
 
-use crate::elector::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+use crate::lock::{lock_id_for_name, LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
 
-/// Exit status for leaderrun's own failures, usage errors included (contract §6).
-pub const EXIT_FAILURE: u8 = crate::exit_codes::FAILURE;
+use crate::exit_codes::FAILURE as EXIT_FAILURE;
 
 const ABOUT: &str =
     "Run COMMAND on exactly one machine of many, elected by a PostgreSQL advisory lock";
@@ -596,15 +595,6 @@ pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// The lock id `--lock-name NAME` stands for: the first 4 bytes of SHA-256 of the UTF-8 NAME,
-/// big-endian, as a signed int4. Fixed forever (FIELD-NOTES PostgreSQL 10): never a hasher
-/// whose output may change between builds, never the server's `hashtext()`.
-pub fn lock_id_for_name(name: &str) -> i32 {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(name.as_bytes());
-    i32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
-}
-
 /// Parses a stop signal given as `TERM`, `SIGTERM`, `term` or a number. Signals that cannot
 /// end a process (job-control stops, SIGCONT, and those ignored by default: CHLD, URG, WINCH)
 /// are refused, since the first step of every stop would then do nothing. SIGKILL is accepted.
@@ -654,16 +644,6 @@ mod tests {
         assert!(parse_duration("-1s").unwrap_err().contains("negative"));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("2years").unwrap_err().contains("a year"));
-    }
-
-    #[test]
-    fn lock_name_golden_values() {
-        // Pinned: computed independently (Python hashlib) and never to change.
-        assert_eq!(lock_id_for_name("plexsphere"), -1_450_088_986);
-        assert_eq!(lock_id_for_name("nightly-report"), 1_732_491_792);
-        assert_eq!(lock_id_for_name(""), -474_954_686);
-        assert_eq!(lock_id_for_name("ü"), 1_618_244_810);
-        assert_eq!(lock_id_for_name("leaderrun"), -690_802_688);
     }
 
     #[test]

@@ -30,10 +30,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The binary builds on it: [`runner`] ties a term to a child process started by [`child`]
-//! (own process group, stop signal → grace → SIGKILL, one reaper), [`signals`] takes in the
-//! signals leaderrun acts on, [`cli`] is the command line and [`conninfo`] resolves connection
-//! settings the way psql does.
+//! The binary builds on it. [`supervisor`] is one loop that owns COMMAND's life: every input
+//! (signals, terms, deadlines, ticks, the child's exit) is one event, each mode a small policy
+//! over them, and the product's three rules are written once each: COMMAND starts or continues
+//! only while its [`Term`] is proven (the safe window of the last check that proved the lock is
+//! open, [`Term::hold`]), the lock is released on purpose only after every [`TermHold`], and so
+//! COMMAND's whole tree, is gone, and no INT/TERM is lost. [`child`] knows processes (own
+//! process group, one reaper, leftovers found among leaderrun's own children), [`signals`]
+//! takes in the signals leaderrun acts on, [`timing`] is the timing model as one checked value,
+//! [`runner`] builds the real parts, [`cli`] is the command line and [`conninfo`] resolves
+//! connection settings the way psql does.
 
 pub mod child;
 pub mod cli;
@@ -44,6 +50,7 @@ pub mod error;
 pub mod exit_codes;
 pub mod health;
 pub mod http;
+pub mod lock;
 pub mod logging;
 pub mod metrics;
 pub mod notify;

@@ -16,10 +16,10 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::cli::EXIT_FAILURE;
 use crate::conninfo::describe;
 use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
+use crate::exit_codes::FAILURE as EXIT_FAILURE;
 
 /// The leader as `status` sees it.
 #[derive(Debug, Serialize, PartialEq)]
@@ -517,7 +517,7 @@ pub fn doctor_main(
     };
     let server = describe(connect_config);
     // A scratch id of the same class that no replica uses: derived from this process.
-    let scratch = crate::cli::lock_id_for_name(&format!(
+    let scratch = crate::lock::lock_id_for_name(&format!(
         "leaderrun doctor {} {}",
         std::process::id(),
         lock.id

@@ -1,0 +1,636 @@
+//! One call of [`super::Elector::run`]: the checks, the grant, demotion and release.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::{timeout, Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::metrics::demotion_cause;
+use super::session::{boottime, connect, session_closed, Session};
+use super::term::{Lease, Term, TermControl, TermEnd};
+use super::{CheckOutcome, Shared, UNLOCK_BOUND};
+use crate::error::{Chain, Error};
+
+/// How one check phase of the campaign ended.
+pub(crate) enum Phase {
+    Checked(Result<(), Error>),
+    Unsafe,
+    Cancelled,
+}
+
+/// One call of [`Elector::run`]: the state that must be cleaned up however the call ends.
+pub(crate) struct Campaign<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) session: Option<Session>,
+    /// The term while leading. Its proof ends 2 check intervals after the send time of the
+    /// last check that proved the lock (or of the grant); past it the server may already have
+    /// given the lock away (contract §8), so the leader demotes without asking.
+    pub(crate) term: Option<TermControl>,
+    /// Set when `run` returns normally; a `Campaign` dropped without it was unwound by a panic
+    /// or dropped mid-await.
+    pub(crate) finished: bool,
+}
+
+pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
+     EXISTS (SELECT 1 FROM pg_locks \
+             WHERE locktype = 'advisory' \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND classid = $1 AND objid = $2 AND objsubid = 2 \
+               AND pid = pg_backend_pid() AND granted), \
+     pg_is_in_recovery()";
+
+impl Campaign<'_> {
+    pub(crate) async fn run(&mut self, cancel: &CancellationToken) {
+        let interval = self.shared.config.effective_check_interval();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Compares the safe window with CLOCK_BOOTTIME often, so a resume after a suspend or a
+        // SIGSTOP is noticed even before the (monotonic) check timer fires.
+        let mut safety = tokio::time::interval(
+            (interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(250)),
+        );
+        safety.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = safety.tick() => {
+                    if self.window_passed() {
+                        self.demote_unsafe().await;
+                        ticker.reset();
+                    }
+                    continue;
+                }
+                closed = session_closed(&mut self.session) => {
+                    let led = self.term.is_some();
+                    self.on_session_closed(closed);
+                    if led {
+                        ticker.reset();
+                    }
+                    continue;
+                }
+                _ = ticker.tick() => {}
+            }
+            let leading = self.term.is_some();
+            let proven_until = self.term.as_ref().and_then(|t| t.term().proven_until());
+            let phase = {
+                let check = async {
+                    if self.term.is_some() {
+                        self.verify().await
+                    } else {
+                        self.try_acquire().await;
+                        Ok(())
+                    }
+                };
+                tokio::pin!(check);
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break Phase::Cancelled,
+                        _ = safety.tick(), if leading => {
+                            if proven_until.is_some_and(|until| boottime() >= until) {
+                                break Phase::Unsafe;
+                            }
+                        }
+                        result = &mut check => break Phase::Checked(result),
+                    }
+                }
+            };
+            match phase {
+                Phase::Checked(Ok(())) => {}
+                Phase::Checked(Err(err)) => {
+                    // The check failed on a live session: the lock may still be held, so the
+                    // work stops before it is released (FIELD-NOTES PostgreSQL 13).
+                    self.demote(&err).await;
+                    // The next try is one full interval away.
+                    ticker.reset();
+                }
+                Phase::Unsafe => {
+                    // The check in flight is abandoned; the session goes once the work is dead.
+                    self.demote_unsafe().await;
+                    ticker.reset();
+                }
+                Phase::Cancelled => {
+                    // A try that was in flight may have been granted on the server: a standby
+                    // drops its session (closing it frees any such grant). A leader keeps its
+                    // session so that `resign` can unlock it.
+                    if self.term.is_none() {
+                        self.session = None;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether the leader's safe window (2 check intervals from the send time of its last good
+    /// check, on CLOCK_BOOTTIME) has passed.
+    pub(crate) fn window_passed(&self) -> bool {
+        self.term
+            .as_ref()
+            .is_some_and(|t| t.term().proven_until().is_some_and(|u| boottime() >= u))
+    }
+
+    /// Demotes because the safe window passed, without a round trip.
+    pub(crate) async fn demote_unsafe(&mut self) {
+        let Some(until) = self.term.as_ref().and_then(|t| t.term().proven_until()) else {
+            return;
+        };
+        let window = self.shared.config.effective_check_interval() * 2;
+        let since = boottime().saturating_sub(until) + window;
+        self.demote(&Error::SafeWindowPassed { since }).await;
+    }
+
+    /// The server ended the session: the lock is gone with it, so there is nothing to hold
+    /// back; the term ends at once (FIELD-NOTES PostgreSQL 4).
+    pub(crate) fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
+        self.session = None;
+        if let Some(control) = self.end_term(TermEnd::LeadershipLost) {
+            let cause = Error::SessionClosed(cause);
+            self.count_demotion(&cause);
+            warn!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "background leader lock lost: {}",
+                Chain(&cause)
+            );
+        } else {
+            debug!(target: "leaderrun::elector", "standby session closed by the server; reconnecting at the next check");
+        }
+    }
+
+    pub(crate) async fn try_acquire(&mut self) {
+        let started = Instant::now();
+        let sent = boottime();
+        match self.try_acquire_inner(started, sent).await {
+            // begin_term recorded it, before publishing the term.
+            Ok(CheckOutcome::Granted) => {}
+            Ok(outcome) => self.record(outcome, started, None),
+            Err(err @ Error::InRecovery { .. }) => {
+                error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                self.record(CheckOutcome::Failed, started, Some(&err));
+            }
+            Err(err @ Error::SharedBackend) => {
+                error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                // Closing the client does not end a pooled server session: give the lock back.
+                if let Some(session) = self.session.take() {
+                    let lock = self.shared.config.lock;
+                    let _ = session
+                        .bounded(
+                            "unlock",
+                            UNLOCK_BOUND,
+                            "SELECT pg_advisory_unlock($1, $2)",
+                            &[&lock.class, &lock.id],
+                        )
+                        .await;
+                }
+                self.record(CheckOutcome::Failed, started, Some(&err));
+            }
+            Err(err) => {
+                // FIELD-NOTES PostgreSQL 3: whatever failed, the session may hold a grant we
+                // never saw; never reuse it.
+                self.session = None;
+                warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
+                self.record(CheckOutcome::Failed, started, Some(&err));
+            }
+        }
+    }
+
+    /// Publishes one check's outcome in [`Checks`].
+    pub(crate) fn record(&self, outcome: CheckOutcome, started: Instant, error: Option<&Error>) {
+        let now = Instant::now();
+        if let Some(metrics) = &self.shared.metrics {
+            let label = match outcome {
+                CheckOutcome::Granted => "granted",
+                CheckOutcome::Refused => "refused",
+                CheckOutcome::Verified => "verified",
+                CheckOutcome::Lost => "lost",
+                CheckOutcome::Failed => "failed",
+            };
+            metrics.checks.with_label_values(&[label]).inc();
+            metrics.check_seconds.observe((now - started).as_secs_f64());
+        }
+        self.shared.checks.send_modify(|checks| {
+            checks.total += 1;
+            match outcome {
+                CheckOutcome::Refused => checks.refused += 1,
+                CheckOutcome::Failed => checks.failed += 1,
+                _ => {}
+            }
+            checks.last = Some(outcome);
+            checks.last_at = Some(now);
+            checks.last_latency = now - started;
+            if !matches!(outcome, CheckOutcome::Failed | CheckOutcome::Lost) {
+                checks.last_success_at = Some(now);
+            }
+            if let Some(err) = error {
+                checks.last_error = Some(Chain(err).to_string());
+            }
+        });
+    }
+
+    pub(crate) async fn try_acquire_inner(
+        &mut self,
+        started: Instant,
+        sent: Duration,
+    ) -> Result<CheckOutcome, Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        if self.session.is_none() {
+            self.session = Some(Session::open(config, &self.shared.target).await?);
+            self.shared.checks.send_modify(|c| c.sessions_opened += 1);
+        }
+        let Some(session) = self.session.as_ref() else {
+            return Ok(CheckOutcome::Failed);
+        };
+        let Some(statement) = session.try_lock.as_ref() else {
+            return Ok(CheckOutcome::Failed);
+        };
+        let lock = config.lock;
+        // A waiting try ends on the server (lock_timeout, one interval) before the client's
+        // bound; only a client-side timeout means "unknown outcome" (FIELD-NOTES PostgreSQL 3).
+        let bound = if config.wait_for_release {
+            config.effective_check_interval() + bound
+        } else {
+            bound
+        };
+        let row = match session
+            .bounded(
+                "try advisory lock",
+                bound,
+                statement,
+                &[&lock.class, &lock.id],
+            )
+            .await
+        {
+            Err(Error::Query { source, .. })
+                if config.wait_for_release
+                    && source.code()
+                        == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+            {
+                debug!(target: "leaderrun::elector", lock = %lock, "lock held by another session for a whole interval; standing by");
+                return Ok(CheckOutcome::Refused);
+            }
+            other => other?,
+        };
+        match row.get::<_, Option<bool>>(0) {
+            None => Err(Error::InRecovery {
+                server: self.shared.target.clone(),
+            }),
+            Some(false) => {
+                debug!(target: "leaderrun::elector", lock = %lock, "lock held by another session; standing by");
+                Ok(CheckOutcome::Refused)
+            }
+            Some(true) => self
+                .begin_term(started, sent)
+                .await
+                .map(|()| CheckOutcome::Granted),
+        }
+    }
+
+    /// The lock was granted on the current session: make it the lock session and start a term.
+    ///
+    /// `started` and `sent` are the check's start (monotonic) and send time (boottime): the
+    /// check is recorded and the safe window set before the term is published, so nobody
+    /// observes a term without the check that granted it.
+    pub(crate) async fn begin_term(
+        &mut self,
+        started: Instant,
+        sent: Duration,
+    ) -> Result<(), Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        if self.session.is_none() {
+            return Ok(());
+        }
+        let idle = config.effective_idle_session_timeout();
+        // Behind a transaction-mode pooler two client sessions can share one server backend,
+        // and a session lock then excludes nothing. Prove exclusion once per grant with a
+        // second session (FIELD-NOTES PostgreSQL 8).
+        self.probe_exclusion().await?;
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
+        let row = session
+            .bounded(
+                "read fencing token",
+                bound,
+                "SELECT txid_current(), current_database()",
+                &[],
+            )
+            .await?;
+        let number = self.shared.terms.load(Ordering::Acquire) + 1;
+        let lease = Lease {
+            lock: config.lock,
+            backend_pid: session.backend_pid,
+            fencing_token: row.get(0),
+            database: row.get(1),
+            granted_at: SystemTime::now(),
+        };
+        // The comment is what `leaderrun status` reads back from pg_stat_activity.query; every
+        // value in it is a number or a timestamp we formatted.
+        let check_sql = format!(
+            "/* leaderrun term={number} since={} fencing_token={} */ {LOCK_ROW_SQL}",
+            humantime::format_rfc3339_seconds(lease.granted_at),
+            lease.fencing_token
+        );
+        let check = session
+            .prepare("prepare the leader check", bound, &check_sql)
+            .await?;
+        if let Some(session) = self.session.as_mut() {
+            session.check = Some(check);
+        }
+        self.shared.terms.store(number, Ordering::Release);
+        // The grant is the term's first proof: its window counts from the try's send time.
+        let (term, control) = Term::issue(
+            number,
+            Some(lease.clone()),
+            sent + config.effective_check_interval() * 2,
+        );
+        self.term = Some(control);
+        self.shared.leader.store(true, Ordering::Release);
+        if let Some(metrics) = &self.shared.metrics {
+            metrics.leader.set(1);
+            metrics.terms.inc();
+        }
+        self.record(CheckOutcome::Granted, started, None);
+        self.shared.current.send_replace(term);
+        info!(
+            target: "leaderrun::elector",
+            term = number,
+            backend_pid = lease.backend_pid,
+            database = %lease.database,
+            server = %crate::conninfo::endpoint(&self.shared.config.connect),
+            lock = %lease.lock,
+            fencing_token = lease.fencing_token,
+            idle_session_timeout_ms = idle.as_millis() as u64,
+            "background leader lock acquired"
+        );
+        Ok(())
+    }
+
+    /// Opens a second session and tries the lock this session was just granted: it must be
+    /// refused. Granted means both sessions reached one server backend (a transaction-mode
+    /// pooler); the probe's extra hold is released again.
+    pub(crate) async fn probe_exclusion(&self) -> Result<(), Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let lock = config.lock;
+        let (client, _closed, _task) =
+            connect(&config.connect, &config.tls, &self.shared.target, bound).await?;
+        // The simple protocol: no named prepared statement that a pooler could mix up; the
+        // key is two integers.
+        let try_sql = format!("SELECT pg_try_advisory_lock({}, {})", lock.class, lock.id);
+        let unlock_sql = format!("SELECT pg_advisory_unlock({}, {})", lock.class, lock.id);
+        let granted = match timeout(bound, client.simple_query(&try_sql)).await {
+            Ok(Ok(messages)) => messages.iter().any(|m| {
+                matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
+            }),
+            Ok(Err(source)) => {
+                return Err(Error::Query {
+                    what: "probe exclusion",
+                    source,
+                })
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    what: "probe exclusion",
+                    after: bound,
+                })
+            }
+        };
+        if granted {
+            let _ = timeout(bound, client.simple_query(&unlock_sql)).await;
+            return Err(Error::SharedBackend);
+        }
+        Ok(())
+    }
+
+    /// The leader's check: proves in one round trip that this session still holds the lock.
+    /// `Err` is the cause to demote with; the session is left as it is for [`Self::demote`].
+    pub(crate) async fn verify(&mut self) -> Result<(), Error> {
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
+        let Some(statement) = session.check.as_ref() else {
+            return Ok(());
+        };
+        // After a suspend or a SIGSTOP: no round trip once the safe window has passed.
+        if self.window_passed() {
+            let until = self
+                .term
+                .as_ref()
+                .and_then(|t| t.term().proven_until())
+                .unwrap_or_default();
+            let window = self.shared.config.effective_check_interval() * 2;
+            return Err(Error::SafeWindowPassed {
+                since: boottime().saturating_sub(until) + window,
+            });
+        }
+        let sent = boottime();
+        let config = &self.shared.config;
+        let bound = config.effective_check_interval().min(config.io_bound());
+        let lock = config.lock;
+        // pg_locks shows the int4 halves as oid, i.e. unsigned.
+        let (class, id) = (lock.class as u32, lock.id as u32);
+        let started = Instant::now();
+        let result = session
+            .bounded("leader check", bound, statement, &[&class, &id])
+            .await
+            .and_then(|row| {
+                let pid: i32 = row.get(0);
+                let held: bool = row.get(1);
+                let in_recovery: bool = row.get(2);
+                if pid != session.backend_pid {
+                    Err(Error::BackendChanged {
+                        granted_to: session.backend_pid,
+                        now: pid,
+                    })
+                } else if in_recovery {
+                    Err(Error::InRecovery {
+                        server: self.shared.target.clone(),
+                    })
+                } else if !held {
+                    Err(Error::LockNotHeld {
+                        lock,
+                        backend_pid: pid,
+                    })
+                } else {
+                    Ok(())
+                }
+            });
+        let window = config.effective_check_interval() * 2;
+        // An answer that arrives after the window closed proves nothing any more.
+        let result = result.and_then(|()| match &self.term {
+            Some(control) if !control.prove(sent + window) => Err(Error::SafeWindowPassed {
+                since: boottime().saturating_sub(sent),
+            }),
+            _ => Ok(()),
+        });
+        match result {
+            Ok(()) => {
+                self.record(CheckOutcome::Verified, started, None);
+                debug!(target: "leaderrun::elector", latency_ms = started.elapsed().as_millis() as u64, "leader check ok");
+                Ok(())
+            }
+            Err(err) => {
+                if matches!(err, Error::BackendChanged { .. } | Error::InRecovery { .. }) {
+                    error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                }
+                self.record(CheckOutcome::Lost, started, Some(&err));
+                Err(err)
+            }
+        }
+    }
+
+    pub(crate) fn count_demotion(&self, cause: &Error) {
+        if let Some(metrics) = &self.shared.metrics {
+            metrics
+                .demotions
+                .with_label_values(&[demotion_cause(cause)])
+                .inc();
+        }
+    }
+
+    /// The seed's demotion, with the release after the work: end the term (every holder sees
+    /// it at once), log the cause, and close the session only once every [`TermHold`] is
+    /// dropped, since a session that is still open may still hold the lock (FIELD-NOTES
+    /// PostgreSQL 13). Nothing is sent on the session meanwhile, so the server's
+    /// `idle_session_timeout` bounds the wait; so does this one.
+    pub(crate) async fn demote(&mut self, cause: &Error) {
+        let Some(control) = self.end_term(TermEnd::LeadershipLost) else {
+            return;
+        };
+        self.count_demotion(cause);
+        warn!(
+            target: "leaderrun::elector",
+            term = control.term().number(),
+            "background leader lock lost: {}",
+            Chain(cause)
+        );
+        let session = self.session.take();
+        self.release_after_holds(&control, session.is_some()).await;
+        drop(session);
+    }
+
+    /// Waits for the holds of `control`'s term, bounded by `idle_session_timeout`.
+    pub(crate) async fn release_after_holds(&self, control: &TermControl, may_hold_lock: bool) {
+        if control.holds() == 0 || !may_hold_lock {
+            return;
+        }
+        debug!(
+            target: "leaderrun::elector",
+            term = control.term().number(),
+            "keeping the lock session until the term's work has stopped"
+        );
+        let bound = self.shared.config.effective_idle_session_timeout();
+        if !control.released(bound).await {
+            warn!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "the work of the term still runs after idle_session_timeout ({}); \
+                 releasing the lock session anyway",
+                humantime::format_duration(bound)
+            );
+        }
+    }
+
+    /// Ends the current term, if any: IsLeader false, gauge 0, standby placeholder published.
+    pub(crate) fn end_term(&mut self, cause: TermEnd) -> Option<TermControl> {
+        let control = self.term.take()?;
+        self.shared.leader.store(false, Ordering::Release);
+        if let Some(metrics) = &self.shared.metrics {
+            metrics.leader.set(0);
+        }
+        self.shared.current.send_replace(Term::standby());
+        control.end(cause);
+        Some(control)
+    }
+
+    /// After cancellation: end the term, unlock under the 2-second bound, close.
+    pub(crate) async fn resign(&mut self) {
+        let control = self.end_term(TermEnd::Resigned);
+        if let Some(control) = &control {
+            self.release_after_holds(control, self.session.is_some())
+                .await;
+        }
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        if let Some(control) = control {
+            let term = control.term();
+            let lock = self.shared.config.lock;
+            match session
+                .bounded(
+                    "unlock",
+                    UNLOCK_BOUND,
+                    "SELECT pg_advisory_unlock($1, $2)",
+                    &[&lock.class, &lock.id],
+                )
+                .await
+            {
+                Ok(_) => info!(
+                    target: "leaderrun::elector",
+                    term = term.number(),
+                    lock = %lock,
+                    "background leader lock released"
+                ),
+                Err(err) => warn!(
+                    target: "leaderrun::elector",
+                    term = term.number(),
+                    "leader: unlock failed; the server frees the lock when the session closes: {}",
+                    Chain(&err)
+                ),
+            }
+        }
+        session.close().await;
+    }
+}
+
+impl Campaign<'_> {
+    /// Leaves the election without unlocking: after a panic, or when `run`'s future is dropped
+    /// mid-await. The session may be mid-statement, so it is closed instead; the server frees
+    /// the lock when the socket closes.
+    pub(crate) fn abandon(&mut self, panicked: bool) {
+        let led = self.end_term(TermEnd::LeadershipLost);
+        let session = self.session.take();
+        if let (Some(control), Some(session)) = (&led, session) {
+            // Work may still run under the term: the session (and maybe the lock) stays until
+            // it is dead, as in every other demotion, on a task of its own since this runs in
+            // a drop. Nothing is sent on it: it may be mid-statement.
+            if control.holds() > 0 {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let held = TermControl {
+                        term: control.term().clone(),
+                    };
+                    let bound = self.shared.config.effective_idle_session_timeout();
+                    runtime.spawn(async move {
+                        held.released(bound).await;
+                        drop(session);
+                    });
+                }
+            }
+        }
+        if led.is_some() {
+            if let Some(metrics) = &self.shared.metrics {
+                metrics.demotions.with_label_values(&["abandoned"]).inc();
+            }
+            if panicked {
+                warn!(target: "leaderrun::elector", "background leader lock abandoned after a panic");
+            } else {
+                warn!(target: "leaderrun::elector", "background leader lock abandoned: the election was dropped mid-run");
+            }
+        }
+    }
+}
+
+impl Drop for Campaign<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.abandon(std::thread::panicking());
+        }
+        self.shared.running.store(false, Ordering::Release);
+    }
+}

@@ -1,0 +1,404 @@
+//! The seed's election: campaign, term, check, demote, unlock.
+//!
+//! # Theory of operation
+//!
+//! An [`Elector`] owns at most one PostgreSQL session. [`Elector::run`] checks once when it
+//! starts and then every check interval:
+//!
+//! * **Standby.** The check runs `pg_try_advisory_lock(class, id)` (guarded by
+//!   `pg_is_in_recovery()`) on the elector's one session, opening it first when there is none.
+//!   A refused try leaves the session as it was, so a standby costs the server one session and
+//!   one statement per interval. A failed connect or statement is logged at WARN as
+//!   `leader: acquire lock connection: <cause>`, the session is thrown away (a try that failed
+//!   or timed out on the client may still have been granted on the server, FIELD-NOTES
+//!   PostgreSQL 3) and the replica stays a standby.
+//! * **Grant.** The session becomes the lock session: `idle_session_timeout` is set on it (the
+//!   seed's bound on an orphaned lock session), a fencing token is read
+//!   (`txid_current()`, FIELD-NOTES PostgreSQL 12), and a new [`Term`] begins.
+//! * **Leader.** The check proves ownership in one round trip: the backend that answers is the
+//!   one the lock was granted to, it holds the granted `pg_locks` row for (current database,
+//!   class, id, objsubid 2), and the server is not in recovery (FIELD-NOTES PostgreSQL 1). A
+//!   check that fails or does not answer within one interval demotes. The session is also
+//!   watched between checks: when the server closes it (terminated backend, restart), the
+//!   leader demotes at once instead of at its next check (FIELD-NOTES PostgreSQL 4).
+//! * **Demotion** ends the term with [`TermEnd::LeadershipLost`], turns [`Elector::is_leader`]
+//!   false, sets the gauge to 0, closes the session and logs a WARN line with the cause. The
+//!   lock is never tried again on that session (FIELD-NOTES PostgreSQL 2).
+//! * **Cancel** ends the term with [`TermEnd::Resigned`], runs `pg_advisory_unlock` under a
+//!   2-second bound that outlives the cancellation, and closes the session.
+//! * **Panic or drop.** When `run` unwinds (or its future is dropped) the term ends with
+//!   [`TermEnd::LeadershipLost`] and the session is closed without unlocking, since it may be
+//!   mid-statement; the server frees the lock when the socket closes.
+//!
+//! # Layout
+//!
+//! * this module: [`Config`], the [`Elector`] API (the seed's `Run`, `Term`, `Do`, `IsLeader`)
+//!   and the tally of checks;
+//! * [`term`]: a term, its proof and its holds;
+//! * [`session`]: connecting, the pinned timers and bounded statements (shared with `status`
+//!   and `doctor`);
+//! * `campaign`: one call of [`Elector::run`]: checks, grants, demotion, release;
+//! * `metrics`: the election's Prometheus metrics.
+
+mod campaign;
+mod metrics;
+pub mod session;
+pub mod term;
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use prometheus::Registry;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, Instrument};
+
+use crate::error::Error;
+use crate::tls::TlsSettings;
+
+pub use crate::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+pub use session::{boottime, connect, Connected};
+pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
+
+use campaign::Campaign;
+use metrics::{shared_metrics, ElectorMetrics};
+use session::pin_client_timers;
+
+/// Default check interval, the seed's `DefaultCheckInterval`: 5 s.
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// Bound on the `pg_advisory_unlock` that runs after cancellation (the seed's 2-second context).
+pub const UNLOCK_BOUND: Duration = Duration::from_secs(2);
+/// Name of the leadership gauge, from the seed's Metric table.
+pub const GAUGE_NAME: &str = "plexsphere_background_leader";
+
+/// How an [`Elector`] connects, which lock it campaigns for, and how often it checks: the seed's
+/// `leader.Config` in Rust terms.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Connection settings of the one session the lock is tried and held on (instead of the
+    /// seed's pool). Its `connect_timeout`, when set, bounds connecting and every standby
+    /// statement; otherwise the check interval does (contract §8).
+    pub connect: tokio_postgres::Config,
+    /// TLS: libpq's `sslmode` (including `verify-ca`/`verify-full`) and certificates. Default:
+    /// `prefer`, as libpq.
+    pub tls: TlsSettings,
+    /// The advisory lock key; default [`LockKey::default`], the seed's `(1886156915, 1)`.
+    pub lock: LockKey,
+    /// How often a standby tries the lock and the leader verifies it, and how long the leader's
+    /// check may take before it fails. Zero uses [`DEFAULT_CHECK_INTERVAL`], as the seed says.
+    pub check_interval: Duration,
+    /// `idle_session_timeout` set on the lock session at the grant. `None` uses the seed's
+    /// value, 4 × check interval. The binary raises it to 3 × interval + grace when the grace
+    /// is longer than one interval (contract §3). Rounded up to whole milliseconds.
+    pub idle_session_timeout: Option<Duration>,
+    /// A standby waits for the lock in the server's queue (`pg_advisory_lock` bounded by
+    /// `lock_timeout` = one check interval) instead of trying it once per interval, so a
+    /// released lock, whether unlocked or freed by a dying session, is granted to a standby at
+    /// once. Still one session and about one statement per interval. `false` (the default)
+    /// is the seed's fixed-interval `pg_try_advisory_lock`.
+    pub wait_for_release: bool,
+    /// Span the elector's events are emitted in: the seed's `Logger`. A tracing target must be
+    /// a compile-time constant, so events always carry the target `leaderrun::elector`; give
+    /// the span fields (a name, a replica id) to tell electors apart. Default: a disabled span.
+    pub span: tracing::Span,
+    /// Registry that receives the `plexsphere_background_leader` gauge (no labels; 1 while
+    /// leading, 0 otherwise; the seed's Metric table) and the election's own metrics:
+    /// `leaderrun_terms_started_total`, `leaderrun_checks_total{outcome}`,
+    /// `leaderrun_check_duration_seconds` and `leaderrun_demotions_total{cause}`. `None`
+    /// registers nothing. Electors that share a registry share these, and so write one series.
+    pub registry: Option<Registry>,
+}
+
+impl Config {
+    /// Settings with the seed's defaults for everything but the connection.
+    pub fn new(connect: tokio_postgres::Config) -> Self {
+        Config {
+            connect,
+            tls: TlsSettings::default(),
+            lock: LockKey::default(),
+            check_interval: DEFAULT_CHECK_INTERVAL,
+            idle_session_timeout: None,
+            wait_for_release: false,
+            span: tracing::Span::none(),
+            registry: None,
+        }
+    }
+
+    /// The check interval in effect: [`Config::check_interval`], or the default when zero.
+    pub fn effective_check_interval(&self) -> Duration {
+        if self.check_interval.is_zero() {
+            DEFAULT_CHECK_INTERVAL
+        } else {
+            self.check_interval
+        }
+    }
+
+    /// The `idle_session_timeout` in effect: the configured one, else 4 × check interval.
+    pub fn effective_idle_session_timeout(&self) -> Duration {
+        self.idle_session_timeout
+            .unwrap_or(self.effective_check_interval() * 4)
+    }
+
+    /// Bound on connecting and on a standby's statements: the DSN's `connect_timeout` when
+    /// set, else the check interval (contract §8).
+    pub fn io_bound(&self) -> Duration {
+        self.connect
+            .get_connect_timeout()
+            .copied()
+            .filter(|d| !d.is_zero())
+            .unwrap_or_else(|| self.effective_check_interval())
+    }
+}
+
+/// The three outcomes of [`Elector::do_as_leader`], the seed's `Do` table.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Done<T> {
+    /// The replica was a standby; the work was not run (the seed's `(false, nil)`).
+    Standby,
+    /// The work ran and leadership held until it returned (the seed's `(true, err)`).
+    Ran(T),
+    /// Leadership was lost while the work ran; not a failure (the seed's `(false, nil)` after
+    /// a loss, logged at INFO).
+    Lost,
+}
+
+/// What one check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// A standby's try was granted: a term began.
+    Granted,
+    /// A standby's try was refused: another session holds the lock.
+    Refused,
+    /// The leader proved it still holds the lock.
+    Verified,
+    /// The leader's check failed: it was demoted.
+    Lost,
+    /// Connecting or the statement failed (or the server is in recovery); still a standby.
+    Failed,
+}
+
+/// A running tally of the elector's checks, for probes, metrics and one-shot modes.
+#[derive(Clone, Debug, Default)]
+pub struct Checks {
+    /// Checks completed since the elector was built (all outcomes).
+    pub total: u64,
+    /// Standby checks that found the lock held elsewhere.
+    pub refused: u64,
+    /// Checks that could not reach a usable server.
+    pub failed: u64,
+    /// Outcome of the latest check.
+    pub last: Option<CheckOutcome>,
+    /// When the latest check finished (monotonic clock).
+    pub last_at: Option<Instant>,
+    /// When the latest check that got an answer from the server finished (anything but
+    /// [`CheckOutcome::Failed`] and [`CheckOutcome::Lost`]).
+    pub last_success_at: Option<Instant>,
+    /// Round-trip time of the latest check's statement.
+    pub last_latency: Duration,
+    /// The latest failure, with its cause chain.
+    pub last_error: Option<String>,
+    /// Sessions opened so far: non-zero once the server has been reached at all.
+    pub sessions_opened: u64,
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) checks: watch::Sender<Checks>,
+    pub(crate) target: String,
+    pub(crate) leader: AtomicBool,
+    pub(crate) running: AtomicBool,
+    pub(crate) terms: AtomicU64,
+    pub(crate) current: watch::Sender<Term>,
+    pub(crate) metrics: Option<Arc<ElectorMetrics>>,
+}
+
+/// A participant in the election for one advisory lock: the seed's `Elector`.
+///
+/// Cheap to clone; clones share state, so [`Elector::is_leader`] and [`Elector::term`] may be
+/// called from any task while another one drives [`Elector::run`].
+#[derive(Clone)]
+pub struct Elector {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("target", &self.shared.target)
+            .field("lock", &self.shared.config.lock)
+            .field("is_leader", &self.is_leader())
+            .finish()
+    }
+}
+
+impl Elector {
+    /// Builds an elector (the seed's `leader.New`). Connects to nothing yet.
+    ///
+    /// # Errors
+    /// [`Error::Metrics`] when the metrics cannot be registered on [`Config::registry`].
+    pub fn new(config: Config) -> Result<Elector, Error> {
+        let metrics = match &config.registry {
+            Some(registry) => Some(shared_metrics(registry)?),
+            None => None,
+        };
+        let mut config = config;
+        pin_client_timers(&mut config);
+        let (current, _) = watch::channel(Term::standby());
+        let (checks, _) = watch::channel(Checks::default());
+        Ok(Elector {
+            shared: Arc::new(Shared {
+                checks,
+                target: crate::conninfo::describe(&config.connect),
+                config,
+                leader: AtomicBool::new(false),
+                running: AtomicBool::new(false),
+                terms: AtomicU64::new(0),
+                current,
+                metrics,
+            }),
+        })
+    }
+
+    /// The configuration this elector was built with.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// Whether this replica holds the lock right now: one atomic load, lock-free, safe from any
+    /// thread (the seed's `IsLeader`).
+    pub fn is_leader(&self) -> bool {
+        self.shared.leader.load(Ordering::Acquire)
+    }
+
+    /// The tally of checks so far.
+    pub fn checks(&self) -> Checks {
+        self.shared.checks.borrow().clone()
+    }
+
+    /// A receiver that sees every change of [`Elector::checks`], for waiting on the next check.
+    pub fn watch_checks(&self) -> watch::Receiver<Checks> {
+        self.shared.checks.subscribe()
+    }
+
+    /// A receiver that sees every change of [`Elector::term`]: each term that begins, and the
+    /// standby placeholder published when one ends.
+    pub fn watch_term(&self) -> watch::Receiver<Term> {
+        self.shared.current.subscribe()
+    }
+
+    /// The current term (the seed's `Term`): live while leading; already ended on a standby.
+    pub fn term(&self) -> Term {
+        self.shared.current.borrow().clone()
+    }
+
+    /// Waits until this replica leads and returns that term. Returns at once when it already
+    /// leads. Waits forever when nothing drives [`Elector::run`].
+    pub async fn wait_for_term(&self) -> Term {
+        let mut rx = self.shared.current.subscribe();
+        let term = match rx.wait_for(|t| !t.is_ended()).await {
+            Ok(term) => term.clone(),
+            // The sender lives in `self.shared`, which outlives this borrow.
+            Err(_) => unreachable!("elector state dropped while borrowed"),
+        };
+        term
+    }
+
+    /// Runs one unit of work on the leader: the seed's `Do` (`do` is a Rust keyword).
+    ///
+    /// On a standby, `work` is not called and the result is [`Done::Standby`]. On the leader,
+    /// `work` gets the term, so it can stop when [`Term::ended`] resolves; when leadership held
+    /// until it returned, the result is [`Done::Ran`] with its output; when leadership was
+    /// lost meanwhile, [`Done::Lost`], logged at INFO: a demotion never counts as a failure.
+    pub async fn do_as_leader<F, Fut>(&self, work: F) -> Done<Fut::Output>
+    where
+        F: FnOnce(Term) -> Fut,
+        Fut: Future,
+    {
+        let term = self.term();
+        // The work starts only inside the proof, and the lock is not released on purpose
+        // before it returned.
+        let Some(hold) = term.hold() else {
+            return Done::Standby;
+        };
+        let output = work(term.clone()).await;
+        drop(hold);
+        if term.end_cause() == Some(TermEnd::LeadershipLost) {
+            let _span = self.shared.config.span.enter();
+            info!(
+                target: "leaderrun::elector",
+                term = term.number(),
+                "leader: work interrupted: leadership lost while it ran"
+            );
+            return Done::Lost;
+        }
+        Done::Ran(output)
+    }
+
+    /// Takes part in the election until `cancel` is cancelled: the seed's `Run`.
+    ///
+    /// Checks once at start and then every check interval (see the module docs). A failed
+    /// connect or statement never ends the call; it is logged and retried at the next check.
+    /// On cancel, ends the term, unlocks under [`UNLOCK_BOUND`] and closes the session.
+    ///
+    /// May be called again after an earlier call returned or panicked.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyRunning`] when another `run` on this elector has not returned yet.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), Error> {
+        if self.shared.running.swap(true, Ordering::AcqRel) {
+            return Err(Error::AlreadyRunning);
+        }
+        let span = self.shared.config.span.clone();
+        let mut campaign = Campaign {
+            shared: &self.shared,
+            session: None,
+            term: None,
+            finished: false,
+        };
+        // A panic inside an async fn does not unwind through its locals until the task is
+        // dropped, after the runtime caught it; catch it here so the term ends, the session
+        // closes and the WARN line is written while the caller's subscriber is still current.
+        let outcome = AssertUnwindSafe(
+            async {
+                campaign.run(&cancel).await;
+                campaign.resign().await;
+            }
+            .instrument(span.clone()),
+        )
+        .catch_unwind()
+        .await;
+        campaign.finished = true;
+        if let Err(panic) = outcome {
+            let _entered = span.enter();
+            campaign.abandon(true);
+            std::panic::resume_unwind(panic);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(crate) fn zero_interval_uses_the_default() {
+        let mut config = Config::new(tokio_postgres::Config::new());
+        config.check_interval = Duration::ZERO;
+        assert_eq!(config.effective_check_interval(), DEFAULT_CHECK_INTERVAL);
+        assert_eq!(
+            config.effective_idle_session_timeout(),
+            DEFAULT_CHECK_INTERVAL * 4
+        );
+        config.check_interval = Duration::from_millis(250);
+        assert_eq!(
+            config.effective_idle_session_timeout(),
+            Duration::from_secs(1)
+        );
+    }
+}

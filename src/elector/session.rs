@@ -1,0 +1,332 @@
+//! The elector's one session: connecting, the timers pinned on it, and statements bounded by a
+//! deadline (FIELD-NOTES PostgreSQL 5). `status` and `doctor` connect through here too.
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_postgres::{Client, NoTls, Statement, ToStatement};
+use tracing::warn;
+
+use super::Config;
+use crate::error::Error;
+use crate::tls::TlsSettings;
+
+/// Client-side TCP timers (FIELD-NOTES PostgreSQL 5): keepalives so a vanished server is
+/// noticed between checks, and `TCP_USER_TIMEOUT` so a check stuck in retransmission fails
+/// within 2 check intervals instead of the kernel's minutes.
+pub(crate) fn pin_client_timers(config: &mut Config) {
+    let interval = config.effective_check_interval();
+    let second = Duration::from_secs(1);
+    // The kernel takes at most 32767 s for keepalive times and i32::MAX ms for TCP_USER_TIMEOUT.
+    let keepalive_max = Duration::from_secs(32_767);
+    config
+        .connect
+        .keepalives(true)
+        .keepalives_idle(interval.clamp(second, keepalive_max))
+        .keepalives_interval((interval / 2).clamp(second, keepalive_max))
+        .keepalives_retries(3)
+        .tcp_user_timeout((interval * 2).min(Duration::from_millis(i32::MAX as u64)));
+}
+
+/// The server-side timers pinned on every session right after connect (FIELD-NOTES
+/// PostgreSQL 5): role or database defaults may differ, so they are set with `set_config` and
+/// read back. Values are in the GUCs' base units (ms, or s for the keepalives).
+pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
+    let ms = |d: Duration| d.as_millis().clamp(1, i32::MAX as u128).to_string();
+    let secs = |d: Duration| d.as_secs_f64().ceil().clamp(1.0, 32_767.0).to_string();
+    let bound = config.io_bound();
+    let idle = config.effective_idle_session_timeout();
+    vec![
+        // A waiting standby's statement lasts up to one interval (lock_timeout) by design.
+        (
+            "statement_timeout",
+            ms(bound + config.effective_check_interval()),
+        ),
+        ("lock_timeout", ms(config.effective_check_interval())),
+        ("idle_in_transaction_session_timeout", ms(idle)),
+        // The seed's bound on an orphaned lock session, from the moment the session may ask
+        // for the lock (FIELD-NOTES PostgreSQL 14): a grant that reaches a client that stopped
+        // listening is freed within it. A standby is never idle that long: it runs a statement
+        // every interval, or waits in one.
+        ("idle_session_timeout", ms(idle)),
+        // The server's own fallback for a vanished client (and the only bound before
+        // PostgreSQL 14): about idle_session_timeout in all.
+        ("tcp_keepalives_idle", secs(idle / 2)),
+        ("tcp_keepalives_interval", secs(idle / 8)),
+        ("tcp_keepalives_count", "4".to_owned()),
+        ("tcp_user_timeout", ms(idle)),
+    ]
+}
+
+/// A connected client, a receiver that resolves when the connection ends (with its error, if
+/// any), and the task that drives the connection (abort it to close the socket at once).
+pub type Connected = (
+    Client,
+    oneshot::Receiver<Option<tokio_postgres::Error>>,
+    JoinHandle<()>,
+);
+
+/// Connects with `config` and `tls`, bounded by `bound`; the connection is driven on its own
+/// task. `target` is the redacted description used in errors.
+///
+/// # Errors
+/// [`Error::Connect`] when the server refuses, TLS verification fails or authentication
+/// fails; [`Error::Tls`] when the TLS settings cannot be used; [`Error::Timeout`].
+pub async fn connect(
+    config: &tokio_postgres::Config,
+    tls: &TlsSettings,
+    target: &str,
+    bound: Duration,
+) -> Result<Connected, Error> {
+    let mut config = config.clone();
+    // libpq never uses TLS over a Unix socket, whatever sslmode says.
+    let unix_only = config
+        .get_hosts()
+        .iter()
+        .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+    let use_tls = tls.enabled() && !unix_only;
+    config.ssl_mode(if use_tls {
+        tls.driver_mode()
+    } else {
+        tokio_postgres::config::SslMode::Disable
+    });
+    if use_tls {
+        let connector = tls.connector().map_err(Error::Tls)?;
+        drive(
+            timeout(bound, config.connect(connector)).await,
+            target,
+            bound,
+        )
+    } else {
+        drive(timeout(bound, config.connect(NoTls)).await, target, bound)
+    }
+}
+
+/// What a connect bounded by a timeout yields.
+pub(crate) type Bounded<S, T> = Result<
+    Result<(Client, tokio_postgres::Connection<S, T>), tokio_postgres::Error>,
+    tokio::time::error::Elapsed,
+>;
+
+/// Spawns the connection future of a finished connect.
+pub(crate) fn drive<S, T>(
+    connected: Bounded<S, T>,
+    target: &str,
+    bound: Duration,
+) -> Result<Connected, Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (client, connection) = match connected {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(source)) => {
+            return Err(Error::Connect {
+                target: target.to_owned(),
+                source,
+            })
+        }
+        Err(_) => {
+            return Err(Error::Timeout {
+                what: "connect",
+                after: bound,
+            })
+        }
+    };
+    let (tx, closed) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let _ = tx.send(connection.await.err());
+    });
+    Ok((client, closed, task))
+}
+
+/// The one database session of an elector, with its connection driven on its own task.
+pub(crate) struct Session {
+    /// `None` only while [`Session::close`] runs.
+    pub(crate) client: Option<Client>,
+    pub(crate) backend_pid: i32,
+    /// The standby's try, prepared once per session so each check is one round trip.
+    pub(crate) try_lock: Option<Statement>,
+    /// The leader's check, prepared at the grant; its text carries the term, so that
+    /// `pg_stat_activity.query` of the lock session tells `leaderrun status` since when it leads.
+    pub(crate) check: Option<Statement>,
+    /// Resolves when the connection task ends: the server closed the session or the socket
+    /// broke. Polled at most until it resolves (the session is discarded then).
+    pub(crate) closed: oneshot::Receiver<Option<tokio_postgres::Error>>,
+    pub(crate) task: JoinHandle<()>,
+}
+
+impl Session {
+    pub(crate) async fn open(config: &Config, target: &str) -> Result<Session, Error> {
+        let bound = config.io_bound();
+        let (client, closed, task) = connect(&config.connect, &config.tls, target, bound).await?;
+        let mut session = Session {
+            client: Some(client),
+            backend_pid: 0,
+            try_lock: None,
+            check: None,
+            closed,
+            task,
+        };
+        session.backend_pid = session.pin_timers(config, bound).await?;
+        // One round trip: a hot standby grants advisory locks of its own, so never even try
+        // there (FIELD-NOTES PostgreSQL 7). NULL means "in recovery".
+        // With `wait_for_release` the standby waits in the server's lock queue, bounded by
+        // `lock_timeout` (one interval): a released lock is granted to it at once.
+        let sql = if config.wait_for_release {
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
+             ELSE (SELECT true FROM (SELECT pg_advisory_lock($1, $2)) AS waited) END"
+        } else {
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
+             ELSE pg_try_advisory_lock($1, $2) END"
+        };
+        session.try_lock = Some(
+            session
+                .prepare("prepare the lock statement", bound, sql)
+                .await?,
+        );
+        Ok(session)
+    }
+
+    /// Sets [`server_timers`] and reads them back from `pg_settings`; a value the server did
+    /// not take is logged at WARN (the TCP ones only matter, and only stick, over TCP). Returns
+    /// `pg_backend_pid()`, read in the same round trip.
+    pub(crate) async fn pin_timers(&self, config: &Config, bound: Duration) -> Result<i32, Error> {
+        let timers = server_timers(config);
+        let names: Vec<&str> = timers.iter().map(|(n, _)| *n).collect();
+        let values: Vec<&str> = timers.iter().map(|(_, v)| v.as_str()).collect();
+        let Some(client) = self.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
+        // Only settings the server has: idle_session_timeout is new in PostgreSQL 14.
+        let set = "SELECT set_config(w.name, w.value, false) \
+                   FROM unnest($1::text[], $2::text[]) AS w(name, value) \
+                   WHERE EXISTS (SELECT 1 FROM pg_settings s WHERE s.name = w.name)";
+        let read = "SELECT name, setting, inet_server_addr() IS NULL, pg_backend_pid() \
+                    FROM pg_settings WHERE name = ANY($1::text[])";
+        let both = async {
+            client.query(set, &[&names, &values]).await?;
+            client.query(read, &[&names]).await
+        };
+        let rows = match timeout(bound, both).await {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(source)) => {
+                return Err(Error::Query {
+                    what: "pin session timers",
+                    source,
+                })
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    what: "pin session timers",
+                    after: bound,
+                })
+            }
+        };
+        let mut backend_pid = None;
+        if !rows
+            .iter()
+            .any(|r| r.get::<_, String>(0) == "idle_session_timeout")
+        {
+            warn!(
+                target: "leaderrun::elector",
+                "leader: server has no idle_session_timeout (PostgreSQL before 14): \
+                 an orphaned lock session is bounded only by TCP keepalives"
+            );
+        }
+        for row in rows {
+            let name: String = row.get(0);
+            let setting: String = row.get(1);
+            let unix_socket: bool = row.get(2);
+            backend_pid = Some(row.get::<_, i32>(3));
+            if unix_socket && name.starts_with("tcp_") {
+                continue;
+            }
+            let wanted = timers.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
+            if wanted.is_some_and(|w| *w != setting) {
+                warn!(
+                    target: "leaderrun::elector",
+                    "leader: the server did not take {name} = {} (it has {setting})",
+                    wanted.map(String::as_str).unwrap_or_default()
+                );
+            }
+        }
+        match backend_pid {
+            Some(pid) => Ok(pid),
+            None => Ok(self
+                .bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
+                .await?
+                .get(0)),
+        }
+    }
+
+    /// Prepares a statement, bounded by `bound`.
+    pub(crate) async fn prepare(
+        &self,
+        what: &'static str,
+        bound: Duration,
+        sql: &str,
+    ) -> Result<Statement, Error> {
+        let Some(client) = self.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
+        match timeout(bound, client.prepare(sql)).await {
+            Ok(Ok(statement)) => Ok(statement),
+            Ok(Err(source)) => Err(Error::Query { what, source }),
+            Err(_) => Err(Error::Timeout { what, after: bound }),
+        }
+    }
+
+    /// Runs one statement that returns one row, bounded by `bound`.
+    pub(crate) async fn bounded<S: ToStatement + ?Sized>(
+        &self,
+        what: &'static str,
+        bound: Duration,
+        sql: &S,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, Error> {
+        let Some(client) = self.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
+        match timeout(bound, client.query_one(sql, params)).await {
+            Ok(Ok(row)) => Ok(row),
+            Ok(Err(source)) => Err(Error::Query { what, source }),
+            Err(_) => Err(Error::Timeout { what, after: bound }),
+        }
+    }
+
+    /// Closes the session politely (Terminate message) and waits briefly for the socket to
+    /// close, so that a released lock reaches the standbys before `run` returns.
+    pub(crate) async fn close(mut self) {
+        // Dropping the only client makes the connection send Terminate and finish.
+        drop(self.client.take());
+        let _ = timeout(Duration::from_secs(1), &mut self.task).await;
+        // Drop aborts the task if it is still running.
+    }
+}
+
+impl Drop for Session {
+    /// A dropped session (demotion, failed try, panic) closes its socket now, which makes the
+    /// server end the backend and free any lock it held.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Resolves when the session's connection ends; pending forever without a session.
+pub(crate) async fn session_closed(session: &mut Option<Session>) -> Option<tokio_postgres::Error> {
+    match session {
+        Some(s) => (&mut s.closed).await.unwrap_or(None),
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads CLOCK_BOOTTIME: monotonic, and it keeps running while the machine sleeps
+/// (FIELD-NOTES PostgreSQL 6), unlike tokio's clock.
+pub fn boottime() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(Duration::from)
+        .unwrap_or_default()
+}

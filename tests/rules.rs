@@ -1,0 +1,251 @@
+//! The three rules of the product, end to end: the real binary against a real PostgreSQL
+//! (contract §5 and §8; issue 10's classes). The supervisor's state machine is tested
+//! in-process in `supervisor.rs`; these show the same classes from outside.
+
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::support::{alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+fn now_ns() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as f64
+        / 1e9
+}
+
+/// Records `began PID NS`; on TERM waits 0.6 s, then records `ended PID NS` and exits.
+const SLOW_TO_STOP: &str = "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+     trap 'sleep 0.6; echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
+     while :; do sleep 0.02; done";
+
+#[test]
+fn a_failed_check_on_a_live_session_stops_the_child_before_the_lock_moves() {
+    // The leader's backend stops answering (SIGSTOP): its check times out after one interval
+    // on a session that is still alive and still holds the lock. The standby waits in the
+    // server's lock queue, so any release reaches it at once.
+    let cluster = Cluster::start_private();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", SLOW_TO_STOP);
+    let script = script.to_str().unwrap();
+    // The grace outlasts the child's 0.6 s stop.
+    let args = ["--grace", "2s", "--", script];
+    let leader = Replica::start(&cluster, id, "300ms", &args);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.ppid, leader.pid());
+    let _standby = Replica::start(&cluster, id, "300ms", &args);
+    wait_for("the standby to wait in the lock queue", secs(10.0), || {
+        let waiting = cluster.sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} \
+             AND objsubid = 2 AND NOT granted"
+        ));
+        (waiting == ["1"]).then_some(())
+    });
+    let backend = Pid::from_raw(first.backend_pid);
+    kill(backend, Signal::SIGSTOP).unwrap();
+    leader.wait_log("background leader lock lost", 1, secs(5.0));
+    // The backend answers again at once: a client that closed its session on demotion has
+    // now released the lock, while its child still takes 0.6 s to stop.
+    kill(backend, Signal::SIGCONT).unwrap();
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, first.ppid);
+    let ended = wait_for("the old child's end stamp", secs(2.0), || {
+        scratch.stamp("ended", first.pid)
+    });
+    let began = wait_for("the new child's start stamp", secs(2.0), || {
+        scratch.stamp("began", second.pid)
+    });
+    assert!(
+        ended < began,
+        "overlap: old child ended at {ended:.3}, new began at {began:.3}; leader log:\n{}",
+        leader.log()
+    );
+    assert!(!alive(first.pid));
+}
+
+#[test]
+fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "echo \"ran $LEADERRUN_TERM $(date +%s%N)\" >> \"$EVENTS\"",
+    );
+    let script = script.to_str().unwrap();
+    let leader = Replica::start(cluster, id, "200ms", &["--every", "100ms", "--", script]);
+    let runs = |scratch: &Scratch| -> Vec<(u64, f64)> {
+        scratch
+            .events()
+            .iter()
+            .filter_map(|l| l.strip_prefix("ran "))
+            .map(|l| {
+                let (term, ns) = l.split_once(' ').unwrap();
+                (term.parse().unwrap(), ns.parse::<f64>().unwrap() / 1e9)
+            })
+            .collect()
+    };
+    wait_for("a few ticks", secs(10.0), || {
+        (runs(&scratch).len() >= 3).then_some(())
+    });
+    // Frozen for 5 safe windows (2 × 200 ms each): every timer is due at once on resume.
+    leader.signal(Signal::SIGSTOP);
+    std::thread::sleep(secs(2.0));
+    let resumed = now_ns();
+    leader.signal(Signal::SIGCONT);
+    leader.wait_log("background leader lock lost", 1, secs(5.0));
+    wait_for("ticks in a new term", secs(10.0), || {
+        runs(&scratch)
+            .iter()
+            .any(|(term, _)| *term >= 2)
+            .then_some(())
+    });
+    let stale: Vec<_> = runs(&scratch)
+        .into_iter()
+        .filter(|(term, at)| *term == 1 && *at >= resumed)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "ticks ran in term 1 after the resume: {stale:?}; log:\n{}",
+        leader.log()
+    );
+}
+
+#[test]
+fn term_while_stopping_helpers_left_behind_is_not_lost() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    // COMMAND exits at once and leaves a helper that ignores TERM: the stop waits the grace.
+    let script = scratch.child_script(
+        "child.sh",
+        "(trap '' TERM; exec sleep 600) &\necho \"helper $!\" >> \"$EVENTS\"\nexit 0",
+    );
+    let mut leader = Replica::start(
+        cluster,
+        unique_lock_id(),
+        "200ms",
+        &[
+            "--restart",
+            "always",
+            "--grace",
+            "3s",
+            "--",
+            script.to_str().unwrap(),
+        ],
+    );
+    let helper = scratch.recorded_pid("helper ");
+    leader.wait_log("child exited", 1, secs(10.0));
+    leader.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    let status = leader.wait_exit(secs(10.0));
+    assert!(
+        sent.elapsed() < secs(4.5),
+        "exited after {:?}",
+        sent.elapsed()
+    );
+    assert_eq!(status.code(), Some(0), "log:\n{}", leader.log());
+    assert_eq!(
+        scratch.starts().len(),
+        1,
+        "COMMAND was restarted after TERM"
+    );
+    assert!(!alive(helper), "the helper outlived leaderrun");
+}
+
+#[test]
+fn a_nohup_job_survives_the_hangup_and_keeps_hup_ignored() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "trap 'echo usr1 >> \"$EVENTS\"' USR1\n\
+         grep SigIgn /proc/$$/status >> \"$EVENTS\"\n\
+         while :; do sleep 0.02; done",
+    );
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &cluster.dsn(),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+    ])
+    .args(["--check-interval", "200ms", "--", script.to_str().unwrap()]);
+    // What `nohup` does before exec.
+    // SAFETY: signal() between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut leader = Replica::spawn(cmd);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let ignored = wait_for("the child's SigIgn line", secs(5.0), || {
+        scratch.events().iter().find_map(|l| {
+            l.strip_prefix("SigIgn:")
+                .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+        })
+    });
+    assert_ne!(
+        ignored & (1 << (libc::SIGHUP - 1)),
+        0,
+        "HUP not ignored in the child"
+    );
+    leader.signal(Signal::SIGHUP);
+    // Signals are handled in order: once USR1 has been passed on, HUP was dealt with too.
+    leader.signal(Signal::SIGUSR1);
+    wait_for(
+        &format!("USR1 to reach the child; log:\n{}", leader.log()),
+        secs(5.0),
+        || scratch.events().contains(&"usr1".to_owned()).then_some(()),
+    );
+    assert!(alive(start.pid), "the job died of the hangup");
+    assert!(leader.running());
+    leader.signal(Signal::SIGTERM);
+    leader.wait_exit(secs(10.0));
+}
+
+#[test]
+fn shutdown_passes_on_the_signal_received_and_demotion_sends_the_stop_signal() {
+    let cluster = Cluster::start_private();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "trap 'echo \"got USR2 $$\" >> \"$EVENTS\"; exit 0' USR2\n\
+         trap 'echo \"got TERM $$\" >> \"$EVENTS\"; exit 0' TERM\n\
+         while :; do sleep 0.02; done",
+    );
+    let args = ["--stop-signal", "USR2", "--", script.to_str().unwrap()];
+    let mut leader = Replica::start(&cluster, unique_lock_id(), "200ms", &args);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // Demotion (the server ends the session): the stop signal.
+    cluster.terminate_backend(first.backend_pid);
+    wait_for("the stop signal to reach the child", secs(5.0), || {
+        scratch
+            .events()
+            .contains(&format!("got USR2 {}", first.pid))
+            .then_some(())
+    });
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    // Shutdown: the TERM received, not the stop signal.
+    leader.signal(Signal::SIGTERM);
+    leader.wait_exit(secs(10.0));
+    let events = scratch.events();
+    assert!(
+        events.contains(&format!("got TERM {}", second.pid)),
+        "{events:?}"
+    );
+    assert!(
+        !events.contains(&format!("got USR2 {}", second.pid)),
+        "{events:?}"
+    );
+}
