@@ -21,22 +21,27 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
 
     $completions = @(switch ($command) {
         'leaderrun' {
-            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value)')
+            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value); the lock is per database')
             [CompletionResult]::new('--lock-class', '--lock-class', [CompletionResultType]::ParameterName, 'First int4 of the advisory lock key')
             [CompletionResult]::new('--lock-id', '--lock-id', [CompletionResultType]::ParameterName, 'Second int4 of the advisory lock key')
             [CompletionResult]::new('--lock-name', '--lock-name', [CompletionResultType]::ParameterName, 'Derive the lock id from NAME instead of giving --lock-id')
             [CompletionResult]::new('--check-interval', '--check-interval', [CompletionResultType]::ParameterName, 'Standby retry period, leader verification period, and timeout of one verification')
+            [CompletionResult]::new('-k', '-k', [CompletionResultType]::ParameterName, 'Time between the stop signal and SIGKILL [default: the check interval]')
             [CompletionResult]::new('--grace', '--grace', [CompletionResultType]::ParameterName, 'Time between the stop signal and SIGKILL [default: the check interval]')
+            [CompletionResult]::new('-s', '-s', [CompletionResultType]::ParameterName, 'First signal sent to COMMAND''s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits')
             [CompletionResult]::new('--stop-signal', '--stop-signal', [CompletionResultType]::ParameterName, 'First signal sent to COMMAND''s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits')
             [CompletionResult]::new('--takeover-delay', '--takeover-delay', [CompletionResultType]::ParameterName, 'A new leader verifies its lock this long before it starts COMMAND [default: 0s]')
             [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Longest one run of COMMAND may take; then it is stopped like on demotion')
             [CompletionResult]::new('--min-hold', '--min-hold', [CompletionResultType]::ParameterName, 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]')
+            [CompletionResult]::new('-w', '-w', [CompletionResultType]::ParameterName, 'Like --once, but campaign for at most DUR before giving up with the conflict code')
             [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'Like --once, but campaign for at most DUR before giving up with the conflict code')
             [CompletionResult]::new('--every', '--every', [CompletionResultType]::ParameterName, 'Ticker: while leading, run COMMAND once per period')
             [CompletionResult]::new('--restart', '--restart', [CompletionResultType]::ParameterName, 'Default mode: what to do when COMMAND exits while leading')
+            [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)')
             [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Serve /metrics, /healthz and /readyz on this address (off by default)')
+            [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)')
             [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
             [CompletionResult]::new('--once', '--once', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Log more: -v debug, -vv trace')
@@ -53,7 +58,7 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             break
         }
         'leaderrun;status' {
-            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value)')
+            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value); the lock is per database')
             [CompletionResult]::new('--lock-class', '--lock-class', [CompletionResultType]::ParameterName, 'First int4 of the advisory lock key')
             [CompletionResult]::new('--lock-id', '--lock-id', [CompletionResultType]::ParameterName, 'Second int4 of the advisory lock key')
             [CompletionResult]::new('--lock-name', '--lock-name', [CompletionResultType]::ParameterName, 'Derive the lock id from NAME instead of giving --lock-id')
@@ -69,7 +74,7 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             break
         }
         'leaderrun;doctor' {
-            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value)')
+            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value); the lock is per database')
             [CompletionResult]::new('--lock-class', '--lock-class', [CompletionResultType]::ParameterName, 'First int4 of the advisory lock key')
             [CompletionResult]::new('--lock-id', '--lock-id', [CompletionResultType]::ParameterName, 'Second int4 of the advisory lock key')
             [CompletionResult]::new('--lock-name', '--lock-name', [CompletionResultType]::ParameterName, 'Derive the lock id from NAME instead of giving --lock-id')

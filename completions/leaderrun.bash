@@ -41,7 +41,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-n -v -q -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --min-hold --once --wait --every --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor help"
+            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --min-hold --once --wait --every --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -71,7 +71,15 @@ _leaderrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                -k)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --stop-signal)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -s)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -91,6 +99,10 @@ _leaderrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                -w)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --every)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -103,11 +115,19 @@ _leaderrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                -E)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --log-format)
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
                     ;;
                 --http-addr)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -c)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -18,22 +18,27 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
     }
     var completions = [
         &'leaderrun'= {
-            cand --dsn 'PostgreSQL connection string (URL or keyword/value)'
+            cand --dsn 'PostgreSQL connection string (URL or keyword/value); the lock is per database'
             cand --lock-class 'First int4 of the advisory lock key'
             cand --lock-id 'Second int4 of the advisory lock key'
             cand --lock-name 'Derive the lock id from NAME instead of giving --lock-id'
             cand --check-interval 'Standby retry period, leader verification period, and timeout of one verification'
+            cand -k 'Time between the stop signal and SIGKILL [default: the check interval]'
             cand --grace 'Time between the stop signal and SIGKILL [default: the check interval]'
+            cand -s 'First signal sent to COMMAND''s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits'
             cand --stop-signal 'First signal sent to COMMAND''s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits'
             cand --takeover-delay 'A new leader verifies its lock this long before it starts COMMAND [default: 0s]'
             cand --timeout 'Longest one run of COMMAND may take; then it is stopped like on demotion'
             cand --min-hold 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]'
+            cand -w 'Like --once, but campaign for at most DUR before giving up with the conflict code'
             cand --wait 'Like --once, but campaign for at most DUR before giving up with the conflict code'
             cand --every 'Ticker: while leading, run COMMAND once per period'
             cand --restart 'Default mode: what to do when COMMAND exits while leading'
+            cand -E 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)'
             cand --conflict-exit-code 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)'
             cand --log-format 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)'
             cand --http-addr 'Serve /metrics, /healthz and /readyz on this address (off by default)'
+            cand -c 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)'
             cand -n 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
             cand --once 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
             cand -v 'Log more: -v debug, -vv trace'
@@ -49,7 +54,7 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'leaderrun;status'= {
-            cand --dsn 'PostgreSQL connection string (URL or keyword/value)'
+            cand --dsn 'PostgreSQL connection string (URL or keyword/value); the lock is per database'
             cand --lock-class 'First int4 of the advisory lock key'
             cand --lock-id 'Second int4 of the advisory lock key'
             cand --lock-name 'Derive the lock id from NAME instead of giving --lock-id'
@@ -64,7 +69,7 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
         }
         &'leaderrun;doctor'= {
-            cand --dsn 'PostgreSQL connection string (URL or keyword/value)'
+            cand --dsn 'PostgreSQL connection string (URL or keyword/value); the lock is per database'
             cand --lock-class 'First int4 of the advisory lock key'
             cand --lock-id 'Second int4 of the advisory lock key'
             cand --lock-name 'Derive the lock id from NAME instead of giving --lock-id'

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n dsn= lock-class= lock-id= lock-name= check-interval= grace= stop-signal= takeover-delay= timeout= min-hold= n/once wait= every= restart= conflict-exit-code= v/verbose q/quiet log-format= http-addr= h/help V/version
+    string join \n dsn= lock-class= lock-id= lock-name= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= min-hold= n/once w/wait= every= restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -24,25 +24,26 @@ function __fish_leaderrun_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -l dsn -d 'PostgreSQL connection string (URL or keyword/value)' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lock-class -d 'First int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lock-id -d 'Second int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -l grace -d 'Time between the stop signal and SIGKILL [default: the check interval]' -r
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -l stop-signal -d 'First signal sent to COMMAND\'s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s k -l grace -d 'Time between the stop signal and SIGKILL [default: the check interval]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l stop-signal -d 'First signal sent to COMMAND\'s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l takeover-delay -d 'A new leader verifies its lock this long before it starts COMMAND [default: 0s]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l timeout -d 'Longest one run of COMMAND may take; then it is stopped like on demotion' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l min-hold -d 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]' -r
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -l wait -d 'Like --once, but campaign for at most DUR before giving up with the conflict code' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s w -l wait -d 'Like --once, but campaign for at most DUR before giving up with the conflict code' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l every -d 'Ticker: while leading, run COMMAND once per period' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l restart -d 'Default mode: what to do when COMMAND exits while leading' -r -f -a "never\t'Release the lock and exit with COMMAND\'s status'
 on-failure\t'Restart after a non-zero exit, a death by signal or a timeout'
 always\t'Restart after every exit'"
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -l conflict-exit-code -d 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s E -l conflict-exit-code -d 'Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l http-addr -d 'Serve /metrics, /healthz and /readyz on this address (off by default)' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s c -d 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l once -d 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'Log more: -v debug, -vv trace'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s q -l quiet -d 'Log less: -q warnings and errors only, -qq errors only'
@@ -51,7 +52,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -s V -l version -d 'Pr
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "status" -d 'Who leads right now: the leader\'s backend, host, since when, and waiters'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "doctor" -d 'Prove that the lock excludes through these connection settings'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l dsn -d 'PostgreSQL connection string (URL or keyword/value)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-class -d 'First int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-id -d 'Second int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
@@ -62,7 +63,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d '
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s v -l verbose -d 'Log more: -v debug, -vv trace'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quiet -d 'Log less: -q warnings and errors only, -qq errors only'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l dsn -d 'PostgreSQL connection string (URL or keyword/value)' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-class -d 'First int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-id -d 'Second int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r

@@ -31,6 +31,11 @@ Examples:
   LEADERRUN_DSN='host=db user=app dbname=plexsphere' leaderrun --lock-id 7 -- sh -c 'exec worker'
   leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report      (crontab on every host)
   leaderrun --every 5m --timeout 4m -- /app/sweep                      (container entrypoint)
+  leaderrun -n -w 30s -E 75 -c 'pg_dump app | gzip > /backup/app.gz'   (flock(1) habits)
+
+Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND is sh -c STRING), as flock(1); -s --stop-signal, -k --grace, as timeout(1). Durations take a unit (30s, not 30); --takeover-delay and --min-hold, whose default is zero, also take a bare 0.
+
+Advisory locks are per database: copies connected to different databases do not exclude each other. Without a database in the DSN (or PGDATABASE) it is the user's name, as with psql.
 
 The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_FENCING_TOKEN and \
 LEADERRUN_BACKEND_PID in its environment.
@@ -53,16 +58,20 @@ Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible i
     allow_negative_numbers = true,
     subcommand_negates_reqs = true,
     subcommand_value_name = "SUBCOMMAND",
-    override_usage = "leaderrun [OPTIONS] -- COMMAND [ARG...]\n       leaderrun status [--json] [OPTIONS]\n       leaderrun doctor [OPTIONS]"
+    override_usage = "leaderrun [OPTIONS] -- COMMAND [ARG...]\n       leaderrun [OPTIONS] -c STRING\n       leaderrun status [--json] [OPTIONS]\n       leaderrun doctor [OPTIONS]"
 )]
 pub struct Cli {
-    /// PostgreSQL connection string (URL or keyword/value)
+    /// PostgreSQL connection string (URL or keyword/value); the lock is per database
     ///
     /// `postgres://user@host:5432/dbname?sslmode=disable` or
     /// `host=db user=app dbname=plexsphere`. When absent, PLEXSPHERE_DSN, then DATABASE_URL, then
     /// PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT and PGSSLMODE
     /// are used, with psql's defaults (Unix socket, OS user). Fields the DSN leaves out are taken
     /// from the PG* variables too.
+    ///
+    /// Advisory locks are per database: copies connected to different databases of one server
+    /// do not exclude each other, so every copy must name the same database. Without a database
+    /// in the DSN (or PGDATABASE), the database is the user's name, as with psql.
     ///
     /// Example: --dsn 'host=127.0.0.1 user=postgres dbname=plexsphere'
     #[arg(
@@ -86,21 +95,24 @@ pub struct Cli {
         env = "LEADERRUN_LOCK_CLASS",
         global = true,
         default_value_t = DEFAULT_LOCK_CLASS,
+        allow_negative_numbers = true,
         help_heading = "Lock"
     )]
     pub lock_class: i32,
 
     /// Second int4 of the advisory lock key
     ///
-    /// Copies that share class and id elect one leader among them.
+    /// Copies that share class and id (and database) elect one leader among them. Any int4,
+    /// negative ones too, in every form after status and doctor as well.
     ///
-    /// Example: --lock-id 7
+    /// Example: --lock-id 7, --lock-id -5
     #[arg(
         long,
         value_name = "INT4",
         env = "LEADERRUN_LOCK_ID",
         global = true,
         default_value_t = DEFAULT_LOCK_ID,
+        allow_negative_numbers = true,
         help_heading = "Lock"
     )]
     pub lock_id: i32,
@@ -118,6 +130,7 @@ pub struct Cli {
         env = "LEADERRUN_LOCK_NAME",
         global = true,
         value_parser = clap::builder::NonEmptyStringValueParser::new(),
+        allow_negative_numbers = true,
         conflicts_with = "lock_id",
         help_heading = "Lock"
     )]
@@ -142,8 +155,11 @@ pub struct Cli {
 
     /// Time between the stop signal and SIGKILL [default: the check interval]
     ///
-    /// Example: --grace 30s
+    /// -k as in timeout(1), but with a unit.
+    ///
+    /// Example: --grace 30s, -k 30s
     #[arg(
+        short = 'k',
         long,
         value_name = "DUR",
         env = "LEADERRUN_GRACE",
@@ -160,8 +176,11 @@ pub struct Cli {
     /// follows after the grace period. A name with or without SIG (TERM, SIGINT, hup) or a
     /// number.
     ///
-    /// Example: --stop-signal INT
+    /// -s as in timeout(1).
+    ///
+    /// Example: --stop-signal INT, -s INT
     #[arg(
+        short = 's',
         long,
         value_name = "SIG",
         env = "LEADERRUN_STOP_SIGNAL",
@@ -173,7 +192,7 @@ pub struct Cli {
 
     /// A new leader verifies its lock this long before it starts COMMAND [default: 0s]
     ///
-    /// Gives a demoted leader elsewhere time to stop its child first.
+    /// Gives a demoted leader elsewhere time to stop its child first. A bare 0 (or 0s) is the default: none.
     ///
     /// Example: --takeover-delay 10s
     #[arg(
@@ -205,7 +224,7 @@ pub struct Cli {
     /// With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]
     ///
     /// Even when COMMAND ends sooner, so a host whose cron fires a little later finds the lock
-    /// held and skips instead of running the job twice.
+    /// held and skips instead of running the job twice. A bare 0 (or 0s) is the default: none.
     ///
     /// Example: --once --min-hold 1m
     #[arg(
@@ -221,9 +240,9 @@ pub struct Cli {
     /// One check, then run COMMAND (leading) or exit with the conflict code (not leading)
     ///
     /// Nothing is printed when another host leads, so a cron job on every host mails nothing
-    /// from the hosts that skip. A database that cannot be reached exits 125.
+    /// from the hosts that skip. A database that cannot be reached exits 125. -n as in flock(1).
     ///
-    /// Example: leaderrun --once -- /usr/local/bin/nightly-report
+    /// Example: leaderrun --once -- /usr/local/bin/nightly-report, leaderrun -n -c 'make report'
     #[arg(
         short = 'n',
         long,
@@ -238,9 +257,11 @@ pub struct Cli {
     /// Like --once, but campaign for at most DUR before giving up with the conflict code
     ///
     /// Wall-clock time across reconnects; 125 when the database could not be reached at all.
+    /// -w as in flock(1), but with a unit.
     ///
-    /// Example: --wait 30s
+    /// Example: --wait 30s, -w 30s
     #[arg(
+        short = 'w',
         long,
         value_name = "DUR",
         env = "LEADERRUN_WAIT",
@@ -287,8 +308,11 @@ pub struct Cli {
 
     /// Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)
     ///
-    /// Example: --conflict-exit-code 75
+    /// -E as in flock(1).
+    ///
+    /// Example: --conflict-exit-code 75, -E 75
     #[arg(
+        short = 'E',
         long,
         value_name = "N",
         env = "LEADERRUN_CONFLICT_EXIT_CODE",
@@ -345,10 +369,26 @@ pub struct Cli {
     #[command(subcommand)]
     pub action: Option<Action>,
 
+    /// Run `sh -c STRING` as COMMAND (instead of COMMAND after --)
+    ///
+    /// As flock(1) -c: for a shell command line in a crontab. The shell's whole tree is stopped
+    /// on demotion like any COMMAND's.
+    ///
+    /// Example: leaderrun -n -c 'pg_dump app | gzip > /backup/app.gz'
+    #[arg(
+        short = 'c',
+        value_name = "STRING",
+        // The word after -c is the script, whatever it starts with (getopt, flock).
+        allow_hyphen_values = true,
+        conflicts_with = "command",
+        help_heading = "Modes"
+    )]
+    pub shell_command: Option<OsString>,
+
     /// The command to run while this copy leads, and its arguments (no shell)
     #[arg(
         value_name = "COMMAND",
-        required = true,
+        required_unless_present = "shell_command",
         num_args = 1..,
         trailing_var_arg = true
     )]
@@ -406,7 +446,7 @@ pub struct Settings {
     pub timing: crate::timing::Timing,
     /// First signal of a stop for demotion, `--timeout` and leftovers.
     pub stop_signal: Signal,
-    /// COMMAND and its arguments, as given.
+    /// COMMAND and its arguments, as given (`sh -c STRING` for `-c STRING`).
     pub command: Vec<OsString>,
     /// The mode.
     pub mode: Mode,
@@ -453,6 +493,7 @@ impl Cli {
             || self.takeover_delay.is_some()
             || self.grace.is_some()
             || self.http_addr.is_some()
+            || self.shell_command.is_some()
             || !self.command.is_empty();
         if self.action.is_some() && run_only {
             return Err(Cli::command().error(
@@ -512,6 +553,14 @@ impl Cli {
         }
     }
 
+    /// COMMAND and its arguments: the words after `--`, or `sh -c STRING` for `-c STRING`.
+    pub fn command_line(&self) -> Vec<OsString> {
+        match &self.shell_command {
+            Some(script) => vec!["sh".into(), "-c".into(), script.clone()],
+            None => self.command.clone(),
+        }
+    }
+
     /// Checks the options and resolves the connection settings.
     ///
     /// # Errors
@@ -527,7 +576,7 @@ impl Cli {
             lock: self.lock(),
             timing: self.timing(),
             stop_signal: self.stop_signal,
-            command: self.command.clone(),
+            command: self.command_line(),
             mode: self.mode(),
             takeover_delay: self.takeover_delay.unwrap_or(Duration::ZERO),
             timeout: self.timeout,
@@ -586,9 +635,12 @@ pub fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
         .ok_or_else(|| format!("{text:?} resolves to no address"))
 }
 
-/// Like [`parse_duration`], but zero is allowed (`--takeover-delay 0s`, `--min-hold 0s`, their
-/// defaults).
+/// Like [`parse_duration`], but zero is allowed, with or without a unit (`--takeover-delay 0`,
+/// `--min-hold 0s`: their defaults). Other unit-less values are still refused.
 pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
     match parse_duration(text) {
         Err(e) if e.contains("zero") => Ok(Duration::ZERO),
         other => other,
@@ -732,6 +784,186 @@ mod tests {
         assert!(parse_signal("chld").is_err());
         assert_eq!(parse_signal("KILL"), Ok(Signal::SIGKILL));
         assert!(parse_signal("99").is_err());
+    }
+
+    fn parse_checked(args: &[&str]) -> Result<Cli, clap::Error> {
+        let mut all = vec!["leaderrun"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).and_then(|c| c.validate().map(|()| c))
+    }
+
+    #[test]
+    fn short_forms_mean_the_long_ones() {
+        let short =
+            parse_checked(&["-w", "30s", "-E", "75", "-s", "INT", "-k", "3s", "--", "t"]).unwrap();
+        let long = parse_checked(&[
+            "--wait",
+            "30s",
+            "--conflict-exit-code",
+            "75",
+            "--stop-signal",
+            "INT",
+            "--grace",
+            "3s",
+            "--",
+            "t",
+        ])
+        .unwrap();
+        for cli in [&short, &long] {
+            assert_eq!(cli.wait, Some(Duration::from_secs(30)));
+            assert_eq!(cli.conflict_exit_code, 75);
+            assert_eq!(cli.stop_signal, Signal::SIGINT);
+            assert_eq!(cli.grace, Some(Duration::from_secs(3)));
+            assert_eq!(cli.command, ["t"]);
+        }
+        // Attached values and bundling, as getopt users type them.
+        let cli = parse_checked(&["-nE75", "-sKILL", "-k1s", "--", "t"]).unwrap();
+        assert!(cli.once);
+        assert_eq!(cli.conflict_exit_code, 75);
+        assert_eq!(cli.stop_signal, Signal::SIGKILL);
+        assert_eq!(cli.grace, Some(Duration::from_secs(1)));
+        // The short forms check their values like the long ones.
+        for bad in [
+            &["-w", "30", "--", "t"][..],
+            &["-w", "0s", "--", "t"],
+            &["-E", "256", "--", "t"],
+            &["-s", "STOP", "--", "t"],
+            &["-k", "0s", "--", "t"],
+            &["-k", "5", "--", "t"],
+            &["-n", "-w", "5s", "--", "t"],
+        ] {
+            assert!(parse_checked(bad).is_err(), "{bad:?} was accepted");
+        }
+        // No short letter is used twice (clap's debug_assert checks that too) and -v/-q/-h/-V
+        // keep their meaning.
+        let cli = parse_checked(&["-v", "-n", "--", "t"]).unwrap();
+        assert_eq!(cli.verbose, 1);
+        let shorts: Vec<char> = Cli::command()
+            .get_arguments()
+            .filter_map(clap::Arg::get_short)
+            .collect();
+        for letter in ['n', 'w', 'E', 'c', 's', 'k', 'v', 'q'] {
+            assert_eq!(
+                shorts.iter().filter(|&&c| c == letter).count(),
+                1,
+                "-{letter} in {shorts:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn dash_c_runs_its_string_with_sh() {
+        let cli = parse_checked(&["-n", "-c", "echo a | tr a b; exit 3"]).unwrap();
+        assert!(cli.command.is_empty());
+        assert_eq!(cli.command_line(), ["sh", "-c", "echo a | tr a b; exit 3"]);
+        let settings = cli
+            .settings(&|name| (name == "LEADERRUN_DSN").then(|| "host=127.0.0.1 user=u".into()))
+            .unwrap();
+        assert_eq!(settings.command, ["sh", "-c", "echo a | tr a b; exit 3"]);
+        // A string that looks like an option is still the script.
+        let cli = parse_checked(&["-c", "--help"]).unwrap();
+        assert_eq!(cli.command_line(), ["sh", "-c", "--help"]);
+        // Without -c, COMMAND is the words after --, untouched.
+        let cli = parse_checked(&["--", "sh", "-c", "exit 3"]).unwrap();
+        assert_eq!(cli.command_line(), ["sh", "-c", "exit 3"]);
+        for bad in [
+            &["-c", "true", "--", "false"][..],
+            &["-c", "true", "false"],
+            &["-c"],
+            &["-c", "true", "status"],
+            &["status", "-c", "true"],
+        ] {
+            assert!(parse_checked(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn a_bare_zero_only_where_the_default_is_zero() {
+        for zero in ["0", "0s", "0ms", " 0 "] {
+            let cli = parse_checked(&["--takeover-delay", zero, "--", "t"]).unwrap();
+            assert_eq!(cli.takeover_delay, Some(Duration::ZERO), "{zero:?}");
+            let cli = parse_checked(&["-n", "--min-hold", zero, "--", "t"]).unwrap();
+            assert_eq!(
+                cli.mode(),
+                Mode::OneShot {
+                    wait: None,
+                    min_hold: Duration::ZERO
+                },
+                "{zero:?}"
+            );
+        }
+        assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
+        assert!(parse_duration_or_zero("5").unwrap_err().contains("unit"));
+        assert!(parse_duration_or_zero("00").unwrap_err().contains("unit"));
+        assert!(parse_duration_or_zero("-0").is_err());
+        for option in ["--takeover-delay", "--min-hold"] {
+            assert!(parse_checked(&["-n", option, "5", "--", "t"]).is_err());
+        }
+        for option in [
+            "--check-interval",
+            "--grace",
+            "-k",
+            "--timeout",
+            "--wait",
+            "-w",
+            "--every",
+        ] {
+            for zero in ["0", "0s"] {
+                assert!(
+                    parse_checked(&[option, zero, "--", "t"]).is_err(),
+                    "{option} {zero} was accepted"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lock_options_parse_alike_in_every_subcommand() {
+        let key = |class, id| LockKey { class, id };
+        let forms: [(&[&str], LockKey); 6] = [
+            (&["--lock-id", "-5"], key(DEFAULT_LOCK_CLASS, -5)),
+            (&["--lock-id=-5"], key(DEFAULT_LOCK_CLASS, -5)),
+            (
+                &["--lock-class", "-7", "--lock-id", "-2147483648"],
+                key(-7, i32::MIN),
+            ),
+            (&["--lock-class=-1", "--lock-id", "3"], key(-1, 3)),
+            (
+                &["--lock-name", "-5", "--lock-class", "-9"],
+                key(-9, lock_id_for_name("-5")),
+            ),
+            (
+                &["--lock-name=-x"],
+                key(DEFAULT_LOCK_CLASS, lock_id_for_name("-x")),
+            ),
+        ];
+        for (args, want) in forms {
+            let run = [args, &["--", "t"][..]].concat();
+            let status = [&["status"][..], args].concat();
+            let status_json = [&["status"][..], args, &["--json"]].concat();
+            let doctor = [&["doctor"][..], args].concat();
+            let before = [args, &["status"][..]].concat();
+            for line in [&run, &status, &status_json, &doctor, &before] {
+                let cli = parse_checked(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+                assert_eq!(cli.lock(), want, "{line:?}");
+            }
+        }
+        for sub in [&[][..], &["status"], &["doctor"]] {
+            for bad in [
+                &["--lock-id", "2147483648"][..],
+                &["--lock-id", "-2147483649"],
+                &["--lock-class", "-x"],
+                &["--lock-id", "--lock-class"],
+                &["--lock-name", "-5", "--lock-id", "-5"],
+            ] {
+                let mut line = sub.to_vec();
+                line.extend_from_slice(bad);
+                if sub.is_empty() {
+                    line.extend_from_slice(&["--", "t"]);
+                }
+                assert!(parse_checked(&line).is_err(), "{line:?} was accepted");
+            }
+        }
     }
 
     #[test]

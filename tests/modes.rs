@@ -492,3 +492,105 @@ fn mode_usage_errors_exit_125() {
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
 }
+
+#[test]
+fn flock_and_timeout_habits_work() {
+    let cluster = Cluster::shared();
+    let dsn = cluster.dsn();
+    let id = unique_lock_id();
+    let id_arg = id.to_string();
+    let base = ["--dsn", dsn.as_str(), "--lock-id", id_arg.as_str()];
+    // -c STRING runs `sh -c STRING` as COMMAND: shell syntax, its status, the child environment.
+    let scratch = Scratch::new();
+    let out_file = scratch.file("out");
+    let script = format!(
+        "echo \"$0 $LEADERRUN_LOCK\" | tr a-z A-Z > '{}'; exit 7",
+        out_file.display()
+    );
+    let out = leaderrun()
+        .args(base)
+        .args([
+            "-n",
+            "--takeover-delay",
+            "0",
+            "--min-hold",
+            "0",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&out_file).unwrap(),
+        format!("SH {CLASS}:{id}\n")
+    );
+
+    // While another replica leads: -n -E and -w -E exit with the conflict code, -c never runs.
+    let _holder = holder(cluster, id, &scratch);
+    let ran = scratch.file("ran");
+    let touch = format!("touch '{}'", ran.display());
+    for mode in [&["-n"][..], &["-w", "300ms"]] {
+        let out = leaderrun()
+            .args(base)
+            .args(["--check-interval", INTERVAL])
+            .args(mode)
+            .args(["-E", "75", "-c", &touch])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(75), "{mode:?}: {stderr}");
+    }
+    assert!(!ran.exists(), "-c ran while another replica led");
+
+    // -s and -k (timeout(1)): the stop signal reaches COMMAND, and after -k comes SIGKILL.
+    let other = unique_lock_id().to_string();
+    let traps = scratch.child_script(
+        "traps.sh",
+        "trap 'echo \"got INT\" >> \"$EVENTS\"' INT\necho trapped >> \"$EVENTS\"\n\
+         while :; do sleep 0.05; done",
+    );
+    let started = Instant::now();
+    let out = leaderrun()
+        .args([
+            "--dsn",
+            &dsn,
+            "--lock-id",
+            &other,
+            "--check-interval",
+            INTERVAL,
+        ])
+        .args(["-n", "--timeout", "2s", "-s", "INT", "-k", "300ms", "--"])
+        .arg(&traps)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{stderr}");
+    // The trap was in place (2 s before the timeout) when INT came, and it did not end the
+    // script: only SIGKILL after -k did.
+    let events = scratch.events();
+    let trapped = events.iter().position(|l| l == "trapped");
+    let got = events.iter().position(|l| l == "got INT");
+    assert!(trapped.is_some() && got > trapped, "{events:?}");
+    assert!(
+        started.elapsed() >= secs(2.3),
+        "SIGKILL came before -k 300ms"
+    );
+
+    // The short forms check their values like the long ones: usage errors, exit 125.
+    for bad in [
+        &["-n", "-w", "5s", "-c", "true"][..],
+        &["-w", "30", "-c", "true"],
+        &["-k", "0", "-c", "true"],
+        &["-w", "0", "-c", "true"],
+        &["-E", "256", "-c", "true"],
+        &["-s", "STOP", "-c", "true"],
+        &["-c", "true", "--", "false"],
+        &["--takeover-delay", "5", "-c", "true"],
+    ] {
+        let out = leaderrun().args(base).args(bad).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{bad:?}: {stderr}");
+    }
+}

@@ -560,3 +560,98 @@ fn a_unix_socket_connects_without_tls_whatever_sslmode_says() {
         );
     }
 }
+
+#[test]
+fn status_and_doctor_take_negative_lock_keys_in_every_form() {
+    let cluster = Cluster::shared();
+    let dsn = cluster.dsn();
+    // A negative id and a negative class no other test uses.
+    let id = -unique_lock_id();
+    let class = -7;
+    let (id_arg, class_arg) = (id.to_string(), class.to_string());
+    let id_eq = format!("--lock-id={id}");
+    let class_eq = format!("--lock-class={class}");
+    let forms: [Vec<&str>; 3] = [
+        vec!["--lock-class", &class_arg, "--lock-id", &id_arg],
+        vec![&class_eq, &id_eq],
+        vec!["--lock-id", &id_arg, "--lock-class", &class_arg],
+    ];
+    let run = |sub: &str, form: &[&str], before: bool| {
+        let mut cmd = leaderrun();
+        if before {
+            cmd.args(form).arg(sub);
+        } else {
+            cmd.arg(sub).args(form);
+        }
+        let out = cmd.args(["--dsn", &dsn]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr,
+        )
+    };
+    // Nobody holds the key: status answers "no leader" (1), not a usage error (125).
+    for form in &forms {
+        for before in [false, true] {
+            let (code, stdout, stderr) = run("status", form, before);
+            assert_eq!(code, Some(1), "status {form:?}: {stdout}{stderr}");
+            assert!(stdout.contains("leader         none"), "{stdout}");
+        }
+    }
+
+    // A leader on the negative key, started with the same forms: status finds it under each.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--check-interval", INTERVAL])
+        .args(&forms[0])
+        .args(["--", job.to_str().unwrap()]);
+    let _leader = Replica::spawn(cmd);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(start.lock, format!("{class}:{id}"));
+    assert_eq!(cluster.lock_holders(class, id), vec![start.backend_pid]);
+    for form in &forms {
+        for before in [false, true] {
+            let (code, stdout, stderr) = run("status", form, before);
+            assert_eq!(code, Some(0), "status {form:?}: {stdout}{stderr}");
+            assert!(
+                stdout.contains(&format!("leader pid     {}", start.backend_pid)),
+                "{stdout}"
+            );
+        }
+    }
+    let mut cmd = leaderrun();
+    let out = cmd
+        .args(["status", "--json", "--dsn", &dsn])
+        .args(&forms[0])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["lock"], format!("{class}:{id}"));
+    assert_eq!(report["leader"]["pid"], start.backend_pid);
+
+    // doctor takes the same forms and proves exclusion on the negative class beside the leader.
+    for form in &forms {
+        let (code, stdout, stderr) = run("doctor", form, false);
+        assert_eq!(code, Some(0), "doctor {form:?}: {stdout}{stderr}");
+        assert!(
+            stdout.contains(&format!(
+                "{class}:{id} is held by backend {}",
+                start.backend_pid
+            )),
+            "doctor {form:?}: {stdout}"
+        );
+    }
+    assert_eq!(cluster.lock_holders(class, id), vec![start.backend_pid]);
+
+    // A name that looks like a negative number is a name, after status as in a run.
+    let (code, stdout, stderr) = run("status", &["--lock-name", "-5", "--json"], false);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        report["lock"],
+        format!("{CLASS}:{}", leaderrun::lock::lock_id_for_name("-5"))
+    );
+}
