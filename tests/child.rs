@@ -270,3 +270,30 @@ fn exec_failure_after_start_is_reported_through_the_spawn() {
     );
     assert!(scratch.starts().is_empty());
 }
+
+#[test]
+fn only_a_panic_that_unwinds_the_tree_kills_it() {
+    use leaderrun::child::{Child, Command};
+    let argv = vec![std::ffi::OsString::from("sleep"), "600".into()];
+    let command = Command::resolve(argv, std::env::var_os("PATH").as_deref()).unwrap();
+    let child = Child::spawn(&command, &[], None).unwrap();
+    let pid = leaderrun::child::Tree::pid(&child) as i32;
+    // A panic that is caught and survived elsewhere leaves the child alone.
+    let caught = std::thread::spawn(|| std::panic::catch_unwind(|| panic!("caught and survived")))
+        .join()
+        .unwrap();
+    assert!(caught.is_err());
+    assert!(alive(pid), "a survived panic killed the child");
+    // A panic that unwinds through the owner of the tree (the supervisor's loop, and so the
+    // process) kills it.
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _owned = child;
+        panic!("unwinds through the tree's owner");
+    }));
+    assert!(unwound.is_err());
+    wait_for("the child to die", secs(5.0), || {
+        (!alive(pid)).then_some(())
+    });
+    // Reap it by pid: the test binary's other children are not ours to wait for.
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+}

@@ -478,7 +478,17 @@ fn systemd_hears_ready_status_watchdog_and_stopping() {
         "READY=1 more than once: {seen:?}"
     );
     // STATUS=leader can come before the child starts; TERM before that is a standby's (exit 0).
-    scratch.wait_starts(1, secs(5.0));
+    let first = scratch.wait_starts(1, secs(5.0))[0].clone();
+    // A demotion that comes without a check (the server closed the session) updates STATUS=.
+    let before = seen.len();
+    Cluster::shared().terminate_backend(first.backend_pid);
+    receive_until("STATUS=leader, term 2", &mut seen);
+    assert!(
+        seen[before..].iter().any(|m| m.contains("STATUS=standby")),
+        "no STATUS=standby after the session closed: {:?}",
+        &seen[before..]
+    );
+    scratch.wait_starts(2, secs(5.0));
     replica.signal(Signal::SIGTERM);
     receive_until("STOPPING=1", &mut seen);
     assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143));
