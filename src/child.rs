@@ -37,7 +37,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tracing::{debug, warn};
+
+use crate::cgroup::Cgroup;
 
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,10 +284,25 @@ pub fn reap(main: Option<Pid>) -> Reaped {
     }
 }
 
-/// Pids whose parent is this process (the main child and every adopted orphan), read from
+/// The pid of leaderrun's own helper process (the watchdog), which is a child of leaderrun but
+/// never part of COMMAND's tree; 0: none.
+static HELPER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Records `pid` as leaderrun's helper: [`own_children`] leaves it out, so no stop signals it
+/// and no tree waits for it.
+pub fn set_helper(pid: Option<u32>) {
+    HELPER.store(
+        pid.map_or(0, |p| p as i32),
+        std::sync::atomic::Ordering::Release,
+    );
+}
+
+/// Pids whose parent is this process (the main child and every adopted orphan, not the
+/// helper), read from
 /// `/proc/self/task/*/children`: a subreaper's orphans are re-parented to one of its threads.
 /// `None` when that cannot be read (no `/proc`); then only the process group can be reached.
 pub fn own_children() -> Option<Vec<Pid>> {
+    let helper = HELPER.load(std::sync::atomic::Ordering::Acquire);
     let tasks = std::fs::read_dir("/proc/self/task").ok()?;
     let mut out = Vec::new();
     let mut read_any = false;
@@ -296,6 +314,7 @@ pub fn own_children() -> Option<Vec<Pid>> {
         out.extend(
             list.split_ascii_whitespace()
                 .filter_map(|p| p.parse::<i32>().ok())
+                .filter(|&p| p != helper)
                 .map(Pid::from_raw),
         );
     }
@@ -352,11 +371,18 @@ pub struct ProcessSpawner {
     pub command: Command,
     /// The controlling terminal's descriptor when leaderrun owns its foreground.
     pub foreground: Option<RawFd>,
+    /// COMMAND's cgroup, where leaderrun could make one.
+    pub cgroup: Option<Arc<Cgroup>>,
 }
 
 impl Spawner for ProcessSpawner {
     fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError> {
-        Ok(Box::new(Child::spawn(&self.command, env, self.foreground)?))
+        Ok(Box::new(Child::spawn(
+            &self.command,
+            env,
+            self.foreground,
+            self.cgroup.clone(),
+        )?))
     }
 
     fn reap_strays(&mut self) {
@@ -375,6 +401,7 @@ pub struct Child {
     /// orphan adopted later (its parent died meanwhile) gets it when it shows up.
     stopping: Option<Signal>,
     signalled: HashSet<Pid>,
+    cgroup: Option<Arc<Cgroup>>,
 }
 
 impl Child {
@@ -392,6 +419,7 @@ impl Child {
         command: &Command,
         env: &[(&str, String)],
         foreground: Option<RawFd>,
+        cgroup: Option<Arc<Cgroup>>,
     ) -> Result<Child, SpawnError> {
         let mut cmd = std::process::Command::new(&command.program);
         cmd.arg0(&command.argv[0])
@@ -405,10 +433,18 @@ impl Child {
         let parent = nix::unistd::getpid().as_raw();
         let keep_ignored = crate::signals::ignored_at_entry();
         let tty = foreground.unwrap_or(-1);
+        let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
         // SAFETY: the closure runs between fork and exec and only makes raw syscalls
         // (no allocation, no locks), as required in a forked child of a threaded process.
         unsafe {
-            cmd.pre_exec(move || prepare_child(parent, tty, keep_ignored));
+            cmd.pre_exec(move || {
+                prepare_child(
+                    parent,
+                    tty,
+                    keep_ignored,
+                    procs.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
+                )
+            });
         }
         let child = cmd.spawn().map_err(|source| SpawnError::Spawn {
             program: command.argv[0].to_string_lossy().into_owned(),
@@ -424,6 +460,7 @@ impl Child {
             empty: false,
             stopping: None,
             signalled: HashSet::new(),
+            cgroup,
         })
     }
 
@@ -431,8 +468,19 @@ impl Child {
         !matches!(killpg(self.pid, None), Err(Errno::ESRCH))
     }
 
+    /// The rest of the tree that can be reached by pid: the cgroup's processes, or else the
+    /// orphans adopted by leaderrun.
+    ///
+    /// Adopted orphans count only when this process is the tree's subreaper (or PID 1):
+    /// otherwise its other children are none of the tree's business (a program that embeds
+    /// the library, a test binary).
     fn orphans(&self) -> Option<Vec<Pid>> {
-        own_children().map(|all| all.into_iter().filter(|&p| p != self.pid).collect())
+        let all = match &self.cgroup {
+            Some(cgroup) => Some(cgroup.pids()),
+            None if is_reaper() => own_children(),
+            None => Some(Vec::new()),
+        };
+        all.map(|all| all.into_iter().filter(|&p| p != self.pid).collect())
     }
 }
 
@@ -454,6 +502,11 @@ impl Tree for Child {
 
     fn signal_all(&mut self, sig: Signal) {
         self.signal_group(sig);
+        if sig == Signal::SIGKILL {
+            if let Some(cgroup) = &self.cgroup {
+                cgroup.kill();
+            }
+        }
         if sig != Signal::SIGCONT {
             self.stopping = Some(sig);
             self.signalled.clear();
@@ -492,10 +545,11 @@ impl Tree for Child {
             }
         }
         if self.status.is_some() {
-            let orphans_left = match orphans {
-                Some(orphans) => !orphans.is_empty(),
+            let orphans_left = match (&self.cgroup, orphans) {
+                (Some(cgroup), _) => cgroup.populated(),
+                (None, Some(orphans)) => !orphans.is_empty(),
                 // Without /proc: any child at all counts.
-                None => reaped.children_left,
+                (None, None) => reaped.children_left,
             };
             self.empty = !self.group_alive() && !orphans_left;
         }
@@ -512,6 +566,9 @@ impl Drop for Child {
     fn drop(&mut self) {
         if !self.empty {
             let _ = killpg(self.pid, Signal::SIGKILL);
+            if let Some(cgroup) = &self.cgroup {
+                cgroup.kill();
+            }
             if self.status.is_none() {
                 let _ = kill(self.pid, Signal::SIGKILL);
             }
@@ -523,9 +580,23 @@ impl Drop for Child {
 }
 
 /// Runs in the forked child before exec: raw syscalls only (FIELD-NOTES child 10).
-fn prepare_child(parent: i32, tty: RawFd, keep_ignored: u64) -> std::io::Result<()> {
+fn prepare_child(
+    parent: i32,
+    tty: RawFd,
+    keep_ignored: u64,
+    cgroup_procs: *const libc::c_char,
+) -> std::io::Result<()> {
     // SAFETY: plain syscalls on values we own; no allocation, no locks.
     unsafe {
+        // Into COMMAND's cgroup first, so everything it ever starts is there too ("0": the
+        // writer itself).
+        if !cgroup_procs.is_null() {
+            let fd = libc::open(cgroup_procs, libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd >= 0 {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+            }
+        }
         // Own process group, so the stop signal reaches everything it starts
         // (FIELD-NOTES child 2).
         if libc::setpgid(0, 0) != 0 {
@@ -601,7 +672,16 @@ pub fn become_subreaper() -> std::io::Result<()> {
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    SUBREAPER.store(true, std::sync::atomic::Ordering::Release);
     Ok(())
+}
+
+/// Set once [`become_subreaper`] succeeded.
+static SUBREAPER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether orphans of a tree are re-parented to this process: it is PID 1 or a subreaper.
+fn is_reaper() -> bool {
+    std::process::id() == 1 || SUBREAPER.load(std::sync::atomic::Ordering::Acquire)
 }
 
 #[cfg(test)]

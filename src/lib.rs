@@ -41,6 +41,7 @@
 //! [`runner`] builds the real parts, [`cli`] is the command line and [`conninfo`] resolves
 //! connection settings the way psql does.
 
+pub mod cgroup;
 pub mod child;
 pub mod cli;
 pub mod conninfo;
@@ -61,6 +62,7 @@ pub mod supervisor;
 pub mod terminal;
 pub mod timing;
 pub mod tls;
+pub mod watchdog;
 
 pub use elector::{
     CheckOutcome, Checks, Config, Done, Elector, Lease, LockKey, Term, TermControl, TermEnd,

@@ -9,6 +9,10 @@ use leaderrun::supervisor::Exit;
 use leaderrun::{runner, status, Chain};
 
 fn main() -> ExitCode {
+    // The same binary is leaderrun's watchdog process, started by leaderrun itself.
+    if leaderrun::watchdog::is_watchdog() {
+        return leaderrun::watchdog::main();
+    }
     // Handlers first: a signal that arrives during start-up waits in the stream.
     let signals = match leaderrun::signals::install() {
         Ok(signals) => signals,

@@ -24,6 +24,7 @@ use crate::metrics::Metrics;
 use crate::signals::SignalStream;
 use crate::supervisor::{Election, Exit, Plan, Supervisor};
 use crate::terminal::Terminal;
+use crate::watchdog::{Watchdog, WatchdogPlan, WatchedSpawner};
 
 /// Runs the default command from checked settings and the signal handlers `main` installed
 /// first (FIELD-NOTES child 1). Errors are logged; the result is the exit status of contract §6.
@@ -92,6 +93,23 @@ pub async fn run(
     let metrics = Metrics::new();
     let mut config = elector_config(&settings);
     config.registry = Some(metrics.registry().clone());
+    // COMMAND's own cgroup where one can be made, and the watchdog, before anything runs.
+    let cgroup = crate::cgroup::Cgroup::create().map(Arc::new);
+    let watchdog = match Watchdog::start(WatchdogPlan {
+        grace: settings.timing.grace,
+        stall: settings.timing.watchdog_stall(),
+        stop_signal: settings.stop_signal,
+        cgroup: cgroup.as_ref().map(|c| c.dir().to_owned()),
+    }) {
+        Ok(watchdog) => Some(Arc::new(watchdog)),
+        Err(err) => {
+            warn!("cannot start the watchdog; if leaderrun is killed, COMMAND's helpers may outlive it: {err}");
+            None
+        }
+    };
+    if let Some(watchdog) = &watchdog {
+        config.keeper = Some(watchdog.clone());
+    }
     let elector = match Elector::new(config) {
         Ok(elector) => elector,
         Err(err) => {
@@ -120,21 +138,55 @@ pub async fn run(
         }
     }
     let notifier = tokio::spawn(crate::notify::follow(elector.clone(), health.clone()));
+    let heartbeat = watchdog.clone().map(|watchdog| {
+        tokio::spawn(heartbeat(
+            elector.clone(),
+            watchdog,
+            settings.timing.heartbeat(),
+        ))
+    });
     let mut election = ElectionTask::start(elector);
     let spawner = ProcessSpawner {
         command,
         foreground: terminal.as_ref().map(Terminal::fd),
+        cgroup,
     };
-    let supervisor = Supervisor::new(
-        plan(&settings),
-        &mut election,
-        spawner,
-        signals,
-        terminal,
-        metrics,
-        health,
-    );
-    let exit = supervisor.run().await;
+    let plan = plan(&settings);
+    let exit = match watchdog {
+        Some(watchdog) => {
+            let spawner = WatchedSpawner {
+                inner: spawner,
+                watchdog,
+            };
+            Supervisor::new(
+                plan,
+                &mut election,
+                spawner,
+                signals,
+                terminal,
+                metrics,
+                health,
+            )
+            .run()
+            .await
+        }
+        None => {
+            Supervisor::new(
+                plan,
+                &mut election,
+                spawner,
+                signals,
+                terminal,
+                metrics,
+                health,
+            )
+            .run()
+            .await
+        }
+    };
+    if let Some(heartbeat) = heartbeat {
+        heartbeat.abort();
+    }
     crate::notify::stopping();
     notifier.abort();
     election.stop().await;
@@ -196,6 +248,21 @@ fn log_settings(settings: &Settings, command: &Command) {
         settings_line!(debug);
     } else {
         settings_line!(info);
+    }
+}
+
+/// Tells the watchdog every `period` that leaderrun is alive and until when its lock is proven.
+async fn heartbeat(elector: Elector, watchdog: Arc<Watchdog>, period: Duration) {
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let term = elector.term();
+        watchdog.heartbeat(if term.is_ended() {
+            None
+        } else {
+            term.proven_until()
+        });
     }
 }
 

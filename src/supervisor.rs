@@ -357,6 +357,9 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 return exit;
             }
             let event = self.next_event().await;
+            // Again between the event and its handling: a resume after a freeze wakes with
+            // every event due, and the lapse must be seen before any of them is acted on.
+            self.enforce();
             self.handle(event);
         }
     }

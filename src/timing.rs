@@ -109,6 +109,18 @@ impl Timing {
         self.safe_window() + self.grace
     }
 
+    /// How often leaderrun tells its watchdog it is alive: i/8, between 5 ms and 250 ms.
+    pub fn heartbeat(&self) -> Duration {
+        (self.check_interval / 8).clamp(Duration::from_millis(5), Duration::from_millis(250))
+    }
+
+    /// A leaderrun that sent no heartbeat for i/2 after its proof ran out is frozen: its
+    /// watchdog stops the tree. The tree is then dead at most 2i + i/2 + g after the last good
+    /// check, still before T (which is at least 3i + g, or 4i with g ≤ i).
+    pub fn watchdog_stall(&self) -> Duration {
+        self.check_interval / 2
+    }
+
     /// `/healthz` limit: the check loop has run within 3i (contract §7).
     pub fn liveness_limit(&self) -> Duration {
         self.check_interval * 3
@@ -130,6 +142,8 @@ mod tests {
             let t = Timing::new(i * S, g * S);
             t.check().unwrap();
             assert!(t.stop_bound() + t.check_interval <= t.idle_session_timeout);
+            // A frozen leaderrun's tree, stopped by its watchdog, is dead before T too.
+            assert!(t.stop_bound() + t.watchdog_stall() < t.idle_session_timeout);
         }
     }
 

@@ -408,19 +408,25 @@ fn child_sees_only_stdio_descriptors() {
 }
 
 #[test]
-fn a_paused_leaders_session_is_ended_by_idle_session_timeout() {
+fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
     let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = scratch.child_script(
+        "child.sh",
+        "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+         trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
+         while :; do sleep 0.02; done",
+    );
     let script = script.to_str().unwrap();
     let mut replicas: Vec<Replica> = (0..2)
         .map(|_| Replica::start(cluster, id, INTERVAL, &["--", script]))
         .collect();
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     let leader = leader_of(&mut replicas, &first);
-    // A stopped leader never checks again; its socket stays open. Only the server's
-    // idle_session_timeout (4 × 200 ms) can free the lock.
+    // leaderrun alone is stopped; its tree runs on. Its watchdog stops the tree once the proof
+    // ran out (2 × 200 ms) and no heartbeat came for half an interval, plus the grace; only the
+    // server's idle_session_timeout (4 × 200 ms) frees the lock, later.
     leader.signal(Signal::SIGSTOP);
     let paused = Instant::now();
     let second = scratch.wait_starts(2, secs(5.0))[1].clone();
@@ -430,14 +436,29 @@ fn a_paused_leaders_session_is_ended_by_idle_session_timeout() {
         took >= secs(0.5),
         "the lock moved after {took:?}, before idle_session_timeout could end the session"
     );
-    // On resume the old leader finds its session gone and stops its child at once.
+    let ended = wait_for("the old child's end stamp", secs(2.0), || {
+        scratch.stamp("ended", first.pid)
+    });
+    let began = wait_for("the new child's start stamp", secs(2.0), || {
+        scratch.stamp("began", second.pid)
+    });
+    assert!(
+        ended < began,
+        "overlap: old ended {ended:.3}, new began {began:.3}"
+    );
+    // On resume the old leader finds its tree gone and its lock lost.
     leader.signal(Signal::SIGCONT);
     wait_for(
-        "the resumed old leader to stop its child",
+        &format!("the resumed leader's demotion; log:\n{}", leader.log()),
         secs(2.0),
-        || (!alive(first.pid)).then_some(()),
+        || {
+            leader
+                .log()
+                .contains("background leader lock lost")
+                .then_some(())
+        },
     );
-    leader.wait_log("background leader lock lost", 1, secs(1.0));
+    assert!(!alive(first.pid));
 }
 
 #[test]

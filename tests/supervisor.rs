@@ -773,3 +773,23 @@ fn every_ticks_never_overlap_and_a_spawn_failure_is_a_failed_tick() {
         );
     });
 }
+
+#[test]
+fn a_child_exit_seen_after_a_freeze_counts_as_a_demotion() {
+    // On resume, the first event is the child's exit (its watchdog stopped it meanwhile): the
+    // lapse is seen before the exit is handled, so a one-shot does not report success.
+    paused(|| async {
+        let mut h = Harness::start(
+            plan(Mode::OneShot {
+                wait: None,
+                min_hold: Duration::ZERO,
+            }),
+            job(Life::dies_after(ms(1))),
+        );
+        let control = h.grant();
+        settle(ms(10)).await;
+        control.revoke_proof();
+        h.exit(h.last_pid(), 0);
+        assert_eq!(h.exit_status().await, Exit::Code(3));
+    });
+}

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::metrics::demotion_cause;
-use super::session::{boottime, connect, session_closed, Session};
+use super::session::{boottime, connect, find_socket, session_closed, Session};
 use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
@@ -146,7 +146,8 @@ impl Campaign<'_> {
     /// The server ended the session: the lock is gone with it, so there is nothing to hold
     /// back; the term ends at once (FIELD-NOTES PostgreSQL 4).
     pub(crate) fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
-        self.session = None;
+        let session = self.session.take();
+        self.drop_session(session);
         if let Some(control) = self.end_term(TermEnd::LeadershipLost) {
             let cause = Error::SessionClosed(cause);
             self.count_demotion(&cause);
@@ -306,21 +307,43 @@ impl Campaign<'_> {
             return Ok(());
         }
         let idle = config.effective_idle_session_timeout();
-        // Behind a transaction-mode pooler two client sessions can share one server backend,
-        // and a session lock then excludes nothing. Prove exclusion once per grant with a
-        // second session (FIELD-NOTES PostgreSQL 8).
-        self.probe_exclusion().await?;
         let Some(session) = self.session.as_ref() else {
             return Ok(());
         };
+        // The fencing token, and the address the server sees us at (NULL over a Unix socket).
         let row = session
             .bounded(
                 "read fencing token",
                 bound,
-                "SELECT txid_current(), current_database()",
+                "SELECT txid_current(), current_database(), \
+                 host(inet_client_addr()), inet_client_port()",
                 &[],
             )
             .await?;
+        let seen: Option<(String, i32)> = row
+            .get::<_, Option<String>>(2)
+            .zip(row.get::<_, Option<i32>>(3));
+        let socket = find_socket(&config.connect, seen.as_ref());
+        // Behind a transaction-mode pooler two client sessions can share one server backend,
+        // and a session lock then excludes nothing (FIELD-NOTES PostgreSQL 8). A direct TCP
+        // connection, whose local address and port are the ones the server sees, cannot be a
+        // pooler's; anything else is proven with a second session, whose failure to connect
+        // costs a WARN, not the election (contract §8).
+        if !socket.is_some_and(|s| s.direct) {
+            match self.probe_exclusion().await {
+                Err(err @ Error::SharedBackend) => return Err(err),
+                Err(err) => warn!(
+                    target: "leaderrun::elector",
+                    "leader: cannot open a second session to rule out a transaction-mode \
+                     pooler; leading on the one session: {}",
+                    Chain(&err)
+                ),
+                Ok(()) => {}
+            }
+        }
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
         let number = self.shared.terms.load(Ordering::Acquire) + 1;
         let lease = Lease {
             lock: config.lock,
@@ -341,6 +364,22 @@ impl Campaign<'_> {
             .await?;
         if let Some(session) = self.session.as_mut() {
             session.check = Some(check);
+            session.socket = socket.map(|s| s.fd);
+        }
+        // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
+        // before anything can run under the term.
+        if let Some(keeper) = &config.keeper {
+            match socket {
+                // SAFETY: the descriptor belongs to the session's connection, alive here.
+                Some(found) => {
+                    keeper.keep(unsafe { std::os::fd::BorrowedFd::borrow_raw(found.fd) })
+                }
+                None => warn!(
+                    target: "leaderrun::elector",
+                    "leader: cannot tell which descriptor is the lock session's socket; if \
+                     leaderrun is killed, the lock may move before COMMAND's tree is dead"
+                ),
+            }
         }
         self.shared.terms.store(number, Ordering::Release);
         // The grant is the term's first proof: its window counts from the try's send time.
@@ -512,6 +551,17 @@ impl Campaign<'_> {
         );
         let session = self.session.take();
         self.release_after_holds(&control, session.is_some()).await;
+        self.drop_session(session);
+    }
+
+    /// Closes a session on purpose: whoever keeps a copy of its socket drops it first, or the
+    /// session (and the lock) would outlive the close.
+    pub(crate) fn drop_session(&self, session: Option<Session>) {
+        if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
+            if session.socket.is_some() {
+                keeper.release();
+            }
+        }
         drop(session);
     }
 
@@ -585,6 +635,9 @@ impl Campaign<'_> {
                 ),
             }
         }
+        if let (Some(keeper), Some(_)) = (&self.shared.config.keeper, session.socket) {
+            keeper.release();
+        }
         session.close().await;
     }
 }
@@ -595,24 +648,31 @@ impl Campaign<'_> {
     /// the lock when the socket closes.
     pub(crate) fn abandon(&mut self, panicked: bool) {
         let led = self.end_term(TermEnd::LeadershipLost);
-        let session = self.session.take();
-        if let (Some(control), Some(session)) = (&led, session) {
+        let mut session = self.session.take();
+        if let (Some(control), Some(_)) = (&led, &session) {
             // Work may still run under the term: the session (and maybe the lock) stays until
             // it is dead, as in every other demotion, on a task of its own since this runs in
             // a drop. Nothing is sent on it: it may be mid-statement.
             if control.holds() > 0 {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                if let (Ok(runtime), Some(session)) =
+                    (tokio::runtime::Handle::try_current(), session.take())
+                {
                     let held = TermControl {
                         term: control.term().clone(),
                     };
                     let bound = self.shared.config.effective_idle_session_timeout();
+                    let keeper = self.shared.config.keeper.clone();
                     runtime.spawn(async move {
                         held.released(bound).await;
+                        if let (Some(keeper), Some(_)) = (keeper, session.socket) {
+                            keeper.release();
+                        }
                         drop(session);
                     });
                 }
             }
         }
+        self.drop_session(session);
         if led.is_some() {
             if let Some(metrics) = &self.shared.metrics {
                 metrics.demotions.with_label_values(&["abandoned"]).inc();

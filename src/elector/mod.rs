@@ -76,6 +76,18 @@ pub const UNLOCK_BOUND: Duration = Duration::from_secs(2);
 /// Name of the leadership gauge, from the seed's Metric table.
 pub const GAUGE_NAME: &str = "plexsphere_background_leader";
 
+/// Keeps a copy of the lock session's socket, so that the session, and the lock, outlive this
+/// process until the work under the term is dead: the binary's watchdog
+/// ([`crate::watchdog`]). The elector hands it the socket at every grant and takes it back
+/// before it closes the session on purpose.
+pub trait SessionKeeper: Send + Sync + std::fmt::Debug {
+    /// The lock was granted on the session whose socket is `socket`: keep a duplicate.
+    fn keep(&self, socket: std::os::fd::BorrowedFd<'_>);
+    /// The session is about to be closed on purpose: drop the duplicate first, and return once
+    /// it is dropped (bounded).
+    fn release(&self);
+}
+
 /// How an [`Elector`] connects, which lock it campaigns for, and how often it checks: the seed's
 /// `leader.Config` in Rust terms.
 #[derive(Clone, Debug)]
@@ -112,6 +124,8 @@ pub struct Config {
     /// `leaderrun_check_duration_seconds` and `leaderrun_demotions_total{cause}`. `None`
     /// registers nothing. Electors that share a registry share these, and so write one series.
     pub registry: Option<Registry>,
+    /// Keeps a copy of the lock session's socket (see [`SessionKeeper`]); `None`: nobody.
+    pub keeper: Option<std::sync::Arc<dyn SessionKeeper>>,
 }
 
 impl Config {
@@ -126,6 +140,7 @@ impl Config {
             wait_for_release: false,
             span: tracing::Span::none(),
             registry: None,
+            keeper: None,
         }
     }
 

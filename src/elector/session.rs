@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
+use std::os::fd::RawFd;
 use tokio::sync::oneshot;
+
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tokio_postgres::{Client, NoTls, Statement, ToStatement};
@@ -156,6 +158,8 @@ pub(crate) struct Session {
     /// broke. Polled at most until it resolves (the session is discarded then).
     pub(crate) closed: oneshot::Receiver<Option<tokio_postgres::Error>>,
     pub(crate) task: JoinHandle<()>,
+    /// The connection's socket, found at the grant ([`find_socket`]); not ours to close.
+    pub(crate) socket: Option<RawFd>,
 }
 
 impl Session {
@@ -169,6 +173,7 @@ impl Session {
             check: None,
             closed,
             task,
+            socket: None,
         };
         session.backend_pid = session.pin_timers(config, bound).await?;
         // One round trip: a hot standby grants advisory locks of its own, so never even try
@@ -329,4 +334,86 @@ pub fn boottime() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
         .map(Duration::from)
         .unwrap_or_default()
+}
+
+/// A descriptor of this process found to be a session's socket.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FoundSocket {
+    pub(crate) fd: RawFd,
+    /// Its local address and port are the ones the server sees: a direct TCP connection, so
+    /// no pooler sits between (FIELD-NOTES PostgreSQL 8).
+    pub(crate) direct: bool,
+}
+
+/// Finds the socket of the session the server sees at `seen` (`inet_client_addr()`,
+/// `inet_client_port()`) among this process's descriptors. tokio-postgres does not hand out
+/// its socket, so it is recognised by its address: a TCP socket whose local address is `seen`
+/// is the session's (and direct); otherwise the one socket whose peer is the configured port
+/// (or Unix socket `.s.PGSQL.PORT`), if there is exactly one. `None` when it cannot be told.
+pub(crate) fn find_socket(
+    config: &tokio_postgres::Config,
+    seen: Option<&(String, i32)>,
+) -> Option<FoundSocket> {
+    use nix::sys::socket::{getpeername, getsockname, SockaddrLike, SockaddrStorage};
+    let ports: Vec<u16> = config.get_ports().to_vec();
+    let port_ok = |p: u16| ports.is_empty() && p == 5432 || ports.contains(&p);
+    let mut candidates = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        let (Ok(local), Ok(peer)) = (
+            getsockname::<SockaddrStorage>(fd),
+            getpeername::<SockaddrStorage>(fd),
+        ) else {
+            continue;
+        };
+        let inet = |a: &SockaddrStorage| -> Option<std::net::SocketAddr> {
+            a.as_sockaddr_in()
+                .map(|v4| std::net::SocketAddr::V4((*v4).into()))
+                .or_else(|| {
+                    a.as_sockaddr_in6()
+                        .map(|v6| std::net::SocketAddr::V6((*v6).into()))
+                })
+        };
+        match (inet(&local), inet(&peer)) {
+            (Some(local), Some(peer)) => {
+                if let Some((addr, port)) = seen {
+                    let ip = local.ip().to_canonical().to_string();
+                    if ip == *addr && i32::from(local.port()) == *port {
+                        return Some(FoundSocket { fd, direct: true });
+                    }
+                }
+                if port_ok(peer.port()) {
+                    candidates.push(fd);
+                }
+            }
+            _ if peer.family() == Some(nix::sys::socket::AddressFamily::Unix) => {
+                let path = peer
+                    .as_unix_addr()
+                    .and_then(|u| u.path())
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let name = path.rsplit('/').next().unwrap_or("");
+                let port = name.strip_prefix(".s.PGSQL.").and_then(|p| p.parse().ok());
+                if port.is_some_and(port_ok) {
+                    candidates.push(fd);
+                }
+            }
+            _ => {}
+        }
+    }
+    match candidates[..] {
+        [fd] => Some(FoundSocket { fd, direct: false }),
+        _ => None,
+    }
 }

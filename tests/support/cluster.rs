@@ -132,7 +132,9 @@ fn template() -> &'static Path {
                 .expect("run initdb");
             assert!(
                 out.status.success(),
-                "initdb failed: {}",
+                "initdb failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
             register_cleanup();

@@ -40,6 +40,19 @@ pub fn wait_for<T>(what: &str, within: Duration, mut cond: impl FnMut() -> Optio
     }
 }
 
+/// The pid of `leaderrun`'s watchdog process (its child whose argv[0] is
+/// `leaderrun-watchdog`), if one runs.
+pub fn watchdog_of(leaderrun: i32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let ppid: i32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        (ppid == leaderrun && cmdline.starts_with(leaderrun::watchdog::ARGV0.as_bytes()))
+            .then_some(pid)
+    })
+}
+
 /// Whether `pid` is a live (not zombie) process.
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

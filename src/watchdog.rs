@@ -1,0 +1,687 @@
+//! The watchdog: nothing of COMMAND outlives leaderrun, and the lock never moves before it is
+//! dead (contract §5, FIELD-NOTES child 5).
+//!
+//! # Theory of operation
+//!
+//! `PR_SET_PDEATHSIG` kills only COMMAND's direct child when leaderrun dies, and the kernel
+//! closes leaderrun's descriptors, and with them the lock session, before it signals anyone:
+//! after `kill -9` of a leader, the rest of a `sh -c 'worker & worker; wait'` tree would run on
+//! beside the next leader's child. So a small helper process, the watchdog, is started before
+//! the first child. It is leaderrun's own binary, exec'd in a session of its own (terminal
+//! signals and a stop of leaderrun's process group do not reach it), and it holds:
+//!
+//! * one end of a `SOCK_SEQPACKET` pair from leaderrun, over which it learns the process group
+//!   (and cgroup) of the running tree, a heartbeat carrying the end of the current proof, and,
+//!   at every grant, a duplicate of the lock session's socket (`SCM_RIGHTS`);
+//! * that duplicate: while the watchdog holds it, the server does not see the session end.
+//!
+//! When leaderrun dies (end of file on the pair), the watchdog SIGKILLs the tree at once (the
+//! process group, and the cgroup where there is one), waits until it is gone (at most
+//! [`KILL_WAIT`]), and only then exits, closing its copy of the socket: the server frees the lock
+//! after the tree is dead. SIGKILL at once, not the stop signal and the grace: nobody is left to
+//! wait for the child's status, and the server's `idle_session_timeout` runs from the last
+//! check, so there is no time for a grace. When leaderrun is alive but stops answering (SIGSTOP,
+//! a debugger) while a tree runs, the watchdog waits until the proof of the last check has run
+//! out and no heartbeat came for a while, then stops the tree as a demotion would (stop signal,
+//! grace, SIGKILL): within the safe window plus the grace, before the server can free the lock.
+//! A freeze of the whole machine stops the watchdog too; that case is left to the fencing token.
+//!
+//! When leaderrun ends the session on purpose (demotion after the tree is dead, shutdown) it
+//! tells the watchdog first, which closes its copy and acknowledges. If the watchdog dies,
+//! leaderrun starts a new one at once and hands it what it holds (tree, session, heartbeat);
+//! COMMAND is never started while no watchdog runs (see [`Watchdog::ready`]).
+
+use std::ffi::OsString;
+use std::io::IoSlice;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
+use nix::unistd::Pid;
+use tracing::{debug, warn};
+
+use crate::cgroup::Cgroup;
+use crate::child::{SpawnError, Spawner, Tree, TreeState};
+use crate::elector::{boottime, SessionKeeper};
+
+/// `argv[0]` of the watchdog process: how `main` recognises it, and how `ps` shows it.
+pub const ARGV0: &str = "leaderrun-watchdog";
+/// How long the watchdog waits for a killed tree to be gone before it gives up on it.
+pub const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How long leaderrun waits for the watchdog to acknowledge that it dropped its copy of the
+/// session: it answers in microseconds unless it is dead or stopped.
+pub const RELEASE_WAIT: Duration = Duration::from_millis(500);
+
+/// The descriptor the watchdog finds its end of the pair on.
+const CONTROL_FD: RawFd = 3;
+
+/// One message on the pair: a kind byte and a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Message {
+    /// A tree runs in this process group (0: none).
+    Tree(i32),
+    /// leaderrun is alive; the current proof ends at this boottime (ns; 0: no term).
+    Beat(u64),
+    /// The session's socket comes with this message.
+    Session,
+    /// Close the session copy and acknowledge.
+    Release,
+    /// The acknowledgement.
+    Released,
+}
+
+impl Message {
+    fn encode(self) -> [u8; 9] {
+        let (kind, value) = match self {
+            Message::Tree(pgid) => (b'T', pgid as u64),
+            Message::Beat(ns) => (b'H', ns),
+            Message::Session => (b'S', 0),
+            Message::Release => (b'R', 0),
+            Message::Released => (b'A', 0),
+        };
+        let mut out = [0u8; 9];
+        out[0] = kind;
+        out[1..].copy_from_slice(&value.to_le_bytes());
+        out
+    }
+
+    fn decode(buf: &[u8]) -> Option<Message> {
+        if buf.len() != 9 {
+            return None;
+        }
+        let value = u64::from_le_bytes(buf[1..9].try_into().ok()?);
+        Some(match buf[0] {
+            b'T' => Message::Tree(value as i32),
+            b'H' => Message::Beat(value),
+            b'S' => Message::Session,
+            b'R' => Message::Release,
+            b'A' => Message::Released,
+            _ => return None,
+        })
+    }
+}
+
+/// What the watchdog needs to know at start.
+#[derive(Clone, Debug)]
+pub struct WatchdogPlan {
+    /// Grace between the stop signal and SIGKILL, for a freeze.
+    pub grace: Duration,
+    /// A freeze: no heartbeat for this long, and the proof ran out.
+    pub stall: Duration,
+    /// The stop signal, for a freeze.
+    pub stop_signal: Signal,
+    /// COMMAND's cgroup, where there is one.
+    pub cgroup: Option<PathBuf>,
+}
+
+struct Link {
+    fd: OwnedFd,
+    pid: u32,
+}
+
+#[derive(Default)]
+struct Held {
+    link: Option<Link>,
+    tree: i32,
+    session: Option<OwnedFd>,
+    beat: u64,
+}
+
+/// leaderrun's handle on its watchdog process. Cheap to share; every call is a non-blocking
+/// send of a few bytes, except [`SessionKeeper::release`], which waits for the answer.
+pub struct Watchdog {
+    plan: WatchdogPlan,
+    held: Mutex<Held>,
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchdog")
+            .field("pid", &self.pid())
+            .finish()
+    }
+}
+
+impl Watchdog {
+    /// Starts the watchdog process.
+    ///
+    /// # Errors
+    /// The OS error when the pair cannot be made or the process cannot start.
+    pub fn start(plan: WatchdogPlan) -> std::io::Result<Watchdog> {
+        let watchdog = Watchdog {
+            plan,
+            held: Mutex::new(Held::default()),
+        };
+        {
+            let mut held = watchdog.lock();
+            held.link = Some(watchdog.spawn()?);
+        }
+        Ok(watchdog)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The watchdog's pid, while one runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock().link.as_ref().map(|l| l.pid)
+    }
+
+    fn spawn(&self) -> std::io::Result<Link> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        let theirs_fd = theirs.as_raw_fd();
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.arg0(ARGV0)
+            .arg(self.plan.grace.as_millis().to_string())
+            .arg(self.plan.stall.as_millis().to_string())
+            .arg((self.plan.stop_signal as i32).to_string())
+            .arg(
+                self.plan
+                    .cgroup
+                    .as_ref()
+                    .map_or_else(|| OsString::from("-"), |d| d.as_os_str().to_owned()),
+            )
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null());
+        // SAFETY: raw syscalls only between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if theirs_fd == CONTROL_FD {
+                    libc::fcntl(CONTROL_FD, libc::F_SETFD, 0);
+                } else if libc::dup2(theirs_fd, CONTROL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // A session of its own: no terminal signals, no stop of leaderrun's group.
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        drop(theirs);
+        let pid = child.id();
+        // Dropping std's handle neither waits nor kills; leaderrun's reaper reaps it.
+        drop(child);
+        crate::child::set_helper(Some(pid));
+        debug!(pid, "watchdog started");
+        Ok(Link { fd: ours, pid })
+    }
+
+    /// Sends `message` (with `fd` attached), starting a new watchdog and handing it what is
+    /// held when the current one is gone. Returns whether a watchdog has it.
+    fn send(&self, held: &mut Held, message: Message, fd: Option<BorrowedFd<'_>>) -> bool {
+        if let Some(link) = &held.link {
+            if send_on(link.fd.as_fd(), message, fd).is_ok() {
+                return true;
+            }
+            warn!(
+                pid = link.pid,
+                "the watchdog is gone; starting a new one (COMMAND's tree is not guarded meanwhile)"
+            );
+            held.link = None;
+        }
+        self.respawn(held)
+    }
+
+    /// A new watchdog, told the tree, the session and the last heartbeat.
+    fn respawn(&self, held: &mut Held) -> bool {
+        let link = match self.spawn() {
+            Ok(link) => link,
+            Err(err) => {
+                warn!("cannot start the watchdog: {err}");
+                crate::child::set_helper(None);
+                return false;
+            }
+        };
+        let fd = link.fd.as_fd();
+        let ok = send_on(fd, Message::Tree(held.tree), None).is_ok()
+            && send_on(fd, Message::Beat(held.beat), None).is_ok()
+            && held.session.as_ref().map_or(true, |s| {
+                send_on(fd, Message::Session, Some(s.as_fd())).is_ok()
+            });
+        held.link = Some(link);
+        ok
+    }
+
+    /// Whether a watchdog runs now (starting a new one when it is gone): the spawn gate, so
+    /// COMMAND never starts unguarded.
+    pub fn ready(&self) -> bool {
+        let mut held = self.lock();
+        let beat = held.beat;
+        self.send(&mut held, Message::Beat(beat), None)
+    }
+
+    /// A tree runs in process group `pgid` now (`None`: no tree any more).
+    pub fn tree(&self, pgid: Option<i32>) {
+        let mut held = self.lock();
+        held.tree = pgid.unwrap_or(0);
+        let tree = held.tree;
+        self.send(&mut held, Message::Tree(tree), None);
+    }
+
+    /// leaderrun is alive; the current proof ends at `proven_until` (boottime; `None`: no
+    /// term).
+    pub fn heartbeat(&self, proven_until: Option<Duration>) {
+        let mut held = self.lock();
+        held.beat = proven_until.map_or(0, |d| d.as_nanos() as u64);
+        let beat = held.beat;
+        self.send(&mut held, Message::Beat(beat), None);
+    }
+}
+
+impl SessionKeeper for Watchdog {
+    fn keep(&self, socket: BorrowedFd<'_>) {
+        let copy = match socket.try_clone_to_owned() {
+            Ok(copy) => copy,
+            Err(err) => {
+                warn!("cannot duplicate the lock session's socket for the watchdog: {err}");
+                return;
+            }
+        };
+        let mut held = self.lock();
+        let sent = held.link.as_ref().is_some_and(|link| {
+            send_on(link.fd.as_fd(), Message::Session, Some(copy.as_fd())).is_ok()
+        });
+        held.session = Some(copy);
+        if !sent {
+            // A new watchdog gets the session as part of what is held.
+            held.link = None;
+            self.respawn(&mut held);
+        }
+    }
+
+    fn release(&self) {
+        let mut held = self.lock();
+        held.session = None;
+        let Some(link) = &held.link else {
+            return;
+        };
+        if send_on(link.fd.as_fd(), Message::Release, None).is_err() {
+            return;
+        }
+        // Wait for the acknowledgement: until then the watchdog's copy keeps the session (and
+        // the lock) alive, and closing ours would release nothing.
+        let deadline = boottime() + RELEASE_WAIT;
+        loop {
+            let left = deadline.saturating_sub(boottime());
+            if left.is_zero() {
+                warn!(
+                    pid = link.pid,
+                    "the watchdog did not drop its copy of the lock session within {}",
+                    humantime::format_duration(RELEASE_WAIT)
+                );
+                return;
+            }
+            match receive(link.fd.as_fd(), left) {
+                Ok(Some((Message::Released, _))) => return,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Sends one message, never blocking and never raising SIGPIPE.
+fn send_on(
+    fd: BorrowedFd<'_>,
+    message: Message,
+    attach: Option<BorrowedFd<'_>>,
+) -> nix::Result<()> {
+    let bytes = message.encode();
+    let iov = [IoSlice::new(&bytes)];
+    let raw: [RawFd; 1] = [attach.map_or(-1, |f| f.as_raw_fd())];
+    let cmsgs: &[ControlMessage<'_>] = if attach.is_some() {
+        &[ControlMessage::ScmRights(&raw)]
+    } else {
+        &[]
+    };
+    loop {
+        match sendmsg::<()>(
+            fd.as_raw_fd(),
+            &iov,
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Receives one message (and a descriptor sent with it) within `within`. `Ok(None)`: the other
+/// end is gone.
+fn receive(
+    fd: BorrowedFd<'_>,
+    within: Duration,
+) -> nix::Result<Option<(Message, Option<OwnedFd>)>> {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let ms = within.as_millis().min(i32::MAX as u128) as i32;
+    match poll(
+        &mut fds,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    ) {
+        Ok(0) => return Err(Errno::ETIMEDOUT),
+        Ok(_) => {}
+        Err(err) => return Err(err),
+    }
+    let mut buf = [0u8; 16];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(
+        fd.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut attached = None;
+    for cmsg in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            for raw in fds {
+                // SAFETY: the kernel just gave us this descriptor.
+                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                attached.get_or_insert(owned);
+            }
+        }
+    }
+    let n = msg.bytes;
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Message::decode(&buf[..n]).map(|m| (m, attached)))
+}
+
+/// Whether this process was started as the watchdog (`argv[0]` is [`ARGV0`]).
+pub fn is_watchdog() -> bool {
+    std::env::args_os().next().is_some_and(|a| a == ARGV0)
+}
+
+/// The watchdog process: `leaderrun-watchdog GRACE_MS STALL_MS STOP_SIGNAL CGROUP|-`, its end of
+/// the pair on descriptor 3. Runs until leaderrun is gone.
+pub fn main() -> ExitCode {
+    // Nothing but leaderrun's end of file or SIGKILL ends it: INT/TERM/HUP to a whole process
+    // group or cgroup reach leaderrun too, whose exit is the watchdog's cue.
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGPIPE,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
+        // SAFETY: SIG_IGN installs no handler code.
+        unsafe {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+    // `ps` and `/proc/PID/comm` show what it is, not "exe".
+    // SAFETY: PR_SET_NAME with a NUL-terminated name of at most 16 bytes.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"leaderrun-wd".as_ptr(), 0, 0, 0);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ms =
+        |i: usize| Duration::from_millis(args.get(i).and_then(|a| a.parse().ok()).unwrap_or(1000));
+    let (grace, stall) = (ms(0), ms(1));
+    let stop_signal = args
+        .get(2)
+        .and_then(|a| a.parse::<i32>().ok())
+        .and_then(|n| Signal::try_from(n).ok())
+        .unwrap_or(Signal::SIGTERM);
+    let cgroup = args
+        .get(3)
+        .filter(|a| *a != "-")
+        .and_then(|d| Cgroup::open(std::path::Path::new(d)));
+    // SAFETY: leaderrun put our end of the pair on descriptor 3 before exec.
+    let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    let mut guard = Guard {
+        tree: 0,
+        session: None,
+        proof: 0,
+        last_beat: boottime(),
+        stall,
+        grace,
+        stop_signal,
+        cgroup,
+    };
+    guard.run(control.as_fd());
+    ExitCode::SUCCESS
+}
+
+/// The watchdog's state.
+struct Guard {
+    tree: i32,
+    session: Option<OwnedFd>,
+    proof: u64,
+    last_beat: Duration,
+    stall: Duration,
+    grace: Duration,
+    stop_signal: Signal,
+    cgroup: Option<Cgroup>,
+}
+
+impl Guard {
+    fn run(&mut self, control: BorrowedFd<'_>) {
+        loop {
+            let wait = self.freeze_in().unwrap_or(Duration::from_secs(3600));
+            match receive(control, wait) {
+                Ok(Some((message, fd))) => self.handle(control, message, fd),
+                Ok(None) => {
+                    // leaderrun is gone: the tree dies before our copy of the session closes.
+                    self.kill_tree();
+                    drop(self.session.take());
+                    return;
+                }
+                Err(Errno::ETIMEDOUT) | Err(Errno::EINTR) => {}
+                Err(_) => {
+                    self.kill_tree();
+                    return;
+                }
+            }
+            if self.freeze_in() == Some(Duration::ZERO) {
+                eprintln!(
+                    "leaderrun-watchdog: leaderrun stopped answering while its lock was \
+                     unproven; stopping COMMAND's tree"
+                );
+                self.stop_tree();
+            }
+        }
+    }
+
+    /// Time until a freeze is declared: only while a tree runs, once the proof has run out and
+    /// no heartbeat came for `stall`.
+    fn freeze_in(&self) -> Option<Duration> {
+        if self.tree == 0 {
+            return None;
+        }
+        let now = boottime();
+        let proof_end = Duration::from_nanos(self.proof);
+        let beat_end = self.last_beat + self.stall;
+        Some(proof_end.max(beat_end).saturating_sub(now))
+    }
+
+    fn handle(&mut self, control: BorrowedFd<'_>, message: Message, fd: Option<OwnedFd>) {
+        match message {
+            Message::Tree(pgid) => self.tree = pgid,
+            Message::Beat(proof) => {
+                self.proof = proof;
+                self.last_beat = boottime();
+            }
+            Message::Session => self.session = fd,
+            Message::Release => {
+                drop(self.session.take());
+                let _ = send_on(control, Message::Released, None);
+            }
+            Message::Released => {}
+        }
+    }
+
+    /// Whether anything of the tree is left. The cgroup knows exactly (a zombie is no longer
+    /// in it); without one, the process group counts, zombies included, until whoever
+    /// inherited them reaps them.
+    fn alive(&self) -> bool {
+        match &self.cgroup {
+            Some(cgroup) => cgroup.populated(),
+            None => {
+                self.tree != 0
+                    && !matches!(killpg(Pid::from_raw(self.tree), None), Err(Errno::ESRCH))
+            }
+        }
+    }
+
+    fn signal(&self, sig: Signal) {
+        if self.tree != 0 {
+            let _ = killpg(Pid::from_raw(self.tree), sig);
+        }
+        if let Some(cgroup) = &self.cgroup {
+            if sig == Signal::SIGKILL {
+                cgroup.kill();
+            } else {
+                for pid in cgroup.pids() {
+                    let _ = nix::sys::signal::kill(pid, sig);
+                }
+            }
+        }
+    }
+
+    /// Polls until the tree is gone or `within` passed; true when it is gone.
+    fn gone_within(&self, within: Duration) -> bool {
+        let deadline = boottime() + within;
+        while self.alive() {
+            if boottime() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// leaderrun is gone: SIGKILL at once, wait until the tree is gone.
+    fn kill_tree(&mut self) {
+        self.signal(Signal::SIGKILL);
+        if !self.gone_within(KILL_WAIT) {
+            eprintln!("leaderrun-watchdog: COMMAND's tree is still there after SIGKILL");
+        }
+        self.tree = 0;
+    }
+
+    /// leaderrun froze: stop the tree as a demotion would.
+    fn stop_tree(&mut self) {
+        self.signal(self.stop_signal);
+        self.signal(Signal::SIGCONT);
+        if !self.gone_within(self.grace) {
+            self.signal(Signal::SIGKILL);
+        }
+        // The killed processes are leaderrun's children: they stay zombies until it reaps
+        // them, so only the cgroup can tell that they are gone.
+        self.tree = 0;
+    }
+}
+
+/// A [`Spawner`] that keeps the watchdog told: the spawn gate checks that a watchdog runs
+/// (starting a new one if it died), and every tree's process group is reported while it runs.
+pub struct WatchedSpawner<S> {
+    /// The spawner that starts the processes.
+    pub inner: S,
+    /// The watchdog to tell.
+    pub watchdog: std::sync::Arc<Watchdog>,
+}
+
+impl<S: Spawner> Spawner for WatchedSpawner<S> {
+    fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError> {
+        if !self.watchdog.ready() {
+            warn!("no watchdog runs: if leaderrun is killed, COMMAND's helpers may outlive it");
+        }
+        let tree = self.inner.spawn(env)?;
+        self.watchdog.tree(Some(tree.pid() as i32));
+        Ok(Box::new(WatchedTree {
+            inner: tree,
+            watchdog: self.watchdog.clone(),
+            reported: true,
+        }))
+    }
+
+    fn reap_strays(&mut self) {
+        self.inner.reap_strays();
+    }
+}
+
+/// A [`Tree`] whose end is reported to the watchdog.
+#[derive(Debug)]
+struct WatchedTree {
+    inner: Box<dyn Tree>,
+    watchdog: std::sync::Arc<Watchdog>,
+    reported: bool,
+}
+
+impl Tree for WatchedTree {
+    fn pid(&self) -> u32 {
+        self.inner.pid()
+    }
+
+    fn signal_group(&mut self, sig: Signal) {
+        self.inner.signal_group(sig);
+    }
+
+    fn signal_all(&mut self, sig: Signal) {
+        self.inner.signal_all(sig);
+    }
+
+    fn poll(&mut self) -> TreeState {
+        let state = self.inner.poll();
+        if state.empty && self.reported {
+            self.reported = false;
+            self.watchdog.tree(None);
+        }
+        state
+    }
+}
+
+impl Drop for WatchedTree {
+    fn drop(&mut self) {
+        // The inner tree is killed (if it was not empty) when it drops, before we say so.
+        let inner = std::mem::replace(&mut self.inner, Box::new(Gone));
+        drop(inner);
+        if self.reported {
+            self.watchdog.tree(None);
+        }
+    }
+}
+
+/// What is left in a [`WatchedTree`] once its tree was dropped.
+#[derive(Debug)]
+struct Gone;
+
+impl Tree for Gone {
+    fn pid(&self) -> u32 {
+        0
+    }
+    fn signal_group(&mut self, _: Signal) {}
+    fn signal_all(&mut self, _: Signal) {}
+    fn poll(&mut self) -> TreeState {
+        TreeState {
+            empty: true,
+            ..TreeState::default()
+        }
+    }
+}
