@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::support::{alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+use crate::support::{
+    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -248,4 +250,184 @@ fn shutdown_passes_on_the_signal_received_and_demotion_sends_the_stop_signal() {
         !events.contains(&format!("got USR2 {}", second.pid)),
         "{events:?}"
     );
+}
+
+/// A tree of three: the main child, a background worker in its process group, and a `setsid`
+/// descendant outside it. Each records `tick WHO PID NS` every 10 ms while it lives.
+const THREE_LEVEL_TREE: &str = "export EVENTS\n\
+     echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+     sh -c 'trap \"\" TERM; while :; do echo \"tick worker $$ $(date +%s%N)\" >> \"$EVENTS\"; sleep 0.01; done' &\n\
+     setsid sh -c 'trap \"\" TERM; while :; do echo \"tick detached $$ $(date +%s%N)\" >> \"$EVENTS\"; sleep 0.01; done' &\n\
+     while :; do echo \"tick main $$ $(date +%s%N)\" >> \"$EVENTS\"; sleep 0.01; done";
+
+fn last_tick_before(scratch: &Scratch, began: f64, old_pids: &[i32]) -> Vec<String> {
+    let _ = old_pids;
+    scratch
+        .events()
+        .iter()
+        .filter_map(|l| l.strip_prefix("tick "))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let at = f.get(2)?.parse::<f64>().ok()? / 1e9;
+            (at > began).then(|| l.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn kill_9_of_the_leader_kills_its_whole_tree_before_the_lock_moves() {
+    let cluster = Cluster::shared();
+    for round in 0..3 {
+        let id = unique_lock_id();
+        let scratch = Scratch::new();
+        let script = scratch.child_script("child.sh", THREE_LEVEL_TREE);
+        let script = script.to_str().unwrap();
+        let mut leader = Replica::start(cluster, id, "200ms", &["--", script]);
+        let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+        wait_for("all three of the first tree ticking", secs(5.0), || {
+            let events = scratch.events();
+            ["main", "worker", "detached"]
+                .iter()
+                .all(|w| events.iter().any(|l| l.starts_with(&format!("tick {w} "))))
+                .then_some(())
+        });
+        let standby = Replica::start(cluster, id, "200ms", &["--", script]);
+        wait_for("the standby to wait in the lock queue", secs(10.0), || {
+            (cluster.sql(&format!(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} \
+                 AND objsubid = 2 AND NOT granted"
+            )) == ["1"])
+            .then_some(())
+        });
+        let watchdog = watchdog_of(leader.pid()).expect("the leader has a watchdog");
+        leader.signal(Signal::SIGKILL);
+        let _ = leader.wait_exit(secs(5.0));
+        let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+        assert_eq!(second.ppid, standby.pid(), "round {round}");
+        let began = wait_for("the new child's start stamp", secs(2.0), || {
+            scratch.stamp("began", second.pid)
+        });
+        // Let the new tree tick, so that any old process still alive would have ticked too.
+        wait_for("the new tree ticking", secs(5.0), || {
+            (scratch
+                .events()
+                .iter()
+                .filter(|l| l.starts_with("tick "))
+                .count()
+                > 0)
+            .then_some(())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let old: Vec<String> = last_tick_before(&scratch, began, &[first.pid])
+            .into_iter()
+            .filter(|l| {
+                let pid: i32 = l
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
+                pid != second.pid && !is_descendant_of(pid, standby.pid())
+            })
+            .collect();
+        assert!(
+            old.is_empty(),
+            "round {round}: old processes ran beside the new child: {old:?}"
+        );
+        wait_for("the old watchdog to exit", secs(6.0), || {
+            (!alive(watchdog)).then_some(())
+        });
+    }
+}
+
+/// Whether `pid` descends from `ancestor` (walking `/proc/PID/stat` parents), or is gone and
+/// so cannot be told: then it counts as not descending.
+fn is_descendant_of(pid: i32, ancestor: i32) -> bool {
+    let mut current = pid;
+    for _ in 0..64 {
+        if current == ancestor {
+            return true;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{current}/stat")) else {
+            return false;
+        };
+        let Some(ppid) = stat
+            .rsplit_once(") ")
+            .and_then(|(_, r)| r.split(' ').nth(1))
+            .and_then(|p| p.parse().ok())
+        else {
+            return false;
+        };
+        if ppid <= 1 {
+            return false;
+        }
+        current = ppid;
+    }
+    false
+}
+
+#[test]
+fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_bound() {
+    // The standby behind the proxy waits first in the server's lock queue; then the proxy stops
+    // forwarding and the leader releases: the server grants the lock to that standby's
+    // session, whose client never hears of it. The session carries idle_session_timeout from
+    // its connect, so the server ends it and the third replica leads.
+    let cluster = Cluster::start_private();
+    let proxy = crate::support::proxy::Proxy::start(cluster.addr());
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let queued = |n: &str| {
+        wait_for(
+            &format!("{n} waiter(s) in the lock queue"),
+            secs(10.0),
+            || {
+                (cluster.sql(&format!(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} \
+                 AND objsubid = 2 AND NOT granted"
+                )) == [n])
+                .then_some(())
+            },
+        )
+    };
+    let mut leader = Replica::start(&cluster, id, "200ms", &["--", script]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            proxy.port()
+        ),
+        "--lock-id",
+        &id.to_string(),
+        "--check-interval",
+        "200ms",
+        "--",
+        script,
+    ]);
+    let behind_proxy = Replica::spawn(cmd);
+    queued("1");
+    let third = Replica::start(&cluster, id, "200ms", &["--", script]);
+    queued("2");
+    proxy.blackhole();
+    leader.signal(Signal::SIGTERM);
+    let released = Instant::now();
+    leader.wait_exit(secs(5.0));
+    // idle_session_timeout is 4 × 200 ms; the third replica is still queued and gets it then.
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    let took = released.elapsed();
+    assert_eq!(second.ppid, third.pid(), "the replica behind the proxy led");
+    assert!(
+        took < secs(2.5),
+        "the stranded grant held the lock for {took:?}"
+    );
+    assert_ne!(second.pid, first.pid);
+    // The path comes back: the replica behind it must not lead beside the third.
+    proxy.forward();
+    behind_proxy.wait_log("leader: acquire lock connection", 1, secs(5.0));
+    let now = scratch.starts().len();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(scratch.starts().len(), now, "a second leader started");
+    assert_eq!(cluster.lock_holders(crate::support::CLASS, id).len(), 1);
 }

@@ -334,11 +334,23 @@ impl Replica {
             return status;
         }
         let deadline = Instant::now() + within;
+        // Its helper (the watchdog), seen while it runs, must be gone once it exited.
+        let mut helper = watchdog_of(self.pid());
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 self.status = Some(status);
                 self.join_collectors();
+                if let Some(helper) = helper {
+                    wait_for(
+                        &format!("the watchdog {helper} of replica {} to exit", self.pid()),
+                        Duration::from_secs(6),
+                        || (!alive(helper)).then_some(()),
+                    );
+                }
                 return status;
+            }
+            if helper.is_none() {
+                helper = watchdog_of(self.pid());
             }
             assert!(
                 Instant::now() < deadline,
