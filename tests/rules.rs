@@ -431,3 +431,30 @@ fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_boun
     assert_eq!(scratch.starts().len(), now, "a second leader started");
     assert_eq!(cluster.lock_holders(crate::support::CLASS, id).len(), 1);
 }
+
+#[test]
+fn a_watchdog_that_dies_is_replaced_and_still_guards_the_tree() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "sh -c 'trap \"\" TERM; echo \"worker $$\" >> \"$0\"; exec sleep 600' \"$EVENTS\" &\nexec sleep 600",
+    );
+    let mut leader = Replica::start(cluster, id, "200ms", &["--", script.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    let worker = scratch.recorded_pid("worker ");
+    let first = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
+    kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
+    let second = wait_for("a new watchdog", secs(5.0), || {
+        watchdog_of(leader.pid()).filter(|&p| p != first)
+    });
+    leader.wait_log("the watchdog is gone; starting a new one", 1, secs(2.0));
+    // The new one holds the tree: kill -9 of leaderrun still ends the worker.
+    leader.signal(Signal::SIGKILL);
+    let _ = leader.wait_exit(secs(10.0));
+    wait_for("the worker to die", secs(6.0), || {
+        (!alive(worker)).then_some(())
+    });
+    assert!(!alive(second));
+}
