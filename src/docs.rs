@@ -153,7 +153,28 @@ pub fn man_page() -> Vec<u8> {
         &mut roff,
         "COMMAND runs in its own process group; when leaderrun owns the terminal's foreground at start, \
          the child's group gets it. A stop sends the stop signal and SIGCONT to the group and to adopted \
-         orphans, then SIGKILL after the grace. The child gets PR_SET_PDEATHSIG(SIGKILL).",
+         orphans, then SIGKILL after the grace. On shutdown the INT or TERM received is passed on instead \
+         of the stop signal. A signal that was ignored when leaderrun started (nohup) stays ignored and \
+         is not passed on. The child gets PR_SET_PDEATHSIG(SIGKILL).",
+    );
+
+    section(&mut roff, "SAFETY");
+    paragraph(
+        &mut roff,
+        "COMMAND starts or continues only inside the safe window of a check that proved the lock (2 \
+         check intervals from its send time, on CLOCK_BOOTTIME). Whenever the lock may still be held, \
+         COMMAND's whole tree is stopped before the lock is released. No INT or TERM is lost, whatever \
+         leaderrun is doing when it arrives.",
+    );
+    paragraph(
+        &mut roff,
+        "A watchdog process (leaderrun-watchdog) holds a copy of the lock session's socket. When \
+         leaderrun is killed, it SIGKILLs COMMAND's process group (and its cgroup, where leaderrun could \
+         make one) and closes the socket only after the tree is dead; when leaderrun is stopped alone, \
+         it stops the tree within the safe window plus the grace, before the server's \
+         idle_session_timeout can free the lock. Only a freeze of the whole machine is left to \
+         LEADERRUN_FENCING_TOKEN; a session the server ends itself frees the lock within the old \
+         tree's stop time.",
     );
 
     section(&mut roff, "EXAMPLES");
