@@ -20,10 +20,11 @@ mod measure;
 
 use std::time::Duration;
 
-use measure::{etcd, failover, footprint, graceful, one_shot};
+use measure::{etcd, failover, footprint, graceful, one_shot, tree_failover};
 use support::Cluster;
 
 fn main() {
+    let started = std::time::Instant::now();
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let runs = args
@@ -34,21 +35,34 @@ fn main() {
         .unwrap_or(if quick { 1 } else { 5 });
     let cluster = Cluster::start_private_with(if quick { 100 } else { 700 });
     let mut rows = Vec::new();
+    let progress = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
+    progress("handover after SIGTERM");
     rows.push(graceful(&cluster, "5s", runs));
     rows.push(graceful(&cluster, "1s", runs));
     for how in ["kill -9", "pg_terminate_backend", "partition"] {
+        progress(&format!("failover after {how}"));
         let (latency, overlap) = failover(&cluster, how, runs);
         rows.push(latency);
         rows.push(overlap);
     }
+    for how in ["kill -9", "SIGSTOP of leaderrun alone"] {
+        progress(&format!("failover after {how}, tree of three"));
+        let (latency, overlap) = tree_failover(&cluster, how, runs);
+        rows.push(latency);
+        rows.push(overlap);
+    }
+    progress("one-shot overhead");
     rows.extend(one_shot(&cluster, runs));
     let (standbys, window) = if quick {
         (vec![10], Duration::from_secs(2))
     } else {
         (vec![100, 500], Duration::from_secs(20))
     };
+    progress("footprint and waiting standbys");
     rows.extend(footprint(&cluster, &standbys, window));
+    progress("etcdctl lock, where installed");
     rows.extend(etcd(runs));
+    progress("done");
 
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::support::proxy::Proxy;
 use crate::support::{
-    alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS,
+    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch, CLASS,
 };
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -282,6 +282,107 @@ pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
     rows
 }
 
+/// A tree of three that ticks every 10 ms while it lives: the main child, a worker in its
+/// process group, and a `setsid` descendant; none of them reacts to TERM.
+const TREE: &str = "export EVENTS\n\
+     echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+     sh -c 'trap \"\" TERM; while :; do echo \"tick $$ $(date +%s%N)\" >> \"$EVENTS\"; sleep 0.01; done' &\n\
+     setsid sh -c 'trap \"\" TERM; while :; do echo \"tick $$ $(date +%s%N)\" >> \"$EVENTS\"; sleep 0.01; done' &\n\
+     trap '' TERM\n\
+     while :; do echo \"tick $$ $(date +%s%N)\" >> \"$EVENTS\"; sleep 0.01; done";
+
+/// Failover after `kill -9` or SIGSTOP of leaderrun alone, for a tree of three (see [`TREE`]):
+/// latency (event → new child) and overlap (the old tree's last tick − the new child's start).
+pub fn tree_failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
+    let (mut latency, mut overlap) = (Vec::new(), Vec::new());
+    let interval = "1s";
+    for _ in 0..runs {
+        let id = unique_lock_id();
+        let scratch = Scratch::new();
+        let script = scratch.child_script("child.sh", TREE);
+        let script = script.to_str().unwrap().to_owned();
+        let leader = Replica::start(cluster, id, interval, &["-q", "--", &script]);
+        let first = scratch.wait_starts(1, Duration::from_secs(10))[0].clone();
+        let standby = Replica::start(cluster, id, interval, &["-q", "--", &script]);
+        wait_queued(cluster, id);
+        let at = now_s();
+        leader.signal(if how == "kill -9" {
+            Signal::SIGKILL
+        } else {
+            Signal::SIGSTOP
+        });
+        let second = scratch.wait_starts(2, Duration::from_secs(30))[1].clone();
+        let began = wait_for("start stamp", Duration::from_secs(5), || {
+            scratch.stamp("began", second.pid)
+        });
+        // Let the new tree tick a while: an old process still alive would tick too.
+        std::thread::sleep(Duration::from_millis(200));
+        let new_tree = |pid: i32| -> bool {
+            let mut p = pid;
+            for _ in 0..16 {
+                if p == standby.pid() {
+                    return true;
+                }
+                let Some(ppid) = std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .ok()
+                    .and_then(|s| s.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok())
+                else {
+                    return false;
+                };
+                p = ppid;
+            }
+            false
+        };
+        let last_old = scratch
+            .events()
+            .iter()
+            .filter_map(|l| l.strip_prefix("tick "))
+            .filter_map(|l| {
+                let (pid, ns) = l.split_once(' ')?;
+                let pid: i32 = pid.parse().ok()?;
+                (pid != second.pid && !new_tree(pid))
+                    .then(|| ns.parse::<f64>().ok().map(|n| n / 1e9))?
+            })
+            .fold(f64::MIN, f64::max);
+        latency.push((began - at) * 1e3);
+        overlap.push((last_old - began) * 1e3);
+        let _ = first;
+        if how != "kill -9" {
+            leader.signal(Signal::SIGCONT);
+        }
+        drop(standby);
+        drop(leader);
+    }
+    (
+        Row {
+            name: format!("failover after {how}, tree of three"),
+            unit: "ms",
+            samples: latency,
+            note: format!("interval {interval}; group worker and setsid descendant"),
+        },
+        Row {
+            name: format!("overlap after {how}, tree of three"),
+            unit: "ms",
+            samples: overlap,
+            note: "old tree's last sign of life − new child's start; ≤ 0 means none".into(),
+        },
+    )
+}
+
+/// Resident and proportional set size of `pid`, MiB.
+fn rss_pss(pid: i32) -> (f64, f64) {
+    let kb = |file: &str, key: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (kb("status", "VmRSS:"), kb("smaps_rollup", "Pss:"))
+}
+
 fn proc_cpu_rss(pid: i32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
@@ -345,6 +446,22 @@ pub fn footprint(cluster: &Cluster, standbys: &[usize], window: Duration) -> Vec
         samples: vec![l1.1],
         note: "default interval".into(),
     });
+    if let Some(watchdog) = watchdog_of(leader.pid()) {
+        let (lr, lp) = rss_pss(leader.pid());
+        let (wr, wp) = rss_pss(watchdog);
+        rows.push(Row {
+            name: "leader with its watchdog: RSS, summed".into(),
+            unit: "MiB",
+            samples: vec![lr + wr],
+            note: format!("leader {lr:.1} + watchdog {wr:.1}; shared pages counted twice"),
+        });
+        rows.push(Row {
+            name: "leader with its watchdog: PSS, summed".into(),
+            unit: "MiB",
+            samples: vec![lp + wp],
+            note: format!("leader {lp:.1} + watchdog {wp:.1}; shared pages split"),
+        });
+    }
     rows.push(Row {
         name: "leader: CPU per hour".into(),
         unit: "s",

@@ -1,7 +1,7 @@
 //! The benchmark's measurements run and produce numbers that a broken election would not
 //! (one run each, with generous bounds; the figures themselves are the benchmark's business).
 
-use crate::measure::{failover, graceful, one_shot, Row};
+use crate::measure::{failover, graceful, one_shot, tree_failover, Row};
 use crate::support::Cluster;
 
 /// The check interval of `graceful` and `failover` (the default, 5 s).
@@ -41,6 +41,15 @@ fn the_benchmark_measurements_run() {
         assert!(
             ms <= 0.0,
             "{}: the children overlapped by {ms} ms",
+            overlap.name
+        );
+    }
+    // kill -9 of leaderrun with a tree of three: its watchdog kills all of it first.
+    let (_, overlap) = tree_failover(&cluster, "kill -9", 1);
+    for &ms in samples(&overlap) {
+        assert!(
+            ms <= 0.0,
+            "{}: the old tree ran {ms} ms beside the new child",
             overlap.name
         );
     }
