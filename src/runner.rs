@@ -95,21 +95,14 @@ pub async fn run(
     config.registry = Some(metrics.registry().clone());
     // COMMAND's own cgroup where one can be made, and the watchdog, before anything runs.
     let cgroup = crate::cgroup::Cgroup::create().map(Arc::new);
-    let watchdog = match Watchdog::start(WatchdogPlan {
+    // Started at the first grant, before anything runs under it.
+    let watchdog = Arc::new(Watchdog::new(WatchdogPlan {
         grace: settings.timing.grace,
         stall: settings.timing.watchdog_stall(),
         stop_signal: settings.stop_signal,
         cgroup: cgroup.as_ref().map(|c| c.dir().to_owned()),
-    }) {
-        Ok(watchdog) => Some(Arc::new(watchdog)),
-        Err(err) => {
-            warn!("cannot start the watchdog; if leaderrun is killed, COMMAND's helpers may outlive it: {err}");
-            None
-        }
-    };
-    if let Some(watchdog) = &watchdog {
-        config.keeper = Some(watchdog.clone());
-    }
+    }));
+    config.keeper = Some(watchdog.clone());
     let elector = match Elector::new(config) {
         Ok(elector) => elector,
         Err(err) => {
@@ -138,13 +131,11 @@ pub async fn run(
         }
     }
     let notifier = tokio::spawn(crate::notify::follow(elector.clone(), health.clone()));
-    let heartbeat = watchdog.clone().map(|watchdog| {
-        tokio::spawn(heartbeat(
-            elector.clone(),
-            watchdog,
-            settings.timing.heartbeat(),
-        ))
-    });
+    let heartbeat = tokio::spawn(heartbeat(
+        elector.clone(),
+        watchdog.clone(),
+        settings.timing.heartbeat(),
+    ));
     let mut election = ElectionTask::start(elector);
     let spawner = ProcessSpawner {
         command,
@@ -152,41 +143,22 @@ pub async fn run(
         cgroup,
     };
     let plan = plan(&settings);
-    let exit = match watchdog {
-        Some(watchdog) => {
-            let spawner = WatchedSpawner {
-                inner: spawner,
-                watchdog,
-            };
-            Supervisor::new(
-                plan,
-                &mut election,
-                spawner,
-                signals,
-                terminal,
-                metrics,
-                health,
-            )
-            .run()
-            .await
-        }
-        None => {
-            Supervisor::new(
-                plan,
-                &mut election,
-                spawner,
-                signals,
-                terminal,
-                metrics,
-                health,
-            )
-            .run()
-            .await
-        }
+    let spawner = WatchedSpawner {
+        inner: spawner,
+        watchdog,
     };
-    if let Some(heartbeat) = heartbeat {
-        heartbeat.abort();
-    }
+    let exit = Supervisor::new(
+        plan,
+        &mut election,
+        spawner,
+        signals,
+        terminal,
+        metrics,
+        health,
+    )
+    .run()
+    .await;
+    heartbeat.abort();
     crate::notify::stopping();
     notifier.abort();
     election.stop().await;

@@ -153,20 +153,14 @@ impl std::fmt::Debug for Watchdog {
 }
 
 impl Watchdog {
-    /// Starts the watchdog process.
-    ///
-    /// # Errors
-    /// The OS error when the pair cannot be made or the process cannot start.
-    pub fn start(plan: WatchdogPlan) -> std::io::Result<Watchdog> {
-        let watchdog = Watchdog {
+    /// A handle that starts the watchdog process when it is first needed: at the first grant
+    /// ([`SessionKeeper::keep`]) or spawn ([`Watchdog::ready`]), so a one-shot that is refused
+    /// never pays for one.
+    pub fn new(plan: WatchdogPlan) -> Watchdog {
+        Watchdog {
             plan,
             held: Mutex::new(Held::default()),
-        };
-        {
-            let mut held = watchdog.lock();
-            held.link = Some(watchdog.spawn()?);
         }
-        Ok(watchdog)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -279,6 +273,10 @@ impl Watchdog {
     pub fn heartbeat(&self, proven_until: Option<Duration>) {
         let mut held = self.lock();
         held.beat = proven_until.map_or(0, |d| d.as_nanos() as u64);
+        // Before the first grant there is nothing to guard and no watchdog to tell.
+        if held.link.is_none() && held.session.is_none() && held.tree == 0 {
+            return;
+        }
         let beat = held.beat;
         self.send(&mut held, Message::Beat(beat), None);
     }
@@ -299,8 +297,11 @@ impl SessionKeeper for Watchdog {
         });
         held.session = Some(copy);
         if !sent {
-            // A new watchdog gets the session as part of what is held.
-            held.link = None;
+            // The first grant starts the watchdog; a new one gets the session as part of what
+            // is held.
+            if held.link.take().is_some() {
+                warn!("the watchdog is gone; starting a new one");
+            }
             self.respawn(&mut held);
         }
     }
