@@ -288,6 +288,22 @@ pub struct Cli {
     )]
     pub every: Option<Duration>,
 
+    /// With --every: also run COMMAND at once when this copy becomes leader, then on the cadence
+    ///
+    /// Without it a new leader runs COMMAND at the next tick after its grant (up to one period
+    /// later). With it the grant is the term's first run (after --takeover-delay, if any); the
+    /// ticker keeps its cadence from start, and a tick that falls due while that run goes on
+    /// is skipped, as always (runs never overlap).
+    ///
+    /// Example: --every 5m --tick-at-grant
+    #[arg(
+        long,
+        env = "LEADERRUN_TICK_AT_GRANT",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        help_heading = "Modes"
+    )]
+    pub tick_at_grant: bool,
+
     /// Default mode: what to do when COMMAND exits while leading
     ///
     /// never: release the lock and exit with its status. on-failure: restart it after a
@@ -321,7 +337,12 @@ pub struct Cli {
     )]
     pub conflict_exit_code: u8,
 
-    /// Log more: -v debug, -vv trace
+    /// Log more: one level per -v (INFO → DEBUG → TRACE)
+    ///
+    /// The default level is INFO, and WARN with --once/--wait, so that a one-shot that led
+    /// prints only what COMMAND prints plus WARN/ERROR lines when something is wrong (cron mails
+    /// nothing on a good night); -v shows the INFO lines there. RUST_LOG decides when neither
+    /// -v nor -q is given.
     #[arg(
         short,
         long,
@@ -332,7 +353,10 @@ pub struct Cli {
     )]
     pub verbose: u8,
 
-    /// Log less: -q warnings and errors only, -qq errors only
+    /// Log less: one level per -q (INFO → WARN → ERROR)
+    ///
+    /// -q shows warnings and errors only, -qq errors only (with --once/--wait, whose default is
+    /// already WARN, -q shows errors only).
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Logging")]
     pub quiet: u8,
 
@@ -458,6 +482,10 @@ pub struct Settings {
     pub conflict_exit_code: u8,
     /// `--http-addr`.
     pub http_addr: Option<std::net::SocketAddr>,
+    /// Where the database name came from (`default`: none was given; it is the user's name).
+    pub database_from: &'static str,
+    /// `--tick-at-grant`.
+    pub tick_at_grant: bool,
 }
 
 /// Parses the process arguments; prints help/version and exits 0, or prints the usage error
@@ -487,6 +515,7 @@ impl Cli {
         let run_only = self.once
             || self.wait.is_some()
             || self.every.is_some()
+            || self.tick_at_grant
             || self.restart.is_some()
             || self.timeout.is_some()
             || self.min_hold.is_some()
@@ -506,6 +535,12 @@ impl Cli {
             return Err(Cli::command().error(
                 clap::error::ErrorKind::ValueValidation,
                 format!("--check-interval/--grace: {err}"),
+            ));
+        }
+        if self.tick_at_grant && self.every.is_none() {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "--tick-at-grant only applies with --every",
             ));
         }
         if self.min_hold.is_some() && !self.once && self.wait.is_none() {
@@ -570,7 +605,16 @@ impl Cli {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, crate::conninfo::ConnInfoError> {
         let resolved = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
+        if resolved.password_from.as_deref() == Some("--dsn") {
+            tracing::warn!(
+                "the password is written into --dsn, so every user of this machine can read it \
+                 in ps; pass it in PGPASSWORD or ~/.pgpass (or the whole DSN in LEADERRUN_DSN) \
+                 instead"
+            );
+        }
         Ok(Settings {
+            database_from: resolved.database_from,
+            tick_at_grant: self.tick_at_grant,
             connect: resolved.config,
             tls: resolved.tls,
             lock: self.lock(),
@@ -585,15 +629,26 @@ impl Cli {
         })
     }
 
-    /// The tracing level the -v/-q flags ask for.
+    /// The tracing level: the default level of the mode, moved one step per -v (more) or -q
+    /// (less).
+    ///
+    /// The default is INFO, except for the one-shot modes (`--once`, `--wait`), whose default
+    /// is WARN: a cron job that led prints only what COMMAND prints, plus WARN/ERROR lines when
+    /// something is wrong (contract §4), and `-v` shows the INFO lines. This is the one place
+    /// that decides it.
     pub fn log_level(&self) -> tracing::Level {
-        match (self.verbose, self.quiet) {
-            (0, 0) => tracing::Level::INFO,
-            (1, _) => tracing::Level::DEBUG,
-            (v, _) if v >= 2 => tracing::Level::TRACE,
-            (_, 1) => tracing::Level::WARN,
-            _ => tracing::Level::ERROR,
-        }
+        use tracing::Level;
+        const LADDER: [Level; 5] = [
+            Level::ERROR,
+            Level::WARN,
+            Level::INFO,
+            Level::DEBUG,
+            Level::TRACE,
+        ];
+        let one_shot = self.action.is_none() && matches!(self.mode(), Mode::OneShot { .. });
+        let base: i32 = if one_shot { 1 } else { 2 };
+        let step = base + i32::from(self.verbose) - i32::from(self.quiet);
+        LADDER[step.clamp(0, LADDER.len() as i32 - 1) as usize]
     }
 }
 
@@ -731,6 +786,8 @@ mod tests {
             &["--wait", "1m", "--every", "1m"],
             &["--min-hold", "10s"],
             &["--every", "1m", "--min-hold", "10s"],
+            &["--tick-at-grant"],
+            &["--once", "--tick-at-grant"],
             &["--restart", "always", "--once"],
             &["--restart", "sometimes"],
             &["--lock-name", "x", "--lock-id", "3"],
@@ -757,6 +814,23 @@ mod tests {
             parse(&["--takeover-delay", "0s"]).unwrap().takeover_delay,
             Some(Duration::ZERO)
         );
+    }
+
+    #[test]
+    fn one_shots_log_one_step_quieter() {
+        use tracing::Level;
+        let level = |args: &[&str]| parse_checked(args).unwrap().log_level();
+        assert_eq!(level(&["--", "t"]), Level::INFO);
+        assert_eq!(level(&["-q", "--", "t"]), Level::WARN);
+        assert_eq!(level(&["-qq", "--", "t"]), Level::ERROR);
+        assert_eq!(level(&["-v", "--", "t"]), Level::DEBUG);
+        assert_eq!(level(&["--every", "1m", "--", "t"]), Level::INFO);
+        assert_eq!(level(&["-n", "--", "t"]), Level::WARN);
+        assert_eq!(level(&["-w", "5s", "--", "t"]), Level::WARN);
+        assert_eq!(level(&["-n", "-v", "--", "t"]), Level::INFO);
+        assert_eq!(level(&["-n", "-vv", "--", "t"]), Level::DEBUG);
+        assert_eq!(level(&["-n", "-q", "--", "t"]), Level::ERROR);
+        assert_eq!(level(&["status"]), Level::INFO);
     }
 
     #[test]
