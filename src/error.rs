@@ -175,7 +175,8 @@ impl fmt::Display for Chain<'_> {
                 let text = err.to_string();
                 f.write_str(&text)?;
                 // The server asked for a password and none was found anywhere.
-                if err.is::<tokio_postgres::Error>() && text.ends_with("password missing") {
+                // (tokio-postgres' "invalid configuration", caused by "password missing").
+                if text == "password missing" {
                     f.write_str(PASSWORD_HINT)?;
                 }
             }

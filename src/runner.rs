@@ -178,7 +178,7 @@ fn log_settings(settings: &Settings, command: &Command) {
     info!(
                 mode = %mode,
                 database = %database,
-                database_from = settings.database_from,
+                database_from = %settings.database_from,
                 server = %server,
                 application_name = %app,
                 lock = %settings.lock,
