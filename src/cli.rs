@@ -19,18 +19,25 @@ const ABOUT: &str =
 const LONG_ABOUT: &str = "\
 Run COMMAND on exactly one machine of many.
 
-Every copy of leaderrun campaigns for the same PostgreSQL session advisory lock, \
-pg_try_advisory_lock(CLASS, ID). The copy that holds it is the leader and runs COMMAND for as long \
-as it leads; when it loses the lock it stops COMMAND (stop signal, then SIGKILL after the grace \
-period) and goes back to standby, and COMMAND starts afresh in its next term. When COMMAND exits on \
-its own, leaderrun releases the lock and exits with COMMAND's status.";
+Every copy of leaderrun campaigns for the same PostgreSQL session advisory lock on (CLASS, ID). \
+The copy that holds it is the leader and runs COMMAND for as long as it leads; when it loses the \
+lock it stops COMMAND (stop signal, then SIGKILL after the grace period) and goes back to standby, \
+and COMMAND starts afresh in its next term. When COMMAND exits on its own, leaderrun releases the \
+lock and exits with COMMAND's status.
+
+How the lock is taken: --once tries it once with pg_try_advisory_lock(CLASS, ID) and never waits. \
+Standbys of the other modes (default, --every, --wait) wait for it in the server's lock queue with \
+pg_advisory_lock(CLASS, ID), bounded by lock_timeout = one check interval: when the holder \
+releases the lock or its session ends, the server grants it to the first waiter at once; when the \
+wait times out, that check counts as refused and the standby queues again. In pg_stat_activity a \
+waiting standby is an active session waiting on an advisory Lock; that is by design.";
 
 const AFTER_LONG_HELP: &str = "\
 Examples:
   leaderrun --dsn postgres://app@db.internal/plexsphere -- ./reconcile-loop
   LEADERRUN_DSN='host=db user=app dbname=plexsphere' leaderrun --lock-id 7 -- sh -c 'exec worker'
   leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report      (crontab on every host)
-  leaderrun --every 5m --timeout 4m -- /app/sweep                      (container entrypoint)
+  leaderrun --every 5m --tick-at-grant --timeout 4m -- /app/sweep     (container entrypoint)
   leaderrun -n -w 30s -E 75 -c 'pg_dump app | gzip > /backup/app.gz'   (flock(1) habits)
 
 Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND is sh -c STRING), as flock(1); -s --stop-signal, -k --grace, as timeout(1). Durations take a unit (30s, not 30); --takeover-delay and --min-hold, whose default is zero, also take a bare 0.
@@ -38,7 +45,15 @@ Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND
 Advisory locks are per database: copies connected to different databases do not exclude each other. Without a database in the DSN (or PGDATABASE) it is the user's name, as with psql.
 
 The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_FENCING_TOKEN and \
-LEADERRUN_BACKEND_PID in its environment.
+LEADERRUN_BACKEND_PID in its environment. LEADERRUN_TERM counts the terms of one leaderrun process \
+(every new leader process says term 1); LEADERRUN_FENCING_TOKEN is the number that grows across \
+all replicas (txid_current() at the grant): compare that one, never the term, to reject a stale \
+leader's writes.
+
+Logging: INFO by default, WARN with --once/--wait, so a one-shot that led prints only what COMMAND \
+prints plus WARN/ERROR lines when something is wrong (cron mails nothing); -v shows the rest. A \
+standby says at INFO who holds the lock (host, pid, since when), once and again when the holder \
+changes.
 
 Exit status: COMMAND's status; 128+N when it died of signal N; the conflict code when \
 --once/--wait did not lead or lost leadership mid-run; 0 when stopped by INT/TERM while standby; \
@@ -46,6 +61,13 @@ Exit status: COMMAND's status; 128+N when it died of signal N; the conflict code
 unreachable in --once/--wait); 126 COMMAND not executable; 127 COMMAND not found.
 
 Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible in ps.";
+
+/// The forms of the command line, one a line: `--help`'s usage and the man page's SYNOPSIS.
+/// A subcommand never follows COMMAND: everything after `--` is COMMAND's.
+pub const USAGE: &str = "leaderrun [OPTIONS] -- COMMAND [ARG...]
+       leaderrun [OPTIONS] -c STRING
+       leaderrun status [--json] [OPTIONS]
+       leaderrun doctor [OPTIONS]";
 
 /// `leaderrun [OPTIONS] -- COMMAND [ARG...]`
 #[derive(Debug, Parser)]
@@ -58,7 +80,7 @@ Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible i
     allow_negative_numbers = true,
     subcommand_negates_reqs = true,
     subcommand_value_name = "SUBCOMMAND",
-    override_usage = "leaderrun [OPTIONS] -- COMMAND [ARG...]\n       leaderrun [OPTIONS] -c STRING\n       leaderrun status [--json] [OPTIONS]\n       leaderrun doctor [OPTIONS]"
+    override_usage = USAGE
 )]
 pub struct Cli {
     /// PostgreSQL connection string (URL or keyword/value); the lock is per database
@@ -379,6 +401,12 @@ pub struct Cli {
     ///
     /// HOST:PORT or IP:PORT; :PORT listens on all addresses.
     ///
+    /// /healthz is a liveness probe: 200 while leaderrun's check loop runs (within 3 check
+    /// intervals), also while the database is down for many intervals, since restarting
+    /// leaderrun would not bring the database back. To alert on an unreachable database, use
+    /// the gauge leaderrun_seconds_since_last_successful_check, e.g. a Prometheus rule with
+    /// expr: leaderrun_seconds_since_last_successful_check > 60.
+    ///
     /// Example: --http-addr 0.0.0.0:9464
     #[arg(
         long,
@@ -422,14 +450,24 @@ pub struct Cli {
 /// `leaderrun status` and `leaderrun doctor`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
-    /// Who leads right now: the leader's backend, host, since when, and waiters
+    /// Who leads right now: the leader's host, pid and backend, since when, and the standbys
     ///
-    /// Runs the pg_locks query for the lock key joined to pg_stat_activity. Exit 0 when a leader
-    /// holds the lock, 1 when none does, 125 on error.
+    /// Runs the pg_locks query for the lock key joined to pg_stat_activity: the leader's host and
+    /// leaderrun pid (from its application_name, leaderrun@HOST:PID) beside its backend pid,
+    /// client address, since when it leads, its term and its fencing token (which grows across
+    /// all replicas), and each waiting standby with its host, pid and backend pid. A holder
+    /// that is not leaderrun (a psql session, the plexsphere API's own Elector) is the leader
+    /// too, shown as "not leaderrun: application_name=...". Exit 0 when a leader holds the lock,
+    /// 1 when none does, 125 on error.
     ///
     /// Example: leaderrun status --json --lock-id 7
     Status {
-        /// Print one JSON object (stable field names) instead of a table
+        /// Print one JSON object (stable field names, listed in the README) instead of a table
+        ///
+        /// lock, lock_class, lock_id, database, server; leader (null, or pid, leaderrun, host,
+        /// leaderrun_pid, application_name, client_addr, client_port, backend_start, term,
+        /// since, leading_seconds, fencing_token); waiters (backend pids); standbys (backend_pid,
+        /// leaderrun, host, leaderrun_pid, application_name, client_addr, waiting_since).
         #[arg(long)]
         json: bool,
     },
@@ -438,8 +476,9 @@ pub enum Action {
     /// Opens two sessions and checks that the second cannot take a lock the first holds (on a
     /// scratch id of the same class, so a running leader is not disturbed), that the server is
     /// not in recovery, that a session keeps its backend (no transaction-mode pooler), that
-    /// idle_session_timeout can be set, and shows TLS and who holds the real key. Exit 0 when
-    /// all hold, 1 when one fails, 125 when it cannot connect.
+    /// idle_session_timeout can be set, and shows the database the lock lives in (a warning
+    /// when no setting named it, so it is the user's name), TLS and who holds the real key.
+    /// Exit 0 when all hold (warnings included), 1 when one fails, 125 when it cannot connect.
     ///
     /// Example: leaderrun doctor --dsn postgres://app@pgbouncer.internal:6432/plexsphere
     Doctor,
