@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n dsn= lock-class= lock-id= lock-name= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= min-hold= n/once w/wait= every= restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
+    string join \n dsn= lock-class= lock-id= lock-name= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= min-hold= n/once w/wait= every= tick-at-grant restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -45,11 +45,12 @@ json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l http-addr -d 'Serve /metrics, /healthz and /readyz on this address (off by default)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s c -d 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l once -d 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'Log more: -v debug, -vv trace'
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -s q -l quiet -d 'Log less: -q warnings and errors only, -qq errors only'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l tick-at-grant -d 'With --every: also run COMMAND at once when this copy becomes leader, then on the cadence'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s q -l quiet -d 'Log less: one level per -q (INFO → WARN → ERROR)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s V -l version -d 'Print version'
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "status" -d 'Who leads right now: the leader\'s backend, host, since when, and waiters'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "status" -d 'Who leads right now: the leader\'s host, pid and backend, since when, and the standbys'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "doctor" -d 'Prove that the lock excludes through these connection settings'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
@@ -59,9 +60,9 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-name
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d 'Print one JSON object (stable field names) instead of a table'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s v -l verbose -d 'Log more: -v debug, -vv trace'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quiet -d 'Log less: -q warnings and errors only, -qq errors only'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d 'Print one JSON object (stable field names, listed in the README) instead of a table'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quiet -d 'Log less: one level per -q (INFO → WARN → ERROR)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-class -d 'First int4 of the advisory lock key' -r
@@ -70,9 +71,9 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-name
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s v -l verbose -d 'Log more: -v debug, -vv trace'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s q -l quiet -d 'Log less: -q warnings and errors only, -qq errors only'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s q -l quiet -d 'Log less: one level per -q (INFO → WARN → ERROR)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor help" -f -a "status" -d 'Who leads right now: the leader\'s backend, host, since when, and waiters'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor help" -f -a "status" -d 'Who leads right now: the leader\'s host, pid and backend, since when, and the standbys'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor help" -f -a "doctor" -d 'Prove that the lock excludes through these connection settings'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -19,18 +19,25 @@ const ABOUT: &str =
 const LONG_ABOUT: &str = "\
 Run COMMAND on exactly one machine of many.
 
-Every copy of leaderrun campaigns for the same PostgreSQL session advisory lock, \
-pg_try_advisory_lock(CLASS, ID). The copy that holds it is the leader and runs COMMAND for as long \
-as it leads; when it loses the lock it stops COMMAND (stop signal, then SIGKILL after the grace \
-period) and goes back to standby, and COMMAND starts afresh in its next term. When COMMAND exits on \
-its own, leaderrun releases the lock and exits with COMMAND's status.";
+Every copy of leaderrun campaigns for the same PostgreSQL session advisory lock on (CLASS, ID). \
+The copy that holds it is the leader and runs COMMAND for as long as it leads; when it loses the \
+lock it stops COMMAND (stop signal, then SIGKILL after the grace period) and goes back to standby, \
+and COMMAND starts afresh in its next term. When COMMAND exits on its own, leaderrun releases the \
+lock and exits with COMMAND's status.
+
+How the lock is taken: --once tries it once with pg_try_advisory_lock(CLASS, ID) and never waits. \
+Standbys of the other modes (default, --every, --wait) wait for it in the server's lock queue with \
+pg_advisory_lock(CLASS, ID), bounded by lock_timeout = one check interval: when the holder \
+releases the lock or its session ends, the server grants it to the first waiter at once; when the \
+wait times out, that check counts as refused and the standby queues again. In pg_stat_activity a \
+waiting standby is an active session waiting on an advisory Lock; that is by design.";
 
 const AFTER_LONG_HELP: &str = "\
 Examples:
   leaderrun --dsn postgres://app@db.internal/plexsphere -- ./reconcile-loop
   LEADERRUN_DSN='host=db user=app dbname=plexsphere' leaderrun --lock-id 7 -- sh -c 'exec worker'
   leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report      (crontab on every host)
-  leaderrun --every 5m --timeout 4m -- /app/sweep                      (container entrypoint)
+  leaderrun --every 5m --tick-at-grant --timeout 4m -- /app/sweep     (container entrypoint)
   leaderrun -n -w 30s -E 75 -c 'pg_dump app | gzip > /backup/app.gz'   (flock(1) habits)
 
 Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND is sh -c STRING), as flock(1); -s --stop-signal, -k --grace, as timeout(1). Durations take a unit (30s, not 30); --takeover-delay and --min-hold, whose default is zero, also take a bare 0.
@@ -38,7 +45,15 @@ Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND
 Advisory locks are per database: copies connected to different databases do not exclude each other. Without a database in the DSN (or PGDATABASE) it is the user's name, as with psql.
 
 The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_FENCING_TOKEN and \
-LEADERRUN_BACKEND_PID in its environment.
+LEADERRUN_BACKEND_PID in its environment. LEADERRUN_TERM counts the terms of one leaderrun process \
+(every new leader process says term 1); LEADERRUN_FENCING_TOKEN is the number that grows across \
+all replicas (txid_current() at the grant): compare that one, never the term, to reject a stale \
+leader's writes.
+
+Logging: INFO by default, WARN with --once/--wait, so a one-shot that led prints only what COMMAND \
+prints plus WARN/ERROR lines when something is wrong (cron mails nothing); -v shows the rest. A \
+standby says at INFO who holds the lock (host, pid, since when), once and again when the holder \
+changes.
 
 Exit status: COMMAND's status; 128+N when it died of signal N; the conflict code when \
 --once/--wait did not lead or lost leadership mid-run; 0 when stopped by INT/TERM while standby; \
@@ -46,6 +61,13 @@ Exit status: COMMAND's status; 128+N when it died of signal N; the conflict code
 unreachable in --once/--wait); 126 COMMAND not executable; 127 COMMAND not found.
 
 Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible in ps.";
+
+/// The forms of the command line, one a line: `--help`'s usage and the man page's SYNOPSIS.
+/// A subcommand never follows COMMAND: everything after `--` is COMMAND's.
+pub const USAGE: &str = "leaderrun [OPTIONS] -- COMMAND [ARG...]
+       leaderrun [OPTIONS] -c STRING
+       leaderrun status [--json] [OPTIONS]
+       leaderrun doctor [OPTIONS]";
 
 /// `leaderrun [OPTIONS] -- COMMAND [ARG...]`
 #[derive(Debug, Parser)]
@@ -58,7 +80,7 @@ Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible i
     allow_negative_numbers = true,
     subcommand_negates_reqs = true,
     subcommand_value_name = "SUBCOMMAND",
-    override_usage = "leaderrun [OPTIONS] -- COMMAND [ARG...]\n       leaderrun [OPTIONS] -c STRING\n       leaderrun status [--json] [OPTIONS]\n       leaderrun doctor [OPTIONS]"
+    override_usage = USAGE
 )]
 pub struct Cli {
     /// PostgreSQL connection string (URL or keyword/value); the lock is per database
@@ -288,6 +310,22 @@ pub struct Cli {
     )]
     pub every: Option<Duration>,
 
+    /// With --every: also run COMMAND at once when this copy becomes leader, then on the cadence
+    ///
+    /// Without it a new leader runs COMMAND at the next tick after its grant (up to one period
+    /// later). With it the grant is the term's first run (after --takeover-delay, if any); the
+    /// ticker keeps its cadence from start, and a tick that falls due while that run goes on
+    /// is skipped, as always (runs never overlap).
+    ///
+    /// Example: --every 5m --tick-at-grant
+    #[arg(
+        long,
+        env = "LEADERRUN_TICK_AT_GRANT",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        help_heading = "Modes"
+    )]
+    pub tick_at_grant: bool,
+
     /// Default mode: what to do when COMMAND exits while leading
     ///
     /// never: release the lock and exit with its status. on-failure: restart it after a
@@ -321,7 +359,12 @@ pub struct Cli {
     )]
     pub conflict_exit_code: u8,
 
-    /// Log more: -v debug, -vv trace
+    /// Log more: one level per -v (INFO → DEBUG → TRACE)
+    ///
+    /// The default level is INFO, and WARN with --once/--wait, so that a one-shot that led
+    /// prints only what COMMAND prints plus WARN/ERROR lines when something is wrong (cron mails
+    /// nothing on a good night); -v shows the INFO lines there. RUST_LOG decides when neither
+    /// -v nor -q is given.
     #[arg(
         short,
         long,
@@ -332,7 +375,10 @@ pub struct Cli {
     )]
     pub verbose: u8,
 
-    /// Log less: -q warnings and errors only, -qq errors only
+    /// Log less: one level per -q (INFO → WARN → ERROR)
+    ///
+    /// -q shows warnings and errors only, -qq errors only (with --once/--wait, whose default is
+    /// already WARN, -q shows errors only).
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Logging")]
     pub quiet: u8,
 
@@ -354,6 +400,12 @@ pub struct Cli {
     /// Serve /metrics, /healthz and /readyz on this address (off by default)
     ///
     /// HOST:PORT or IP:PORT; :PORT listens on all addresses.
+    ///
+    /// /healthz is a liveness probe: 200 while leaderrun's check loop runs (within 3 check
+    /// intervals), also while the database is down for many intervals, since restarting
+    /// leaderrun would not bring the database back. To alert on an unreachable database, use
+    /// the gauge leaderrun_seconds_since_last_successful_check, e.g. a Prometheus rule with
+    /// expr: leaderrun_seconds_since_last_successful_check > 60.
     ///
     /// Example: --http-addr 0.0.0.0:9464
     #[arg(
@@ -398,14 +450,24 @@ pub struct Cli {
 /// `leaderrun status` and `leaderrun doctor`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
-    /// Who leads right now: the leader's backend, host, since when, and waiters
+    /// Who leads right now: the leader's host, pid and backend, since when, and the standbys
     ///
-    /// Runs the pg_locks query for the lock key joined to pg_stat_activity. Exit 0 when a leader
-    /// holds the lock, 1 when none does, 125 on error.
+    /// Runs the pg_locks query for the lock key joined to pg_stat_activity: the leader's host and
+    /// leaderrun pid (from its application_name, leaderrun@HOST:PID) beside its backend pid,
+    /// client address, since when it leads, its term and its fencing token (which grows across
+    /// all replicas), and each waiting standby with its host, pid and backend pid. A holder
+    /// that is not leaderrun (a psql session, the plexsphere API's own Elector) is the leader
+    /// too, shown as "not leaderrun: application_name=...". Exit 0 when a leader holds the lock,
+    /// 1 when none does, 125 on error.
     ///
     /// Example: leaderrun status --json --lock-id 7
     Status {
-        /// Print one JSON object (stable field names) instead of a table
+        /// Print one JSON object (stable field names, listed in the README) instead of a table
+        ///
+        /// lock, lock_class, lock_id, database, server; leader (null, or pid, leaderrun, host,
+        /// leaderrun_pid, application_name, client_addr, client_port, backend_start, term,
+        /// since, leading_seconds, fencing_token); waiters (backend pids); standbys (backend_pid,
+        /// leaderrun, host, leaderrun_pid, application_name, client_addr, waiting_since).
         #[arg(long)]
         json: bool,
     },
@@ -414,8 +476,9 @@ pub enum Action {
     /// Opens two sessions and checks that the second cannot take a lock the first holds (on a
     /// scratch id of the same class, so a running leader is not disturbed), that the server is
     /// not in recovery, that a session keeps its backend (no transaction-mode pooler), that
-    /// idle_session_timeout can be set, and shows TLS and who holds the real key. Exit 0 when
-    /// all hold, 1 when one fails, 125 when it cannot connect.
+    /// idle_session_timeout can be set, and shows the database the lock lives in (a warning
+    /// when no setting named it, so it is the user's name), TLS and who holds the real key.
+    /// Exit 0 when all hold (warnings included), 1 when one fails, 125 when it cannot connect.
     ///
     /// Example: leaderrun doctor --dsn postgres://app@pgbouncer.internal:6432/plexsphere
     Doctor,
@@ -458,6 +521,10 @@ pub struct Settings {
     pub conflict_exit_code: u8,
     /// `--http-addr`.
     pub http_addr: Option<std::net::SocketAddr>,
+    /// Where the database name came from (`default`: none was given; it is the user's name).
+    pub database_from: &'static str,
+    /// `--tick-at-grant`.
+    pub tick_at_grant: bool,
 }
 
 /// Parses the process arguments; prints help/version and exits 0, or prints the usage error
@@ -487,6 +554,7 @@ impl Cli {
         let run_only = self.once
             || self.wait.is_some()
             || self.every.is_some()
+            || self.tick_at_grant
             || self.restart.is_some()
             || self.timeout.is_some()
             || self.min_hold.is_some()
@@ -506,6 +574,12 @@ impl Cli {
             return Err(Cli::command().error(
                 clap::error::ErrorKind::ValueValidation,
                 format!("--check-interval/--grace: {err}"),
+            ));
+        }
+        if self.tick_at_grant && self.every.is_none() {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "--tick-at-grant only applies with --every",
             ));
         }
         if self.min_hold.is_some() && !self.once && self.wait.is_none() {
@@ -570,7 +644,16 @@ impl Cli {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, crate::conninfo::ConnInfoError> {
         let resolved = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
+        if resolved.password_from.as_deref() == Some("--dsn") {
+            tracing::warn!(
+                "the password is written into --dsn, so every user of this machine can read it \
+                 in ps; pass it in PGPASSWORD or ~/.pgpass (or the whole DSN in LEADERRUN_DSN) \
+                 instead"
+            );
+        }
         Ok(Settings {
+            database_from: resolved.database_from,
+            tick_at_grant: self.tick_at_grant,
             connect: resolved.config,
             tls: resolved.tls,
             lock: self.lock(),
@@ -585,15 +668,26 @@ impl Cli {
         })
     }
 
-    /// The tracing level the -v/-q flags ask for.
+    /// The tracing level: the default level of the mode, moved one step per -v (more) or -q
+    /// (less).
+    ///
+    /// The default is INFO, except for the one-shot modes (`--once`, `--wait`), whose default
+    /// is WARN: a cron job that led prints only what COMMAND prints, plus WARN/ERROR lines when
+    /// something is wrong (contract §4), and `-v` shows the INFO lines. This is the one place
+    /// that decides it.
     pub fn log_level(&self) -> tracing::Level {
-        match (self.verbose, self.quiet) {
-            (0, 0) => tracing::Level::INFO,
-            (1, _) => tracing::Level::DEBUG,
-            (v, _) if v >= 2 => tracing::Level::TRACE,
-            (_, 1) => tracing::Level::WARN,
-            _ => tracing::Level::ERROR,
-        }
+        use tracing::Level;
+        const LADDER: [Level; 5] = [
+            Level::ERROR,
+            Level::WARN,
+            Level::INFO,
+            Level::DEBUG,
+            Level::TRACE,
+        ];
+        let one_shot = self.action.is_none() && matches!(self.mode(), Mode::OneShot { .. });
+        let base: i32 = if one_shot { 1 } else { 2 };
+        let step = base + i32::from(self.verbose) - i32::from(self.quiet);
+        LADDER[step.clamp(0, LADDER.len() as i32 - 1) as usize]
     }
 }
 
@@ -731,6 +825,8 @@ mod tests {
             &["--wait", "1m", "--every", "1m"],
             &["--min-hold", "10s"],
             &["--every", "1m", "--min-hold", "10s"],
+            &["--tick-at-grant"],
+            &["--once", "--tick-at-grant"],
             &["--restart", "always", "--once"],
             &["--restart", "sometimes"],
             &["--lock-name", "x", "--lock-id", "3"],
@@ -757,6 +853,23 @@ mod tests {
             parse(&["--takeover-delay", "0s"]).unwrap().takeover_delay,
             Some(Duration::ZERO)
         );
+    }
+
+    #[test]
+    fn one_shots_log_one_step_quieter() {
+        use tracing::Level;
+        let level = |args: &[&str]| parse_checked(args).unwrap().log_level();
+        assert_eq!(level(&["--", "t"]), Level::INFO);
+        assert_eq!(level(&["-q", "--", "t"]), Level::WARN);
+        assert_eq!(level(&["-qq", "--", "t"]), Level::ERROR);
+        assert_eq!(level(&["-v", "--", "t"]), Level::DEBUG);
+        assert_eq!(level(&["--every", "1m", "--", "t"]), Level::INFO);
+        assert_eq!(level(&["-n", "--", "t"]), Level::WARN);
+        assert_eq!(level(&["-w", "5s", "--", "t"]), Level::WARN);
+        assert_eq!(level(&["-n", "-v", "--", "t"]), Level::INFO);
+        assert_eq!(level(&["-n", "-vv", "--", "t"]), Level::DEBUG);
+        assert_eq!(level(&["-n", "-q", "--", "t"]), Level::ERROR);
+        assert_eq!(level(&["status"]), Level::INFO);
     }
 
     #[test]

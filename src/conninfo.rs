@@ -111,6 +111,15 @@ pub struct ConnSettings {
     pub config: tokio_postgres::Config,
     /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
     pub tls: TlsSettings,
+    /// Where the database name came from, in one word: `dsn` (the DSN, from `--dsn` or a
+    /// variable), `service`, `PGDATABASE`, or `default` (none was given, so it is the user's
+    /// name, as with psql). Advisory locks are per database, so `default` deserves a second
+    /// look (`leaderrun doctor` says so).
+    pub database_from: &'static str,
+    /// Where the password came from: `None` when there is none; `Some("--dsn")` when it is
+    /// written into a DSN given on the command line, where every user of the machine can read
+    /// it in `ps`; else the variable, service or password file it came from.
+    pub password_from: Option<String>,
 }
 
 /// Where each setting came from, for error messages.
@@ -422,6 +431,11 @@ pub fn resolve(
 ) -> Result<ConnSettings, ConnInfoError> {
     let get = |name: &str| env(name).filter(|v| !v.is_empty());
     let (dsn, origin) = match dsn.filter(|d| !d.is_empty()) {
+        // clap fills --dsn from LEADERRUN_DSN: only a value that differs from the variable
+        // was typed on the command line (and is visible in `ps`).
+        Some(d) if get(DSN_ENV_CHAIN[0]).as_deref() == Some(d) => {
+            (Some(d.to_owned()), DSN_ENV_CHAIN[0].to_owned())
+        }
         Some(d) => (Some(d.to_owned()), "--dsn".to_owned()),
         None => DSN_ENV_CHAIN[1..]
             .iter()
@@ -509,6 +523,12 @@ fn build(
     }
     let user = take(&params, "user").unwrap_or_else(os_user);
     config.user(&user);
+    let database_from = match params.get("dbname").map(|(_, origin)| origin.as_str()) {
+        None => "default",
+        Some("PGDATABASE") => "PGDATABASE",
+        Some(origin) if origin.starts_with("service ") => "service",
+        Some(_) => "dsn",
+    };
     let dbname = take(&params, "dbname").unwrap_or_else(|| user.clone());
     config.dbname(&dbname);
     if let Some(options) = take(&params, "options") {
@@ -591,6 +611,7 @@ fn build(
     };
     config.ssl_mode(tls.driver_mode());
 
+    let mut password_from = params.get("password").map(|(_, origin)| origin.clone());
     match take(&params, "password") {
         Some(password) => {
             config.password(password);
@@ -609,11 +630,17 @@ fn build(
                 let _ = env;
                 if let Some(password) = pgpass_lookup(&file, host, port, &dbname, &user) {
                     config.password(password);
+                    password_from = Some(file.display().to_string());
                 }
             }
         }
     }
-    Ok(ConnSettings { config, tls })
+    Ok(ConnSettings {
+        config,
+        tls,
+        database_from,
+        password_from,
+    })
 }
 
 /// psql's default host: the Debian socket directory when it exists, else `/tmp`.
@@ -878,6 +905,31 @@ mod tests {
         let err = resolve_with(Some("service=missing"), &[("PGSERVICEFILE", f)]).unwrap_err();
         assert!(err.to_string().contains("service \"missing\" not found"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn where_the_database_and_the_password_came_from() {
+        let c = resolve_with(Some("host=h user=u"), &[]).unwrap();
+        assert_eq!((c.database_from, c.password_from), ("default", None));
+        let c = resolve_with(Some("host=h user=u dbname=d password=p"), &[]).unwrap();
+        assert_eq!(c.database_from, "dsn");
+        assert_eq!(c.password_from.as_deref(), Some("--dsn"));
+        let c = resolve_with(Some("postgres://u:p@h/d"), &[]).unwrap();
+        assert_eq!(c.password_from.as_deref(), Some("--dsn"));
+        // The same value in LEADERRUN_DSN came from the environment, not from argv.
+        let c = resolve_with(
+            Some("host=h user=u password=p"),
+            &[("LEADERRUN_DSN", "host=h user=u password=p")],
+        )
+        .unwrap();
+        assert_eq!(c.password_from.as_deref(), Some("LEADERRUN_DSN"));
+        let c = resolve_with(
+            Some("host=h user=u"),
+            &[("PGDATABASE", "d"), ("PGPASSWORD", "p")],
+        )
+        .unwrap();
+        assert_eq!(c.database_from, "PGDATABASE");
+        assert_eq!(c.password_from.as_deref(), Some("PGPASSWORD"));
     }
 
     #[test]

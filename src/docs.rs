@@ -74,7 +74,19 @@ pub fn man_page() -> Vec<u8> {
     // Writing into a Vec cannot fail.
     let _ = man.render_title(&mut out);
     let _ = man.render_name_section(&mut out);
-    let _ = man.render_synopsis_section(&mut out);
+    // Our own SYNOPSIS: clap_mangen's lists every flag and puts the subcommand after
+    // COMMAND, where it would be one of COMMAND's arguments.
+    let mut synopsis = Roff::new();
+    section(&mut synopsis, "SYNOPSIS");
+    for (n, line) in crate::cli::USAGE.lines().enumerate() {
+        let line = line.trim();
+        let rest = line.strip_prefix("leaderrun").unwrap_or(line);
+        if n > 0 {
+            synopsis.control("br", []);
+        }
+        synopsis.text([bold("leaderrun"), roman(rest)]);
+    }
+    out.extend_from_slice(synopsis.render().as_bytes());
     let _ = man.render_description_section(&mut out);
     let _ = man.render_options_section(&mut out);
 
@@ -134,7 +146,7 @@ pub fn man_page() -> Vec<u8> {
         ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT, PGSSLMODE", "Fill in what the DSN leaves out, as for psql. Pass passwords here or in ~/.pgpass, not in --dsn, which ps shows."),
         ("RUST_LOG", "Log filter (e.g. leaderrun=debug) when neither -v nor -q is given."),
         ("NOTIFY_SOCKET, WATCHDOG_USEC", "Set by systemd: READY=1 after the first check, STATUS= on every change, STOPPING=1 on shutdown, WATCHDOG=1 while the check loop is healthy."),
-        ("LEADERRUN_TERM, LEADERRUN_LOCK, LEADERRUN_FENCING_TOKEN, LEADERRUN_BACKEND_PID", "Given to COMMAND: the term number in this process (1, 2, ...), the key as class:id, a number from PostgreSQL that is greater for every later term of any replica, and the lock session's backend pid."),
+        ("LEADERRUN_TERM, LEADERRUN_LOCK, LEADERRUN_FENCING_TOKEN, LEADERRUN_BACKEND_PID", "Given to COMMAND: the term number of this one process (1, 2, ...; every new leader process says term 1), the key as class:id, the fencing token (a number from PostgreSQL that is greater for every later term of any replica: the one to compare across replicas), and the lock session's backend pid."),
     ] {
         item(&mut roff, var, text);
     }
@@ -189,7 +201,7 @@ pub fn man_page() -> Vec<u8> {
         ),
         (
             "A container entrypoint that sweeps every five minutes on the leader:",
-            "leaderrun --every 5m --timeout 4m -- /app/sweep",
+            "leaderrun --every 5m --tick-at-grant --timeout 4m -- /app/sweep",
         ),
         ("Who leads:", "leaderrun status --lock-id 7"),
         (

@@ -130,6 +130,12 @@ impl Error {
     }
 }
 
+/// What follows tokio-postgres' "password missing": where leaderrun looks for one.
+const PASSWORD_HINT: &str = "; hint: the server asks for a password and none was found: set \
+     PGPASSWORD, add a line host:port:database:user:password to ~/.pgpass (mode 0600; PGPASSFILE \
+     names another file), or name a service (service= in the DSN, or PGSERVICE) whose entry in \
+     ~/.pg_service.conf has one";
+
 /// Displays an error and all its causes on one line, `outer: cause: root`.
 ///
 /// A PostgreSQL server error is shown as `MESSAGE (SQLSTATE xxxxx)` plus its detail and hint,
@@ -166,7 +172,13 @@ impl fmt::Display for Chain<'_> {
                     )?;
                 }
             } else {
-                write!(f, "{err}")?;
+                let text = err.to_string();
+                f.write_str(&text)?;
+                // The server asked for a password and none was found anywhere.
+                // (tokio-postgres' "invalid configuration", caused by "password missing").
+                if text == "password missing" {
+                    f.write_str(PASSWORD_HINT)?;
+                }
             }
             current = err.source();
         }

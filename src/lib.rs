@@ -50,6 +50,7 @@ pub mod elector;
 pub mod error;
 pub mod exit_codes;
 pub mod health;
+pub mod holder;
 pub mod http;
 pub mod lock;
 pub mod logging;

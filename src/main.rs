@@ -37,7 +37,13 @@ fn main() -> ExitCode {
         Some(Action::Status { json }) => {
             Exit::Code(status::status_main(connect, tls, lock, bound, json))
         }
-        Some(Action::Doctor) => Exit::Code(status::doctor_main(connect, tls, lock, bound)),
+        Some(Action::Doctor) => Exit::Code(status::doctor_main(
+            connect,
+            tls,
+            lock,
+            bound,
+            settings.database_from,
+        )),
         None => runner::main(settings, signals),
     };
     exit.finish()

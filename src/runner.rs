@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::child::{self, Command, ProcessSpawner};
 use crate::cli::{Mode, Settings};
@@ -67,6 +67,8 @@ pub fn elector_config(settings: &Settings) -> Config {
     // Standbys wait in the lock queue, so a release reaches them at once (contract §8); a
     // `--once` check must not wait.
     config.wait_for_release = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
+    // `--once` reports its one failed check as the ERROR it exits with: printed once.
+    config.warn_failed_tries = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
     config
 }
 
@@ -79,6 +81,7 @@ pub fn plan(settings: &Settings) -> Plan {
         takeover_delay: settings.takeover_delay,
         timeout: settings.timeout,
         conflict_exit_code: settings.conflict_exit_code,
+        tick_at_grant: settings.tick_at_grant,
     }
 }
 
@@ -120,9 +123,6 @@ pub async fn run(
             health: health.clone(),
         };
         match crate::http::serve(addr, observed) {
-            Ok(bound) if matches!(settings.mode, Mode::OneShot { .. }) => {
-                debug!(addr = %bound, "serving /metrics, /healthz and /readyz")
-            }
             Ok(bound) => info!(addr = %bound, "serving /metrics, /healthz and /readyz"),
             Err(err) => {
                 error!("{}", Chain(&err));
@@ -165,8 +165,9 @@ pub async fn run(
     exit
 }
 
-/// The one INFO line with the effective settings at start (DEBUG for a one-shot, which must
-/// print nothing when it does not lead). The password is never part of it.
+/// The one INFO line with the effective settings at start (a one-shot's default level, WARN,
+/// hides it; see [`crate::cli::Cli::log_level`]). It names the database the lock lives in, as
+/// advisory locks are per database. The password is never part of it.
 fn log_settings(settings: &Settings, command: &Command) {
     let mode = match settings.mode {
         Mode::WhileLeader { restart } => {
@@ -197,10 +198,11 @@ fn log_settings(settings: &Settings, command: &Command) {
         .map(|a| a.to_string())
         .unwrap_or_else(|| "off".into());
     let program = command.program().display().to_string();
-    macro_rules! settings_line {
-        ($level:ident) => {
-            tracing::$level!(
+    let database = settings.connect.get_dbname().unwrap_or("");
+    info!(
                 mode = %mode,
+                database = %database,
+                database_from = %settings.database_from,
                 server = %server,
                 application_name = %app,
                 lock = %settings.lock,
@@ -213,14 +215,7 @@ fn log_settings(settings: &Settings, command: &Command) {
                 http_addr = %http,
                 command = %program,
                 "campaigning for the background leader lock"
-            )
-        };
-    }
-    if matches!(settings.mode, Mode::OneShot { .. }) {
-        settings_line!(debug);
-    } else {
-        settings_line!(info);
-    }
+    );
 }
 
 /// Tells the watchdog every `period` that leaderrun is alive and until when its lock is proven.

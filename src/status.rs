@@ -21,11 +21,20 @@ use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
 use crate::exit_codes::FAILURE as EXIT_FAILURE;
 
-/// The leader as `status` sees it.
+/// The leader as `status` sees it. Field names are stable (`--json`, documented in README).
 #[derive(Debug, Serialize, PartialEq)]
 pub struct Leader {
     /// Backend pid of the lock session.
     pub pid: i32,
+    /// Whether the holder is a leaderrun (its `application_name` is `leaderrun@HOST:PID`).
+    /// Any other holder (a psql session, the plexsphere API's own Elector) leads too.
+    pub leaderrun: bool,
+    /// The leader's host, from `application_name` `leaderrun@HOST:PID`; null when the holder
+    /// is not leaderrun.
+    pub host: Option<String>,
+    /// The pid of the leaderrun process on that host (not the backend's), from
+    /// `application_name`; null when the holder is not leaderrun.
+    pub leaderrun_pid: Option<u32>,
     /// `application_name` of the lock session (`leaderrun@HOST:PID` unless the DSN set one).
     pub application_name: Option<String>,
     /// Client address of the lock session (null for Unix sockets or without permission).
@@ -34,14 +43,36 @@ pub struct Leader {
     pub client_port: Option<i32>,
     /// When the lock session's backend started (RFC 3339, UTC).
     pub backend_start: Option<String>,
-    /// The term number in the leading process, when its check statement is visible.
+    /// The term number in the leading process, when its check statement is visible. It counts
+    /// the terms of that one process: every new leader process says 1.
     pub term: Option<u64>,
     /// When this term began (RFC 3339, UTC), when known.
     pub since: Option<String>,
     /// Seconds the leader has led, when known (local clock minus `since`).
     pub leading_seconds: Option<u64>,
-    /// The fencing token of the term, when known.
+    /// The fencing token of the term (`LEADERRUN_FENCING_TOKEN`), when known: greater for
+    /// every later term of any replica.
     pub fencing_token: Option<i64>,
+}
+
+/// A session waiting for the lock in the server's queue (a standby in `pg_advisory_lock`).
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Standby {
+    /// Backend pid of the waiting session.
+    pub backend_pid: i32,
+    /// Whether it is a leaderrun (`application_name` `leaderrun@HOST:PID`).
+    pub leaderrun: bool,
+    /// Its host, from `application_name`; null when it is not leaderrun.
+    pub host: Option<String>,
+    /// The pid of the leaderrun process on that host, from `application_name`.
+    pub leaderrun_pid: Option<u32>,
+    /// Its `application_name`.
+    pub application_name: Option<String>,
+    /// Its client address (null for Unix sockets or without permission).
+    pub client_addr: Option<String>,
+    /// When its current wait began (RFC 3339, UTC; PostgreSQL 14 and later), when known. A
+    /// standby renews its wait every check interval.
+    pub waiting_since: Option<String>,
 }
 
 /// The output of `status`; also its `--json` form (field names are stable).
@@ -59,40 +90,25 @@ pub struct Report {
     pub server: String,
     /// The leader, or null.
     pub leader: Option<Leader>,
-    /// Backend pids waiting for the key (sessions blocked in `pg_advisory_lock`).
+    /// Backend pids waiting for the key (sessions blocked in `pg_advisory_lock`), in pid order.
     pub waiters: Vec<i32>,
+    /// The same waiting sessions with their hosts and pids, in the same order.
+    pub standbys: Vec<Standby>,
 }
 
 const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
        host(a.client_addr), NULLIF(a.client_port, -1), \
        to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
-       a.query, current_database() \
+       a.query, current_database(), \
+       to_char((to_jsonb(l) ->> 'waitstart')::timestamptz AT TIME ZONE 'UTC', \
+               'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' \
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
        AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
      ORDER BY l.granted DESC, l.pid";
 
-/// What the leader's check statement says about its term: `term`, `since`, `fencing_token`
-/// from `/* leaderrun term=N since=TS fencing_token=T */`.
-fn parse_check_comment(query: &str) -> (Option<u64>, Option<String>, Option<i64>) {
-    let Some(rest) = query.trim_start().strip_prefix("/* leaderrun ") else {
-        return (None, None, None);
-    };
-    let Some(end) = rest.find("*/") else {
-        return (None, None, None);
-    };
-    let (mut term, mut since, mut token) = (None, None, None);
-    for field in rest[..end].split_whitespace() {
-        match field.split_once('=') {
-            Some(("term", v)) => term = v.parse().ok(),
-            Some(("since", v)) => since = Some(v.to_owned()),
-            Some(("fencing_token", v)) => token = v.parse().ok(),
-            _ => {}
-        }
-    }
-    (term, since, token)
-}
+use crate::holder::parse_check_comment;
 
 /// Queries who holds `lock` through `client`.
 ///
@@ -129,11 +145,29 @@ pub async fn report(
     };
     let mut leader = None;
     let mut waiters = Vec::new();
+    let mut standbys = Vec::new();
     for row in &rows {
         let pid: i32 = row.get(0);
         let granted: bool = row.get(1);
+        let application_name: Option<String> = row.get(2);
+        let parsed = application_name
+            .as_deref()
+            .and_then(crate::holder::parse_application_name);
+        let (host, leaderrun_pid) = match parsed {
+            Some((host, pid)) => (Some(host), Some(pid)),
+            None => (None, None),
+        };
         if !granted {
             waiters.push(pid);
+            standbys.push(Standby {
+                backend_pid: pid,
+                leaderrun: host.is_some(),
+                host,
+                leaderrun_pid,
+                application_name,
+                client_addr: row.get(3),
+                waiting_since: row.get(8),
+            });
             continue;
         }
         let query: Option<String> = row.get(6);
@@ -145,7 +179,10 @@ pub async fn report(
             .map(|d| d.as_secs());
         leader = Some(Leader {
             pid,
-            application_name: row.get(2),
+            leaderrun: host.is_some(),
+            host,
+            leaderrun_pid,
+            application_name,
             client_addr: row.get(3),
             client_port: row.get(4),
             backend_start: row.get(5),
@@ -163,6 +200,7 @@ pub async fn report(
         server: server.to_owned(),
         leader,
         waiters,
+        standbys,
     })
 }
 
@@ -182,7 +220,16 @@ impl Report {
         match &self.leader {
             None => out.push_str("leader         none\n"),
             Some(l) => {
-                out.push_str(&format!("leader pid     {}\n", l.pid));
+                let who = crate::holder::Who {
+                    application_name: l.application_name.as_deref(),
+                };
+                match (&l.host, l.leaderrun_pid) {
+                    (Some(host), Some(pid)) => {
+                        out.push_str(&format!("leader         {host}, leaderrun pid {pid}\n"));
+                    }
+                    _ => out.push_str(&format!("leader         {who}\n")),
+                }
+                out.push_str(&format!("leader pid     {} (backend)\n", l.pid));
                 out.push_str(&format!("application    {}\n", show(&l.application_name)));
                 let client = match (&l.client_addr, l.client_port) {
                     (Some(addr), Some(port)) if port > 0 => format!("{addr}:{port}"),
@@ -200,8 +247,14 @@ impl Report {
                     _ => "unknown".to_owned(),
                 };
                 out.push_str(&format!("leading since  {led}\n"));
-                out.push_str(&format!("term           {}\n", show(&l.term)));
-                out.push_str(&format!("fencing token  {}\n", show(&l.fencing_token)));
+                out.push_str(&format!(
+                    "term           {} (terms of this leader process)\n",
+                    show(&l.term)
+                ));
+                out.push_str(&format!(
+                    "fencing token  {} (grows across all replicas)\n",
+                    show(&l.fencing_token)
+                ));
             }
         }
         let waiters = if self.waiters.is_empty() {
@@ -214,6 +267,24 @@ impl Report {
                 .join(", ")
         };
         out.push_str(&format!("waiters        {waiters}\n"));
+        for w in &self.standbys {
+            let who = match (&w.host, w.leaderrun_pid) {
+                (Some(host), Some(pid)) => format!("{host}, leaderrun pid {pid}"),
+                _ => crate::holder::Who {
+                    application_name: w.application_name.as_deref(),
+                }
+                .to_string(),
+            };
+            let since = w
+                .waiting_since
+                .as_deref()
+                .map(|s| format!(", waiting since {s}"))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "standby        {who} (backend {}){since}\n",
+                w.backend_pid
+            ));
+        }
         out
     }
 }
@@ -270,7 +341,7 @@ pub fn status_main(
     }
 }
 
-/// One line of `doctor`'s output.
+/// One line of `doctor`'s output: `ok`, `FAIL` (with a hint), or `warn` (holds, with a hint).
 #[derive(Debug)]
 pub struct Finding {
     /// Short name of the check.
@@ -488,9 +559,9 @@ pub async fn findings(
                     "{} is held by backend {} ({})",
                     r.lock,
                     l.pid,
-                    l.application_name
-                        .as_deref()
-                        .unwrap_or("application unknown")
+                    crate::holder::Who {
+                        application_name: l.application_name.as_deref()
+                    }
                 ),
                 None => format!("nobody holds {} right now", r.lock),
             },
@@ -504,13 +575,43 @@ pub async fn findings(
     out
 }
 
+/// The finding about the database the lock lives in: advisory locks are per database, and a
+/// database nobody named is the user's name, so copies connecting as different users would
+/// elect a leader each. `database_from` is [`crate::conninfo::ConnSettings::database_from`].
+pub fn database_finding(database: &str, database_from: &str) -> Finding {
+    if database_from == "default" {
+        Finding {
+            check: "database",
+            ok: true,
+            detail: format!(
+                "the lock lives in database {database}, which no setting named: it is the \
+                 user's name (psql's default)"
+            ),
+            hint: Some(
+                "advisory locks are per database: copies that connect as different users \
+                 without naming a database elect a leader each; name the database in the DSN \
+                 (dbname=, /DB in a URL) or PGDATABASE"
+                    .to_owned(),
+            ),
+        }
+    } else {
+        Finding::pass(
+            "database",
+            format!("the lock lives in database {database} (from {database_from})"),
+        )
+    }
+}
+
 /// `leaderrun doctor`: prints each finding; exit 0 when all hold, 1 when one fails, 125 when
-/// it cannot connect.
+/// it cannot connect. A finding that holds but comes with a hint is printed as `warn` and does
+/// not change the exit status. `database_from` says where the database name came from
+/// ([`crate::conninfo::ConnSettings::database_from`]).
 pub fn doctor_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::tls::TlsSettings,
     lock: LockKey,
     bound: Duration,
+    database_from: &str,
 ) -> u8 {
     let Some(rt) = runtime() else {
         return EXIT_FAILURE;
@@ -527,15 +628,17 @@ pub fn doctor_main(
         let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;
         Ok::<_, Error>(findings(&a, &b, &server, lock, scratch, bound).await)
     });
+    let database = connect_config.get_dbname().unwrap_or("");
     match result {
-        Ok(findings) => {
+        Ok(mut findings) => {
+            findings.insert(1, database_finding(database, database_from));
             for f in &findings {
-                out(&format!(
-                    "{:<4}  {:<12}  {}\n",
-                    if f.ok { "ok" } else { "FAIL" },
-                    f.check,
-                    f.detail
-                ));
+                let label = match (f.ok, &f.hint) {
+                    (false, _) => "FAIL",
+                    (true, Some(_)) => "warn",
+                    (true, None) => "ok",
+                };
+                out(&format!("{:<4}  {:<12}  {}\n", label, f.check, f.detail));
                 if let Some(hint) = &f.hint {
                     out(&format!("{:<4}  {:<12}  hint: {hint}\n", "", ""));
                 }
@@ -551,20 +654,5 @@ pub fn doctor_main(
             ));
             EXIT_FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn check_comment_round_trip() {
-        let q = "/* leaderrun term=3 since=2026-11-30T05:00:00Z fencing_token=745 */ SELECT 1";
-        assert_eq!(
-            parse_check_comment(q),
-            (Some(3), Some("2026-11-30T05:00:00Z".to_owned()), Some(745))
-        );
-        assert_eq!(parse_check_comment("SELECT 1"), (None, None, None));
     }
 }

@@ -109,6 +109,10 @@ pub struct Plan {
     pub timeout: Option<Duration>,
     /// `--conflict-exit-code`.
     pub conflict_exit_code: u8,
+    /// `--tick-at-grant`: with `--every`, run COMMAND as soon as a term begins (after the
+    /// takeover delay) instead of at the next tick; the ticker keeps its cadence, and a tick
+    /// that falls due while that run goes on is skipped as usual.
+    pub tick_at_grant: bool,
 }
 
 /// How leaderrun ends; [`Exit::finish`] turns it into the process exit.
@@ -526,7 +530,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         self.granted_at = Some(Instant::now());
         self.backoff = Backoff::default();
         let delay = self.plan.takeover_delay;
-        let is_every = matches!(self.plan.mode, Mode::Every { .. });
+        // `--tick-at-grant` makes the grant itself the first tick of the term.
+        let is_every = matches!(self.plan.mode, Mode::Every { .. }) && !self.plan.tick_at_grant;
         if !delay.is_zero() {
             info!(term = term.number(), delay = %humantime::format_duration(delay), "takeover delay: verifying the lock before COMMAND starts");
             let then = if is_every {
@@ -651,11 +656,14 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 // counts is whether the server was reached at all (contract §4).
                 let seen = self.checks.borrow().clone();
                 self.state = if seen.sessions_opened == 0 {
-                    error!(
-                        "could not check the lock: {}",
-                        seen.last_error
-                            .unwrap_or_else(|| "could not connect within --wait".to_owned())
-                    );
+                    // Each failed try was a WARN line with its cause; the verdict does not
+                    // repeat it.
+                    match seen.last_error {
+                        Some(_) => error!(
+                            "could not check the lock: the database could not be reached within --wait (causes above)"
+                        ),
+                        None => error!("could not check the lock: could not connect within --wait"),
+                    }
                     State::Done(Exit::Code(exit_codes::FAILURE))
                 } else {
                     debug!("another session holds the lock; COMMAND does not run");

@@ -49,3 +49,25 @@ fn the_man_page_has_the_contract_sections() {
         assert!(man.contains(needle), "{needle} missing from the man page");
     }
 }
+
+#[test]
+fn the_synopsis_puts_no_subcommand_after_command() {
+    let man = String::from_utf8(leaderrun::docs::man_page()).unwrap();
+    let synopsis = man
+        .split(".SH SYNOPSIS")
+        .nth(1)
+        .and_then(|rest| rest.split(".SH").next())
+        .expect("a SYNOPSIS section");
+    for line in [
+        "\\fBleaderrun\\fR [OPTIONS] \\-\\- COMMAND [ARG...]",
+        "\\fBleaderrun\\fR [OPTIONS] \\-c STRING",
+        "\\fBleaderrun\\fR status [\\-\\-json] [OPTIONS]",
+        "\\fBleaderrun\\fR doctor [OPTIONS]",
+    ] {
+        assert!(synopsis.contains(line), "{line:?} not in {synopsis}");
+    }
+    assert!(
+        !synopsis.to_lowercase().contains("subcommand"),
+        "{synopsis}"
+    );
+}

@@ -238,6 +238,7 @@ fn losing_leadership_mid_run_in_once_exits_with_the_conflict_code() {
         unique_lock_id(),
         INTERVAL,
         &[
+            "-v",
             "--once",
             "--conflict-exit-code",
             "42",

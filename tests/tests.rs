@@ -9,6 +9,7 @@ mod docs;
 mod election;
 mod modes;
 mod operate;
+mod operator;
 mod rules;
 mod safety;
 mod supervisor;

@@ -31,7 +31,23 @@ pub(crate) struct Campaign<'a> {
     /// Set when `run` returns normally; a `Campaign` dropped without it was unwound by a panic
     /// or dropped mid-await.
     pub(crate) finished: bool,
+    /// Backend pid of the holder the last INFO line about the holder named, so that a standby
+    /// says who holds the lock once, and again only when the holder changes.
+    pub(crate) holder_seen: Option<i32>,
 }
+
+/// Who holds the lock, for a standby whose check was refused: one row whatever is found (the
+/// holder's fields are NULL when the lock was released meanwhile). The activity is read for
+/// the holder's pid only.
+const HOLDER_SQL: &str = "SELECT l.pid, a.application_name, host(a.client_addr), \
+       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), a.query \
+     FROM (SELECT 1) AS one \
+     LEFT JOIN pg_locks l ON l.locktype = 'advisory' \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.granted \
+     LEFT JOIN LATERAL (SELECT * FROM pg_stat_get_activity(l.pid) WHERE l.pid IS NOT NULL) a \
+       ON true \
+     LIMIT 1";
 
 pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
      EXISTS (SELECT 1 FROM pg_locks \
@@ -167,7 +183,11 @@ impl Campaign<'_> {
         let sent = boottime();
         match self.try_acquire_inner(started, sent).await {
             // begin_term recorded it, before publishing the term.
-            Ok(CheckOutcome::Granted) => {}
+            Ok(CheckOutcome::Granted) => self.holder_seen = None,
+            Ok(CheckOutcome::Refused) => {
+                self.record(CheckOutcome::Refused, started, None);
+                self.note_holder().await;
+            }
             Ok(outcome) => self.record(outcome, started, None),
             Err(err @ Error::InRecovery { .. }) => {
                 error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
@@ -193,10 +213,72 @@ impl Campaign<'_> {
                 // FIELD-NOTES PostgreSQL 3: whatever failed, the session may hold a grant we
                 // never saw; never reuse it.
                 self.session = None;
-                warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
+                if self.shared.config.warn_failed_tries {
+                    warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
+                } else {
+                    debug!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
+                }
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
         }
+    }
+
+    /// After a refused check: says at INFO who holds the lock (host, pid, since when), the
+    /// first time and whenever the holder's backend changes. One extra statement per refused
+    /// check, and none when INFO lines are not shown (a one-shot's default level).
+    pub(crate) async fn note_holder(&mut self) {
+        if !tracing::enabled!(target: "leaderrun::elector", tracing::Level::INFO) {
+            return;
+        }
+        let Some(session) = self.session.as_ref() else {
+            return;
+        };
+        let config = &self.shared.config;
+        let lock = config.lock;
+        // pg_locks shows the int4 halves as oid, i.e. unsigned.
+        let (class, id) = (lock.class as u32, lock.id as u32);
+        let row = match session
+            .bounded(
+                "who holds the lock",
+                config.io_bound(),
+                HOLDER_SQL,
+                &[&class, &id],
+            )
+            .await
+        {
+            Ok(row) => row,
+            Err(err) => {
+                debug!(target: "leaderrun::elector", "cannot tell who holds the lock: {}", Chain(&err));
+                return;
+            }
+        };
+        let Some(pid) = row.get::<_, Option<i32>>(0) else {
+            return;
+        };
+        if self.holder_seen == Some(pid) {
+            return;
+        }
+        self.holder_seen = Some(pid);
+        let application_name: Option<String> = row.get(1);
+        let client: Option<String> = row.get(2);
+        let backend_start: Option<String> = row.get(3);
+        let query: Option<String> = row.get(4);
+        let (_, since, _) = crate::holder::parse_check_comment(query.as_deref().unwrap_or(""));
+        let who = crate::holder::Who {
+            application_name: application_name.as_deref(),
+        };
+        let since = match (since, backend_start) {
+            (Some(since), _) => format!("leading since {since}"),
+            (None, Some(start)) => format!("session started {start}"),
+            (None, None) => "since an unknown time".to_owned(),
+        };
+        info!(
+            target: "leaderrun::elector",
+            lock = %lock,
+            holder_backend_pid = pid,
+            holder_client_addr = client.as_deref().unwrap_or("local"),
+            "the lock is held by {who}, backend {pid}, {since}; standing by"
+        );
     }
 
     /// Publishes one check's outcome in [`Checks`].

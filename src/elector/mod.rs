@@ -114,6 +114,11 @@ pub struct Config {
     /// once. Still one session and about one statement per interval. `false` (the default)
     /// is the seed's fixed-interval `pg_try_advisory_lock`.
     pub wait_for_release: bool,
+    /// Log a standby check that could not reach a usable server at WARN, the seed's `leader:
+    /// acquire lock connection: <cause>` (the default). `false` logs it at DEBUG, for a caller
+    /// that reports the failure itself: `leaderrun --once` prints one ERROR line with the
+    /// cause instead of the same text twice.
+    pub warn_failed_tries: bool,
     /// Span the elector's events are emitted in: the seed's `Logger`. A tracing target must be
     /// a compile-time constant, so events always carry the target `leaderrun::elector`; give
     /// the span fields (a name, a replica id) to tell electors apart. Default: a disabled span.
@@ -138,6 +143,7 @@ impl Config {
             check_interval: DEFAULT_CHECK_INTERVAL,
             idle_session_timeout: None,
             wait_for_release: false,
+            warn_failed_tries: true,
             span: tracing::Span::none(),
             registry: None,
             keeper: None,
@@ -374,6 +380,7 @@ impl Elector {
             session: None,
             term: None,
             finished: false,
+            holder_seen: None,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
         // dropped, after the runtime caught it; catch it here so the term ends, the session

@@ -476,6 +476,39 @@ impl Cluster {
         Certs { dir }
     }
 
+    /// Makes role `user` log in over TCP with `password` only (SCRAM), as a production
+    /// server would; the other roles keep trust. Reloads, no restart.
+    pub fn require_password(&self, user: &str, password: &str) {
+        assert!(!user.contains(['\'', '"', ' ']) && !password.contains('\''));
+        let hba_path = self.data().join("pg_hba.conf");
+        let hba = std::fs::read_to_string(&hba_path).unwrap();
+        std::fs::write(
+            &hba_path,
+            format!("host all {user} 127.0.0.1/32 scram-sha-256\n{hba}"),
+        )
+        .unwrap();
+        self.sql(&format!(
+            "SET password_encryption = 'scram-sha-256'; \
+             CREATE ROLE {user} LOGIN SUPERUSER PASSWORD '{password}'"
+        ));
+        assert_eq!(self.sql("SELECT pg_reload_conf()"), ["t"]);
+    }
+
+    /// A `psql` session (application_name `psql`) whose statements are the lines written to
+    /// its stdin; it lives until its stdin is closed or it is killed.
+    pub fn psql_session(&self) -> Child {
+        Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres"])
+            .env("PGAPPNAME", "psql")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run psql")
+    }
+
     /// Fast shutdown (SIGINT: terminate sessions, checkpoint) and wait for the postmaster.
     pub fn stop(&self) {
         self.stop_with(Signal::SIGINT);

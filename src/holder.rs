@@ -1,0 +1,100 @@
+//! Who holds a lock, as `pg_stat_activity` shows the session: shared by `leaderrun status` and
+//! by a standby's INFO line about the holder.
+//!
+//! A leaderrun session is named `leaderrun@HOST:PID` ([`crate::conninfo::default_application_name`])
+//! and, while it leads, its check statement starts with
+//! `/* leaderrun term=N since=TS fencing_token=T */`; both are read back here. Any other holder
+//! (psql, the plexsphere API's own Elector) is a holder too, shown by its `application_name`.
+
+use std::fmt;
+
+/// The host and leaderrun pid in an `application_name` of the form `leaderrun@HOST:PID`;
+/// `None` for any other name.
+pub fn parse_application_name(name: &str) -> Option<(String, u32)> {
+    let rest = name.strip_prefix("leaderrun@")?;
+    let (host, pid) = rest.rsplit_once(':')?;
+    let pid = pid.parse().ok()?;
+    (!host.is_empty()).then(|| (host.to_owned(), pid))
+}
+
+/// What the leader's check statement says about its term: `term`, `since`, `fencing_token`
+/// from `/* leaderrun term=N since=TS fencing_token=T */`.
+pub fn parse_check_comment(query: &str) -> (Option<u64>, Option<String>, Option<i64>) {
+    let Some(rest) = query.trim_start().strip_prefix("/* leaderrun ") else {
+        return (None, None, None);
+    };
+    let Some(end) = rest.find("*/") else {
+        return (None, None, None);
+    };
+    let (mut term, mut since, mut token) = (None, None, None);
+    for field in rest[..end].split_whitespace() {
+        match field.split_once('=') {
+            Some(("term", v)) => term = v.parse().ok(),
+            Some(("since", v)) => since = Some(v.to_owned()),
+            Some(("fencing_token", v)) => token = v.parse().ok(),
+            _ => {}
+        }
+    }
+    (term, since, token)
+}
+
+/// A session holding (or waiting for) a lock, in words: `leaderrun on HOST (pid PID)` or
+/// `not leaderrun: application_name=NAME`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Who<'a> {
+    /// The session's `application_name`, when visible.
+    pub application_name: Option<&'a str>,
+}
+
+impl fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.application_name {
+            Some(name) => match parse_application_name(name) {
+                Some((host, pid)) => write!(f, "leaderrun on {host} (pid {pid})"),
+                None if name.is_empty() => f.write_str("not leaderrun: no application_name"),
+                None => write!(f, "not leaderrun: application_name={name}"),
+            },
+            None => f.write_str("a session whose application_name is not visible"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn application_names() {
+        assert_eq!(
+            parse_application_name("leaderrun@web-1.example:4242"),
+            Some(("web-1.example".to_owned(), 4242))
+        );
+        assert_eq!(
+            parse_application_name("leaderrun@::1:7"),
+            Some(("::1".to_owned(), 7))
+        );
+        assert_eq!(parse_application_name("psql"), None);
+        assert_eq!(parse_application_name("leaderrun@host"), None);
+        assert_eq!(parse_application_name("leaderrun@:5"), None);
+        assert_eq!(parse_application_name("leaderrun@h:x"), None);
+        let who = |name| {
+            Who {
+                application_name: name,
+            }
+            .to_string()
+        };
+        assert_eq!(who(Some("leaderrun@h:5")), "leaderrun on h (pid 5)");
+        assert_eq!(who(Some("psql")), "not leaderrun: application_name=psql");
+        assert_eq!(who(Some("")), "not leaderrun: no application_name");
+    }
+
+    #[test]
+    fn check_comment_round_trip() {
+        let q = "/* leaderrun term=3 since=2026-11-30T05:00:00Z fencing_token=745 */ SELECT 1";
+        assert_eq!(
+            parse_check_comment(q),
+            (Some(3), Some("2026-11-30T05:00:00Z".to_owned()), Some(745))
+        );
+        assert_eq!(parse_check_comment("SELECT 1"), (None, None, None));
+    }
+}
