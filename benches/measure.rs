@@ -128,9 +128,16 @@ pub fn graceful(cluster: &Cluster, interval: &str, runs: usize) -> Row {
         let first = scratch.starts()[0].clone();
         replicas[0].signal(Signal::SIGTERM);
         let second = scratch.wait_starts(2, Duration::from_secs(30))[1].clone();
-        let ended = wait_for("end stamp", Duration::from_secs(5), || {
-            scratch.stamp("ended", first.pid)
-        });
+        let ended = wait_for(
+            &format!(
+                "end stamp of {} in {:?}; old leader's log:\n{}",
+                first.pid,
+                scratch.events(),
+                replicas[0].log()
+            ),
+            Duration::from_secs(5),
+            || scratch.stamp("ended", first.pid),
+        );
         let began = wait_for("start stamp", Duration::from_secs(5), || {
             scratch.stamp("began", second.pid)
         });
@@ -301,9 +308,9 @@ pub fn tree_failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
         let scratch = Scratch::new();
         let script = scratch.child_script("child.sh", TREE);
         let script = script.to_str().unwrap().to_owned();
-        let leader = Replica::start(cluster, id, interval, &["-q", "--", &script]);
+        let leader = Replica::start(cluster, id, interval, &["-q", "--cgroup", "--", &script]);
         let first = scratch.wait_starts(1, Duration::from_secs(10))[0].clone();
-        let standby = Replica::start(cluster, id, interval, &["-q", "--", &script]);
+        let standby = Replica::start(cluster, id, interval, &["-q", "--cgroup", "--", &script]);
         wait_queued(cluster, id);
         let at = now_s();
         leader.signal(if how == "kill -9" {
@@ -358,7 +365,7 @@ pub fn tree_failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
             name: format!("failover after {how}, tree of three"),
             unit: "ms",
             samples: latency,
-            note: format!("interval {interval}; group worker and setsid descendant"),
+            note: format!("interval {interval}, --cgroup; group worker and setsid descendant"),
         },
         Row {
             name: format!("overlap after {how}, tree of three"),

@@ -42,6 +42,7 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)')
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Serve /metrics, /healthz and /readyz on this address (off by default)')
             [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)')
+            [CompletionResult]::new('--cgroup', '--cgroup', [CompletionResultType]::ParameterName, 'Run COMMAND in a cgroup v2 group of its own, so that a descendant that left its process group (setsid) is stopped with the rest')
             [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
             [CompletionResult]::new('--once', '--once', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
             [CompletionResult]::new('--tick-at-grant', '--tick-at-grant', [CompletionResultType]::ParameterName, 'With --every: also run COMMAND at once when this copy becomes leader, then on the cadence')

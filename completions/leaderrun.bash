@@ -41,7 +41,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --min-hold --once --wait --every --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor help"
+            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --min-hold --once --wait --every --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -39,6 +39,7 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand --log-format 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)'
             cand --http-addr 'Serve /metrics, /healthz and /readyz on this address (off by default)'
             cand -c 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)'
+            cand --cgroup 'Run COMMAND in a cgroup v2 group of its own, so that a descendant that left its process group (setsid) is stopped with the rest'
             cand -n 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
             cand --once 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
             cand --tick-at-grant 'With --every: also run COMMAND at once when this copy becomes leader, then on the cadence'

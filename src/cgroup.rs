@@ -19,9 +19,18 @@ pub struct Cgroup {
 
 impl Cgroup {
     /// Creates the group next to leaderrun's own, on the cgroup v2 hierarchy (also the
-    /// `unified` one of a hybrid setup). `None` when there is none or it is not writable.
-    pub fn create() -> Option<Cgroup> {
-        let dir = own_cgroup_dir()?.join(format!("leaderrun-{}", std::process::id()));
+    /// `unified` one of a hybrid setup). `None` when there is none or it is not writable, and
+    /// unless `forced`, also when moving a process into it is slow: without the cgroup2
+    /// mount option `favordynmods`, the first move after a quiet spell waits for an RCU grace
+    /// period (about 10 ms here), which every handover would pay.
+    pub fn create(forced: bool) -> Option<Cgroup> {
+        let (mount, path) = own_cgroup()?;
+        if !forced && !mount.favordynmods {
+            debug!("no cgroup of COMMAND's own: moving into one is slow here (no favordynmods); --cgroup forces one");
+            return None;
+        }
+        let dir = mount.dir.join(path.trim_start_matches('/'));
+        let dir = dir.join(format!("leaderrun-{}", std::process::id()));
         if let Err(err) = std::fs::create_dir(&dir) {
             debug!(dir = %dir.display(), "no cgroup of COMMAND's own: {err}");
             return None;
@@ -85,17 +94,33 @@ impl Drop for Cgroup {
     }
 }
 
-/// leaderrun's own cgroup v2 directory: the `0::PATH` line of `/proc/self/cgroup` under the
-/// cgroup2 mount point from `/proc/self/mountinfo`.
-fn own_cgroup_dir() -> Option<PathBuf> {
+/// The cgroup2 mount point and whether it favours dynamic changes.
+struct Mount {
+    dir: PathBuf,
+    favordynmods: bool,
+}
+
+/// leaderrun's cgroup v2 mount and its own path in it: the `0::PATH` line of
+/// `/proc/self/cgroup`, the cgroup2 line of `/proc/self/mountinfo`.
+fn own_cgroup() -> Option<(Mount, String)> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let path = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))?
+        .to_owned();
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let mount = mountinfo.lines().find_map(|line| {
         // "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS ... - FSTYPE SOURCE SUPEROPTS"
         let (left, right) = line.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2").then(|| left.split_whitespace().nth(4))?
+        let mut right = right.split_whitespace();
+        if right.next()? != "cgroup2" {
+            return None;
+        }
+        let superopts = right.nth(1).unwrap_or("");
+        Some(Mount {
+            dir: PathBuf::from(left.split_whitespace().nth(4)?),
+            favordynmods: superopts.split(',').any(|o| o == "favordynmods"),
+        })
     })?;
-    let dir = Path::new(mount).join(path.trim_start_matches('/'));
-    dir.is_dir().then_some(dir)
+    mount.dir.is_dir().then_some((mount, path))
 }

@@ -243,6 +243,18 @@ pub struct Cli {
     )]
     pub timeout: Option<Duration>,
 
+    /// Run COMMAND in a cgroup v2 group of its own, so that a descendant that left its
+    /// process group (setsid) is stopped with the rest
+    ///
+    /// Needs a cgroup v2 hierarchy where leaderrun may create a group next to its own (root,
+    /// or a delegated subtree); without one, COMMAND runs as without the flag. Moving a process
+    /// into a cgroup can cost the first start of a term about 10 ms on kernels whose cgroup2
+    /// mount lacks favordynmods; where it has them, leaderrun uses a group of its own even
+    /// without the flag. Without a group, a descendant that left the process group is stopped
+    /// only once it has been re-parented to leaderrun.
+    #[arg(long, env = "LEADERRUN_CGROUP", help_heading = "Timing")]
+    pub cgroup: bool,
+
     /// With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]
     ///
     /// Even when COMMAND ends sooner, so a host whose cron fires a little later finds the lock
@@ -517,6 +529,8 @@ pub struct Settings {
     pub takeover_delay: Duration,
     /// `--timeout`.
     pub timeout: Option<Duration>,
+    /// `--cgroup`: run COMMAND in a cgroup of its own even where moving it there is slow.
+    pub cgroup: bool,
     /// `--conflict-exit-code`.
     pub conflict_exit_code: u8,
     /// `--http-addr`.
@@ -561,6 +575,7 @@ impl Cli {
             || self.takeover_delay.is_some()
             || self.grace.is_some()
             || self.http_addr.is_some()
+            || self.cgroup
             || self.shell_command.is_some()
             || !self.command.is_empty();
         if self.action.is_some() && run_only {
@@ -665,6 +680,7 @@ impl Cli {
             timeout: self.timeout,
             conflict_exit_code: self.conflict_exit_code,
             http_addr: self.http_addr,
+            cgroup: self.cgroup,
         })
     }
 

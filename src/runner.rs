@@ -97,8 +97,7 @@ pub async fn run(
     let mut config = elector_config(&settings);
     config.registry = Some(metrics.registry().clone());
     // COMMAND's own cgroup where one can be made, and the watchdog, before anything runs.
-    let cgroup = crate::cgroup::Cgroup::create().map(Arc::new);
-    // Started at the first grant, before anything runs under it.
+    let cgroup = crate::cgroup::Cgroup::create(settings.cgroup).map(Arc::new);
     let watchdog = Arc::new(Watchdog::new(WatchdogPlan {
         grace: settings.timing.grace,
         stall: settings.timing.watchdog_stall(),
@@ -106,6 +105,13 @@ pub async fn run(
         cgroup: cgroup.as_ref().map(|c| c.dir().to_owned()),
     }));
     config.keeper = Some(watchdog.clone());
+    // A one-shot starts it at its grant, if it gets one (a refused cron run never pays for
+    // it); the long-running modes start it now, off the path of every later handover.
+    if !matches!(settings.mode, Mode::OneShot { .. }) && !watchdog.ready() {
+        warn!(
+            "cannot start the watchdog; if leaderrun is killed, COMMAND's helpers may outlive it"
+        );
+    }
     let elector = match Elector::new(config) {
         Ok(elector) => elector,
         Err(err) => {

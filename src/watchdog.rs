@@ -137,6 +137,34 @@ struct Held {
     beat: u64,
 }
 
+/// Whether process group `pgid` has a member that is not a zombie. Once leaderrun is gone its
+/// tree's zombies belong to whoever inherited them, which may reap them late; they run nothing.
+/// Without `/proc` every member counts.
+fn group_has_live(pgid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    dir.flatten().any(|entry| {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            return false;
+        };
+        let mut fields = rest.split(' ');
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        pgrp == Some(pgid) && !matches!(state, Some("Z") | Some("X"))
+    })
+}
+
 /// leaderrun's handle on its watchdog process. Cheap to share; every call is a non-blocking
 /// send of a few bytes, except [`SessionKeeper::release`], which waits for the answer.
 pub struct Watchdog {
@@ -546,6 +574,7 @@ impl Guard {
             None => {
                 self.tree != 0
                     && !matches!(killpg(Pid::from_raw(self.tree), None), Err(Errno::ESRCH))
+                    && group_has_live(self.tree)
             }
         }
     }

@@ -282,7 +282,7 @@ fn kill_9_of_the_leader_kills_its_whole_tree_before_the_lock_moves() {
         let scratch = Scratch::new();
         let script = scratch.child_script("child.sh", THREE_LEVEL_TREE);
         let script = script.to_str().unwrap();
-        let mut leader = Replica::start(cluster, id, "200ms", &["--", script]);
+        let mut leader = Replica::start(cluster, id, "200ms", &["--cgroup", "--", script]);
         let first = scratch.wait_starts(1, secs(10.0))[0].clone();
         wait_for("all three of the first tree ticking", secs(5.0), || {
             let events = scratch.events();
@@ -291,7 +291,7 @@ fn kill_9_of_the_leader_kills_its_whole_tree_before_the_lock_moves() {
                 .all(|w| events.iter().any(|l| l.starts_with(&format!("tick {w} "))))
                 .then_some(())
         });
-        let standby = Replica::start(cluster, id, "200ms", &["--", script]);
+        let standby = Replica::start(cluster, id, "200ms", &["--cgroup", "--", script]);
         wait_for("the standby to wait in the lock queue", secs(10.0), || {
             (cluster.sql(&format!(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} \
