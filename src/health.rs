@@ -69,7 +69,9 @@ impl Health {
 
     /// `/readyz`: the seed's readiness table (module docs). `Err` carries the reason for a 503.
     pub fn readiness(&self, elector: &Elector) -> Result<String, String> {
-        if elector.checks().total == 0 {
+        // A standby whose first wait is queued on the server has checked (contract §7).
+        let checks = elector.checks();
+        if checks.total == 0 && !checks.waiting {
             return Err("booted, no check yet".to_owned());
         }
         let term = elector.term();

@@ -81,6 +81,7 @@ pub fn plan(settings: &Settings) -> Plan {
         takeover_delay: settings.takeover_delay,
         timeout: settings.timeout,
         conflict_exit_code: settings.conflict_exit_code,
+        check_interval: settings.timing.check_interval,
         tick_at_grant: settings.tick_at_grant,
     }
 }

@@ -113,6 +113,8 @@ pub struct Plan {
     /// takeover delay) instead of at the next tick; the ticker keeps its cadence, and a tick
     /// that falls due while that run goes on is skipped as usual.
     pub tick_at_grant: bool,
+    /// The check interval: how long a one-shot keeps trying a server that is momentarily full.
+    pub check_interval: Duration,
 }
 
 /// How leaderrun ends; [`Exit::finish`] turns it into the process exit.
@@ -299,6 +301,8 @@ pub struct Supervisor<E: Election, S: Spawner> {
     checks: watch::Receiver<Checks>,
     terms: watch::Receiver<Term>,
     warned_background_read: bool,
+    /// When the supervisor was made: a one-shot's retries count from here.
+    started: Instant,
 }
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
@@ -350,6 +354,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             checks,
             terms,
             warned_background_read: false,
+            started: Instant::now(),
         }
     }
 
@@ -634,6 +639,14 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     fn first_check(&mut self) {
         let seen = self.checks.borrow_and_update().clone();
         if seen.total == 0 || seen.last == Some(CheckOutcome::Granted) {
+            return;
+        }
+        // A server that is momentarily full or starting up is not an answer: the elector tries
+        // again soon, for up to one interval (contract §4).
+        if seen.last == Some(CheckOutcome::Failed)
+            && seen.last_transient
+            && self.started.elapsed() < self.plan.check_interval
+        {
             return;
         }
         self.state = if seen.refused > 0 {

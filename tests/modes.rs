@@ -595,3 +595,34 @@ fn flock_and_timeout_habits_work() {
         assert_eq!(out.status.code(), Some(125), "{bad:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_cron_herd_against_a_small_server_runs_the_job_once_without_errors() {
+    // 150 `--once` at the same moment against max_connections = 40: the server refuses most
+    // connects with "too many clients" (53300); those are retried for up to one interval,
+    // so exactly one copy runs the job and every other exits with the conflict code, none 125.
+    let cluster = Cluster::start_private_with(40);
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    let mut herd: Vec<Replica> = (0..150)
+        .map(|_| {
+            Replica::start(
+                &cluster,
+                id,
+                "3s",
+                &["--once", "-E", "3", "--min-hold", "1m", "--", job],
+            )
+        })
+        .collect();
+    let ran = scratch.wait_starts(1, secs(30.0))[0].clone();
+    let mut codes = std::collections::BTreeMap::new();
+    for replica in herd.iter_mut().filter(|r| r.pid() != ran.ppid) {
+        let code = replica.wait_exit(secs(30.0)).code();
+        *codes.entry(code).or_insert(0) += 1;
+        assert_ne!(code, Some(125), "a herd member failed:\n{}", replica.log());
+    }
+    assert_eq!(codes.get(&Some(3)), Some(&149), "{codes:?}");
+    assert_eq!(scratch.starts().len(), 1, "the job ran more than once");
+}

@@ -665,3 +665,29 @@ fn status_and_doctor_take_negative_lock_keys_in_every_form() {
         format!("{CLASS}:{}", leaderrun::lock::lock_id_for_name("-5"))
     );
 }
+
+#[test]
+fn a_standby_waiting_in_the_lock_queue_is_ready_from_its_first_check() {
+    // At the default 5 s interval a waiting standby's first check returns only when its wait
+    // times out; it is ready as soon as the wait is queued (contract §7).
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, "5s", &["--", job]);
+    scratch.wait_starts(1, secs(10.0));
+    let standby = Replica::start(
+        cluster,
+        id,
+        "5s",
+        &["--http-addr", "127.0.0.1:0", "--", job],
+    );
+    let addr = probe_addr(&standby);
+    let started = std::time::Instant::now();
+    wait_for("the standby to be ready", secs(3.0), || {
+        (http(addr, "GET", "/readyz").0 == 200).then_some(())
+    });
+    assert!(started.elapsed() < secs(3.0));
+    assert_eq!(http(addr, "GET", "/readyz").1.trim(), "standby");
+}

@@ -217,6 +217,7 @@ fn plan(mode: Mode) -> Plan {
         takeover_delay: Duration::ZERO,
         timeout: None,
         conflict_exit_code: 3,
+        check_interval: ms(200),
         tick_at_grant: false,
     }
 }

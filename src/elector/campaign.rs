@@ -13,6 +13,30 @@ use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
 
+/// Whether a failed try met a server that is momentarily full (53300) or starting up (57P03).
+fn is_transient(err: &Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    let source = match err {
+        Error::Connect { source, .. } | Error::Query { source, .. } => source,
+        _ => return false,
+    };
+    matches!(
+        source.code(),
+        Some(&SqlState::TOO_MANY_CONNECTIONS) | Some(&SqlState::CANNOT_CONNECT_NOW)
+    )
+}
+
+/// A pseudo-random delay in [5 ms, `max`]: enough to spread a herd, no cryptography needed.
+fn jitter(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(boottime().as_nanos() as u64);
+    hasher.write_u32(std::process::id());
+    let floor = Duration::from_millis(5);
+    let span = max.saturating_sub(floor).as_nanos().max(1) as u64;
+    floor + Duration::from_nanos(hasher.finish() % span)
+}
+
 /// How one check phase of the campaign ended.
 pub(crate) enum Phase {
     Checked(Result<(), Error>),
@@ -34,6 +58,8 @@ pub(crate) struct Campaign<'a> {
     /// Backend pid of the holder the last INFO line about the holder named, so that a standby
     /// says who holds the lock once, and again only when the holder changes.
     pub(crate) holder_seen: Option<i32>,
+    /// Since when tries fail on a momentarily full or starting server, in a row.
+    pub(crate) transient_since: Option<Instant>,
 }
 
 /// Who holds the lock, for a standby whose check was refused: one row whatever is found (the
@@ -115,7 +141,23 @@ impl Campaign<'_> {
                 }
             };
             match phase {
-                Phase::Checked(Ok(())) => {}
+                Phase::Checked(Ok(())) => {
+                    // A server that is momentarily full or starting up (53300, 57P03) is tried
+                    // again soon, with jitter, for up to one interval (FIELD-NOTES PostgreSQL
+                    // 15): a fleet whose cron fires the same minute gets through.
+                    let transient = !leading
+                        && self.term.is_none()
+                        && self.shared.checks.borrow().last == Some(CheckOutcome::Failed)
+                        && self.shared.checks.borrow().last_transient;
+                    if transient {
+                        let since = *self.transient_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() < interval {
+                            ticker.reset_after(jitter(interval / 8));
+                        }
+                    } else {
+                        self.transient_since = None;
+                    }
+                }
                 Phase::Checked(Err(err)) => {
                     // The check failed on a live session: the lock may still be held, so the
                     // work stops before it is released (FIELD-NOTES PostgreSQL 13).
@@ -219,6 +261,10 @@ impl Campaign<'_> {
                     debug!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
                 }
                 self.record(CheckOutcome::Failed, started, Some(&err));
+                let transient = is_transient(&err);
+                self.shared
+                    .checks
+                    .send_modify(|c| c.last_transient = transient);
             }
         }
     }
@@ -339,15 +385,23 @@ impl Campaign<'_> {
         } else {
             bound
         };
-        let row = match session
+        // A waiting try is queued on the server as soon as it is sent: a standby is ready from
+        // then on (contract §7), not only once its wait times out.
+        if config.wait_for_release {
+            self.shared.checks.send_modify(|c| c.waiting = true);
+        }
+        let result = session
             .bounded(
                 "try advisory lock",
                 bound,
                 statement,
                 &[&lock.class, &lock.id],
             )
-            .await
-        {
+            .await;
+        if config.wait_for_release {
+            self.shared.checks.send_modify(|c| c.waiting = false);
+        }
+        let row = match result {
             Err(Error::Query { source, .. })
                 if config.wait_for_release
                     && source.code()

@@ -225,6 +225,11 @@ pub struct Checks {
     pub last_error: Option<String>,
     /// Sessions opened so far: non-zero once the server has been reached at all.
     pub sessions_opened: u64,
+    /// A standby's wait is queued in the server's lock queue right now.
+    pub waiting: bool,
+    /// The latest failure met a server that was momentarily full (`too many connections`,
+    /// SQLSTATE 53300) or starting up (57P03): worth trying again soon (contract §4).
+    pub last_transient: bool,
 }
 
 pub(crate) struct Shared {
@@ -381,6 +386,7 @@ impl Elector {
             term: None,
             finished: false,
             holder_seen: None,
+            transient_since: None,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
         // dropped, after the runtime caught it; catch it here so the term ends, the session
