@@ -192,6 +192,7 @@ fn as_pid_1_it_reaps_every_orphan() {
         ),
     );
     let mut cmd = std::process::Command::new("unshare");
+    crate::support::default_signals(&mut cmd);
     cmd.args(["--pid", "--fork", "--mount-proc"])
         .arg(env!("CARGO_BIN_EXE_leaderrun"))
         .args([

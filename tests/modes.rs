@@ -626,3 +626,43 @@ fn a_cron_herd_against_a_small_server_runs_the_job_once_without_errors() {
     assert_eq!(codes.get(&Some(3)), Some(&149), "{codes:?}");
     assert_eq!(scratch.starts().len(), 1, "the job ran more than once");
 }
+
+#[test]
+fn a_role_with_connection_limit_1_leads_on_its_one_session() {
+    // Leading needs one session (contract §8): a direct TCP connection cannot be a pooler's, so
+    // no second session is opened to probe for one.
+    let cluster = Cluster::start_private();
+    cluster.sql("CREATE ROLE lim LOGIN CONNECTION LIMIT 1");
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    let dsn = cluster.dsn().replace("user=postgres", "user=lim");
+    let mut once = leaderrun();
+    once.args([
+        "--dsn",
+        &dsn,
+        "--lock-id",
+        &id.to_string(),
+        "--once",
+        "--",
+        job.to_str().unwrap(),
+    ]);
+    let mut once = Replica::spawn(once);
+    assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0), "{}", once.log());
+    assert_eq!(scratch.starts().len(), 1);
+    let mut lead = leaderrun();
+    lead.args([
+        "--dsn",
+        &dsn,
+        "--lock-id",
+        &id.to_string(),
+        "--check-interval",
+        "200ms",
+        "--",
+    ])
+    .arg(job.to_str().unwrap());
+    let mut lead = Replica::spawn(lead);
+    assert_eq!(lead.wait_exit(secs(10.0)).code(), Some(0), "{}", lead.log());
+    assert_eq!(scratch.starts().len(), 2);
+    assert!(!lead.log().contains("pooler"), "{}", lead.log());
+}

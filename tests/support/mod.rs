@@ -209,10 +209,29 @@ fn collect(mut from: impl Read + Send + 'static) -> (Arc<Mutex<String>>, JoinHan
     (buf, reader)
 }
 
+/// Gives the process `cmd` starts the default disposition of every signal, as a shell gives
+/// its foreground jobs: the test run itself may have some ignored (`nohup`, `cmd &` in a
+/// script), which leaderrun would keep ignored and not pass on (contract §5).
+pub fn default_signals(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal() between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in 1..32 {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
 /// A `Command` for the binary under test, with the environment cleared of leaderrun and
 /// libpq variables so the host's settings cannot leak into a test.
 pub fn leaderrun() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+    default_signals(&mut cmd);
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
         if key.starts_with("LEADERRUN_")
