@@ -46,11 +46,7 @@ fn a_failed_check_on_a_live_session_stops_the_child_before_the_lock_moves() {
     assert_eq!(first.ppid, leader.pid());
     let _standby = Replica::start(&cluster, id, "300ms", &args);
     wait_for("the standby to wait in the lock queue", secs(10.0), || {
-        let waiting = cluster.sql(&format!(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} \
-             AND objsubid = 2 AND NOT granted"
-        ));
-        (waiting == ["1"]).then_some(())
+        (cluster.waiters(id) == 1).then_some(())
     });
     let backend = Pid::from_raw(first.backend_pid);
     kill(backend, Signal::SIGSTOP).unwrap();
@@ -293,11 +289,7 @@ fn kill_9_of_the_leader_kills_its_whole_tree_before_the_lock_moves() {
         });
         let standby = Replica::start(cluster, id, "200ms", &["--cgroup", "--", script]);
         wait_for("the standby to wait in the lock queue", secs(10.0), || {
-            (cluster.sql(&format!(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} \
-                 AND objsubid = 2 AND NOT granted"
-            )) == ["1"])
-            .then_some(())
+            (cluster.waiters(id) == 1).then_some(())
         });
         let watchdog = watchdog_of(leader.pid()).expect("the leader has a watchdog");
         leader.signal(Signal::SIGKILL);
@@ -377,17 +369,11 @@ fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_boun
     let scratch = Scratch::new();
     let script = scratch.child_script("child.sh", "exec sleep 600");
     let script = script.to_str().unwrap();
-    let queued = |n: &str| {
+    let queued = |n: usize| {
         wait_for(
             &format!("{n} waiter(s) in the lock queue"),
             secs(10.0),
-            || {
-                (cluster.sql(&format!(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} \
-                 AND objsubid = 2 AND NOT granted"
-                )) == [n])
-                .then_some(())
-            },
+            || (cluster.waiters(id) == n).then_some(()),
         )
     };
     let mut leader = Replica::start(&cluster, id, "200ms", &["--", script]);
@@ -407,9 +393,9 @@ fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_boun
         script,
     ]);
     let behind_proxy = Replica::spawn(cmd);
-    queued("1");
+    queued(1);
     let third = Replica::start(&cluster, id, "200ms", &["--", script]);
-    queued("2");
+    queued(2);
     proxy.blackhole();
     leader.signal(Signal::SIGTERM);
     let released = Instant::now();

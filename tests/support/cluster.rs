@@ -581,6 +581,20 @@ impl Cluster {
         .collect()
     }
 
+    /// Sessions waiting in the server's queue for the two-int4 advisory lock `(default class,
+    /// id)`.
+    pub fn waiters(&self, id: i32) -> usize {
+        self.sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid = ({}::bigint & 4294967295)::text::oid \
+             AND objid = ({id}::bigint & 4294967295)::text::oid \
+             AND objsubid = 2 AND NOT granted",
+            crate::support::CLASS
+        ))[0]
+            .parse()
+            .unwrap_or(0)
+    }
+
     /// `pg_terminate_backend(pid)`.
     pub fn terminate_backend(&self, pid: i32) {
         let rows = self.sql(&format!("SELECT pg_terminate_backend({pid})"));
