@@ -196,7 +196,7 @@ impl Campaign<'_> {
         let Some(until) = self.term.as_ref().and_then(|t| t.term().proven_until()) else {
             return;
         };
-        let window = self.shared.config.effective_check_interval() * 2;
+        let window = self.shared.config.safe_window();
         let since = boottime().saturating_sub(until) + window;
         self.demote(&Error::SafeWindowPassed { since }).await;
     }
@@ -522,7 +522,7 @@ impl Campaign<'_> {
         let (term, control) = Term::issue(
             number,
             Some(lease.clone()),
-            sent + config.effective_check_interval() * 2,
+            sent + config.safe_window(),
         );
         self.term = Some(control);
         self.shared.leader.store(true, Ordering::Release);
@@ -599,7 +599,7 @@ impl Campaign<'_> {
                 .as_ref()
                 .and_then(|t| t.term().proven_until())
                 .unwrap_or_default();
-            let window = self.shared.config.effective_check_interval() * 2;
+            let window = self.shared.config.safe_window();
             return Err(Error::SafeWindowPassed {
                 since: boottime().saturating_sub(until) + window,
             });
@@ -636,7 +636,7 @@ impl Campaign<'_> {
                     Ok(())
                 }
             });
-        let window = config.effective_check_interval() * 2;
+        let window = config.safe_window();
         // An answer that arrives after the window closed proves nothing any more.
         let result = result.and_then(|()| match &self.term {
             Some(control) if !control.prove(sent + window) => Err(Error::SafeWindowPassed {

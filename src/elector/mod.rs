@@ -59,6 +59,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, Instrument};
 
 use crate::error::Error;
+use crate::timing::Timing;
 use crate::tls::TlsSettings;
 
 pub use crate::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
@@ -157,6 +158,22 @@ impl Config {
         } else {
             self.check_interval
         }
+    }
+
+    /// The timing model of this election ([`Timing`]): the check interval in effect, a grace of
+    /// one interval (the elector stops nothing itself; the binary's grace is in its own
+    /// `Timing`), and [`Config::effective_idle_session_timeout`].
+    pub fn timing(&self) -> Timing {
+        let interval = self.effective_check_interval();
+        let mut timing = Timing::new(interval, interval);
+        timing.idle_session_timeout = self.effective_idle_session_timeout();
+        timing
+    }
+
+    /// The leader's safe window, [`Timing::safe_window`]: 2 check intervals from the send time
+    /// of the last check that proved the lock (FIELD-NOTES PostgreSQL 6).
+    pub fn safe_window(&self) -> Duration {
+        self.timing().safe_window()
     }
 
     /// The `idle_session_timeout` in effect: the configured one, else 4 × check interval.
