@@ -56,6 +56,7 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Who leads right now: the leader''s host, pid and backend, since when, and the standbys')
             [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Prove that the lock excludes through these connection settings')
+            [CompletionResult]::new('step-down', 'step-down', [CompletionResultType]::ParameterValue, 'Ask the current leader to hand over (a planned switchover, e.g. to drain a host)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -90,9 +91,25 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
             break
         }
+        'leaderrun;step-down' {
+            [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value); the lock is per database')
+            [CompletionResult]::new('--lock-class', '--lock-class', [CompletionResultType]::ParameterName, 'First int4 of the advisory lock key')
+            [CompletionResult]::new('--lock-id', '--lock-id', [CompletionResultType]::ParameterName, 'Second int4 of the advisory lock key')
+            [CompletionResult]::new('--lock-name', '--lock-name', [CompletionResultType]::ParameterName, 'Derive the lock id from NAME instead of giving --lock-id')
+            [CompletionResult]::new('--check-interval', '--check-interval', [CompletionResultType]::ParameterName, 'Standby retry period, leader verification period, and timeout of one verification')
+            [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Log more: one level per -v (INFO → DEBUG → TRACE)')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Log more: one level per -v (INFO → DEBUG → TRACE)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Log less: one level per -q (INFO → WARN → ERROR)')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Log less: one level per -q (INFO → WARN → ERROR)')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
         'leaderrun;help' {
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Who leads right now: the leader''s host, pid and backend, since when, and the standbys')
             [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Prove that the lock excludes through these connection settings')
+            [CompletionResult]::new('step-down', 'step-down', [CompletionResultType]::ParameterValue, 'Ask the current leader to hand over (a planned switchover, e.g. to drain a host)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -100,6 +117,9 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             break
         }
         'leaderrun;help;doctor' {
+            break
+        }
+        'leaderrun;help;step-down' {
             break
         }
         'leaderrun;help;help' {

@@ -25,6 +25,9 @@ _leaderrun() {
             leaderrun,status)
                 cmd="leaderrun__subcmd__status"
                 ;;
+            leaderrun,step-down)
+                cmd="leaderrun__subcmd__step__subcmd__down"
+                ;;
             leaderrun__subcmd__help,doctor)
                 cmd="leaderrun__subcmd__help__subcmd__doctor"
                 ;;
@@ -34,6 +37,9 @@ _leaderrun() {
             leaderrun__subcmd__help,status)
                 cmd="leaderrun__subcmd__help__subcmd__status"
                 ;;
+            leaderrun__subcmd__help,step-down)
+                cmd="leaderrun__subcmd__help__subcmd__step__subcmd__down"
+                ;;
             *)
                 ;;
         esac
@@ -41,7 +47,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --min-hold --once --wait --every --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor help"
+            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --min-hold --once --wait --every --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor step-down help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -177,7 +183,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__help)
-            opts="status doctor help"
+            opts="status doctor step-down help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -232,8 +238,60 @@ _leaderrun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        leaderrun__subcmd__help__subcmd__step__subcmd__down)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         leaderrun__subcmd__status)
             opts="-v -q -h --json --dsn --lock-class --lock-id --lock-name --check-interval --verbose --quiet --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --dsn)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lock-class)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lock-id)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lock-name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --check-interval)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leaderrun__subcmd__step__subcmd__down)
+            opts="-v -q -h --dsn --lock-class --lock-id --lock-name --check-interval --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

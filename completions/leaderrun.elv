@@ -53,6 +53,7 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand --version 'Print version'
             cand status 'Who leads right now: the leader''s host, pid and backend, since when, and the standbys'
             cand doctor 'Prove that the lock excludes through these connection settings'
+            cand step-down 'Ask the current leader to hand over (a planned switchover, e.g. to drain a host)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'leaderrun;status'= {
@@ -84,14 +85,31 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand -h 'Print help (see more with ''--help'')'
             cand --help 'Print help (see more with ''--help'')'
         }
+        &'leaderrun;step-down'= {
+            cand --dsn 'PostgreSQL connection string (URL or keyword/value); the lock is per database'
+            cand --lock-class 'First int4 of the advisory lock key'
+            cand --lock-id 'Second int4 of the advisory lock key'
+            cand --lock-name 'Derive the lock id from NAME instead of giving --lock-id'
+            cand --check-interval 'Standby retry period, leader verification period, and timeout of one verification'
+            cand --log-format 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)'
+            cand -v 'Log more: one level per -v (INFO → DEBUG → TRACE)'
+            cand --verbose 'Log more: one level per -v (INFO → DEBUG → TRACE)'
+            cand -q 'Log less: one level per -q (INFO → WARN → ERROR)'
+            cand --quiet 'Log less: one level per -q (INFO → WARN → ERROR)'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
         &'leaderrun;help'= {
             cand status 'Who leads right now: the leader''s host, pid and backend, since when, and the standbys'
             cand doctor 'Prove that the lock excludes through these connection settings'
+            cand step-down 'Ask the current leader to hand over (a planned switchover, e.g. to drain a host)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'leaderrun;help;status'= {
         }
         &'leaderrun;help;doctor'= {
+        }
+        &'leaderrun;help;step-down'= {
         }
         &'leaderrun;help;help'= {
         }

@@ -53,6 +53,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -s h -l help -d 'Print
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s V -l version -d 'Print version'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "status" -d 'Who leads right now: the leader\'s host, pid and backend, since when, and the standbys'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "doctor" -d 'Prove that the lock excludes through these connection settings'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "step-down" -d 'Ask the current leader to hand over (a planned switchover, e.g. to drain a host)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-class -d 'First int4 of the advisory lock key' -r
@@ -75,6 +76,17 @@ json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s q -l quiet -d 'Log less: one level per -q (INFO → WARN → ERROR)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor help" -f -a "status" -d 'Who leads right now: the leader\'s host, pid and backend, since when, and the standbys'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor help" -f -a "doctor" -d 'Prove that the lock excludes through these connection settings'
-complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l lock-class -d 'First int4 of the advisory lock key' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l lock-id -d 'Second int4 of the advisory lock key' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -s q -l quiet -d 'Log less: one level per -q (INFO → WARN → ERROR)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor step-down help" -f -a "status" -d 'Who leads right now: the leader\'s host, pid and backend, since when, and the standbys'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor step-down help" -f -a "doctor" -d 'Prove that the lock excludes through these connection settings'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor step-down help" -f -a "step-down" -d 'Ask the current leader to hand over (a planned switchover, e.g. to drain a host)'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand help; and not __fish_seen_subcommand_from status doctor step-down help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -67,7 +67,8 @@ Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible i
 pub const USAGE: &str = "leaderrun [OPTIONS] -- COMMAND [ARG...]
        leaderrun [OPTIONS] -c STRING
        leaderrun status [--json] [OPTIONS]
-       leaderrun doctor [OPTIONS]";
+       leaderrun doctor [OPTIONS]
+       leaderrun step-down [OPTIONS]";
 
 /// `leaderrun [OPTIONS] -- COMMAND [ARG...]`
 #[derive(Debug, Parser)]
@@ -494,6 +495,18 @@ pub enum Action {
     ///
     /// Example: leaderrun doctor --dsn postgres://app@pgbouncer.internal:6432/plexsphere
     Doctor,
+    /// Ask the current leader to hand over (a planned switchover, e.g. to drain a host)
+    ///
+    /// Takes the step-down request: the bigint advisory lock whose halves are the lock key
+    /// (CLASS << 32 | ID, objsubid 1 in pg_locks, which never collides with the two-int4 leader
+    /// lock). The leader sees it at its next check, stops its child (stop signal, grace),
+    /// releases the lock and stays out of the campaign for one check interval, so a waiting
+    /// standby takes over within milliseconds. Exit 0 when another replica leads afterwards,
+    /// 1 when none took over within a minute (or none leads, or the holder is not leaderrun,
+    /// which cannot be asked), 125 on error.
+    ///
+    /// Example: leaderrun step-down --lock-id 7
+    StepDown,
 }
 
 /// `--log-format`.
@@ -581,7 +594,7 @@ impl Cli {
         if self.action.is_some() && run_only {
             return Err(Cli::command().error(
                 clap::error::ErrorKind::ArgumentConflict,
-                "status and doctor take only connection, lock and logging options \
+                "status, doctor and step-down take only connection, lock and logging options \
                  (to run a program named status or doctor: leaderrun [OPTIONS] -- status)",
             ));
         }

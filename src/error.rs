@@ -100,6 +100,11 @@ pub enum Error {
         since: Duration,
     },
 
+    /// `leaderrun step-down` asked this leader to hand over: it stops its child, releases the
+    /// lock and stays out of the campaign for one check interval.
+    #[error("a step-down was requested (leaderrun step-down): handing over")]
+    StepDownRequested,
+
     /// A second session was granted the lock this session holds: both reached one server
     /// backend, as behind a transaction-mode pooler (FIELD-NOTES PostgreSQL 8).
     #[error(

@@ -37,6 +37,7 @@ fn main() -> ExitCode {
         Some(Action::Status { json }) => {
             Exit::Code(status::status_main(connect, tls, lock, bound, json))
         }
+        Some(Action::StepDown) => Exit::Code(status::step_down_main(connect, tls, lock, bound)),
         Some(Action::Doctor) => Exit::Code(status::doctor_main(
             connect,
             tls,

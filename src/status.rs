@@ -22,7 +22,7 @@ use crate::error::{Chain, Error};
 use crate::exit_codes::FAILURE as EXIT_FAILURE;
 
 /// The leader as `status` sees it. Field names are stable (`--json`, documented in README).
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Leader {
     /// Backend pid of the lock session.
     pub pid: i32,
@@ -339,6 +339,104 @@ pub fn status_main(
             EXIT_FAILURE
         }
     }
+}
+
+/// How long `step-down` waits for another replica to lead.
+pub const STEP_DOWN_WAIT: Duration = Duration::from_secs(60);
+
+/// `leaderrun step-down`: takes the step-down request (the bigint advisory lock
+/// `class << 32 | id`, which the leader's check watches), waits until a replica other than the
+/// old leader (by `application_name`) holds the lock, and releases the request. Exit 0 when
+/// another replica leads, 1 when none took over within [`STEP_DOWN_WAIT`], none led, or the
+/// holder is not leaderrun, 125 on error.
+pub fn step_down_main(
+    connect_config: &tokio_postgres::Config,
+    tls: &crate::tls::TlsSettings,
+    lock: LockKey,
+    bound: Duration,
+) -> u8 {
+    let Some(rt) = runtime() else {
+        return EXIT_FAILURE;
+    };
+    let server = describe(connect_config);
+    let result: Result<u8, Error> = rt.block_on(async {
+        let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
+        let before = report(&client, &server, lock, bound).await?;
+        let Some(old) = before.leader else {
+            out("no leader holds the lock; nothing to step down\n");
+            return Ok(1);
+        };
+        if !old.leaderrun {
+            out(&format!(
+                "the holder is not leaderrun ({}); it cannot be asked to step down\n",
+                old.application_name
+                    .as_deref()
+                    .unwrap_or("no application_name")
+            ));
+            return Ok(1);
+        }
+        let request = step_down_key(lock);
+        let query = |what: &'static str, sql: String| {
+            let client = &client;
+            async move {
+                match tokio::time::timeout(bound, client.simple_query(&sql)).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(source)) => Err(Error::Query { what, source }),
+                    Err(_) => Err(Error::Timeout { what, after: bound }),
+                }
+            }
+        };
+        query(
+            "take the step-down request",
+            format!("SELECT pg_advisory_lock({request})"),
+        )
+        .await?;
+        let deadline = tokio::time::Instant::now() + STEP_DOWN_WAIT;
+        let mut released = false;
+        let outcome = loop {
+            let now = report(&client, &server, lock, bound).await?;
+            match &now.leader {
+                Some(l) if l.application_name != old.application_name => break Some(l.clone()),
+                Some(_) if released => break None,
+                Some(_) => {}
+                None => released = true,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        query(
+            "release the step-down request",
+            format!("SELECT pg_advisory_unlock({request})"),
+        )
+        .await?;
+        Ok(match outcome {
+            Some(new) => {
+                out(&format!(
+                    "stepped down: {} leads now (backend {})\n",
+                    new.application_name.as_deref().unwrap_or("?"),
+                    new.pid
+                ));
+                0
+            }
+            None => {
+                out("the leader did not hand over to another replica\n");
+                1
+            }
+        })
+    });
+    result.unwrap_or_else(|err| {
+        tracing::error!("step-down: {}", Chain(&err));
+        EXIT_FAILURE
+    })
+}
+
+/// The step-down request's key: the bigint whose halves are the lock's class and id. pg_locks
+/// shows it with `objsubid = 1` and the same `classid`/`objid` as the leader lock (which has
+/// `objsubid = 2`), so the two never collide (the seed's note on key forms).
+pub fn step_down_key(lock: LockKey) -> i64 {
+    (i64::from(lock.class) << 32) | i64::from(lock.id as u32)
 }
 
 /// One line of `doctor`'s output: `ok`, `FAIL` (with a hint), or `warn` (holds, with a hint).

@@ -691,3 +691,91 @@ fn a_standby_waiting_in_the_lock_queue_is_ready_from_its_first_check() {
     assert!(started.elapsed() < secs(3.0));
     assert_eq!(http(addr, "GET", "/readyz").1.trim(), "standby");
 }
+
+fn step_down(cluster: &Cluster, id: i32) -> std::process::Output {
+    crate::support::leaderrun()
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id.to_string(),
+            "step-down",
+        ])
+        .output()
+        .expect("run leaderrun step-down")
+}
+
+#[test]
+fn step_down_hands_over_to_a_standby_and_says_so() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script(
+        "job.sh",
+        "trap 'echo \"stopped $$\" >> \"$EVENTS\"; exit 0' TERM\nwhile :; do sleep 0.02; done",
+    );
+    let job = job.to_str().unwrap();
+    // No leader: nothing to ask.
+    assert_eq!(step_down(cluster, id).status.code(), Some(1));
+    let leader = Replica::start(cluster, id, "200ms", &["--", job]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let standby = Replica::start(cluster, id, "200ms", &["--", job]);
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    let out = step_down(cluster, id);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stepped down"));
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    assert_eq!(second.ppid, standby.pid());
+    // The old child got the stop signal and ended before the new one started; the old leader
+    // goes on as a standby.
+    assert!(scratch.events().contains(&format!("stopped {}", first.pid)));
+    assert!(!crate::support::alive(first.pid));
+    leader.wait_log("stepping down on request", 1, secs(2.0));
+    assert_eq!(cluster.waiters(id), 0);
+    wait_for("the old leader to queue as a standby", secs(5.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+}
+
+#[test]
+fn step_down_cannot_ask_a_holder_that_is_not_leaderrun() {
+    let cluster = Cluster::start_private();
+    let id = unique_lock_id();
+    let mut psql = std::process::Command::new(cluster.psql_path())
+        .args([
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.addr().port().to_string(),
+        ])
+        .args(["-U", "postgres", "-d", "postgres"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    writeln!(
+        psql.stdin.as_mut().unwrap(),
+        "SELECT pg_advisory_lock({}, {id});",
+        crate::support::CLASS
+    )
+    .unwrap();
+    wait_for("psql to hold the lock", secs(10.0), || {
+        (cluster.lock_holders(crate::support::CLASS, id).len() == 1).then_some(())
+    });
+    let out = step_down(&cluster, id);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not leaderrun"));
+    let _ = psql.kill();
+    let _ = psql.wait();
+}

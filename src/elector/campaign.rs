@@ -81,7 +81,11 @@ pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
                AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                AND classid = $1 AND objid = $2 AND objsubid = 2 \
                AND pid = pg_backend_pid() AND granted), \
-     pg_is_in_recovery()";
+     pg_is_in_recovery(), \
+     EXISTS (SELECT 1 FROM pg_locks \
+             WHERE locktype = 'advisory' \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND classid = $1 AND objid = $2 AND objsubid = 1 AND granted)";
 
 impl Campaign<'_> {
     pub(crate) async fn run(&mut self, cancel: &CancellationToken) {
@@ -519,11 +523,7 @@ impl Campaign<'_> {
         }
         self.shared.terms.store(number, Ordering::Release);
         // The grant is the term's first proof: its window counts from the try's send time.
-        let (term, control) = Term::issue(
-            number,
-            Some(lease.clone()),
-            sent + config.safe_window(),
-        );
+        let (term, control) = Term::issue(number, Some(lease.clone()), sent + config.safe_window());
         self.term = Some(control);
         self.shared.leader.store(true, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
@@ -618,6 +618,8 @@ impl Campaign<'_> {
                 let pid: i32 = row.get(0);
                 let held: bool = row.get(1);
                 let in_recovery: bool = row.get(2);
+                // `leaderrun step-down` holds the bigint lock whose halves are our key.
+                let step_down: bool = row.get(3);
                 if pid != session.backend_pid {
                     Err(Error::BackendChanged {
                         granted_to: session.backend_pid,
@@ -632,6 +634,8 @@ impl Campaign<'_> {
                         lock,
                         backend_pid: pid,
                     })
+                } else if step_down {
+                    Err(Error::StepDownRequested)
                 } else {
                     Ok(())
                 }
@@ -679,12 +683,21 @@ impl Campaign<'_> {
             return;
         };
         self.count_demotion(cause);
-        warn!(
-            target: "leaderrun::elector",
-            term = control.term().number(),
-            "background leader lock lost: {}",
-            Chain(cause)
-        );
+        if matches!(cause, Error::StepDownRequested) {
+            info!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "stepping down on request: stopping the child, then releasing the lock and \
+                 staying out for one check interval"
+            );
+        } else {
+            warn!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "background leader lock lost: {}",
+                Chain(cause)
+            );
+        }
         let session = self.session.take();
         self.release_after_holds(&control, session.is_some()).await;
         self.drop_session(session);

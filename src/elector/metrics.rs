@@ -46,7 +46,7 @@ impl ElectorMetrics {
                 Opts::new(
                     "leaderrun_demotions_total",
                     "Demotions by cause: session_closed, timeout, check_failed, lock_not_held, \
-                     backend_changed, in_recovery, safe_window_passed, abandoned.",
+                     backend_changed, in_recovery, safe_window_passed, step_down, abandoned.",
                 ),
                 &["cause"],
             )?,
@@ -72,6 +72,7 @@ pub(crate) fn demotion_cause(err: &Error) -> &'static str {
         Error::BackendChanged { .. } => "backend_changed",
         Error::InRecovery { .. } => "in_recovery",
         Error::SafeWindowPassed { .. } => "safe_window_passed",
+        Error::StepDownRequested => "step_down",
         e if e.is_closed() => "session_closed",
         _ => "check_failed",
     }

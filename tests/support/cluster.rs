@@ -533,6 +533,11 @@ impl Cluster {
         self.start();
     }
 
+    /// The `psql` next to this cluster's server.
+    pub fn psql_path(&self) -> PathBuf {
+        self.bin.join("psql")
+    }
+
     /// Runs SQL through `psql` and returns the rows, columns separated by `|`.
     pub fn sql(&self, sql: &str) -> Vec<String> {
         let out = Command::new(self.bin.join("psql"))
