@@ -38,7 +38,9 @@
 //! COMMAND's whole tree, is gone, and no INT/TERM is lost. [`child`] knows processes (own
 //! process group, one reaper, leftovers found among leaderrun's own children), [`signals`]
 //! takes in the signals leaderrun acts on, [`timing`] is the timing model as one checked value,
-//! [`runner`] builds the real parts, [`cli`] is the command line and [`conninfo`] resolves
+//! [`watchdog`] is the helper process that kills the tree and holds the lock session until it
+//! is dead when leaderrun itself dies or freezes, [`cgroup`] gives COMMAND a cgroup of its own
+//! where that is cheap or asked for, [`runner`] builds the real parts, [`cli`] is the command line and [`conninfo`] resolves
 //! connection settings the way psql does.
 
 pub mod cgroup;

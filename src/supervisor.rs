@@ -5,24 +5,24 @@
 //! [`Supervisor::run`] is a loop over one event type, [`Event`]: a signal, a term that began,
 //! the end of the term, a change of the check tally, the state's deadline, a tick of
 //! `--every`, a poll of the child's tree, the election failing. Each event is handled by one
-//! function, which moves the one [`State`] value on; each mode (contract §4) is a small policy
-//! over those events ([`Supervisor::after_stop`] and friends). A stop is a state the loop
+//! function, which moves the one `State` value on; each mode (contract §4) is a small policy
+//! over those events (`Supervisor::after_stop` and friends). A stop is a state the loop
 //! drives (signal, grace, SIGKILL, a bound), not a function that swallows events, so nothing
 //! that arrives meanwhile is lost.
 //!
 //! The three rules of the product are written once each:
 //!
 //! * **Start or continue only on a proven lock.** Every spawn goes through
-//!   [`Supervisor::start`], every SIGCONT after job control through
-//!   [`Supervisor::resume_child`]; both require [`Term::hold`] / [`Term::is_proven`], which
+//!   `Supervisor::start`, every SIGCONT after job control through
+//!   `Supervisor::resume_child`; both require [`Term::hold`] / [`Term::is_proven`], which
 //!   are refused once the safe window of the last check that proved the lock has passed.
-//!   Before every event is handled, [`Supervisor::enforce`] treats a term whose proof lapsed
+//!   Before every event and again before it is handled, `Supervisor::enforce` treats a term whose proof lapsed
 //!   (a resume after SIGSTOP) as ended, so a timer that fires first on resume finds no term to
 //!   start anything on.
 //! * **Release only after the tree is dead.** The child's [`TermHold`] lives in the state next
 //!   to its tree and is dropped with it once the tree is empty; the elector releases a lock
 //!   that may still be held only when every hold is gone (see [`Term`]).
-//! * **No stop request is lost.** INT/TERM sets [`Supervisor::shutdown`] whatever the state;
+//! * **No stop request is lost.** INT/TERM sets `Supervisor::shutdown` whatever the state;
 //!   every transition that would start something consults it first.
 //!
 //! The supervisor takes its signals ([`SignalStream`]), its terms ([`Election`]) and its

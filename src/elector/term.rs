@@ -16,9 +16,9 @@ use crate::lock::LockKey;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TermEnd {
     /// The replica lost the lock, or could not prove it held it (the seed's
-    /// `ErrLeadershipLost`); also the cause after a panic in [`Elector::run`].
+    /// `ErrLeadershipLost`); also the cause after a panic in [`Elector::run`](crate::Elector::run).
     LeadershipLost,
-    /// [`Elector::run`] was cancelled and released the lock on purpose.
+    /// [`Elector::run`](crate::Elector::run) was cancelled and released the lock on purpose.
     Resigned,
 }
 
@@ -68,7 +68,7 @@ pub(crate) struct Holds {
 /// One continuous period of leadership, or the ended placeholder a standby hands out.
 ///
 /// The seed's `Term(parent)`: cheap to clone; [`Term::ended`] resolves when leadership ends,
-/// and [`Term::end_cause`] then tells why. On a standby, [`Elector::term`] returns a term that
+/// and [`Term::end_cause`] then tells why. On a standby, [`Elector::term`](crate::Elector::term) returns a term that
 /// has already ended (number 0, no lease).
 ///
 /// # Proof and holds: the two rules every user of a term passes through
@@ -118,7 +118,7 @@ impl Drop for TermHold {
 }
 
 /// The issuing side of a [`Term`]: proves it, ends it, and waits for its holds. The
-/// [`Elector`] is one issuer; tests of code that runs under terms are another.
+/// [`Elector`](crate::Elector) is one issuer; tests of code that runs under terms are another.
 #[derive(Debug)]
 pub struct TermControl {
     pub(crate) term: Term,
