@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use crate::conninfo::describe;
+use crate::elector::session::within;
 use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
 use crate::exit_codes::FAILURE as EXIT_FAILURE;
@@ -121,21 +122,12 @@ pub async fn report(
     bound: Duration,
 ) -> Result<Report, Error> {
     let (class, id) = (lock.class as u32, lock.id as u32);
-    let rows = match tokio::time::timeout(bound, client.query(STATUS_SQL, &[&class, &id])).await {
-        Ok(Ok(rows)) => rows,
-        Ok(Err(source)) => {
-            return Err(Error::Query {
-                what: "status query",
-                source,
-            })
-        }
-        Err(_) => {
-            return Err(Error::Timeout {
-                what: "status query",
-                after: bound,
-            })
-        }
-    };
+    let rows = within(
+        "status query",
+        bound,
+        client.query(STATUS_SQL, &[&class, &id]),
+    )
+    .await?;
     let database = match rows.first() {
         Some(row) => row.get(7),
         None => {
@@ -376,19 +368,11 @@ pub fn step_down_main(
             return Ok(1);
         }
         let request = step_down_key(lock);
-        let query = |what: &'static str, sql: String| {
-            let client = &client;
-            async move {
-                match tokio::time::timeout(bound, client.simple_query(&sql)).await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(source)) => Err(Error::Query { what, source }),
-                    Err(_) => Err(Error::Timeout { what, after: bound }),
-                }
-            }
-        };
-        query(
+        let take = format!("SELECT pg_advisory_lock({request})");
+        within(
             "take the step-down request",
-            format!("SELECT pg_advisory_lock({request})"),
+            bound,
+            client.simple_query(&take),
         )
         .await?;
         let deadline = tokio::time::Instant::now() + STEP_DOWN_WAIT;
@@ -406,9 +390,11 @@ pub fn step_down_main(
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        query(
+        let release = format!("SELECT pg_advisory_unlock({request})");
+        within(
             "release the step-down request",
-            format!("SELECT pg_advisory_unlock({request})"),
+            bound,
+            client.simple_query(&release),
         )
         .await?;
         Ok(match outcome {
@@ -476,17 +462,9 @@ async fn one<T>(client: &Client, sql: &str, bound: Duration) -> Result<T, Error>
 where
     T: for<'a> tokio_postgres::types::FromSql<'a>,
 {
-    match tokio::time::timeout(bound, client.query_one(sql, &[])).await {
-        Ok(Ok(row)) => Ok(row.get(0)),
-        Ok(Err(source)) => Err(Error::Query {
-            what: "doctor query",
-            source,
-        }),
-        Err(_) => Err(Error::Timeout {
-            what: "doctor query",
-            after: bound,
-        }),
-    }
+    Ok(within("doctor query", bound, client.query_one(sql, &[]))
+        .await?
+        .get(0))
 }
 
 fn permission_hint(err: &Error) -> String {

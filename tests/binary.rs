@@ -436,12 +436,7 @@ fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
         took >= secs(0.5),
         "the lock moved after {took:?}, before idle_session_timeout could end the session"
     );
-    let ended = wait_for("the old child's end stamp", secs(2.0), || {
-        scratch.stamp("ended", first.pid)
-    });
-    let began = wait_for("the new child's start stamp", secs(2.0), || {
-        scratch.stamp("began", second.pid)
-    });
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
     assert!(
         ended < began,
         "overlap: old ended {ended:.3}, new began {began:.3}"

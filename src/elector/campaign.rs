@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::metrics::demotion_cause;
-use super::session::{boottime, connect, find_socket, session_closed, Session};
+use super::session::{boottime, connect, find_socket, session_closed, within, Session};
 use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
@@ -559,23 +559,12 @@ impl Campaign<'_> {
         // key is two integers.
         let try_sql = format!("SELECT pg_try_advisory_lock({}, {})", lock.class, lock.id);
         let unlock_sql = format!("SELECT pg_advisory_unlock({}, {})", lock.class, lock.id);
-        let granted = match timeout(bound, client.simple_query(&try_sql)).await {
-            Ok(Ok(messages)) => messages.iter().any(|m| {
+        let granted = within("probe exclusion", bound, client.simple_query(&try_sql))
+            .await?
+            .iter()
+            .any(|m| {
                 matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
-            }),
-            Ok(Err(source)) => {
-                return Err(Error::Query {
-                    what: "probe exclusion",
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(Error::Timeout {
-                    what: "probe exclusion",
-                    after: bound,
-                })
-            }
-        };
+            });
         if granted {
             let _ = timeout(bound, client.simple_query(&unlock_sql)).await;
             return Err(Error::SharedBackend);

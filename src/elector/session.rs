@@ -215,21 +215,7 @@ impl Session {
             client.query(set, &[&names, &values]).await?;
             client.query(read, &[&names]).await
         };
-        let rows = match timeout(bound, both).await {
-            Ok(Ok(rows)) => rows,
-            Ok(Err(source)) => {
-                return Err(Error::Query {
-                    what: "pin session timers",
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(Error::Timeout {
-                    what: "pin session timers",
-                    after: bound,
-                })
-            }
-        };
+        let rows = within("pin session timers", bound, both).await?;
         let mut backend_pid = None;
         if !rows
             .iter()
@@ -277,11 +263,7 @@ impl Session {
         let Some(client) = self.client.as_ref() else {
             return Err(Error::SessionClosed(None));
         };
-        match timeout(bound, client.prepare(sql)).await {
-            Ok(Ok(statement)) => Ok(statement),
-            Ok(Err(source)) => Err(Error::Query { what, source }),
-            Err(_) => Err(Error::Timeout { what, after: bound }),
-        }
+        within(what, bound, client.prepare(sql)).await
     }
 
     /// Runs one statement that returns one row, bounded by `bound`.
@@ -295,11 +277,7 @@ impl Session {
         let Some(client) = self.client.as_ref() else {
             return Err(Error::SessionClosed(None));
         };
-        match timeout(bound, client.query_one(sql, params)).await {
-            Ok(Ok(row)) => Ok(row),
-            Ok(Err(source)) => Err(Error::Query { what, source }),
-            Err(_) => Err(Error::Timeout { what, after: bound }),
-        }
+        within(what, bound, client.query_one(sql, params)).await
     }
 
     /// Closes the session politely (Terminate message) and waits briefly for the socket to
@@ -334,6 +312,23 @@ pub fn boottime() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
         .map(Duration::from)
         .unwrap_or_default()
+}
+
+/// Runs one statement (any tokio-postgres future) bounded by `bound`: the one place a query
+/// error becomes [`Error::Query`] and a missed deadline [`Error::Timeout`], both naming `what`.
+///
+/// # Errors
+/// [`Error::Query`] when the statement fails; [`Error::Timeout`] after `bound`.
+pub async fn within<T>(
+    what: &'static str,
+    bound: Duration,
+    statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, Error> {
+    match timeout(bound, statement).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(Error::Query { what, source }),
+        Err(_) => Err(Error::Timeout { what, after: bound }),
+    }
 }
 
 /// A descriptor of this process found to be a session's socket.

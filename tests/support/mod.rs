@@ -169,6 +169,20 @@ impl Scratch {
         })
     }
 
+    /// The old child's `ended` stamp and the new child's `began` stamp (seconds), waiting up
+    /// to 2 s for each: the overlap checks compare them.
+    pub fn ended_and_began(&self, old: i32, new: i32) -> (f64, f64) {
+        let ended = wait_for("the old child's end stamp", Duration::from_secs(2), || {
+            self.stamp("ended", old)
+        });
+        let began = wait_for(
+            "the new child's start stamp",
+            Duration::from_secs(2),
+            || self.stamp("began", new),
+        );
+        (ended, began)
+    }
+
     /// Waits until at least `n` starts are recorded and returns them.
     pub fn wait_starts(&self, n: usize, within: Duration) -> Vec<Start> {
         wait_for(&format!("{n} child start(s)"), within, || {
