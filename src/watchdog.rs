@@ -135,6 +135,8 @@ struct Held {
     tree: i32,
     session: Option<OwnedFd>,
     beat: u64,
+    /// Releases sent without waiting whose acknowledgements are still to come.
+    unanswered: usize,
 }
 
 /// Whether process group `pgid` has a member that is not a zombie. Once leaderrun is gone its
@@ -277,6 +279,7 @@ impl Watchdog {
                 send_on(fd, Message::Session, Some(s.as_fd())).is_ok()
             });
         held.link = Some(link);
+        held.unanswered = 0;
         ok
     }
 
@@ -334,7 +337,7 @@ impl SessionKeeper for Watchdog {
         }
     }
 
-    fn release(&self) {
+    fn release(&self, wait: bool) {
         let mut held = self.lock();
         held.session = None;
         let Some(link) = &held.link else {
@@ -343,6 +346,15 @@ impl SessionKeeper for Watchdog {
         if send_on(link.fd.as_fd(), Message::Release, None).is_err() {
             return;
         }
+        if !wait {
+            // Its acknowledgement is skipped by the next release that waits.
+            held.unanswered += 1;
+            return;
+        }
+        let mut skip = std::mem::take(&mut held.unanswered);
+        let Some(link) = &held.link else {
+            return;
+        };
         // Wait for the acknowledgement: until then the watchdog's copy keeps the session (and
         // the lock) alive, and closing ours would release nothing.
         let deadline = boottime() + RELEASE_WAIT;
@@ -357,6 +369,7 @@ impl SessionKeeper for Watchdog {
                 return;
             }
             match receive(link.fd.as_fd(), left) {
+                Ok(Some((Message::Released, _))) if skip > 0 => skip -= 1,
                 Ok(Some((Message::Released, _))) => return,
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => return,

@@ -208,9 +208,17 @@ impl Campaign<'_> {
     /// The server ended the session: the lock is gone with it, so there is nothing to hold
     /// back; the term ends at once (FIELD-NOTES PostgreSQL 4).
     pub(crate) fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
+        // Nothing to wait for: the session, and its lock, are gone already. The term ends
+        // first, so the child's stop starts without delay.
         let session = self.session.take();
-        self.drop_session(session);
-        if let Some(control) = self.end_term(TermEnd::LeadershipLost) {
+        let ended = self.end_term(TermEnd::LeadershipLost);
+        if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
+            if session.socket.is_some() {
+                keeper.release(false);
+            }
+        }
+        drop(session);
+        if let Some(control) = ended {
             let cause = Error::SessionClosed(cause);
             self.count_demotion(&cause);
             warn!(
@@ -697,7 +705,7 @@ impl Campaign<'_> {
     pub(crate) fn drop_session(&self, session: Option<Session>) {
         if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
             if session.socket.is_some() {
-                keeper.release();
+                keeper.release(true);
             }
         }
         drop(session);
@@ -774,7 +782,7 @@ impl Campaign<'_> {
             }
         }
         if let (Some(keeper), Some(_)) = (&self.shared.config.keeper, session.socket) {
-            keeper.release();
+            keeper.release(true);
         }
         session.close().await;
     }
@@ -803,7 +811,7 @@ impl Campaign<'_> {
                     runtime.spawn(async move {
                         held.released(bound).await;
                         if let (Some(keeper), Some(_)) = (keeper, session.socket) {
-                            keeper.release();
+                            keeper.release(true);
                         }
                         drop(session);
                     });

@@ -84,9 +84,10 @@ pub const GAUGE_NAME: &str = "plexsphere_background_leader";
 pub trait SessionKeeper: Send + Sync + std::fmt::Debug {
     /// The lock was granted on the session whose socket is `socket`: keep a duplicate.
     fn keep(&self, socket: std::os::fd::BorrowedFd<'_>);
-    /// The session is about to be closed on purpose: drop the duplicate first, and return once
-    /// it is dropped (bounded).
-    fn release(&self);
+    /// The session is about to be closed: drop the duplicate first. With `wait`, return only
+    /// once it is dropped (bounded), since until then the session, and maybe the lock, lives
+    /// on; without, for a session the server already ended, return at once.
+    fn release(&self, wait: bool);
 }
 
 /// How an [`Elector`] connects, which lock it campaigns for, and how often it checks: the seed's
