@@ -47,7 +47,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --min-hold --once --wait --every --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor step-down help"
+            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --slots --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --min-hold --once --wait --every --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor step-down help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -66,6 +66,10 @@ _leaderrun() {
                     return 0
                     ;;
                 --lock-name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slots)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -145,7 +149,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__doctor)
-            opts="-v -q -h --dsn --lock-class --lock-id --lock-name --check-interval --verbose --quiet --log-format --help"
+            opts="-v -q -h --dsn --lock-class --lock-id --lock-name --slots --check-interval --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -164,6 +168,10 @@ _leaderrun() {
                     return 0
                     ;;
                 --lock-name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slots)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -253,7 +261,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__status)
-            opts="-v -q -h --json --dsn --lock-class --lock-id --lock-name --check-interval --verbose --quiet --log-format --help"
+            opts="-v -q -h --json --dsn --lock-class --lock-id --lock-name --slots --check-interval --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -272,6 +280,10 @@ _leaderrun() {
                     return 0
                     ;;
                 --lock-name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slots)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -291,12 +303,16 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__step__subcmd__down)
-            opts="-v -q -h --dsn --lock-class --lock-id --lock-name --check-interval --verbose --quiet --log-format --help"
+            opts="-v -q -h --slot --dsn --lock-class --lock-id --lock-name --slots --check-interval --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --slot)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --dsn)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -310,6 +326,10 @@ _leaderrun() {
                     return 0
                     ;;
                 --lock-name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slots)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n dsn= lock-class= lock-id= lock-name= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= cgroup min-hold= n/once w/wait= every= tick-at-grant restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
+    string join \n dsn= lock-class= lock-id= lock-name= slots= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= cgroup min-hold= n/once w/wait= every= tick-at-grant restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -28,6 +28,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l dsn -d 'PostgreSQL 
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lock-class -d 'First int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lock-id -d 'Second int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l slots -d 'At most N replicas lead at once, each on a slot of its own' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s k -l grace -d 'Time between the stop signal and SIGKILL [default: the check interval]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l stop-signal -d 'First signal sent to COMMAND\'s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits' -r
@@ -59,6 +60,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l dsn -d 'P
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-class -d 'First int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-id -d 'Second int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l slots -d 'At most N replicas lead at once, each on a slot of its own' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
@@ -70,16 +72,19 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l dsn -d 'P
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-class -d 'First int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-id -d 'Second int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l slots -d 'At most N replicas lead at once, each on a slot of its own' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s q -l quiet -d 'Log less: one level per -q (INFO → WARN → ERROR)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l slot -d 'With --slots N: the slot whose leader is asked (0 … N-1)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l lock-class -d 'First int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l lock-id -d 'Second int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l slots -d 'At most N replicas lead at once, each on a slot of its own' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"

@@ -159,6 +159,24 @@ pub struct Cli {
     )]
     pub lock_name: Option<String>,
 
+    /// At most N replicas lead at once, each on a slot of its own
+    ///
+    /// Slot k (0 … N-1) is the key (CLASS + k, ID): slot 0 is the key itself. Each leader gets
+    /// LEADERRUN_SLOT; every rule of the single lock holds per slot. All replicas of one lock
+    /// must give the same N, and so must status and step-down.
+    ///
+    /// Example: --slots 3
+    #[arg(
+        long,
+        value_name = "N",
+        env = "LEADERRUN_SLOTS",
+        global = true,
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..=1024),
+        help_heading = "Lock"
+    )]
+    pub slots: u32,
+
     /// Standby retry period, leader verification period, and timeout of one verification
     ///
     /// A duration with a unit: 500ms, 5s, 2m.
@@ -506,7 +524,11 @@ pub enum Action {
     /// which cannot be asked), 125 on error.
     ///
     /// Example: leaderrun step-down --lock-id 7
-    StepDown,
+    StepDown {
+        /// With --slots N: the slot whose leader is asked (0 … N-1)
+        #[arg(long, value_name = "K", default_value_t = 0)]
+        slot: u32,
+    },
 }
 
 /// `--log-format`.
@@ -529,6 +551,8 @@ pub struct Settings {
     pub tls: crate::tls::TlsSettings,
     /// The advisory lock key.
     pub lock: LockKey,
+    /// `--slots` (1 … 1024).
+    pub slots: u32,
     /// Check interval, grace and the lock session's `idle_session_timeout`: the timing model,
     /// checked.
     pub timing: crate::timing::Timing,
@@ -685,6 +709,7 @@ impl Cli {
             connect: resolved.config,
             tls: resolved.tls,
             lock: self.lock(),
+            slots: self.slots,
             timing: self.timing(),
             stop_signal: self.stop_signal,
             command: self.command_line(),

@@ -34,6 +34,47 @@ impl std::fmt::Display for LockKey {
     }
 }
 
+impl LockKey {
+    /// The key of slot `slot` of a lock with slots (`--slots N`, contract §2): slot 0 is the
+    /// key itself, slot k is `(class + k, id)` (wrapping int4 addition). Varying the class keeps
+    /// the slots clear of the neighbouring ids that other jobs of the same class use.
+    pub fn slot(self, slot: u32) -> LockKey {
+        LockKey {
+            class: self.class.wrapping_add(slot as i32),
+            id: self.id,
+        }
+    }
+
+    /// The bigint key of the step-down request for this key (`leaderrun step-down`): the
+    /// bigint whose halves are the class and the id. pg_locks shows it with `objsubid = 1`
+    /// and the same `classid`/`objid` as this key (which has `objsubid = 2`), so the two never
+    /// collide (PostgreSQL's manual, "Advisory Locks": the two key forms do not overlap).
+    pub fn step_down_request(self) -> i64 {
+        (i64::from(self.class) << 32) | i64::from(self.id as u32)
+    }
+
+    /// The bigint key of place `place` (1 … [`QUEUE_PLACES`]) in the line of standbys for this
+    /// key: the holder of place 1, the queue head, waits for this key in the server's lock
+    /// queue; the holder of place p > 1 waits for place p − 1; every other standby tries the
+    /// key and the places once per check interval. So however many standbys there are, at
+    /// most [`QUEUE_PLACES`] wait in the server's queues (FIELD-NOTES PostgreSQL 16), and a
+    /// release moves the whole line up at once.
+    ///
+    /// pg_locks shows it with `objsubid = 1`, `objid` = id and `classid` = class XOR
+    /// 0x80000000 (place 1) or XOR 0x40000000 (place 2): never a slot's key (those have
+    /// `objsubid = 2`), nor a step-down request or another place of the same lock's slots
+    /// (their classes differ from these by less than the number of slots).
+    pub fn queue_key(self, place: u32) -> i64 {
+        let flip = (0x8000_0000u32 >> (place.clamp(1, 2) - 1)) as i32;
+        (i64::from(self.class ^ flip) << 32) | i64::from(self.id as u32)
+    }
+}
+
+/// How many standbys of one slot wait in the server's lock queues: the queue head, which
+/// waits for the slot's key, and one behind it, which waits for the head's place, so that two
+/// hand-overs in a row both reach a waiting standby at once ([`LockKey::queue_key`]).
+pub const QUEUE_PLACES: u32 = 2;
+
 /// The lock id `--lock-name NAME` stands for: the first 4 bytes of SHA-256 of the UTF-8 NAME,
 /// big-endian, as a signed int4. Fixed forever (FIELD-NOTES PostgreSQL 10): never a hasher
 /// whose output may change between builds, never the server's `hashtext()`.
@@ -53,6 +94,36 @@ mod tests {
         assert_eq!(key.class, 0x706C_7873);
         assert_eq!(&key.class.to_be_bytes(), b"plxs");
         assert_eq!(key.to_string(), "1886156915:1");
+    }
+
+    #[test]
+    fn slot_head_and_request_keys_are_distinct_and_documented() {
+        let key = LockKey { class: 7, id: -2 };
+        assert_eq!(key.slot(0), key);
+        assert_eq!(key.slot(2), LockKey { class: 9, id: -2 });
+        let top = LockKey {
+            class: i32::MAX,
+            id: 1,
+        };
+        assert_eq!(top.slot(1).class, i32::MIN, "wraps");
+        // pg_locks halves of the bigint forms: classid = high word, objid = low word.
+        let halves = |k: i64| ((k >> 32) as u32, k as u32);
+        assert_eq!(halves(key.step_down_request()), (7, (-2i32) as u32));
+        assert_eq!(halves(key.queue_key(1)), (7 ^ 0x8000_0000, (-2i32) as u32));
+        assert_eq!(halves(key.queue_key(2)), (7 ^ 0x4000_0000, (-2i32) as u32));
+        for class in [0, -1, 1, i32::MAX, i32::MIN, DEFAULT_LOCK_CLASS] {
+            let key = LockKey { class, id: 1 };
+            let mut seen = std::collections::HashSet::new();
+            for j in 0..64 {
+                assert!(seen.insert(key.slot(j).step_down_request()));
+                for place in 1..=QUEUE_PLACES {
+                    assert!(
+                        seen.insert(key.slot(j).queue_key(place)),
+                        "{class} {j} {place}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

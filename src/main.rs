@@ -32,16 +32,24 @@ fn main() -> ExitCode {
         }
     };
     let bound = runner::elector_config(&settings).io_bound();
-    let (connect, tls, lock) = (&settings.connect, &settings.tls, settings.lock);
+    let (connect, tls, lock, slots) = (
+        &settings.connect,
+        &settings.tls,
+        settings.lock,
+        settings.slots,
+    );
     let exit = match cli.action {
         Some(Action::Status { json }) => {
-            Exit::Code(status::status_main(connect, tls, lock, bound, json))
+            Exit::Code(status::status_main(connect, tls, lock, slots, bound, json))
         }
-        Some(Action::StepDown) => Exit::Code(status::step_down_main(connect, tls, lock, bound)),
+        Some(Action::StepDown { slot }) => Exit::Code(status::step_down_main(
+            connect, tls, lock, slots, slot, bound,
+        )),
         Some(Action::Doctor) => Exit::Code(status::doctor_main(
             connect,
             tls,
             lock,
+            slots,
             bound,
             settings.database_from,
         )),

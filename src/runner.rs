@@ -62,6 +62,7 @@ pub fn elector_config(settings: &Settings) -> Config {
     let mut config = Config::new(settings.connect.clone());
     config.tls = settings.tls.clone();
     config.lock = settings.lock;
+    config.slots = settings.slots;
     config.check_interval = settings.timing.check_interval;
     config.idle_session_timeout = Some(settings.timing.idle_session_timeout);
     // Standbys wait in the lock queue, so a release reaches them at once (contract §8); a

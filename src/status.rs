@@ -25,6 +25,10 @@ use crate::exit_codes::FAILURE as EXIT_FAILURE;
 /// The leader as `status` sees it. Field names are stable (`--json`, documented in README).
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Leader {
+    /// The slot it holds, 0 … N−1 (`--slots N`; always 0 with one slot).
+    pub slot: u32,
+    /// The key of that slot, `class:id` (contract §2: slot k is `class + k : id`).
+    pub lock: String,
     /// Backend pid of the lock session.
     pub pid: i32,
     /// Whether the holder is a leaderrun (its `application_name` is `leaderrun@HOST:PID`).
@@ -56,11 +60,22 @@ pub struct Leader {
     pub fencing_token: Option<i64>,
 }
 
-/// A session waiting for the lock in the server's queue (a standby in `pg_advisory_lock`).
+/// A standby of the lock: a session in line for it (waiting in the server's queue, or
+/// holding a place in line, see [`LockKey::queue_key`]) or one that tries it once per check
+/// interval (found by the comment its statements carry in `pg_stat_activity.query`).
 #[derive(Debug, Serialize, PartialEq)]
 pub struct Standby {
-    /// Backend pid of the waiting session.
+    /// Backend pid of the standby's session.
     pub backend_pid: i32,
+    /// Whether it waits in the server's lock queue right now (for a slot or for the place
+    /// ahead of it); its pid is then in [`Report::waiters`].
+    pub queued: bool,
+    /// Its place in the line of standbys (1: the queue head, which waits for the lock
+    /// itself; 2: the one behind it); null for a standby that is not in line and tries the
+    /// lock once per interval.
+    pub place: Option<u32>,
+    /// The slot whose line it is in; null when it is not in line.
+    pub slot: Option<u32>,
     /// Whether it is a leaderrun (`application_name` `leaderrun@HOST:PID`).
     pub leaderrun: bool,
     /// Its host, from `application_name`; null when it is not leaderrun.
@@ -76,6 +91,17 @@ pub struct Standby {
     pub waiting_since: Option<String>,
 }
 
+/// A place in line for one slot in a [`Report`].
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Slot {
+    /// The slot, 0 … N−1.
+    pub slot: u32,
+    /// Its key, `class:id`.
+    pub lock: String,
+    /// Its leader, or null.
+    pub leader: Option<Leader>,
+}
+
 /// The output of `status`; also its `--json` form (field names are stable).
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -89,29 +115,58 @@ pub struct Report {
     pub database: String,
     /// The server, redacted (no password).
     pub server: String,
-    /// The leader, or null.
+    /// How many slots were asked about (`--slots N`, default 1).
+    pub slots: u32,
+    /// The leader of slot 0 (with one slot: the leader), or, when slot 0 is free, of the
+    /// first slot that is held; null when none is.
     pub leader: Option<Leader>,
-    /// Backend pids waiting for the key (sessions blocked in `pg_advisory_lock`), in pid order.
+    /// Every slot with its leader, in slot order.
+    pub slot_leaders: Vec<Slot>,
+    /// Backend pids of the standbys that wait in the server's lock queue right now (for a
+    /// slot, or for the place ahead of them in line), in pid order.
     pub waiters: Vec<i32>,
-    /// The same waiting sessions with their hosts and pids, in the same order.
+    /// Every standby session: those in line first (by slot and place), then those that try
+    /// the lock once per interval, each group in pid order.
     pub standbys: Vec<Standby>,
 }
 
+/// The seed's `pg_locks` query for every slot's key and every place in line, joined to
+/// `pg_stat_activity`. `$1`: the slots' classes, `$2`: the places' classes (both `oid[]`, the
+/// unsigned view of the int4), `$3`: the id.
 const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
        host(a.client_addr), NULLIF(a.client_port, -1), \
        to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
        a.query, current_database(), \
        to_char((to_jsonb(l) ->> 'waitstart')::timestamptz AT TIME ZONE 'UTC', \
-               'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
+               'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+       l.classid, l.objsubid \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' \
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-       AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
+       AND l.objid = $3 \
+       AND ((l.objsubid = 2 AND l.classid = ANY($1)) OR (l.objsubid = 1 AND l.classid = ANY($2))) \
      ORDER BY l.granted DESC, l.pid";
+
+/// Standby sessions between their checks: their last statement carries
+/// [`standby_comment`](crate::elector::session::standby_comment). `$1`: the comment.
+const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, host(a.client_addr) \
+     FROM pg_stat_activity a \
+     WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() \
+       AND starts_with(a.query, $1) \
+     ORDER BY a.pid";
 
 use crate::holder::parse_check_comment;
 
-/// Queries who holds `lock` through `client`.
+/// `leaderrun@HOST:PID` split, when it is one.
+fn who(application_name: Option<&str>) -> (Option<String>, Option<u32>) {
+    match application_name.and_then(crate::holder::parse_application_name) {
+        Some((host, pid)) => (Some(host), Some(pid)),
+        None => (None, None),
+    }
+}
+
+/// Queries who holds `lock`'s `slots` slots (1 for an ordinary lock) through `client`, and
+/// who stands by.
 ///
 /// # Errors
 /// [`Error::Query`] when the query fails; [`Error::Timeout`] after `bound`.
@@ -119,15 +174,41 @@ pub async fn report(
     client: &Client,
     server: &str,
     lock: LockKey,
+    slots: u32,
     bound: Duration,
 ) -> Result<Report, Error> {
-    let (class, id) = (lock.class as u32, lock.id as u32);
-    let rows = within(
-        "status query",
-        bound,
-        client.query(STATUS_SQL, &[&class, &id]),
-    )
-    .await?;
+    use crate::lock::QUEUE_PLACES;
+    let slots = slots.max(1);
+    // pg_locks shows the int4 halves as oid, i.e. unsigned.
+    let slot_classes: Vec<u32> = (0..slots).map(|k| lock.slot(k).class as u32).collect();
+    let mut place_classes = Vec::new();
+    let mut places = std::collections::HashMap::new();
+    for k in 0..slots {
+        for place in 1..=QUEUE_PLACES {
+            let class = (lock.slot(k).queue_key(place) >> 32) as u32;
+            place_classes.push(class);
+            places.insert(class, (k, place));
+        }
+    }
+    let id = lock.id as u32;
+    let comment = crate::elector::session::standby_comment(lock);
+    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+        [&slot_classes, &place_classes, &id];
+    let comment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&comment];
+    // Both in one flight.
+    let (rows, between) = tokio::join!(
+        within(
+            "status query",
+            bound,
+            client.query(STATUS_SQL, &lock_params),
+        ),
+        within(
+            "standbys query",
+            bound,
+            client.query(STANDBYS_SQL, &comment_params),
+        )
+    );
+    let (rows, between) = (rows?, between?);
     let database = match rows.first() {
         Some(row) => row.get(7),
         None => {
@@ -135,62 +216,117 @@ pub async fn report(
             row.map(|r| r.get(0)).unwrap_or_default()
         }
     };
-    let mut leader = None;
+    let mut slot_leaders: Vec<Slot> = (0..slots)
+        .map(|k| Slot {
+            slot: k,
+            lock: lock.slot(k).to_string(),
+            leader: None,
+        })
+        .collect();
     let mut waiters = Vec::new();
-    let mut standbys = Vec::new();
+    let mut in_line: Vec<Standby> = Vec::new();
     for row in &rows {
         let pid: i32 = row.get(0);
         let granted: bool = row.get(1);
         let application_name: Option<String> = row.get(2);
-        let parsed = application_name
-            .as_deref()
-            .and_then(crate::holder::parse_application_name);
-        let (host, leaderrun_pid) = match parsed {
-            Some((host, pid)) => (Some(host), Some(pid)),
-            None => (None, None),
-        };
+        let (host, leaderrun_pid) = who(application_name.as_deref());
+        let class: u32 = row.get(9);
+        let objsubid: i16 = row.get(10);
         if !granted {
             waiters.push(pid);
-            standbys.push(Standby {
-                backend_pid: pid,
-                leaderrun: host.is_some(),
-                host,
-                leaderrun_pid,
-                application_name,
-                client_addr: row.get(3),
-                waiting_since: row.get(8),
-            });
+        }
+        if granted && objsubid == 2 {
+            let slot = class.wrapping_sub(lock.class as u32);
+            let query: Option<String> = row.get(6);
+            let (term, since, fencing_token) = parse_check_comment(query.as_deref().unwrap_or(""));
+            let leading_seconds = since
+                .as_deref()
+                .and_then(|s| humantime::parse_rfc3339(s).ok())
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .map(|d| d.as_secs());
+            if let Some(entry) = slot_leaders.get_mut(slot as usize) {
+                entry.leader = Some(Leader {
+                    slot,
+                    lock: lock.slot(slot).to_string(),
+                    pid,
+                    leaderrun: host.is_some(),
+                    host,
+                    leaderrun_pid,
+                    application_name,
+                    client_addr: row.get(3),
+                    client_port: row.get(4),
+                    backend_start: row.get(5),
+                    term,
+                    since,
+                    leading_seconds,
+                    fencing_token,
+                });
+            }
             continue;
         }
-        let query: Option<String> = row.get(6);
-        let (term, since, fencing_token) = parse_check_comment(query.as_deref().unwrap_or(""));
-        let leading_seconds = since
-            .as_deref()
-            .and_then(|s| humantime::parse_rfc3339(s).ok())
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
-            .map(|d| d.as_secs());
-        leader = Some(Leader {
-            pid,
+        let standby = match in_line.iter_mut().find(|s| s.backend_pid == pid) {
+            Some(standby) => standby,
+            None => {
+                in_line.push(Standby {
+                    backend_pid: pid,
+                    queued: false,
+                    place: None,
+                    slot: None,
+                    leaderrun: host.is_some(),
+                    host,
+                    leaderrun_pid,
+                    application_name,
+                    client_addr: row.get(3),
+                    waiting_since: None,
+                });
+                in_line.last_mut().expect("just pushed")
+            }
+        };
+        if !granted {
+            standby.queued = true;
+            standby.waiting_since = row.get(8);
+        } else if let Some(&(slot, place)) = places.get(&class) {
+            standby.place = Some(place);
+            standby.slot = Some(slot);
+        }
+    }
+    waiters.sort_unstable();
+    in_line.sort_by_key(|s| (s.slot, s.place, s.backend_pid));
+    let leaders: Vec<i32> = slot_leaders
+        .iter()
+        .filter_map(|s| s.leader.as_ref().map(|l| l.pid))
+        .collect();
+    let mut standbys = in_line;
+    for row in &between {
+        let pid: i32 = row.get(0);
+        if leaders.contains(&pid) || standbys.iter().any(|s| s.backend_pid == pid) {
+            continue;
+        }
+        let application_name: Option<String> = row.get(1);
+        let (host, leaderrun_pid) = who(application_name.as_deref());
+        standbys.push(Standby {
+            backend_pid: pid,
+            queued: false,
+            place: None,
+            slot: None,
             leaderrun: host.is_some(),
             host,
             leaderrun_pid,
             application_name,
-            client_addr: row.get(3),
-            client_port: row.get(4),
-            backend_start: row.get(5),
-            term,
-            since,
-            leading_seconds,
-            fencing_token,
+            client_addr: row.get(2),
+            waiting_since: None,
         });
     }
+    let leader = slot_leaders.iter().find_map(|s| s.leader.clone());
     Ok(Report {
         lock: lock.to_string(),
         lock_class: lock.class,
         lock_id: lock.id,
         database,
         server: server.to_owned(),
+        slots,
         leader,
+        slot_leaders,
         waiters,
         standbys,
     })
@@ -202,6 +338,50 @@ fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
         .map_or_else(|| "unknown".to_owned(), T::to_string)
 }
 
+impl Leader {
+    /// The leader's lines of the table.
+    fn lines(&self, out: &mut String) {
+        let who = crate::holder::Who {
+            application_name: self.application_name.as_deref(),
+        };
+        match (&self.host, self.leaderrun_pid) {
+            (Some(host), Some(pid)) => {
+                out.push_str(&format!("leader         {host}, leaderrun pid {pid}\n"));
+            }
+            _ => out.push_str(&format!("leader         {who}\n")),
+        }
+        out.push_str(&format!("leader pid     {} (backend)\n", self.pid));
+        out.push_str(&format!(
+            "application    {}\n",
+            show(&self.application_name)
+        ));
+        let client = match (&self.client_addr, self.client_port) {
+            (Some(addr), Some(port)) if port > 0 => format!("{addr}:{port}"),
+            (Some(addr), _) => addr.clone(),
+            (None, _) => "local socket or not visible".to_owned(),
+        };
+        out.push_str(&format!("client         {client}\n"));
+        out.push_str(&format!("backend start  {}\n", show(&self.backend_start)));
+        let led = match (&self.since, self.leading_seconds) {
+            (Some(since), Some(secs)) => format!(
+                "{since} ({})",
+                humantime::format_duration(Duration::from_secs(secs))
+            ),
+            (Some(since), None) => since.clone(),
+            _ => "unknown".to_owned(),
+        };
+        out.push_str(&format!("leading since  {led}\n"));
+        out.push_str(&format!(
+            "term           {} (terms of this leader process)\n",
+            show(&self.term)
+        ));
+        out.push_str(&format!(
+            "fencing token  {} (grows across all replicas)\n",
+            show(&self.fencing_token)
+        ));
+    }
+}
+
 impl Report {
     /// The human table.
     pub fn table(&self) -> String {
@@ -209,44 +389,27 @@ impl Report {
             "lock           {} (database {}, {})\n",
             self.lock, self.database, self.server
         );
-        match &self.leader {
-            None => out.push_str("leader         none\n"),
-            Some(l) => {
-                let who = crate::holder::Who {
-                    application_name: l.application_name.as_deref(),
-                };
-                match (&l.host, l.leaderrun_pid) {
-                    (Some(host), Some(pid)) => {
-                        out.push_str(&format!("leader         {host}, leaderrun pid {pid}\n"));
-                    }
-                    _ => out.push_str(&format!("leader         {who}\n")),
+        if self.slots > 1 {
+            let held = self
+                .slot_leaders
+                .iter()
+                .filter(|s| s.leader.is_some())
+                .count();
+            out.push_str(&format!("slots          {held} of {} held\n", self.slots));
+            for slot in &self.slot_leaders {
+                out.push_str(&format!(
+                    "slot           {} (lock {})\n",
+                    slot.slot, slot.lock
+                ));
+                match &slot.leader {
+                    None => out.push_str("leader         none\n"),
+                    Some(l) => l.lines(&mut out),
                 }
-                out.push_str(&format!("leader pid     {} (backend)\n", l.pid));
-                out.push_str(&format!("application    {}\n", show(&l.application_name)));
-                let client = match (&l.client_addr, l.client_port) {
-                    (Some(addr), Some(port)) if port > 0 => format!("{addr}:{port}"),
-                    (Some(addr), _) => addr.clone(),
-                    (None, _) => "local socket or not visible".to_owned(),
-                };
-                out.push_str(&format!("client         {client}\n"));
-                out.push_str(&format!("backend start  {}\n", show(&l.backend_start)));
-                let led = match (&l.since, l.leading_seconds) {
-                    (Some(since), Some(secs)) => format!(
-                        "{since} ({})",
-                        humantime::format_duration(Duration::from_secs(secs))
-                    ),
-                    (Some(since), None) => since.clone(),
-                    _ => "unknown".to_owned(),
-                };
-                out.push_str(&format!("leading since  {led}\n"));
-                out.push_str(&format!(
-                    "term           {} (terms of this leader process)\n",
-                    show(&l.term)
-                ));
-                out.push_str(&format!(
-                    "fencing token  {} (grows across all replicas)\n",
-                    show(&l.fencing_token)
-                ));
+            }
+        } else {
+            match &self.leader {
+                None => out.push_str("leader         none\n"),
+                Some(l) => l.lines(&mut out),
             }
         }
         let waiters = if self.waiters.is_empty() {
@@ -267,13 +430,23 @@ impl Report {
                 }
                 .to_string(),
             };
+            let line = match (w.place, w.slot) {
+                (Some(1), Some(slot)) if self.slots > 1 => format!(", queue head of slot {slot}"),
+                (Some(1), _) => ", queue head".to_owned(),
+                (Some(place), Some(slot)) if self.slots > 1 => {
+                    format!(", place {place} in line for slot {slot}")
+                }
+                (Some(place), _) => format!(", place {place} in line"),
+                (None, _) if w.queued => ", waiting".to_owned(),
+                (None, _) => ", tries every check interval".to_owned(),
+            };
             let since = w
                 .waiting_since
                 .as_deref()
                 .map(|s| format!(", waiting since {s}"))
                 .unwrap_or_default();
             out.push_str(&format!(
-                "standby        {who} (backend {}){since}\n",
+                "standby        {who} (backend {}){line}{since}\n",
                 w.backend_pid
             ));
         }
@@ -305,6 +478,7 @@ pub fn status_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::tls::TlsSettings,
     lock: LockKey,
+    slots: u32,
     bound: Duration,
     json: bool,
 ) -> u8 {
@@ -314,7 +488,7 @@ pub fn status_main(
     let server = describe(connect_config);
     let result = rt.block_on(async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
-        report(&client, &server, lock, bound).await
+        report(&client, &server, lock, slots, bound).await
     });
     match result {
         Ok(report) => {
@@ -336,25 +510,42 @@ pub fn status_main(
 /// How long `step-down` waits for another replica to lead.
 pub const STEP_DOWN_WAIT: Duration = Duration::from_secs(60);
 
-/// `leaderrun step-down`: takes the step-down request (the bigint advisory lock
-/// `class << 32 | id`, which the leader's check watches), waits until a replica other than the
-/// old leader (by `application_name`) holds the lock, and releases the request. Exit 0 when
-/// another replica leads, 1 when none took over within [`STEP_DOWN_WAIT`], none led, or the
-/// holder is not leaderrun, 125 on error.
+/// `leaderrun step-down`: takes the step-down request of slot `slot` of `lock`'s `slots`
+/// ([`LockKey::step_down_request`] of the slot's key, which the slot's leader's check
+/// watches), waits until a replica other than the old leader (by `application_name`) holds
+/// that slot, and releases the request. Exit 0 when another replica leads, 1 when none took
+/// over within [`STEP_DOWN_WAIT`], none led, or the holder is not leaderrun, 125 on error
+/// (a slot outside 0 … N−1 included).
 pub fn step_down_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::tls::TlsSettings,
     lock: LockKey,
+    slots: u32,
+    slot: u32,
     bound: Duration,
 ) -> u8 {
+    if slot >= slots.max(1) {
+        tracing::error!(
+            "step-down: --slot {slot} is not a slot of --slots {}: give 0 … {}",
+            slots.max(1),
+            slots.max(1) - 1
+        );
+        return EXIT_FAILURE;
+    }
     let Some(rt) = runtime() else {
         return EXIT_FAILURE;
     };
     let server = describe(connect_config);
     let result: Result<u8, Error> = rt.block_on(async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
-        let before = report(&client, &server, lock, bound).await?;
-        let Some(old) = before.leader else {
+        let leader_of = |r: Report| {
+            r.slot_leaders
+                .into_iter()
+                .nth(slot as usize)
+                .and_then(|s| s.leader)
+        };
+        let before = report(&client, &server, lock, slots, bound).await?;
+        let Some(old) = leader_of(before) else {
             out("no leader holds the lock; nothing to step down\n");
             return Ok(1);
         };
@@ -367,7 +558,7 @@ pub fn step_down_main(
             ));
             return Ok(1);
         }
-        let request = step_down_key(lock);
+        let request = lock.slot(slot).step_down_request();
         let take = format!("SELECT pg_advisory_lock({request})");
         within(
             "take the step-down request",
@@ -378,8 +569,8 @@ pub fn step_down_main(
         let deadline = tokio::time::Instant::now() + STEP_DOWN_WAIT;
         let mut released = false;
         let outcome = loop {
-            let now = report(&client, &server, lock, bound).await?;
-            match &now.leader {
+            let now = report(&client, &server, lock, slots, bound).await?;
+            match &leader_of(now) {
                 Some(l) if l.application_name != old.application_name => break Some(l.clone()),
                 Some(_) if released => break None,
                 Some(_) => {}
@@ -416,13 +607,6 @@ pub fn step_down_main(
         tracing::error!("step-down: {}", Chain(&err));
         EXIT_FAILURE
     })
-}
-
-/// The step-down request's key: the bigint whose halves are the lock's class and id. pg_locks
-/// shows it with `objsubid = 1` and the same `classid`/`objid` as the leader lock (which has
-/// `objsubid = 2`), so the two never collide (the seed's note on key forms).
-pub fn step_down_key(lock: LockKey) -> i64 {
-    (i64::from(lock.class) << 32) | i64::from(lock.id as u32)
 }
 
 /// One line of `doctor`'s output: `ok`, `FAIL` (with a hint), or `warn` (holds, with a hint).
@@ -478,13 +662,14 @@ fn permission_hint(err: &Error) -> String {
     }
 }
 
-/// Runs every check through two sessions `a` and `b`; `scratch` is an id of the lock's class
-/// no replica uses.
+/// Runs every check through two sessions `a` and `b` for `lock` of `slots` slots; `scratch`
+/// is an id of the lock's class no replica uses.
 pub async fn findings(
     a: &Client,
     b: &Client,
     server: &str,
     lock: LockKey,
+    slots: u32,
     scratch: i32,
     bound: Duration,
 ) -> Vec<Finding> {
@@ -627,7 +812,7 @@ pub async fn findings(
         )),
     }
 
-    match report(a, server, lock, bound).await {
+    match report(a, server, lock, slots, bound).await {
         Ok(r) => out.push(Finding::pass(
             "leader",
             match &r.leader {
@@ -686,6 +871,7 @@ pub fn doctor_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::tls::TlsSettings,
     lock: LockKey,
+    slots: u32,
     bound: Duration,
     database_from: &str,
 ) -> u8 {
@@ -702,7 +888,7 @@ pub fn doctor_main(
     let result = rt.block_on(async {
         let (a, _ca, _ta) = connect(connect_config, tls, &server, bound).await?;
         let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;
-        Ok::<_, Error>(findings(&a, &b, &server, lock, scratch, bound).await)
+        Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, bound).await)
     });
     let database = connect_config.get_dbname().unwrap_or("");
     match result {

@@ -1071,6 +1071,7 @@ pub fn child_env(term: &Term) -> Vec<(&'static str, String)> {
     let mut env = vec![("LEADERRUN_TERM", term.number().to_string())];
     if let Some(lease) = term.lease() {
         env.push(("LEADERRUN_LOCK", lease.lock.to_string()));
+        env.push(("LEADERRUN_SLOT", lease.slot.to_string()));
         env.push(("LEADERRUN_FENCING_TOKEN", lease.fencing_token.to_string()));
         env.push(("LEADERRUN_BACKEND_PID", lease.backend_pid.to_string()));
     }

@@ -83,8 +83,10 @@ fn status_names_the_hosts_and_pids_of_the_leader_and_its_standbys() {
     let report = wait_for("the standby listed by status", secs(5.0), || {
         let out = status(cluster, id, true);
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        (report["standbys"].as_array()?.len() == 1 && out.status.code() == Some(0))
-            .then_some(report)
+        (report["standbys"].as_array()?.len() == 1
+            && report["standbys"][0]["queued"] == true
+            && out.status.code() == Some(0))
+        .then_some(report)
     });
     let l = &report["leader"];
     assert_eq!(l["leaderrun"], true, "{report}");
@@ -106,6 +108,9 @@ fn status_names_the_hosts_and_pids_of_the_leader_and_its_standbys() {
         "{report}"
     );
     assert_eq!(report["waiters"], serde_json::json!([standby_backend]));
+    // The only standby is the queue head: place 1 in the line of slot 0.
+    assert_eq!(s["place"], 1, "{report}");
+    assert_eq!(s["slot"], 0, "{report}");
 
     let table = String::from_utf8(status(cluster, id, false).stdout).unwrap();
     for line in [
@@ -116,7 +121,8 @@ fn status_names_the_hosts_and_pids_of_the_leader_and_its_standbys() {
             start.fencing_token
         ),
         format!(
-            "standby        {host}, leaderrun pid {} (backend {standby_backend}), waiting since ",
+            "standby        {host}, leaderrun pid {} (backend {standby_backend}), queue head, \
+             waiting since ",
             standby.pid()
         ),
     ] {

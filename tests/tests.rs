@@ -12,6 +12,7 @@ mod operate;
 mod operator;
 mod rules;
 mod safety;
+mod scale;
 mod supervisor;
 mod terminal;
 mod tls;

@@ -8,10 +8,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::metrics::demotion_cause;
-use super::session::{boottime, connect, find_socket, session_closed, within, Session};
+use super::session::{
+    boottime, connect, find_socket, session_closed, standby_comment, wait_sql, within, Session,
+};
 use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
+use crate::lock::LockKey;
 
 /// Whether a failed try met a server that is momentarily full (53300) or starting up (57P03).
 fn is_transient(err: &Error) -> bool {
@@ -251,7 +254,7 @@ impl Campaign<'_> {
                 error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
                 // Closing the client does not end a pooled server session: give the lock back.
                 if let Some(session) = self.session.take() {
-                    let lock = self.shared.config.lock;
+                    let lock = session.granted.unwrap_or(self.shared.config.lock);
                     let _ = session
                         .bounded(
                             "unlock",
@@ -295,11 +298,14 @@ impl Campaign<'_> {
         let lock = config.lock;
         // pg_locks shows the int4 halves as oid, i.e. unsigned.
         let (class, id) = (lock.class as u32, lock.id as u32);
+        // The standby comment first: this is the session's last statement until its next
+        // check, and `leaderrun status` finds standbys by it.
+        let sql = format!("{} {HOLDER_SQL}", standby_comment(lock));
         let row = match session
             .bounded(
                 "who holds the lock",
                 config.io_bound(),
-                HOLDER_SQL,
+                &sql,
                 &[&class, &id],
             )
             .await
@@ -379,6 +385,7 @@ impl Campaign<'_> {
     ) -> Result<CheckOutcome, Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
+        let slots = config.effective_slots();
         if self.session.is_none() {
             self.session = Some(Session::open(config, &self.shared.target).await?);
             self.shared.checks.send_modify(|c| c.sessions_opened += 1);
@@ -386,60 +393,106 @@ impl Campaign<'_> {
         let Some(session) = self.session.as_ref() else {
             return Ok(CheckOutcome::Failed);
         };
-        let Some(statement) = session.try_lock.as_ref() else {
-            return Ok(CheckOutcome::Failed);
+        let mut row = match session.place {
+            Some(place) => self.wait_in_line(place).await?,
+            None => {
+                let Some(statement) = session.try_lock.as_ref() else {
+                    return Ok(CheckOutcome::Failed);
+                };
+                Some(
+                    session
+                        .bounded("try advisory lock", bound, statement, &[])
+                        .await?,
+                )
+            }
         };
-        let lock = config.lock;
-        // A waiting try ends on the server (lock_timeout, one interval) before the client's
-        // bound; only a client-side timeout means "unknown outcome" (FIELD-NOTES PostgreSQL 3).
-        let bound = if config.wait_for_release {
-            config.effective_check_interval() + bound
-        } else {
-            bound
-        };
-        // A waiting try is queued on the server as soon as it is sent: a standby is ready from
-        // then on (contract §7), not only once its wait times out.
-        if config.wait_for_release {
-            self.shared.checks.send_modify(|c| c.waiting = true);
-        }
-        let result = session
-            .bounded(
-                "try advisory lock",
-                bound,
-                statement,
-                &[&lock.class, &lock.id],
-            )
-            .await;
-        if config.wait_for_release {
-            self.shared.checks.send_modify(|c| c.waiting = false);
-        }
-        let row = match result {
-            Err(Error::Query { source, .. })
-                if config.wait_for_release
-                    && source.code()
-                        == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
-            {
-                debug!(target: "leaderrun::elector", lock = %lock, "lock held by another session for a whole interval; standing by");
+        // A place in the line (p·N + k): wait for what is ahead, in this same check, and
+        // move up as long as the waits are granted.
+        loop {
+            let Some(answer) = &row else {
+                debug!(target: "leaderrun::elector", lock = %self.shared.config.lock, "lock held by another session for a whole interval; standing by");
                 return Ok(CheckOutcome::Refused);
+            };
+            match answer.get::<_, Option<i32>>(0) {
+                None => {
+                    return Err(Error::InRecovery {
+                        server: self.shared.target.clone(),
+                    })
+                }
+                Some(code) if code < 0 => {
+                    debug!(target: "leaderrun::elector", lock = %self.shared.config.lock, "lock held by another session; standing by");
+                    return Ok(CheckOutcome::Refused);
+                }
+                Some(code) if (code as u32) < slots => {
+                    if let Some(session) = self.session.as_mut() {
+                        session.place = None;
+                    }
+                    let answer = answer.clone();
+                    return self
+                        .begin_term(started, sent, code as u32, &answer)
+                        .await
+                        .map(|()| CheckOutcome::Granted);
+                }
+                Some(code) => {
+                    let place = (code as u32 % slots, code as u32 / slots);
+                    if let Some(session) = self.session.as_mut() {
+                        session.place = Some(place);
+                    }
+                    debug!(target: "leaderrun::elector", lock = %self.shared.config.lock.slot(place.0), place = place.1, "in line: waiting in the server's queue");
+                    row = self.wait_in_line(place).await?;
+                }
             }
-            other => other?,
-        };
-        match row.get::<_, Option<bool>>(0) {
-            None => Err(Error::InRecovery {
-                server: self.shared.target.clone(),
-            }),
-            Some(false) => {
-                debug!(target: "leaderrun::elector", lock = %lock, "lock held by another session; standing by");
-                Ok(CheckOutcome::Refused)
-            }
-            Some(true) => self
-                .begin_term(started, sent)
-                .await
-                .map(|()| CheckOutcome::Granted),
         }
     }
 
-    /// The lock was granted on the current session: make it the lock session and start a term.
+    /// The wait of the standby at `place` (slot, place) in the line ([`wait_sql`]), bounded
+    /// on the server by `lock_timeout` (one interval); only a client-side timeout means
+    /// "unknown outcome" (FIELD-NOTES PostgreSQL 3). `None` when the wait timed out on the
+    /// server: what is ahead is still held, and this session keeps its place.
+    pub(crate) async fn wait_in_line(
+        &mut self,
+        place: (u32, u32),
+    ) -> Result<Option<tokio_postgres::Row>, Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let Some(session) = self.session.as_mut() else {
+            return Err(Error::SessionClosed(None));
+        };
+        if !session.waits.iter().any(|(p, _)| *p == place) {
+            let sql = wait_sql(config.lock, config.effective_slots(), place.0, place.1);
+            let statement = session
+                .prepare("prepare the wait in line", bound, &sql)
+                .await?;
+            session.waits.push((place, statement));
+        }
+        let Some((_, statement)) = session.waits.iter().find(|(p, _)| *p == place) else {
+            return Err(Error::SessionClosed(None));
+        };
+        // The wait is queued on the server as soon as it is sent: a standby is ready from
+        // then on (contract §7), not only once its wait times out.
+        self.shared.checks.send_modify(|c| c.waiting = true);
+        let result = session
+            .bounded(
+                "wait for the advisory lock",
+                config.effective_check_interval() + bound,
+                statement,
+                &[],
+            )
+            .await;
+        self.shared.checks.send_modify(|c| c.waiting = false);
+        match result {
+            Err(Error::Query { source, .. })
+                if source.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+            {
+                Ok(None)
+            }
+            Err(err) => Err(err),
+            Ok(row) => Ok(Some(row)),
+        }
+    }
+
+    /// Slot `slot` was granted on the current session in the check whose answer is `row`
+    /// ([`try_sql`]'s columns): make it the lock session and start a term.
     ///
     /// `started` and `sent` are the check's start (monotonic) and send time (boottime): the
     /// check is recorded and the safe window set before the term is published, so nobody
@@ -448,29 +501,22 @@ impl Campaign<'_> {
         &mut self,
         started: Instant,
         sent: Duration,
+        slot: u32,
+        row: &tokio_postgres::Row,
     ) -> Result<(), Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
-        if self.session.is_none() {
+        let key = config.lock.slot(slot);
+        if let Some(session) = self.session.as_mut() {
+            session.granted = Some(key);
+        } else {
             return Ok(());
         }
         let idle = config.effective_idle_session_timeout();
-        let Some(session) = self.session.as_ref() else {
-            return Ok(());
-        };
-        // The fencing token, and the address the server sees us at (NULL over a Unix socket).
-        let row = session
-            .bounded(
-                "read fencing token",
-                bound,
-                "SELECT txid_current(), current_database(), \
-                 host(inet_client_addr()), inet_client_port()",
-                &[],
-            )
-            .await?;
+        // The address the server sees us at (NULL over a Unix socket).
         let seen: Option<(String, i32)> = row
-            .get::<_, Option<String>>(2)
-            .zip(row.get::<_, Option<i32>>(3));
+            .get::<_, Option<String>>(3)
+            .zip(row.get::<_, Option<i32>>(4));
         let socket = find_socket(&config.connect, seen.as_ref());
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing (FIELD-NOTES PostgreSQL 8). A direct TCP
@@ -478,7 +524,7 @@ impl Campaign<'_> {
         // pooler's; anything else is proven with a second session, whose failure to connect
         // costs a WARN, not the election (contract §8).
         if !socket.is_some_and(|s| s.direct) {
-            match self.probe_exclusion().await {
+            match self.probe_exclusion(key).await {
                 Err(err @ Error::SharedBackend) => return Err(err),
                 Err(err) => warn!(
                     target: "leaderrun::elector",
@@ -494,10 +540,11 @@ impl Campaign<'_> {
         };
         let number = self.shared.terms.load(Ordering::Acquire) + 1;
         let lease = Lease {
-            lock: config.lock,
+            lock: key,
+            slot,
             backend_pid: session.backend_pid,
-            fencing_token: row.get(0),
-            database: row.get(1),
+            fencing_token: row.get::<_, Option<i64>>(1).unwrap_or_default(),
+            database: row.get(2),
             granted_at: SystemTime::now(),
         };
         // The comment is what `leaderrun status` reads back from pg_stat_activity.query; every
@@ -557,10 +604,9 @@ impl Campaign<'_> {
     /// Opens a second session and tries the lock this session was just granted: it must be
     /// refused. Granted means both sessions reached one server backend (a transaction-mode
     /// pooler); the probe's extra hold is released again.
-    pub(crate) async fn probe_exclusion(&self) -> Result<(), Error> {
+    pub(crate) async fn probe_exclusion(&self, lock: LockKey) -> Result<(), Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
-        let lock = config.lock;
         let (client, _closed, _task) =
             connect(&config.connect, &config.tls, &self.shared.target, bound).await?;
         // The simple protocol: no named prepared statement that a pooler could mix up; the
@@ -604,7 +650,7 @@ impl Campaign<'_> {
         let sent = boottime();
         let config = &self.shared.config;
         let bound = config.effective_check_interval().min(config.io_bound());
-        let lock = config.lock;
+        let lock = session.granted.unwrap_or(config.lock);
         // pg_locks shows the int4 halves as oid, i.e. unsigned.
         let (class, id) = (lock.class as u32, lock.id as u32);
         let started = Instant::now();
@@ -757,7 +803,7 @@ impl Campaign<'_> {
         };
         if let Some(control) = control {
             let term = control.term();
-            let lock = self.shared.config.lock;
+            let lock = session.granted.unwrap_or(self.shared.config.lock);
             match session
                 .bounded(
                     "unlock",

@@ -103,6 +103,10 @@ pub struct Config {
     pub tls: TlsSettings,
     /// The advisory lock key; default [`LockKey::default`], the seed's `(1886156915, 1)`.
     pub lock: LockKey,
+    /// How many replicas may lead at once, each on a slot of its own (`--slots N`, contract
+    /// §2): slot k is the key [`LockKey::slot`]`(k)`. 0 and 1 both mean one slot, the seed's
+    /// single leader. Every replica of one lock must use the same number.
+    pub slots: u32,
     /// How often a standby tries the lock and the leader verifies it, and how long the leader's
     /// check may take before it fails. Zero uses [`DEFAULT_CHECK_INTERVAL`], as the seed says.
     pub check_interval: Duration,
@@ -110,11 +114,13 @@ pub struct Config {
     /// value, 4 × check interval. The binary raises it to 3 × interval + grace when the grace
     /// is longer than one interval (contract §3). Rounded up to whole milliseconds.
     pub idle_session_timeout: Option<Duration>,
-    /// A standby waits for the lock in the server's queue (`pg_advisory_lock` bounded by
-    /// `lock_timeout` = one check interval) instead of trying it once per interval, so a
-    /// released lock, whether unlocked or freed by a dying session, is granted to a standby at
-    /// once. Still one session and about one statement per interval. `false` (the default)
-    /// is the seed's fixed-interval `pg_try_advisory_lock`.
+    /// A released lock, whether unlocked or freed by a dying session, is granted to a standby
+    /// at once: one standby per slot, the queue head, waits for it in the server's queue
+    /// (`pg_advisory_lock` bounded by `lock_timeout` = one check interval), and the others try
+    /// the lock and the places in line ([`LockKey::queue_key`]) once per interval, so that
+    /// however many standbys there are, one waits (FIELD-NOTES PostgreSQL 16: every waiter
+    /// costs a deadlock check that walks the queue). Still one session and about one statement
+    /// per interval. `false` (the default) is the seed's fixed-interval `pg_try_advisory_lock`.
     pub wait_for_release: bool,
     /// Log a standby check that could not reach a usable server at WARN, the seed's `leader:
     /// acquire lock connection: <cause>` (the default). `false` logs it at DEBUG, for a caller
@@ -142,6 +148,7 @@ impl Config {
             connect,
             tls: TlsSettings::default(),
             lock: LockKey::default(),
+            slots: 1,
             check_interval: DEFAULT_CHECK_INTERVAL,
             idle_session_timeout: None,
             wait_for_release: false,
@@ -150,6 +157,11 @@ impl Config {
             registry: None,
             keeper: None,
         }
+    }
+
+    /// The number of slots in effect: [`Config::slots`], at least 1.
+    pub fn effective_slots(&self) -> u32 {
+        self.slots.max(1)
     }
 
     /// The check interval in effect: [`Config::check_interval`], or the default when zero.

@@ -13,6 +13,7 @@ use tracing::warn;
 
 use super::Config;
 use crate::error::Error;
+use crate::lock::{LockKey, QUEUE_PLACES};
 use crate::tls::TlsSettings;
 
 /// Client-side TCP timers (FIELD-NOTES PostgreSQL 5): keepalives so a vanished server is
@@ -60,6 +61,92 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
         ("tcp_keepalives_count", "4".to_owned()),
         ("tcp_user_timeout", ms(idle)),
     ]
+}
+
+/// Text of the standby's try, for a lock of `slots` slots (contract §2), one round trip: every
+/// slot's key with `pg_try_advisory_lock`, in slot order, then, with `line`, every place in
+/// the line of standbys ([`LockKey::queue_key`]), place by place. `CASE` stops at the first
+/// that is granted, so a session takes at most one of them. A hot standby grants advisory
+/// locks of its own, so nothing is tried there (FIELD-NOTES PostgreSQL 7). `OFFSET 0` keeps
+/// the planner from evaluating the `CASE` (and its locks) more than once.
+///
+/// One row: `r` (int4: the slot granted, 0 … N−1; p·N + k: place p in the line of slot k;
+/// −1: refused; NULL: in recovery), the fencing token (int8, `txid_current()` taken after the
+/// grant, in the same statement; NULL unless a slot was granted), `current_database()`,
+/// `host(inet_client_addr())`, `inet_client_port()`. The leading comment is how `leaderrun
+/// status` finds standbys in `pg_stat_activity`.
+pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool) -> String {
+    let mut cases = String::new();
+    for slot in 0..slots {
+        cases.push_str(&try_case(lock.slot(slot), slot));
+    }
+    if line {
+        for place in 1..=QUEUE_PLACES {
+            for slot in 0..slots {
+                cases.push_str(&format!(
+                    " WHEN pg_try_advisory_lock(({})::int8) THEN {}",
+                    lock.slot(slot).queue_key(place),
+                    place * slots + slot
+                ));
+            }
+        }
+    }
+    statement(lock, slots, &cases, "-1")
+}
+
+/// Text of the wait of the standby at place `place` in the line of slot `slot`: it waits in
+/// the server's queue with `pg_advisory_lock`, bounded by `lock_timeout` (one check
+/// interval), for the slot's key (place 1, the queue head; the other slots are tried first)
+/// or for the place ahead of it, so a release, or the holder's session dying, reaches it at
+/// once. Once granted, the same statement gives its old place back, so the one behind moves
+/// up at once too. The row is [`try_sql`]'s, with `r` the slot granted or the new code of
+/// this session (place − 1).
+pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32) -> String {
+    let key = lock.slot(slot);
+    let mut cases = String::new();
+    let target = if place <= 1 {
+        if slots > 1 {
+            for other in 0..slots {
+                cases.push_str(&try_case(lock.slot(other), other));
+            }
+        }
+        format!("({})::int4, ({})::int4", key.class, key.id)
+    } else {
+        format!("({})::int8", key.queue_key(place - 1))
+    };
+    let moved = (place.max(1) - 1) * slots + slot;
+    // CASE orders the two: the old place is given back only once the wait was granted.
+    let wait = format!(
+        "CASE WHEN (SELECT true FROM (SELECT pg_advisory_lock({target})) AS waited) \
+         THEN (SELECT {moved} WHERE pg_advisory_unlock(({})::int8) IS NOT NULL) END",
+        key.queue_key(place)
+    );
+    statement(lock, slots, &cases, &wait)
+}
+
+fn try_case(key: LockKey, code: u32) -> String {
+    format!(
+        " WHEN pg_try_advisory_lock(({})::int4, ({})::int4) THEN {code}",
+        key.class, key.id
+    )
+}
+
+fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str) -> String {
+    format!(
+        "{} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN txid_current() END, \
+         current_database(), host(inet_client_addr()), inet_client_port() \
+         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{cases} ELSE {otherwise} END \
+         AS r OFFSET 0) AS t",
+        standby_comment(lock),
+        slots - 1
+    )
+}
+
+/// The comment that starts every standby statement of `lock`: `pg_stat_activity.query`
+/// shows it for a standby between its checks and while it waits, which is how `leaderrun
+/// status` lists standbys that are not in the lock queue.
+pub fn standby_comment(lock: LockKey) -> String {
+    format!("/* leaderrun standby lock={lock} */")
 }
 
 /// A connected client, a receiver that resolves when the connection ends (with its error, if
@@ -149,8 +236,17 @@ pub(crate) struct Session {
     /// `None` only while [`Session::close`] runs.
     pub(crate) client: Option<Client>,
     pub(crate) backend_pid: i32,
-    /// The standby's try, prepared once per session so each check is one round trip.
+    /// The standby's try ([`try_sql`]), prepared once per session so each check is one round
+    /// trip.
     pub(crate) try_lock: Option<Statement>,
+    /// The waits of the places in the line ([`wait_sql`]), by (slot, place), prepared when
+    /// this session first held that place (for one slot: at connect).
+    pub(crate) waits: Vec<((u32, u32), Statement)>,
+    /// The place (slot, place) in the line of standbys ([`LockKey::queue_key`]) this session
+    /// holds: it waits in the server's queue, for the lock or for the place ahead.
+    pub(crate) place: Option<(u32, u32)>,
+    /// The key this session was granted, while it leads.
+    pub(crate) granted: Option<LockKey>,
     /// The leader's check, prepared at the grant; its text carries the term, so that
     /// `pg_stat_activity.query` of the lock session tells `leaderrun status` since when it leads.
     pub(crate) check: Option<Statement>,
@@ -170,68 +266,97 @@ impl Session {
             client: Some(client),
             backend_pid: 0,
             try_lock: None,
+            waits: Vec::new(),
+            place: None,
+            granted: None,
             check: None,
             closed,
             task,
             socket: None,
         };
-        session.backend_pid = session.pin_timers(config, bound).await?;
-        // One round trip: a hot standby grants advisory locks of its own, so never even try
-        // there (FIELD-NOTES PostgreSQL 7). NULL means "in recovery".
-        // With `wait_for_release` the standby waits in the server's lock queue, bounded by
-        // `lock_timeout` (one interval): a released lock is granted to it at once.
-        let sql = if config.wait_for_release {
-            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
-             ELSE (SELECT true FROM (SELECT pg_advisory_lock($1, $2)) AS waited) END"
+        // One round trip for all of it: the timers are set and read back in one simple query,
+        // and the statements are prepared in the same flight (tokio-postgres pipelines
+        // requests that are in flight together; the server answers them in order).
+        let slots = config.effective_slots();
+        let try_sql = try_sql(config.lock, slots, config.wait_for_release);
+        let places: Vec<(u32, u32)> = if config.wait_for_release && slots == 1 {
+            (1..=QUEUE_PLACES).map(|place| (0, place)).collect()
         } else {
-            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
-             ELSE pg_try_advisory_lock($1, $2) END"
+            Vec::new()
         };
-        session.try_lock = Some(
-            session
-                .prepare("prepare the lock statement", bound, sql)
-                .await?,
+        let Some(client) = session.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
+        let prepared = async {
+            let texts: Vec<String> = places
+                .iter()
+                .map(|&(slot, place)| wait_sql(config.lock, slots, slot, place))
+                .collect();
+            let (try_lock, waits) = tokio::join!(
+                client.prepare(&try_sql),
+                futures_util::future::join_all(texts.iter().map(|sql| client.prepare(sql)))
+            );
+            let waits = waits.into_iter().collect::<Result<Vec<_>, _>>()?;
+            Ok((try_lock?, places.iter().copied().zip(waits).collect()))
+        };
+        let (pinned, prepared) = tokio::join!(
+            session.pin_timers(config, bound),
+            within("prepare the lock statements", bound, prepared)
         );
+        session.backend_pid = pinned?;
+        let (try_lock, waits) = prepared?;
+        session.try_lock = Some(try_lock);
+        session.waits = waits;
         Ok(session)
     }
 
-    /// Sets [`server_timers`] and reads them back from `pg_settings`; a value the server did
-    /// not take is logged at WARN (the TCP ones only matter, and only stick, over TCP). Returns
-    /// `pg_backend_pid()`, read in the same round trip.
+    /// Sets [`server_timers`] and reads them back from `pg_settings`, in one round trip (one
+    /// simple query of two statements); a value the server did not take is logged at WARN
+    /// (the TCP ones only matter, and only stick, over TCP). Returns `pg_backend_pid()`, read
+    /// in the same round trip.
     pub(crate) async fn pin_timers(&self, config: &Config, bound: Duration) -> Result<i32, Error> {
+        use tokio_postgres::SimpleQueryMessage;
         let timers = server_timers(config);
-        let names: Vec<&str> = timers.iter().map(|(n, _)| *n).collect();
-        let values: Vec<&str> = timers.iter().map(|(_, v)| v.as_str()).collect();
         let Some(client) = self.client.as_ref() else {
             return Err(Error::SessionClosed(None));
         };
-        // Only settings the server has: idle_session_timeout is new in PostgreSQL 14.
-        let set = "SELECT set_config(w.name, w.value, false) \
-                   FROM unnest($1::text[], $2::text[]) AS w(name, value) \
-                   WHERE EXISTS (SELECT 1 FROM pg_settings s WHERE s.name = w.name)";
-        let read = "SELECT name, setting, inet_server_addr() IS NULL, pg_backend_pid() \
-                    FROM pg_settings WHERE name = ANY($1::text[])";
-        let both = async {
-            client.query(set, &[&names, &values]).await?;
-            client.query(read, &[&names]).await
-        };
-        let rows = within("pin session timers", bound, both).await?;
-        let mut backend_pid = None;
-        if !rows
+        // Every name is one of ours and every value a number we formatted: nothing to quote.
+        let pairs: Vec<String> = timers
             .iter()
-            .any(|r| r.get::<_, String>(0) == "idle_session_timeout")
-        {
+            .map(|(name, value)| format!("('{name}', '{value}')"))
+            .collect();
+        let names: Vec<String> = timers.iter().map(|(name, _)| format!("'{name}'")).collect();
+        // Only settings the server has: idle_session_timeout is new in PostgreSQL 14.
+        let sql = format!(
+            "SELECT set_config(w.name, w.value, false) FROM (VALUES {}) AS w(name, value) \
+             WHERE EXISTS (SELECT 1 FROM pg_settings s WHERE s.name = w.name); \
+             SELECT name, setting, (inet_server_addr() IS NULL)::text, pg_backend_pid()::text \
+             FROM pg_settings WHERE name IN ({})",
+            pairs.join(", "),
+            names.join(", ")
+        );
+        let messages = within("pin session timers", bound, client.simple_query(&sql)).await?;
+        // The rows of the second statement are the ones with four columns.
+        let rows: Vec<[String; 4]> = messages
+            .iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(row) if row.len() == 4 => Some(std::array::from_fn(|i| {
+                    row.get(i).unwrap_or_default().to_owned()
+                })),
+                _ => None,
+            })
+            .collect();
+        let mut backend_pid = None;
+        if !rows.iter().any(|r| r[0] == "idle_session_timeout") {
             warn!(
                 target: "leaderrun::elector",
                 "leader: server has no idle_session_timeout (PostgreSQL before 14): \
                  an orphaned lock session is bounded only by TCP keepalives"
             );
         }
-        for row in rows {
-            let name: String = row.get(0);
-            let setting: String = row.get(1);
-            let unix_socket: bool = row.get(2);
-            backend_pid = Some(row.get::<_, i32>(3));
+        for [name, setting, unix_socket, pid] in rows {
+            let unix_socket = unix_socket == "true";
+            backend_pid = pid.parse::<i32>().ok();
             if unix_socket && name.starts_with("tcp_") {
                 continue;
             }

@@ -34,8 +34,10 @@ impl std::fmt::Display for TermEnd {
 /// What a leader knows about the lock it was granted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
-    /// The key that was granted.
+    /// The key that was granted: the slot's key ([`LockKey::slot`]).
     pub lock: LockKey,
+    /// The slot that was granted, 0 … N−1 (`LEADERRUN_SLOT`); 0 for a lock of one slot.
+    pub slot: u32,
     /// `pg_backend_pid()` of the lock session.
     pub backend_pid: i32,
     /// `txid_current()` taken on the lock session right after the grant: greater than the

@@ -586,15 +586,23 @@ impl Cluster {
         .collect()
     }
 
-    /// Sessions waiting in the server's queue for the two-int4 advisory lock `(default class,
-    /// id)`.
+    /// Standbys waiting in the server's queues for the advisory lock `(default class, id)`:
+    /// for the lock itself or for a place in line (`LockKey::queue_key`).
     pub fn waiters(&self, id: i32) -> usize {
+        let key = leaderrun::LockKey {
+            class: crate::support::CLASS,
+            id,
+        };
+        let places: Vec<String> = (1..=leaderrun::lock::QUEUE_PLACES)
+            .map(|p| ((key.queue_key(p) >> 32) as u32).to_string())
+            .collect();
         self.sql(&format!(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = ({}::bigint & 4294967295)::text::oid \
-             AND objid = ({id}::bigint & 4294967295)::text::oid \
-             AND objsubid = 2 AND NOT granted",
-            crate::support::CLASS
+             AND objid = ({id}::bigint & 4294967295)::text::oid AND NOT granted \
+             AND ((objsubid = 2 AND classid = ({}::bigint & 4294967295)::text::oid) \
+               OR (objsubid = 1 AND classid::text IN ('{}')))",
+            crate::support::CLASS,
+            places.join("', '")
         ))[0]
             .parse()
             .unwrap_or(0)

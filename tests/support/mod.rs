@@ -78,6 +78,8 @@ pub struct Start {
     pub backend_pid: i32,
     pub fencing_token: i64,
     pub lock: String,
+    /// `LEADERRUN_SLOT`.
+    pub slot: Option<u32>,
 }
 
 impl Scratch {
@@ -106,7 +108,7 @@ impl Scratch {
         let events = self.file("events");
         let script = format!(
             "#!/bin/sh\nEVENTS='{}'\n\
-             echo \"start $$ $PPID $LEADERRUN_TERM $LEADERRUN_BACKEND_PID $LEADERRUN_FENCING_TOKEN $LEADERRUN_LOCK\" >> \"$EVENTS\"\n{body}\n",
+             echo \"start $$ $PPID $LEADERRUN_TERM $LEADERRUN_BACKEND_PID $LEADERRUN_FENCING_TOKEN $LEADERRUN_LOCK $LEADERRUN_SLOT\" >> \"$EVENTS\"\n{body}\n",
             events.display()
         );
         std::fs::write(&path, script).expect("write script");
@@ -141,6 +143,7 @@ impl Scratch {
                     backend_pid: f.get(3).and_then(|v| v.parse().ok()).unwrap_or(0),
                     fencing_token: f.get(4).and_then(|v| v.parse().ok()).unwrap_or(0),
                     lock: f.get(5).map(|v| (*v).to_owned()).unwrap_or_default(),
+                    slot: f.get(6).and_then(|v| v.parse().ok()),
                 }
             })
             .collect()
@@ -262,9 +265,20 @@ pub fn leaderrun() -> Command {
 
 /// `leaderrun status --dsn DSN --lock-id ID`, with `--json` when `json`.
 pub fn status(cluster: &Cluster, lock_id: i32, json: bool) -> std::process::Output {
+    status_with(cluster, lock_id, json, &[])
+}
+
+/// `leaderrun status` with `extra` options (e.g. `--slots 2`).
+pub fn status_with(
+    cluster: &Cluster,
+    lock_id: i32,
+    json: bool,
+    extra: &[&str],
+) -> std::process::Output {
     let mut cmd = leaderrun();
     cmd.args(["status", "--dsn", &cluster.dsn()])
-        .args(["--lock-id", &lock_id.to_string()]);
+        .args(["--lock-id", &lock_id.to_string()])
+        .args(extra);
     if json {
         cmd.arg("--json");
     }

@@ -1,0 +1,196 @@
+//! Many standbys and `--slots N` through the binary: only a line of two waits in the server's
+//! queues however many standbys there are (FIELD-NOTES PostgreSQL 16), hand-overs still reach a
+//! waiting standby at once, and with slots every rule of the single lock holds per slot.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::{alive, status, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// The standbys `leaderrun status --json` lists, and how many of them wait in a queue.
+fn standbys(cluster: &Cluster, id: i32, extra: &[&str]) -> (usize, usize, serde_json::Value) {
+    let out = crate::support::status_with(cluster, id, true, extra);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let all = report["standbys"].as_array().map_or(0, Vec::len);
+    let queued = report["waiters"].as_array().map_or(0, Vec::len);
+    (all, queued, report)
+}
+
+#[test]
+fn many_standbys_keep_a_line_of_two_and_hand_over_at_once() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    // The default interval: a standby not in line would need up to 5 s to notice a release.
+    let mut replicas: Vec<Replica> = (0..12)
+        .map(|_| Replica::start(cluster, id, "5s", &["--", script]))
+        .collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // Eleven standbys, all listed by status, and exactly two of them in the server's queues
+    // (the queue head waits for the lock, the second for the head's place).
+    let report = wait_for("eleven standbys, two of them queued", secs(12.0), || {
+        let (all, queued, report) = standbys(cluster, id, &[]);
+        (all == 11 && queued == 2).then_some(report)
+    });
+    let places: Vec<u64> = report["standbys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["place"].as_u64())
+        .collect();
+    assert_eq!(places, [1, 2], "{report}");
+    assert_eq!(cluster.waiters(id), 2);
+    // The line stays two long: a few more checks of every standby.
+    let until = Instant::now() + secs(6.0);
+    while Instant::now() < until {
+        assert!(cluster.waiters(id) <= 2, "more than two standbys queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Graceful: the queue head is granted the lock at once.
+    let leader = replicas.iter_mut().find(|r| r.pid() == first.ppid).unwrap();
+    leader.signal(Signal::SIGTERM);
+    leader.wait_exit(secs(10.0));
+    let released = Instant::now();
+    let second = scratch.wait_starts(2, secs(2.0))[1].clone();
+    assert!(
+        released.elapsed() < secs(1.0),
+        "handover took {:?}",
+        released.elapsed()
+    );
+    // Sudden, right after: the second in line moved up at the first hand-over, so it too is
+    // granted the lock at once.
+    let leader = replicas
+        .iter_mut()
+        .find(|r| r.pid() == second.ppid)
+        .unwrap();
+    leader.signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    let third = scratch.wait_starts(3, secs(2.0))[2].clone();
+    assert!(
+        killed.elapsed() < secs(1.0),
+        "failover took {:?}",
+        killed.elapsed()
+    );
+    assert!(third.fencing_token > second.fencing_token);
+    assert!(!alive(first.pid) && !alive(second.pid));
+    // The free places are taken again within about one interval.
+    wait_for("the line of two refilled", secs(8.0), || {
+        (cluster.waiters(id) == 2).then_some(())
+    });
+    assert_eq!(scratch.starts().len(), 3, "one leader at a time");
+}
+
+#[test]
+fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let args = ["--slots", "2", "--", script];
+    let mut replicas: Vec<Replica> = (0..4)
+        .map(|_| Replica::start(cluster, id, "300ms", &args))
+        .collect();
+    let starts = scratch.wait_starts(2, secs(10.0));
+    let mut slots: Vec<u32> = starts
+        .iter()
+        .map(|s| s.slot.expect("LEADERRUN_SLOT"))
+        .collect();
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1]);
+    // Slot k is the key (class + k, id), and LEADERRUN_LOCK names it.
+    for start in &starts {
+        let class = crate::support::CLASS.wrapping_add(start.slot.unwrap() as i32);
+        assert_eq!(start.lock, format!("{class}:{id}"));
+    }
+    // No third leader while two lead; both other replicas stand by.
+    let report = wait_for("two slots held, two standbys", secs(5.0), || {
+        let (all, _, report) = standbys(cluster, id, &["--slots", "2"]);
+        (all == 2).then_some(report)
+    });
+    assert_eq!(scratch.starts().len(), 2);
+    let held: Vec<i64> = report["slot_leaders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["leader"]["pid"].as_i64().unwrap_or(0))
+        .collect();
+    let mut want: Vec<i64> = {
+        let mut by_slot = starts.clone();
+        by_slot.sort_by_key(|s| s.slot);
+        by_slot.iter().map(|s| i64::from(s.backend_pid)).collect()
+    };
+    assert_eq!(held, want, "{report}");
+    let table = String::from_utf8(
+        crate::support::status_with(cluster, id, false, &["--slots", "2"]).stdout,
+    )
+    .unwrap();
+    assert!(table.contains("slots          2 of 2 held"), "{table}");
+    // Without --slots, status sees slot 0 only.
+    let plain: serde_json::Value =
+        serde_json::from_slice(&status(cluster, id, true).stdout).unwrap();
+    let slot0 = starts.iter().find(|s| s.slot == Some(0)).unwrap();
+    assert_eq!(plain["leader"]["pid"], slot0.backend_pid);
+    // kill -9 of slot 1's leader: a standby takes slot 1, and slot 0 keeps its leader.
+    let slot1 = starts.iter().find(|s| s.slot == Some(1)).unwrap().clone();
+    let victim = replicas.iter_mut().find(|r| r.pid() == slot1.ppid).unwrap();
+    victim.signal(Signal::SIGKILL);
+    let _ = victim.wait_exit(secs(5.0));
+    let third = scratch.wait_starts(3, secs(5.0))[2].clone();
+    assert_eq!(third.slot, Some(1));
+    assert!(third.fencing_token > slot1.fencing_token);
+    assert!(!alive(slot1.pid), "slot 1's old child still runs");
+    assert!(alive(slot0.pid), "slot 0's child was disturbed");
+    want[1] = i64::from(third.backend_pid);
+    let report = wait_for("slot 1 held by the new leader", secs(5.0), || {
+        let (_, _, report) = standbys(cluster, id, &["--slots", "2"]);
+        let held: Vec<i64> = report["slot_leaders"]
+            .as_array()?
+            .iter()
+            .map(|s| s["leader"]["pid"].as_i64().unwrap_or(0))
+            .collect();
+        (held == want).then_some(report)
+    });
+    assert_eq!(report["slots"], 2);
+    // step-down of slot 0: its leader hands over to the remaining standby.
+    let out = crate::support::leaderrun()
+        .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+        .args([
+            "--check-interval",
+            "300ms",
+            "--slots",
+            "2",
+            "step-down",
+            "--slot",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let fourth = scratch.wait_starts(4, secs(5.0))[3].clone();
+    assert_eq!(fourth.slot, Some(0));
+    wait_for("slot 0's old child stopped", secs(5.0), || {
+        (!alive(slot0.pid)).then_some(())
+    });
+    assert!(alive(third.pid), "slot 1's child was disturbed");
+    let live: Vec<_> = scratch
+        .starts()
+        .into_iter()
+        .filter(|s| alive(s.pid))
+        .collect();
+    assert_eq!(live.len(), 2, "{live:?}");
+    // A slot outside 0 … N-1 is an error.
+    let out = crate::support::leaderrun()
+        .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+        .args(["--slots", "2", "step-down", "--slot", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+}
