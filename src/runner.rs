@@ -57,6 +57,9 @@ pub fn main(settings: Settings, signals: SignalStream) -> Exit {
     runtime.block_on(run(settings, command, signals, terminal))
 }
 
+/// Upper bound of the random delay before a replica's first check ([`Config::first_check_spread`]).
+pub const FIRST_CHECK_SPREAD: Duration = Duration::from_secs(1);
+
 /// The elector configuration for `settings`.
 pub fn elector_config(settings: &Settings) -> Config {
     let mut config = Config::new(settings.connect.clone());
@@ -68,6 +71,11 @@ pub fn elector_config(settings: &Settings) -> Config {
     // Standbys wait in the lock queue, so a release reaches them at once (contract §8); a
     // `--once` check must not wait.
     config.wait_for_release = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
+    // A fleet started together connects spread over up to a quarter interval (at most 1 s);
+    // `--once` decides at once (its herd is handled by retrying 53300/57P03).
+    if !matches!(settings.mode, Mode::OneShot { wait: None, .. }) {
+        config.first_check_spread = (settings.timing.check_interval / 4).min(FIRST_CHECK_SPREAD);
+    }
     // `--once` reports its one failed check as the ERROR it exits with: printed once.
     config.warn_failed_tries = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
     config

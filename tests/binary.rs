@@ -589,6 +589,13 @@ fn a_release_reaches_a_waiting_standby_at_once_even_at_the_default_interval() {
         .map(|_| Replica::start(cluster, id, "5s", &["--", script]))
         .collect();
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // Every replica has made its first check (they spread their first connects over up to
+    // a quarter interval), and two of them wait in line.
+    wait_for("three standbys, two in line", secs(5.0), || {
+        let out = status(cluster, id, true);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (report["standbys"].as_array()?.len() == 3 && cluster.waiters(id) == 2).then_some(())
+    });
     // Graceful: SIGTERM, the child stops, the lock is released, a standby is granted it.
     let leader = leader_of(&mut replicas, &first);
     leader.signal(Signal::SIGTERM);

@@ -101,6 +101,18 @@ impl Campaign<'_> {
             (interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(250)),
         );
         safety.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Spread a fleet's first connects (FIELD-NOTES PostgreSQL 15): nothing is held yet,
+        // so waiting here costs only the delay.
+        let spread = self.shared.config.first_check_spread;
+        if !spread.is_zero() {
+            let delay = jitter(spread).saturating_sub(Duration::from_millis(5));
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            ticker.reset_immediately();
+        }
         loop {
             tokio::select! {
                 biased;

@@ -122,6 +122,11 @@ pub struct Config {
     /// costs a deadlock check that walks the queue). Still one session and about one statement
     /// per interval. `false` (the default) is the seed's fixed-interval `pg_try_advisory_lock`.
     pub wait_for_release: bool,
+    /// Longest random delay before the first check of [`Elector::run`], so that a fleet
+    /// started at the same moment (a deployment, a host's boot) does not connect at the same
+    /// moment: each replica waits a random time in [0, this]. Zero (the default): check at
+    /// once. The binary uses a quarter interval, at most 1 s, except for `--once`.
+    pub first_check_spread: Duration,
     /// Log a standby check that could not reach a usable server at WARN, the seed's `leader:
     /// acquire lock connection: <cause>` (the default). `false` logs it at DEBUG, for a caller
     /// that reports the failure itself: `leaderrun --once` prints one ERROR line with the
@@ -152,6 +157,7 @@ impl Config {
             check_interval: DEFAULT_CHECK_INTERVAL,
             idle_session_timeout: None,
             wait_for_release: false,
+            first_check_spread: Duration::ZERO,
             warn_failed_tries: true,
             span: tracing::Span::none(),
             registry: None,
