@@ -460,13 +460,17 @@ pub fn footprint(cluster: &Cluster, standbys: &[usize], window: Duration) -> Vec
             name: "leader with its watchdog: RSS, summed".into(),
             unit: "MiB",
             samples: vec![lr + wr],
-            note: format!("leader {lr:.1} + watchdog {wr:.1}; shared pages counted twice"),
+            note: format!(
+                "leader {lr:.1} + watchdog {wr:.1}; VmRSS, shared pages counted twice; budget 6 MiB"
+            ),
         });
         rows.push(Row {
             name: "leader with its watchdog: PSS, summed".into(),
             unit: "MiB",
             samples: vec![lp + wp],
-            note: format!("leader {lp:.1} + watchdog {wp:.1}; shared pages split"),
+            note: format!(
+                "leader {lp:.1} + watchdog {wp:.1}; smaps_rollup Pss, shared pages split"
+            ),
         });
     }
     rows.push(Row {

@@ -95,6 +95,7 @@ impl Message {
         out
     }
 
+    #[inline(always)]
     fn decode(buf: &[u8]) -> Option<Message> {
         if buf.len() != 9 {
             return None;
@@ -496,12 +497,13 @@ pub fn main() -> ExitCode {
         .and_then(|d| Cgroup::open(std::path::Path::new(d)));
     // SAFETY: leaderrun put our end of the pair on descriptor 3 before exec.
     let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    unmap_start_up_pages();
     let mut guard = Guard {
         tree: 0,
         session: None,
         proof: 0,
-        last_beat: boottime(),
-        stall,
+        last_beat: now_ns(),
+        stall: stall.as_nanos() as u64,
         grace,
         stop_signal,
         cgroup,
@@ -510,13 +512,167 @@ pub fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The watchdog's state.
+/// Unmaps the pages of code and read-only data that start-up touched (the dynamic loader,
+/// Rust's runtime, argument parsing) from the watchdog's address space: every private,
+/// read-only mapping of a file that holds no page of its own (`Anonymous: 0 kB`, so not a
+/// relocated RELRO segment). They stay in the page cache, which leaderrun maps too; what the
+/// watchdog runs later (its loop, the kill) faults its few pages back in from there. Without
+/// this its resident set keeps every 64 KiB window of leaderrun's binary and of libc that
+/// start-up brushed past (the kernel maps file pages around each fault); BENCHMARKS.md, Memory.
+fn unmap_start_up_pages() {
+    use std::io::BufRead;
+    let Ok(file) = std::fs::File::open("/proc/self/smaps") else {
+        return;
+    };
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    let mut candidate: Option<(usize, usize)> = None;
+    for line in std::io::BufReader::new(file).lines() {
+        let Ok(line) = line else {
+            return;
+        };
+        let mut fields = line.split_ascii_whitespace();
+        let first = fields.next().unwrap_or("");
+        if let Some(value) = line.strip_prefix("Anonymous:") {
+            if let Some(range) = candidate.take() {
+                if value.trim() == "0 kB" {
+                    ranges.push(range);
+                }
+            }
+            continue;
+        }
+        let Some((start, end)) = first.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (
+            usize::from_str_radix(start, 16),
+            usize::from_str_radix(end, 16),
+        ) else {
+            continue;
+        };
+        // A mapping's header: `START-END PERMS OFFSET DEV INODE PATH`.
+        let perms = fields.next().unwrap_or("").as_bytes();
+        let path = fields.nth(3).unwrap_or("");
+        candidate = (perms.len() == 4
+            && perms[0] == b'r'
+            && perms[1] == b'-'
+            && perms[3] == b'p'
+            && path.starts_with('/'))
+        .then_some((start, end));
+    }
+    for (start, end) in ranges {
+        // SAFETY: a private read-only mapping without private pages: dropping its page-table
+        // entries loses nothing, the next access maps the file's page again.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
+}
+
+/// The boottime clock ([`boottime`]) in nanoseconds, for the watchdog's loop. This and
+/// [`next_message`] call libc directly and are inlined into [`Guard::run`], so the loop that
+/// runs between heartbeats touches few pages of the binary (see [`unmap_start_up_pages`]).
+#[inline(always)]
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
+    }
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// What one wait on the pair brought.
+enum Step {
+    /// A message, and the descriptor that came with it.
+    Message(Message, Option<OwnedFd>),
+    /// Nothing within the time (or a signal, or a message that is not one).
+    Nothing,
+    /// End of file: leaderrun is gone.
+    Eof,
+    /// The pair failed.
+    Failed,
+}
+
+/// Waits at most `within_ns` for one message on `fd`: [`receive`] with raw calls and a buffer
+/// on the stack.
+#[inline(always)]
+fn next_message(fd: RawFd, within_ns: u64) -> Step {
+    let ms = within_ns.div_ceil(1_000_000).min(i32::MAX as u64) as i32;
+    let mut pollfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let ready = unsafe { libc::poll(&mut pollfd, 1, ms) };
+    let interrupted = || Errno::last() == Errno::EINTR;
+    if ready == 0 || (ready < 0 && interrupted()) {
+        return Step::Nothing;
+    }
+    if ready < 0 {
+        return Step::Failed;
+    }
+    let mut buf = [0u8; 16];
+    // Room for a control message with one descriptor (as `cmsg_space!([RawFd; 1])`), aligned
+    // for `cmsghdr`; more descriptors than that are closed by the kernel.
+    let mut space = [0u64; 4];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&space) as _;
+    // SAFETY: msg points at live buffers of the sizes it names.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return if interrupted() {
+            Step::Nothing
+        } else {
+            Step::Failed
+        };
+    }
+    let mut attached = None;
+    // SAFETY: the CMSG macros walk the control buffer recvmsg filled; each SCM_RIGHTS entry
+    // holds descriptors the kernel just gave us.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / std::mem::size_of::<libc::c_int>() {
+                    let owned = OwnedFd::from_raw_fd(data.add(i).read_unaligned());
+                    attached.get_or_insert(owned);
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if n == 0 {
+        return Step::Eof;
+    }
+    match Message::decode(&buf[..n as usize]) {
+        Some(message) => Step::Message(message, attached),
+        None => Step::Nothing,
+    }
+}
+
+/// The watchdog's state (times in boottime nanoseconds).
 struct Guard {
     tree: i32,
     session: Option<OwnedFd>,
     proof: u64,
-    last_beat: Duration,
-    stall: Duration,
+    last_beat: u64,
+    stall: u64,
     grace: Duration,
     stop_signal: Signal,
     cgroup: Option<Cgroup>,
@@ -525,22 +681,22 @@ struct Guard {
 impl Guard {
     fn run(&mut self, control: BorrowedFd<'_>) {
         loop {
-            let wait = self.freeze_in().unwrap_or(Duration::from_secs(3600));
-            match receive(control, wait) {
-                Ok(Some((message, fd))) => self.handle(control, message, fd),
-                Ok(None) => {
+            let wait = self.freeze_in().unwrap_or(3600 * 1_000_000_000);
+            match next_message(control.as_raw_fd(), wait) {
+                Step::Message(message, fd) => self.handle(control, message, fd),
+                Step::Nothing => {}
+                Step::Eof => {
                     // leaderrun is gone: the tree dies before our copy of the session closes.
                     self.kill_tree();
                     drop(self.session.take());
                     return;
                 }
-                Err(Errno::ETIMEDOUT) | Err(Errno::EINTR) => {}
-                Err(_) => {
+                Step::Failed => {
                     self.kill_tree();
                     return;
                 }
             }
-            if self.freeze_in() == Some(Duration::ZERO) {
+            if self.freeze_in() == Some(0) {
                 eprintln!(
                     "leaderrun-watchdog: leaderrun stopped answering while its lock was \
                      unproven; stopping COMMAND's tree"
@@ -551,23 +707,23 @@ impl Guard {
     }
 
     /// Time until a freeze is declared: only while a tree runs, once the proof has run out and
-    /// no heartbeat came for `stall`.
-    fn freeze_in(&self) -> Option<Duration> {
+    /// no heartbeat came for `stall` (nanoseconds).
+    #[inline(always)]
+    fn freeze_in(&self) -> Option<u64> {
         if self.tree == 0 {
             return None;
         }
-        let now = boottime();
-        let proof_end = Duration::from_nanos(self.proof);
-        let beat_end = self.last_beat + self.stall;
-        Some(proof_end.max(beat_end).saturating_sub(now))
+        let beat_end = self.last_beat.saturating_add(self.stall);
+        Some(self.proof.max(beat_end).saturating_sub(now_ns()))
     }
 
+    #[inline(always)]
     fn handle(&mut self, control: BorrowedFd<'_>, message: Message, fd: Option<OwnedFd>) {
         match message {
             Message::Tree(pgid) => self.tree = pgid,
             Message::Beat(proof) => {
                 self.proof = proof;
-                self.last_beat = boottime();
+                self.last_beat = now_ns();
             }
             Message::Session => self.session = fd,
             Message::Release => {
