@@ -44,7 +44,7 @@ Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND
 
 Advisory locks are per database: copies connected to different databases do not exclude each other. Without a database in the DSN (or PGDATABASE) it is the user's name, as with psql.
 
-The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_FENCING_TOKEN and \
+The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_SLOT, LEADERRUN_FENCING_TOKEN and \
 LEADERRUN_BACKEND_PID in its environment. LEADERRUN_TERM counts the terms of one leaderrun process \
 (every new leader process says term 1); LEADERRUN_FENCING_TOKEN is the number that grows across \
 all replicas (txid_current() at the grant): compare that one, never the term, to reject a stale \

@@ -146,7 +146,7 @@ pub fn man_page() -> Vec<u8> {
         ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT, PGSSLMODE", "Fill in what the DSN leaves out, as for psql. Pass passwords here or in ~/.pgpass, not in --dsn, which ps shows."),
         ("RUST_LOG", "Log filter (e.g. leaderrun=debug) when neither -v nor -q is given."),
         ("NOTIFY_SOCKET, WATCHDOG_USEC", "Set by systemd: READY=1 after the first check, STATUS= on every change, STOPPING=1 on shutdown, WATCHDOG=1 while the check loop is healthy."),
-        ("LEADERRUN_TERM, LEADERRUN_LOCK, LEADERRUN_FENCING_TOKEN, LEADERRUN_BACKEND_PID", "Given to COMMAND: the term number of this one process (1, 2, ...; every new leader process says term 1), the key as class:id, the fencing token (a number from PostgreSQL that is greater for every later term of any replica: the one to compare across replicas), and the lock session's backend pid."),
+        ("LEADERRUN_TERM, LEADERRUN_LOCK, LEADERRUN_SLOT, LEADERRUN_FENCING_TOKEN, LEADERRUN_BACKEND_PID", "Given to COMMAND: the term number of this one process (1, 2, ...; every new leader process says term 1), the key it holds as class:id, its slot (0 ... N-1 with --slots N; slot k is the key CLASS+k:ID), the fencing token (a number from PostgreSQL that is greater for every later term of any replica: the one to compare across replicas), and the lock session's backend pid."),
     ] {
         item(&mut roff, var, text);
     }
@@ -188,6 +188,39 @@ pub fn man_page() -> Vec<u8> {
          LEADERRUN_FENCING_TOKEN; a session the server ends itself frees the lock within the old \
          tree's stop time.",
     );
+
+    section(&mut roff, "LOCKS");
+    paragraph(
+        &mut roff,
+        "Everything leaderrun locks for a key (CLASS, ID) with --slots N, as pg_locks shows it \
+         (locktype advisory, objid ID as an unsigned number, in the DSN's database):",
+    );
+    for (what, text) in [
+        (
+            "slot k (0 ... N-1)",
+            "pg_advisory_lock(CLASS+k, ID): classid CLASS+k (wrapping), objsubid 2. Slot 0 is the \
+             key itself, the seed's leader lock by default. --once tries it with \
+             pg_try_advisory_lock.",
+        ),
+        (
+            "queue head of slot k",
+            "bigint lock, classid (CLASS+k) XOR 0x80000000, objsubid 1: its holder waits for slot \
+             k in the server's queue (lock_timeout = one interval).",
+        ),
+        (
+            "second in line for slot k",
+            "bigint lock, classid (CLASS+k) XOR 0x40000000, objsubid 1: its holder waits for the \
+             queue head's place. Every other standby tries the slots and the places once per \
+             interval, so two standbys per slot wait in the server's queues however many there \
+             are.",
+        ),
+        (
+            "step-down request for slot k",
+            "bigint lock, classid CLASS+k, objsubid 1 (leaderrun step-down).",
+        ),
+    ] {
+        item(&mut roff, what, text);
+    }
 
     section(&mut roff, "EXAMPLES");
     for (text, example) in [

@@ -116,6 +116,13 @@ fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
         (all == 2).then_some(report)
     });
     assert_eq!(scratch.starts().len(), 2);
+    // A standby says once who holds the slots.
+    for standby in replicas
+        .iter()
+        .filter(|r| starts.iter().all(|s| s.ppid != r.pid()))
+    {
+        standby.wait_log("2 of 2 slots are held (by leaderrun on ", 1, secs(5.0));
+    }
     let held: Vec<i64> = report["slot_leaders"]
         .as_array()
         .unwrap()

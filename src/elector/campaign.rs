@@ -60,7 +60,7 @@ pub(crate) struct Campaign<'a> {
     pub(crate) finished: bool,
     /// Backend pid of the holder the last INFO line about the holder named, so that a standby
     /// says who holds the lock once, and again only when the holder changes.
-    pub(crate) holder_seen: Option<i32>,
+    pub(crate) holder_seen: Vec<i32>,
     /// Since when tries fail on a momentarily full or starting server, in a row.
     pub(crate) transient_since: Option<Instant>,
 }
@@ -73,10 +73,10 @@ const HOLDER_SQL: &str = "SELECT l.pid, a.application_name, host(a.client_addr),
      FROM (SELECT 1) AS one \
      LEFT JOIN pg_locks l ON l.locktype = 'advisory' \
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-       AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.granted \
+       AND l.classid = ANY($1) AND l.objid = $2 AND l.objsubid = 2 AND l.granted \
      LEFT JOIN LATERAL (SELECT * FROM pg_stat_get_activity(l.pid) WHERE l.pid IS NOT NULL) a \
        ON true \
-     LIMIT 1";
+     ORDER BY array_position($1, l.classid)";
 
 pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
      EXISTS (SELECT 1 FROM pg_locks \
@@ -252,7 +252,7 @@ impl Campaign<'_> {
         let sent = boottime();
         match self.try_acquire_inner(started, sent).await {
             // begin_term recorded it, before publishing the term.
-            Ok(CheckOutcome::Granted) => self.holder_seen = None,
+            Ok(CheckOutcome::Granted) => self.holder_seen.clear(),
             Ok(CheckOutcome::Refused) => {
                 self.record(CheckOutcome::Refused, started, None);
                 self.note_holder().await;
@@ -308,53 +308,80 @@ impl Campaign<'_> {
         };
         let config = &self.shared.config;
         let lock = config.lock;
+        let slots = config.effective_slots();
         // pg_locks shows the int4 halves as oid, i.e. unsigned.
-        let (class, id) = (lock.class as u32, lock.id as u32);
+        let classes: Vec<u32> = (0..slots).map(|k| lock.slot(k).class as u32).collect();
+        let id = lock.id as u32;
         // The standby comment first: this is the session's last statement until its next
         // check, and `leaderrun status` finds standbys by it.
         let sql = format!("{} {HOLDER_SQL}", standby_comment(lock));
-        let row = match session
-            .bounded(
-                "who holds the lock",
-                config.io_bound(),
-                &sql,
-                &[&class, &id],
-            )
-            .await
-        {
-            Ok(row) => row,
+        let rows = match session.client.as_ref() {
+            Some(client) => {
+                within(
+                    "who holds the lock",
+                    config.io_bound(),
+                    client.query(&sql, &[&classes, &id]),
+                )
+                .await
+            }
+            None => return,
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
             Err(err) => {
                 debug!(target: "leaderrun::elector", "cannot tell who holds the lock: {}", Chain(&err));
                 return;
             }
         };
-        let Some(pid) = row.get::<_, Option<i32>>(0) else {
-            return;
-        };
-        if self.holder_seen == Some(pid) {
+        let pids: Vec<i32> = rows
+            .iter()
+            .filter_map(|r| r.get::<_, Option<i32>>(0))
+            .collect();
+        if pids.is_empty() || self.holder_seen == pids {
             return;
         }
-        self.holder_seen = Some(pid);
-        let application_name: Option<String> = row.get(1);
-        let client: Option<String> = row.get(2);
-        let backend_start: Option<String> = row.get(3);
-        let query: Option<String> = row.get(4);
-        let (_, since, _) = crate::holder::parse_check_comment(query.as_deref().unwrap_or(""));
-        let who = crate::holder::Who {
-            application_name: application_name.as_deref(),
-        };
-        let since = match (since, backend_start) {
-            (Some(since), _) => format!("leading since {since}"),
-            (None, Some(start)) => format!("session started {start}"),
-            (None, None) => "since an unknown time".to_owned(),
-        };
-        info!(
-            target: "leaderrun::elector",
-            lock = %lock,
-            holder_backend_pid = pid,
-            holder_client_addr = client.as_deref().unwrap_or("local"),
-            "the lock is held by {who}, backend {pid}, {since}; standing by"
-        );
+        self.holder_seen = pids;
+        let mut holders = Vec::new();
+        for row in &rows {
+            let Some(pid) = row.get::<_, Option<i32>>(0) else {
+                continue;
+            };
+            let application_name: Option<String> = row.get(1);
+            let backend_start: Option<String> = row.get(3);
+            let query: Option<String> = row.get(4);
+            let (_, since, _) = crate::holder::parse_check_comment(query.as_deref().unwrap_or(""));
+            let who = crate::holder::Who {
+                application_name: application_name.as_deref(),
+            };
+            let since = match (since, backend_start) {
+                (Some(since), _) => format!("leading since {since}"),
+                (None, Some(start)) => format!("session started {start}"),
+                (None, None) => "since an unknown time".to_owned(),
+            };
+            holders.push(format!("{who}, backend {pid}, {since}"));
+        }
+        let first = &rows[0];
+        let pid: Option<i32> = first.get(0);
+        let client: Option<String> = first.get(2);
+        if slots == 1 {
+            info!(
+                target: "leaderrun::elector",
+                lock = %lock,
+                holder_backend_pid = pid,
+                holder_client_addr = client.as_deref().unwrap_or("local"),
+                "the lock is held by {}; standing by",
+                holders.join("")
+            );
+        } else {
+            info!(
+                target: "leaderrun::elector",
+                lock = %lock,
+                slots,
+                "{} of {slots} slots are held (by {}); standing by",
+                holders.len(),
+                holders.join("; ")
+            );
+        }
     }
 
     /// Publishes one check's outcome in [`Checks`].

@@ -421,7 +421,7 @@ impl Elector {
             session: None,
             term: None,
             finished: false,
-            holder_seen: None,
+            holder_seen: Vec::new(),
             transient_since: None,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
