@@ -281,7 +281,8 @@ impl Campaign<'_> {
             Err(err) => {
                 // FIELD-NOTES PostgreSQL 3: whatever failed, the session may hold a grant we
                 // never saw; never reuse it.
-                self.session = None;
+                let session = self.session.take();
+                self.drop_session(session);
                 if self.shared.config.warn_failed_tries {
                     warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
                 } else {
@@ -593,27 +594,33 @@ impl Campaign<'_> {
             humantime::format_rfc3339_seconds(lease.granted_at),
             lease.fencing_token
         );
-        let check = session
-            .prepare("prepare the leader check", bound, &check_sql)
-            .await?;
-        if let Some(session) = self.session.as_mut() {
-            session.check = Some(check);
-            session.socket = socket.map(|s| s.fd);
-        }
         // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
-        // before anything can run under the term.
-        if let Some(keeper) = &config.keeper {
-            match socket {
-                // SAFETY: the descriptor belongs to the session's connection, alive here.
-                Some(found) => {
-                    keeper.keep(unsafe { std::os::fd::BorrowedFd::borrow_raw(found.fd) })
+        // before anything can run under the term; that (a first grant starts the watchdog)
+        // runs while the check's PREPARE is on its way: `join!` sends it first.
+        let keep = async {
+            if let Some(keeper) = &config.keeper {
+                match socket {
+                    // SAFETY: the descriptor belongs to the session's connection, alive here.
+                    Some(found) => {
+                        keeper.keep(unsafe { std::os::fd::BorrowedFd::borrow_raw(found.fd) })
+                    }
+                    None => warn!(
+                        target: "leaderrun::elector",
+                        "leader: cannot tell which descriptor is the lock session's socket; if \
+                         leaderrun is killed, the lock may move before COMMAND's tree is dead"
+                    ),
                 }
-                None => warn!(
-                    target: "leaderrun::elector",
-                    "leader: cannot tell which descriptor is the lock session's socket; if \
-                     leaderrun is killed, the lock may move before COMMAND's tree is dead"
-                ),
             }
+        };
+        let (check, ()) = tokio::join!(
+            session.prepare("prepare the leader check", bound, &check_sql),
+            keep
+        );
+        // From here on the keeper may hold a copy: every way out that drops the session goes
+        // through `drop_session`, which takes the copy back first.
+        if let Some(session) = self.session.as_mut() {
+            session.socket = socket.map(|s| s.fd);
+            session.check = Some(check?);
         }
         self.shared.terms.store(number, Ordering::Release);
         // The grant is the term's first proof: its window counts from the try's send time.
@@ -843,15 +850,18 @@ impl Campaign<'_> {
         if let Some(control) = control {
             let term = control.term();
             let lock = session.granted.unwrap_or(self.shared.config.lock);
-            match session
-                .bounded(
-                    "unlock",
-                    UNLOCK_BOUND,
-                    "SELECT pg_advisory_unlock($1, $2)",
-                    &[&lock.class, &lock.id],
-                )
-                .await
-            {
+            // One round trip: the simple protocol, with the key written out.
+            let unlock = format!(
+                "SELECT pg_advisory_unlock(({})::int4, ({})::int4)",
+                lock.class, lock.id
+            );
+            let unlocked = match session.client.as_ref() {
+                Some(client) => within("unlock", UNLOCK_BOUND, client.simple_query(&unlock))
+                    .await
+                    .map(|_| ()),
+                None => Err(Error::SessionClosed(None)),
+            };
+            match unlocked {
                 Ok(_) => info!(
                     target: "leaderrun::elector",
                     term = term.number(),

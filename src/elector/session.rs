@@ -329,7 +329,7 @@ impl Session {
         // Only settings the server has: idle_session_timeout is new in PostgreSQL 14.
         let sql = format!(
             "SELECT set_config(w.name, w.value, false) FROM (VALUES {}) AS w(name, value) \
-             WHERE EXISTS (SELECT 1 FROM pg_settings s WHERE s.name = w.name); \
+             WHERE current_setting(w.name, true) IS NOT NULL; \
              SELECT name, setting, (inet_server_addr() IS NULL)::text, pg_backend_pid()::text \
              FROM pg_settings WHERE name IN ({})",
             pairs.join(", "),
