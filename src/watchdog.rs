@@ -766,11 +766,15 @@ impl Guard {
     /// Polls until the tree is gone or `within` passed; true when it is gone.
     fn gone_within(&self, within: Duration) -> bool {
         let deadline = boottime() + within;
+        // SIGKILLed processes are gone within a fraction of a millisecond as a rule: look
+        // again soon, then less often (the lock waits on this, after `kill -9` of leaderrun).
+        let mut pause = Duration::from_micros(100);
         while self.alive() {
             if boottime() >= deadline {
                 return false;
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
         }
         true
     }

@@ -207,8 +207,8 @@ fn session_timers_are_pinned_whatever_the_role_defaults() {
     let replica = Replica::spawn(cmd);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     // The lock session is the connection whose BackendKeyData names the backend the child was
-    // told; the server's own rows in it give `statement_timeout` as the session has it, read
-    // from pg_settings after leaderrun pinned it. In milliseconds, at most the I/O bound (one
+    // told; the server's own rows in it give `statement_timeout` as the session has it, as
+    // set_config answered when leaderrun pinned it. In milliseconds, at most the I/O bound (one
     // interval here) plus one interval: 600, not the role's 3600000.
     let recorded = proxy.server_bytes();
     let lock_session = recorded
@@ -237,7 +237,19 @@ fn session_timers_are_pinned_whatever_the_role_defaults() {
         1,
         "statement_timeout read back: {settings:?}"
     );
-    let pinned: u64 = settings[0].parse().expect("statement_timeout in ms");
+    // set_config's answer: the value in effect, in PostgreSQL's display units.
+    let shown = settings[0].as_str();
+    let pinned: u64 = match shown.strip_suffix("ms") {
+        Some(ms) => ms.parse().expect("statement_timeout in ms"),
+        None => {
+            let secs: u64 = shown
+                .strip_suffix('s')
+                .unwrap_or(shown)
+                .parse()
+                .expect("in s");
+            secs * 1000
+        }
+    };
     assert!(
         (1..=600).contains(&pinned),
         "the lock session runs with statement_timeout = {pinned} ms"

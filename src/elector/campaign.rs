@@ -599,6 +599,8 @@ impl Campaign<'_> {
         // runs while the check's PREPARE is on its way: `join!` sends it first.
         let keep = async {
             if let Some(keeper) = &config.keeper {
+                // Let the connection's task write the PREPARE before this blocks the thread.
+                tokio::task::yield_now().await;
                 match socket {
                     // SAFETY: the descriptor belongs to the session's connection, alive here.
                     Some(found) => {
@@ -847,6 +849,7 @@ impl Campaign<'_> {
         let Some(session) = self.session.take() else {
             return;
         };
+        let mut unlock_failed = false;
         if let Some(control) = control {
             let term = control.term();
             let lock = session.granted.unwrap_or(self.shared.config.lock);
@@ -861,6 +864,7 @@ impl Campaign<'_> {
                     .map(|_| ()),
                 None => Err(Error::SessionClosed(None)),
             };
+            unlock_failed = unlocked.is_err();
             match unlocked {
                 Ok(_) => info!(
                     target: "leaderrun::elector",
@@ -879,7 +883,7 @@ impl Campaign<'_> {
         if let (Some(keeper), Some(_)) = (&self.shared.config.keeper, session.socket) {
             keeper.release(true);
         }
-        session.close().await;
+        session.close(unlock_failed).await;
     }
 }
 

@@ -63,6 +63,25 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A setting as PostgreSQL shows it (`20s`, `1500ms`, `1min`, `4`) in whole `base` units
+/// (1 ms or 1 s, the setting's own unit); `None` when it is not a number with a time unit
+/// PostgreSQL uses.
+pub(crate) fn shown_in_base_units(shown: &str, base: Duration) -> Option<u64> {
+    let digits = shown.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let number: u64 = digits.trim().parse().ok()?;
+    let unit = match &shown[digits.len()..] {
+        "" => return Some(number),
+        "us" => Duration::from_micros(1),
+        "ms" => Duration::from_millis(1),
+        "s" => Duration::from_secs(1),
+        "min" => Duration::from_secs(60),
+        "h" => Duration::from_secs(3600),
+        "d" => Duration::from_secs(86_400),
+        _ => return None,
+    };
+    Some((unit.as_nanos() * u128::from(number) / base.as_nanos()) as u64)
+}
+
 /// Text of the standby's try, for a lock of `slots` slots (contract §2), one round trip: every
 /// slot's key with `pg_try_advisory_lock`, in slot order, then, with `line`, every place in
 /// the line of standbys ([`LockKey::queue_key`]), place by place. `CASE` stops at the first
@@ -325,18 +344,18 @@ impl Session {
             .iter()
             .map(|(name, value)| format!("('{name}', '{value}')"))
             .collect();
-        let names: Vec<String> = timers.iter().map(|(name, _)| format!("'{name}'")).collect();
         // Only settings the server has: idle_session_timeout is new in PostgreSQL 14.
+        // set_config answers with the value now in effect (in display units), which is read
+        // back from it: no second statement, and no pg_settings scan, which alone costs a
+        // fresh backend about 2 ms.
         let sql = format!(
-            "SELECT set_config(w.name, w.value, false) FROM (VALUES {}) AS w(name, value) \
-             WHERE current_setting(w.name, true) IS NOT NULL; \
-             SELECT name, setting, (inet_server_addr() IS NULL)::text, pg_backend_pid()::text \
-             FROM pg_settings WHERE name IN ({})",
-            pairs.join(", "),
-            names.join(", ")
+            "SELECT w.name, set_config(w.name, w.value, false), \
+                    (inet_server_addr() IS NULL)::text, pg_backend_pid()::text \
+             FROM (VALUES {}) AS w(name, value) \
+             WHERE current_setting(w.name, true) IS NOT NULL",
+            pairs.join(", ")
         );
         let messages = within("pin session timers", bound, client.simple_query(&sql)).await?;
-        // The rows of the second statement are the ones with four columns.
         let rows: Vec<[String; 4]> = messages
             .iter()
             .filter_map(|m| match m {
@@ -354,19 +373,26 @@ impl Session {
                  an orphaned lock session is bounded only by TCP keepalives"
             );
         }
-        for [name, setting, unix_socket, pid] in rows {
+        for [name, shown, unix_socket, pid] in rows {
             let unix_socket = unix_socket == "true";
             backend_pid = pid.parse::<i32>().ok();
             if unix_socket && name.starts_with("tcp_") {
                 continue;
             }
             let wanted = timers.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
-            if wanted.is_some_and(|w| *w != setting) {
-                warn!(
-                    target: "leaderrun::elector",
-                    "leader: the server did not take {name} = {} (it has {setting})",
-                    wanted.map(String::as_str).unwrap_or_default()
-                );
+            let base = if name.starts_with("tcp_keepalives_") {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(1)
+            };
+            let taken = shown_in_base_units(&shown, base);
+            if let Some(wanted) = wanted {
+                if taken.is_some_and(|t| wanted.parse::<u64>().ok() != Some(t)) {
+                    warn!(
+                        target: "leaderrun::elector",
+                        "leader: the server did not take {name} = {wanted} (it has {shown})"
+                    );
+                }
             }
         }
         match backend_pid {
@@ -405,12 +431,20 @@ impl Session {
         within(what, bound, client.query_one(sql, params)).await
     }
 
-    /// Closes the session politely (Terminate message) and waits briefly for the socket to
-    /// close, so that a released lock reaches the standbys before `run` returns.
-    pub(crate) async fn close(mut self) {
+    /// Closes the session politely (Terminate message). With `wait` (the lock may still be
+    /// held: its unlock failed) it waits up to 1 s for the server to close the socket, so that
+    /// the lock reaches the standbys before `run` returns; without, it returns once Terminate
+    /// is on its way (a server's backend takes a millisecond or two to exit, which a one-shot
+    /// need not wait for).
+    pub(crate) async fn close(mut self, wait: bool) {
         // Dropping the only client makes the connection send Terminate and finish.
         drop(self.client.take());
-        let _ = timeout(Duration::from_secs(1), &mut self.task).await;
+        let bound = if wait {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(20)
+        };
+        let _ = timeout(bound, &mut self.task).await;
         // Drop aborts the task if it is still running.
     }
 }
@@ -535,5 +569,25 @@ pub(crate) fn find_socket(
     match candidates[..] {
         [fd] => Some(FoundSocket { fd, direct: false }),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_as_shown_read_back_in_base_units() {
+        let ms = Duration::from_millis(1);
+        let s = Duration::from_secs(1);
+        assert_eq!(shown_in_base_units("20s", ms), Some(20_000));
+        assert_eq!(shown_in_base_units("1500ms", ms), Some(1500));
+        assert_eq!(shown_in_base_units("1min", ms), Some(60_000));
+        assert_eq!(shown_in_base_units("2h", s), Some(7200));
+        assert_eq!(shown_in_base_units("10s", s), Some(10));
+        assert_eq!(shown_in_base_units("4", s), Some(4));
+        assert_eq!(shown_in_base_units("0", ms), Some(0));
+        assert_eq!(shown_in_base_units("on", ms), None);
+        assert_eq!(shown_in_base_units("5 parsecs", ms), None);
     }
 }
