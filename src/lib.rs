@@ -6,7 +6,10 @@
 //!
 //! Every copy campaigns for the same session advisory lock, `pg_try_advisory_lock(class, id)`.
 //! The copy whose session holds it is the leader; the others are standbys and try again every
-//! check interval. The election is [`Elector`], a Rust rendering of the plexsphere background
+//! check interval, except for a line of two ([`Config::wait_for_release`]) that waits in the
+//! server's lock queues so that a release reaches a standby at once. With
+//! [`Config::slots`] N > 1 up to N copies lead at once, each on a slot of its own
+//! ([`LockKey::slot`]). The election is [`Elector`], a Rust rendering of the plexsphere background
 //! leader (`Run`, `Term`, `Do`, `IsLeader`): see [`elector`] for its rules and the sources they
 //! come from. Programs that embed the election use it directly:
 //!

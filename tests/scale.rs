@@ -201,3 +201,41 @@ fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
         .unwrap();
     assert_eq!(out.status.code(), Some(125), "{out:?}");
 }
+
+#[test]
+fn a_queue_head_that_takes_another_free_slot_gives_its_place_back() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let args = ["--slots", "2", "--", script];
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(cluster, id, "300ms", &args))
+        .collect();
+    let starts = scratch.wait_starts(2, secs(10.0));
+    // The third replica is the queue head of slot 0 (places are tried slot by slot).
+    let report = wait_for("the standby at the head of slot 0", secs(5.0), || {
+        let (_, _, report) = standbys(cluster, id, &["--slots", "2"]);
+        let s = &report["standbys"][0];
+        (s["place"] == 1 && s["slot"] == 0).then_some(report)
+    });
+    let head = report["standbys"][0]["backend_pid"].as_i64().unwrap();
+    // Slot 1 frees up: the head of slot 0 takes it at its next check, and leaves the line.
+    let slot1 = starts.iter().find(|s| s.slot == Some(1)).unwrap().clone();
+    let victim = replicas.iter_mut().find(|r| r.pid() == slot1.ppid).unwrap();
+    victim.signal(Signal::SIGKILL);
+    let _ = victim.wait_exit(secs(5.0));
+    let third = scratch.wait_starts(3, secs(5.0))[2].clone();
+    assert_eq!(third.slot, Some(1));
+    assert_eq!(i64::from(third.backend_pid), head);
+    // It holds slot 1's key and nothing else of this lock: no place in line.
+    let held = cluster.sql(&format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = {head} AND granted"
+    ));
+    assert_eq!(
+        held,
+        ["1"],
+        "the new leader of slot 1 kept its place in line"
+    );
+}

@@ -115,12 +115,14 @@ pub struct Config {
     /// is longer than one interval (contract §3). Rounded up to whole milliseconds.
     pub idle_session_timeout: Option<Duration>,
     /// A released lock, whether unlocked or freed by a dying session, is granted to a standby
-    /// at once: one standby per slot, the queue head, waits for it in the server's queue
-    /// (`pg_advisory_lock` bounded by `lock_timeout` = one check interval), and the others try
-    /// the lock and the places in line ([`LockKey::queue_key`]) once per interval, so that
-    /// however many standbys there are, one waits (FIELD-NOTES PostgreSQL 16: every waiter
-    /// costs a deadlock check that walks the queue). Still one session and about one statement
-    /// per interval. `false` (the default) is the seed's fixed-interval `pg_try_advisory_lock`.
+    /// at once. Per slot a line of two ([`crate::lock::QUEUE_PLACES`]) waits in the server's
+    /// queues (`pg_advisory_lock` bounded by `lock_timeout` = one check interval): the queue
+    /// head for the lock, the second for the head's place ([`LockKey::queue_key`]), so two
+    /// hand-overs in a row both reach a waiting standby. Every other standby tries the lock
+    /// and the places once per interval, so however many standbys there are, two wait
+    /// (FIELD-NOTES PostgreSQL 16: every waiter costs a deadlock check that walks the queue).
+    /// Still one session and about one statement per interval. `false` (the default) is the
+    /// seed's fixed-interval `pg_try_advisory_lock`.
     pub wait_for_release: bool,
     /// Longest random delay before the first check of [`Elector::run`], so that a fleet
     /// started at the same moment (a deployment, a host's boot) does not connect at the same

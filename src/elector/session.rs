@@ -125,8 +125,16 @@ pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32) -> Stri
     let mut cases = String::new();
     let target = if place <= 1 {
         if slots > 1 {
+            // A free slot is taken at once; the place is given back with it.
             for other in 0..slots {
-                cases.push_str(&try_case(lock.slot(other), other));
+                let other_key = lock.slot(other);
+                cases.push_str(&format!(
+                    " WHEN pg_try_advisory_lock(({})::int4, ({})::int4) \
+                     THEN (SELECT {other} WHERE pg_advisory_unlock(({})::int8) IS NOT NULL)",
+                    other_key.class,
+                    other_key.id,
+                    key.queue_key(place)
+                ));
             }
         }
         format!("({})::int4, ({})::int4", key.class, key.id)
