@@ -52,8 +52,8 @@ leader's writes.
 
 Logging: INFO by default, WARN with --once/--wait, so a one-shot that led prints only what COMMAND \
 prints plus WARN/ERROR lines when something is wrong (cron mails nothing); -v shows the rest. A \
-standby says at INFO who holds the lock (host, pid, since when), once and again when the holder \
-changes.
+standby says at INFO who holds the lock (host, pid, since when), once and, while it is one of the \
+two standbys in line, again when the holder changes.
 
 Exit status: COMMAND's status; 128+N when it died of signal N; the conflict code when \
 --once/--wait did not lead or lost leadership mid-run; 0 when stopped by INT/TERM while standby; \

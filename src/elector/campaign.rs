@@ -255,7 +255,13 @@ impl Campaign<'_> {
             Ok(CheckOutcome::Granted) => self.holder_seen.clear(),
             Ok(CheckOutcome::Refused) => {
                 self.record(CheckOutcome::Refused, started, None);
-                self.note_holder().await;
+                // Who holds it costs the server a pg_locks scan: asked at the first refusal,
+                // then only by the standbys in line, so a fleet of pollers does not pay it at
+                // every check (a thousand of them would keep a core busy).
+                let in_line = self.session.as_ref().is_some_and(|s| s.place.is_some());
+                if self.holder_seen.is_empty() || in_line {
+                    self.note_holder().await;
+                }
             }
             Ok(outcome) => self.record(outcome, started, None),
             Err(err @ Error::InRecovery { .. }) => {
@@ -298,8 +304,9 @@ impl Campaign<'_> {
     }
 
     /// After a refused check: says at INFO who holds the lock (host, pid, since when), the
-    /// first time and whenever the holder's backend changes. One extra statement per refused
-    /// check, and none when INFO lines are not shown (a one-shot's default level).
+    /// first time and, for a standby in line, whenever the holder's backend changes. One extra
+    /// statement per such check, and none when INFO lines are not shown (a one-shot's default
+    /// level).
     pub(crate) async fn note_holder(&mut self) {
         if !tracing::enabled!(target: "leaderrun::elector", tracing::Level::INFO) {
             return;
