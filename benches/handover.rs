@@ -6,6 +6,8 @@
 //! cargo bench --bench handover                 # 5 runs each, all measurements
 //! cargo bench --bench handover -- --runs 9     # more runs
 //! cargo bench --bench handover -- --quick      # 1 run each, small footprint (a smoke run)
+//! cargo bench --bench handover -- --only herd  # only the groups whose name contains "herd"
+//! cargo bench --bench handover -- --only "default log level"  # opt-in: 1000 standbys at INFO
 //! ```
 //!
 //! Timestamps come from the child itself (`date +%s%N` at start, in its TERM trap at the end)
@@ -20,48 +22,120 @@ mod measure;
 
 use std::time::Duration;
 
-use measure::{etcd, failover, footprint, graceful, one_shot, tree_failover};
+use measure::{
+    check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, footprint, graceful,
+    one_shot, one_shot_overhead, progress, readyz, tree_failover, Row,
+};
 use support::Cluster;
 
+/// The groups of rows, in order; `--only SUBSTRING` runs those whose name contains it.
+const GROUPS: &[&str] = &[
+    "handover after SIGTERM",
+    "failover",
+    "tree of three",
+    "one-shot",
+    "footprint",
+    "waiting standbys",
+    "1000 standbys at the default log level",
+    "connection limit",
+    "cron herd",
+    "readyz",
+    "etcd",
+];
+
 fn main() {
-    let started = std::time::Instant::now();
+    progress("start");
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let runs = args
-        .iter()
-        .position(|a| a == "--runs")
-        .and_then(|i| args.get(i + 1))
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let runs = value("--runs")
         .and_then(|n| n.parse().ok())
         .unwrap_or(if quick { 1 } else { 5 });
-    let cluster = Cluster::start_private_with(if quick { 100 } else { 700 });
-    let mut rows = Vec::new();
-    let progress = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
-    progress("handover after SIGTERM");
-    rows.push(graceful(&cluster, "5s", runs));
-    rows.push(graceful(&cluster, "1s", runs));
-    for how in ["kill -9", "pg_terminate_backend", "partition"] {
-        progress(&format!("failover after {how}"));
-        let (latency, overlap) = failover(&cluster, how, runs);
-        rows.push(latency);
-        rows.push(overlap);
-    }
-    for how in ["kill -9", "SIGSTOP of leaderrun alone"] {
-        progress(&format!("failover after {how}, tree of three"));
-        let (latency, overlap) = tree_failover(&cluster, how, runs);
-        rows.push(latency);
-        rows.push(overlap);
-    }
-    progress("one-shot overhead");
-    rows.extend(one_shot(&cluster, runs));
-    let (standbys, window) = if quick {
-        (vec![10], Duration::from_secs(2))
+    let only = value("--only").map(|s| s.to_lowercase());
+    let selected: Vec<&str> = GROUPS
+        .iter()
+        .copied()
+        // The 1000 at the default log level saturate a small machine for minutes (see
+        // BENCHMARKS.md): only when `--only` names them.
+        .filter(|g| match &only {
+            None => !g.contains("default log level"),
+            Some(o) => g.to_lowercase().contains(o),
+        })
+        .collect();
+    assert!(
+        !selected.is_empty(),
+        "--only {:?} matches no group of {GROUPS:?}",
+        only.unwrap_or_default()
+    );
+    let (sizes, failover_at, window) = if quick {
+        (vec![10], vec![10], Duration::from_secs(2))
     } else {
-        (vec![100, 500], Duration::from_secs(20))
+        (
+            vec![200, 500, 1000],
+            vec![200, 1000],
+            Duration::from_secs(20),
+        )
     };
-    progress("footprint and waiting standbys");
-    rows.extend(footprint(&cluster, &standbys, window));
-    progress("etcdctl lock, where installed");
-    rows.extend(etcd(runs));
+    let largest = sizes.iter().copied().max().unwrap_or(0) as u32;
+    // Room for the largest fleet, its leader, the previous step's sessions still closing, and
+    // the benchmark's own psql.
+    let cluster = Cluster::start_private_with(if quick { 100 } else { largest + 200 });
+    let mut rows: Vec<Row> = Vec::new();
+    for group in &selected {
+        progress(group);
+        match *group {
+            "handover after SIGTERM" => {
+                for interval in ["5s", "1s"] {
+                    progress(&format!("  interval {interval}"));
+                    rows.push(graceful(&cluster, interval, runs));
+                }
+            }
+            "failover" => {
+                for how in ["kill -9", "pg_terminate_backend", "partition"] {
+                    progress(&format!("  failover after {how}"));
+                    let (latency, overlap) = failover(&cluster, how, runs);
+                    rows.push(latency);
+                    rows.push(overlap);
+                }
+            }
+            "tree of three" => {
+                for how in ["kill -9", "SIGSTOP of leaderrun alone"] {
+                    progress(&format!("  failover after {how}, tree of three"));
+                    let (latency, overlap) = tree_failover(&cluster, how, runs);
+                    rows.push(latency);
+                    rows.push(overlap);
+                }
+            }
+            "one-shot" => {
+                let shots = one_shot(&cluster, runs);
+                let overhead = one_shot_overhead(&shots);
+                rows.extend(shots);
+                rows.extend(overhead);
+            }
+            "footprint" => rows.extend(footprint(&cluster, window)),
+            "waiting standbys" => {
+                rows.extend(fleet(&cluster, &sizes, &failover_at, window, runs, true));
+                // The default log level once, at the smallest size.
+                let first = &sizes[..1];
+                rows.extend(fleet(&cluster, first, first, window, runs, false));
+            }
+            "1000 standbys at the default log level" => {
+                let last = &sizes[sizes.len() - 1..];
+                rows.extend(fleet(&cluster, last, last, window, runs, false));
+            }
+            "connection limit" => rows.extend(connection_limit(&cluster, runs)),
+            "cron herd" => rows.extend(cron_herd(150, 40, runs.min(3))),
+            "readyz" => rows.extend(readyz(&cluster, runs)),
+            "etcd" => rows.extend(etcd(runs)),
+            other => unreachable!("group {other}"),
+        }
+        check_all_gone(group);
+    }
     progress("done");
 
     let cores = std::thread::available_parallelism()
@@ -71,13 +145,15 @@ fn main() {
         .ok()
         .and_then(|m| m.lines().next().map(str::to_owned))
         .unwrap_or_default();
-    let mut md = format!("Machine: {cores} cores, {mem}. Runs per measurement: {runs}.\n\n| measurement | unit | min | median | p95 | max | n | note |\n|---|---|---|---|---|---|---|---|\n");
+    let mut md = format!("Machine: {cores} cores, {mem}. Runs per measurement: {runs}. Groups: {}.\n\n| measurement | unit | min | median | p95 | max | n | note |\n|---|---|---|---|---|---|---|---|\n", selected.join(", "));
     let mut json = Vec::new();
     for row in &rows {
         match row.stats() {
             Some((min, med, p95, max)) => {
+                // Cores are small numbers: three decimals.
+                let d = if row.unit == "cores" { 3 } else { 1 };
                 md.push_str(&format!(
-                    "| {} | {} | {min:.1} | {med:.1} | {p95:.1} | {max:.1} | {} | {} |\n",
+                    "| {} | {} | {min:.d$} | {med:.d$} | {p95:.d$} | {max:.d$} | {} | {} |\n",
                     row.name,
                     row.unit,
                     row.samples.len(),

@@ -1,5 +1,6 @@
 //! The measurements of the `handover` benchmark, shared with the smoke test in the test suite.
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -430,19 +431,23 @@ fn postgres_cpu() -> f64 {
         .sum()
 }
 
-pub fn footprint(cluster: &Cluster, standbys: &[usize], window: Duration) -> Vec<Row> {
+pub fn footprint(cluster: &Cluster, window: Duration) -> Vec<Row> {
     let mut rows = Vec::new();
     let id = unique_lock_id();
     let scratch = Scratch::new();
     let script = scratch.child_script("child.sh", "exec sleep 3600");
     let script = script.to_str().unwrap().to_owned();
     let mut cmd = leaderrun();
-    cmd.args(["-v", "--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+    cmd.args(["-q", "--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
         .args(["--", &script]);
     let leader = Replica::spawn(cmd);
     scratch.wait_starts(1, Duration::from_secs(10));
     let standby = Replica::start(cluster, id, "5s", &["-q", "--", &script]);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_queued(cluster, id);
+    progress(&format!(
+        "leader and standby up; a {}s window",
+        window.as_secs()
+    ));
     let (l0, s0) = (proc_cpu_rss(leader.pid()), proc_cpu_rss(standby.pid()));
     std::thread::sleep(window);
     let (l1, s1) = (proc_cpu_rss(leader.pid()), proc_cpu_rss(standby.pid()));
@@ -480,63 +485,724 @@ pub fn footprint(cluster: &Cluster, standbys: &[usize], window: Duration) -> Vec
         note: format!("from a {}s window", window.as_secs()),
     });
     rows.push(Row {
-        name: "idle standby: RSS".into(),
+        name: "waiting standby (queue head): RSS".into(),
         unit: "MiB",
         samples: vec![s1.1],
         note: "default interval".into(),
     });
     rows.push(Row {
-        name: "idle standby: CPU per hour".into(),
+        name: "waiting standby (queue head): CPU per hour".into(),
         unit: "s",
         samples: vec![(s1.0 - s0.0) * per_hour],
         note: format!("from a {}s window", window.as_secs()),
     });
-    drop(standby);
-    for &n in standbys {
-        let many: Vec<Replica> = (0..n)
-            .map(|_| Replica::start(cluster, id, "5s", &["-q", "--", &script]))
-            .collect();
-        wait_for("all standbys connected", Duration::from_secs(120), || {
-            let rows = cluster.sql(&format!("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {id} AND NOT granted"));
-            (rows[0].parse::<usize>().unwrap_or(0) >= n).then_some(())
-        });
-        let sessions = cluster
-            .sql("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'leaderrun@%'")
-            [0]
-        .clone();
-        let cpu0 = postgres_cpu();
+    rows
+}
+
+/// A line on stderr with the time since the benchmark started, so it is never silent long.
+pub fn progress(what: &str) {
+    static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let started = STARTED.get_or_init(Instant::now);
+    eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
+}
+
+/// Like [`wait_for`], polling every 200 ms, with a progress line (`status()`) every 5 s.
+fn wait_progress(
+    what: &str,
+    within: Duration,
+    mut cond: impl FnMut() -> (bool, String),
+) -> Duration {
+    let t = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        let (done, status) = cond();
+        if done {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < within,
+            "timed out after {within:?} waiting for {what} ({status})"
+        );
+        if said.elapsed() >= Duration::from_secs(5) {
+            progress(&format!("  waiting for {what}: {status}"));
+            said = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Sessions of lock `id` whose last statement is a standby's (`/* leaderrun standby lock=…`):
+/// standbys that have made at least one check, queued or between checks.
+fn standby_sessions(cluster: &Cluster, id: i32) -> usize {
+    let comment =
+        leaderrun::elector::session::standby_comment(leaderrun::LockKey { class: CLASS, id });
+    assert!(!comment.contains('\''));
+    cluster.sql(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE starts_with(query, '{comment}')"
+    ))[0]
+        .parse()
+        .unwrap_or(0)
+}
+
+/// All sessions whose `application_name` says leaderrun.
+fn leaderrun_sessions(cluster: &Cluster) -> usize {
+    cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'leaderrun@%'")
+        [0]
+    .parse()
+    .unwrap_or(0)
+}
+
+/// Waits until the server has no leaderrun session left (the previous step's are closed).
+fn wait_sessions_gone(cluster: &Cluster) {
+    wait_progress(
+        "the previous sessions to close",
+        Duration::from_secs(60),
+        || {
+            let n = leaderrun_sessions(cluster);
+            (n == 0, format!("{n} left"))
+        },
+    );
+}
+
+/// leaderrun processes (the binary under test, and its watchdogs) still running.
+pub fn leftover_processes() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let bin = std::fs::canonicalize(env!("CARGO_BIN_EXE_leaderrun")).ok();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me && alive(pid))
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| Some(exe) == bin)
+        })
+        .collect()
+}
+
+/// Waits up to 10 s for every leaderrun process of this benchmark to be gone; says so when
+/// some are left.
+pub fn check_all_gone(group: &str) {
+    let t = Instant::now();
+    loop {
+        let left = leftover_processes();
+        if left.is_empty() {
+            return;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            progress(&format!(
+                "WARNING: after {group}, {} leaderrun processes still run: {left:?}",
+                left.len()
+            ));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The time (seconds since the epoch) of the first line of `log` that contains `needle`, from
+/// its timestamp (tracing's RFC 3339 UTC, microseconds).
+fn log_time(log: &str, needle: &str) -> Option<f64> {
+    log.lines()
+        .find(|l| l.contains(needle))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|ts| humantime::parse_rfc3339_weak(ts.trim_end_matches('Z')).ok())
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_secs_f64())
+}
+
+/// Standbys whose log says a check failed: (timed out, any failed connect or try).
+fn failed_checks(replicas: &[Lean]) -> (usize, usize) {
+    let logs: Vec<String> = replicas.iter().map(Lean::log).collect();
+    let timed_out = logs.iter().filter(|l| l.contains("timed out")).count();
+    let failed = logs
+        .iter()
+        .filter(|l| l.contains("acquire lock connection") || l.contains("ERROR"))
+        .count();
+    (timed_out, failed)
+}
+
+/// A standby of a large fleet: `leaderrun` started through `posix_spawn` (no `pre_exec`, so
+/// the benchmark's address space is not copied: 1000 start in about a second, not a minute)
+/// with stderr in a file and no collector threads; killed when dropped.
+pub struct Lean {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Lean {
+    /// `leaderrun --dsn DSN --lock-id ID --check-interval INTERVAL ARGS...`, logging to
+    /// `log`. Call [`default_ignored_signals`] first: the dispositions are inherited.
+    pub fn start(cluster: &Cluster, id: i32, interval: &str, args: &[&str], log: PathBuf) -> Lean {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+        // The environment of `support::leaderrun()`.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("LEADERRUN_")
+                || key.starts_with("PG")
+                || key == "PLEXSPHERE_DSN"
+                || key == "DATABASE_URL"
+                || key == "RUST_LOG"
+            {
+                cmd.env_remove(&*key);
+            }
+        }
+        let file = std::fs::File::create(&log).expect("standby log");
+        let child = cmd
+            .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+            .args(["--check-interval", interval])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn leaderrun");
+        Lean { child, log }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+}
+
+impl Drop for Lean {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Gives every signal this process ignores (but SIGPIPE, which std resets in each child) its
+/// default disposition, so children started without `pre_exec` get the dispositions
+/// [`crate::support::default_signals`] would give them (a handled signal is reset by exec).
+pub fn default_ignored_signals() {
+    for sig in 1..32 {
+        if matches!(sig, libc::SIGKILL | libc::SIGSTOP | libc::SIGPIPE) {
+            continue;
+        }
+        // SAFETY: sigaction with a null new action only reads the disposition.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+            {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+    }
+}
+
+/// The figures of `n` waiting standbys at the default interval, for each `n` of `sizes`: the
+/// server's CPU over `window`, the standbys' own, how many timed out or failed to connect when
+/// all `n` start in one burst, and (for `n` in `failover_at`) how soon the lock is granted
+/// again after `kill -9` of the leader, `runs` times.
+pub fn fleet(
+    cluster: &Cluster,
+    sizes: &[usize],
+    failover_at: &[usize],
+    window: Duration,
+    runs: usize,
+    quiet: bool,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut latencies: Vec<f64> = Vec::new();
+    // At the default level (INFO) a refused standby also asks who holds the lock, once per
+    // check; `-q` (WARN) leaves that out and still shows the failed-connect lines.
+    let level = if quiet { "-q" } else { "default log level" };
+    let standby_args: &[&str] = if quiet { &["-q"] } else { &[] };
+    for &n in sizes {
+        wait_sessions_gone(cluster);
+        let id = unique_lock_id();
+        let scratch = Scratch::new();
+        let script = scratch.child_script("child.sh", CHILD);
+        let script = script.to_str().unwrap().to_owned();
+        // The leader logs its check latency at DEBUG.
+        let mut cmd = leaderrun();
+        cmd.args(["-v", "--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+            .args(["--", &script]);
+        let first_leader = Replica::spawn(cmd);
+        scratch.wait_starts(1, Duration::from_secs(10));
+        progress(&format!(
+            "{n} standbys ({level}): starting them in one burst"
+        ));
+        default_ignored_signals();
         let t = Instant::now();
-        std::thread::sleep(window);
-        let cpu = (postgres_cpu() - cpu0) / t.elapsed().as_secs_f64();
+        let mut many: Vec<Lean> = (0..n)
+            .map(|i| {
+                let log = scratch.file(&format!("standby-{i}.log"));
+                let args: Vec<&str> = standby_args
+                    .iter()
+                    .copied()
+                    .chain(["--", &script])
+                    .collect();
+                Lean::start(cluster, id, "5s", &args, log)
+            })
+            .collect();
+        let spawned = t.elapsed();
+        progress(&format!(
+            "{n} standbys: spawned in {:.1} s",
+            spawned.as_secs_f64()
+        ));
+        let mut polls = 0;
+        let all_checked = spawned
+            + wait_progress(
+                &format!("{n} standbys to check and 2 to queue"),
+                Duration::from_secs(240),
+                || {
+                    let checked = standby_sessions(cluster, id);
+                    let queued = cluster.waiters(id);
+                    // Reading every log is not free: for the progress line only (every 5 s).
+                    polls += 1;
+                    let (timed_out, failed) = if polls % 20 == 0 {
+                        failed_checks(&many)
+                    } else {
+                        (0, 0)
+                    };
+                    (
+                        checked >= n && queued >= 2,
+                        format!(
+ "{checked} of {n} checked, {queued} queued; at the last log read {timed_out} timed out, {failed} with a failed check"
+                        ),
+                    )
+                },
+            );
+        progress(&format!(
+            "{n} standbys: all checked {:.1} s after the burst began; a {}s CPU window",
+            all_checked.as_secs_f64(),
+            window.as_secs()
+        ));
+        let (timed_out_at_start, failed_at_start) = failed_checks(&many);
+        let sessions = leaderrun_sessions(cluster);
+        let queued = cluster.waiters(id);
+        let pids: Vec<i32> = many.iter().map(Lean::pid).collect();
+        let client_cpu = |pids: &[i32]| pids.iter().map(|&p| proc_cpu_rss(p).0).sum::<f64>();
+        let (cpu0, own0) = (postgres_cpu(), client_cpu(&pids));
+        let t = Instant::now();
+        let mut slept = Duration::ZERO;
+        while slept < window {
+            let step = (window - slept).min(Duration::from_secs(5));
+            std::thread::sleep(step);
+            slept += step;
+            if slept < window {
+                progress(&format!(
+                    "  CPU window: {} s of {}",
+                    slept.as_secs(),
+                    window.as_secs()
+                ));
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let cpu = (postgres_cpu() - cpu0) / secs;
+        let own = (client_cpu(&pids) - own0) / secs;
+        let (timed_out, failed) = failed_checks(&many);
+        let exited = many
+            .iter_mut()
+            .map(|r| !r.running())
+            .filter(|&gone| gone)
+            .count();
+        let rss: Vec<f64> = pids.iter().map(|&p| proc_cpu_rss(p).1).collect();
         rows.push(Row {
-            name: format!("server with {n} standbys: CPU"),
+            name: format!("server with {n} waiting standbys ({level}): CPU"),
             unit: "cores",
             samples: vec![cpu],
-            note: format!("{sessions} leaderrun sessions"),
+            note: format!(
+ "default interval 5s; {sessions} leaderrun sessions, {queued} of them queued; {secs:.0} s window"
+            ),
         });
+        rows.push(Row {
+            name: format!("{n} waiting standbys ({level}) themselves: CPU, summed"),
+            unit: "cores",
+            samples: vec![own],
+            note: format!(
+                "median standby RSS {:.1} MiB",
+                Row {
+                    name: String::new(),
+                    unit: "",
+                    samples: rss,
+                    note: String::new()
+                }
+                .stats()
+                .map_or(0.0, |s| s.1)
+            ),
+        });
+        rows.push(Row {
+            name: format!("standbys that timed out or failed a connect, {n} ({level}) started together"),
+            unit: "count",
+            samples: vec![failed as f64],
+            note: format!(
+ "{timed_out} logged \"timed out\", {failed} any failed check, {exited} exited, within {:.0} s of the burst (at the last one's first check: {timed_out_at_start} / {failed_at_start}); all checked {:.1} s after the burst",
+                all_checked.as_secs_f64() + secs,
+                all_checked.as_secs_f64()
+            ),
+        });
+        if failover_at.contains(&n) {
+            let mut leader_pid = first_leader.pid();
+            let (mut samples, mut granted) = (Vec::new(), Vec::new());
+            for run in 0..runs {
+                // The line of two must be full again: the next waiter is the queue head.
+                wait_progress("the line of two to refill", Duration::from_secs(30), || {
+                    let q = cluster.waiters(id);
+                    (q >= 2, format!("{q} queued"))
+                });
+                let before = scratch.starts().len();
+                let at = now_s();
+                let _ = nix::sys::signal::kill(Pid::from_raw(leader_pid), Signal::SIGKILL);
+                let next = scratch.wait_starts(before + 1, Duration::from_secs(30))[before].clone();
+                let began = wait_for("start stamp", Duration::from_secs(5), || {
+                    scratch.stamp("began", next.pid)
+                });
+                samples.push((began - at) * 1e3);
+                leader_pid = next.ppid;
+                // Its INFO line comes after the grant, the leader check's PREPARE and the
+                // watchdog's start, just before COMMAND's.
+                // (INFO: not at -q).
+                let acquired = if quiet {
+                    None
+                } else {
+                    many.iter().find(|r| r.pid() == next.ppid).map(|r| {
+                        wait_for("the lock acquired line", Duration::from_secs(5), || {
+                            log_time(&r.log(), "background leader lock acquired")
+                        })
+                    })
+                };
+                if let Some(acquired) = acquired {
+                    granted.push((acquired - at) * 1e3);
+                }
+                progress(&format!(
+                    "  kill -9 with {n} standbys, run {}: {:.1} ms{}",
+                    run + 1,
+                    (began - at) * 1e3,
+                    acquired.map_or(String::new(), |a| format!(
+                        " (lock acquired line at {:.1} ms)",
+                        (a - at) * 1e3
+                    ))
+                ));
+            }
+            rows.push(Row {
+                name: format!(
+                    "failover after kill -9 of the leader, {n} waiting standbys ({level})"
+                ),
+                unit: "ms",
+                samples,
+                note: "kill → new child started (its `date`); default interval".into(),
+            });
+            rows.extend((!quiet).then(|| Row {
+                name: format!("… of which kill → the new leader's \"lock acquired\" line, {n} waiting standbys ({level})"),
+                unit: "ms",
+                samples: granted,
+                note: "its log's timestamp (µs); the rest is fork/exec of COMMAND and its `date`".into(),
+            }));
+        }
+        latencies.extend(first_leader.log().lines().filter_map(|l| {
+            l.contains("leader check ok").then(|| {
+                l.split("latency_ms=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })?
+        }));
+        progress(&format!("{n} standbys: stopping them"));
         drop(many);
+        drop(first_leader);
     }
-    // The leader's check latency meanwhile, from its own histogram.
-    let log = leader.log();
-    let latencies: Vec<f64> = log
-        .lines()
-        .filter(|l| l.contains("leader check ok"))
-        .filter_map(|l| {
-            l.split("latency_ms=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect();
     rows.push(Row {
-        name: "leader check latency during the runs above".into(),
+        name: format!("leader check latency beside the standbys above ({level})"),
         unit: "ms",
         samples: latencies,
-        note: "1 ms resolution".into(),
+        note: "the first leader of each size; 1 ms resolution".into(),
     });
+    wait_sessions_gone(cluster);
     rows
+}
+
+/// A role with `CONNECTION LIMIT 1` (not a superuser, whom the limit does not bind): `--once`
+/// runs the job and the default mode leads, over TCP and over the Unix socket.
+pub fn connection_limit(cluster: &Cluster, runs: usize) -> Vec<Row> {
+    cluster.sql(
+        "DO $$ BEGIN CREATE ROLE bench_lim LOGIN CONNECTION LIMIT 1; \
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+    );
+    let unix = format!(
+        "host={} port={} user=bench_lim dbname=postgres",
+        cluster.socket_dir().display(),
+        cluster.addr().port()
+    );
+    let tcp = cluster.dsn().replace("user=postgres", "user=bench_lim");
+    let mut rows = Vec::new();
+    for (name, dsn) in [("TCP loopback", tcp), ("Unix socket", unix)] {
+        for mode in ["--once", "default mode"] {
+            let (mut works, mut codes, mut warns) = (Vec::new(), Vec::new(), 0);
+            for _ in 0..runs {
+                let id = unique_lock_id();
+                let scratch = Scratch::new();
+                let job = scratch.child_script("job.sh", "exit 0");
+                let mut cmd = leaderrun();
+                cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()]);
+                if mode == "--once" {
+                    cmd.arg("--once");
+                }
+                cmd.arg("--").arg(&job);
+                let mut replica = Replica::spawn(cmd);
+                let code = replica.wait_exit(Duration::from_secs(15)).code();
+                let ran = scratch.starts().len() == 1;
+                works.push(if ran && code == Some(0) { 1.0 } else { 0.0 });
+                codes.push(code.map_or("signal".to_owned(), |c| c.to_string()));
+                if replica.log().contains("WARN") {
+                    warns += 1;
+                }
+            }
+            codes.dedup();
+            rows.push(Row {
+                name: format!("role with CONNECTION LIMIT 1, {mode}, {name}: ran the job"),
+                unit: "1/0",
+                samples: works,
+                note: format!(
+                    "1 = the job ran and leaderrun exited 0; exit codes {}; {warns} runs logged a WARN{}",
+                    codes.join(", "),
+                    if name == "Unix socket" && warns > 0 {
+                        " (no second session for the pooler probe)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+    }
+    rows
+}
+
+/// `n` copies of `leaderrun --once` released at the same moment against a cluster of its own
+/// with `max_connections`, `runs` times: how many ran the job, how many exited with the
+/// conflict code (3), how many 125.
+pub fn cron_herd(n: usize, max_connections: u32, runs: usize) -> Vec<Row> {
+    let cluster = Cluster::start_private_with(max_connections);
+    let bin = env!("CARGO_BIN_EXE_leaderrun");
+    let (mut ran, mut conflict, mut failed, mut spans) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut other = Vec::new();
+    for run in 0..runs {
+        let id = unique_lock_id();
+        let scratch = Scratch::new();
+        let job = scratch.child_script("job.sh", "exec sleep 600");
+        let fifo = scratch.file("go");
+        assert!(Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        // Held open for reading and writing, so the herd's opens do not block; closing it is
+        // the starting shot (EOF for every `read` at once).
+        let gate = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .unwrap();
+        let mut herd: Vec<Replica> = (0..n)
+            .map(|_| {
+                let mut cmd = leaderrun();
+                let mut sh = Command::new("sh");
+                for (key, value) in cmd.get_envs() {
+                    match value {
+                        Some(v) => sh.env(key, v),
+                        None => sh.env_remove(key),
+                    };
+                }
+                crate::support::default_signals(&mut sh);
+                sh.env("LR_GATE", &fifo)
+                    .args(["-c", "read _ < \"$LR_GATE\"; exec \"$0\" \"$@\"", bin])
+                    .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+                    .args(["--once", "-E", "3", "--"])
+                    .arg(&job);
+                cmd = sh;
+                Replica::spawn(cmd)
+            })
+            .collect();
+        let fifo_link = std::fs::canonicalize(&fifo).unwrap();
+        wait_progress(
+            &format!("{n} shells at the gate"),
+            Duration::from_secs(30),
+            || {
+                let at = herd
+                    .iter()
+                    .filter(|r| {
+                        std::fs::read_dir(format!("/proc/{}/fd", r.pid()))
+                            .map(|fds| {
+                                fds.flatten().any(|fd| {
+                                    std::fs::read_link(fd.path()).is_ok_and(|p| p == fifo_link)
+                                })
+                            })
+                            .unwrap_or(false)
+                    })
+                    .count();
+                (at >= n, format!("{at} of {n}"))
+            },
+        );
+        let t = Instant::now();
+        drop(gate);
+        let runner = scratch.wait_starts(1, Duration::from_secs(30))[0].ppid;
+        let mut codes = std::collections::BTreeMap::new();
+        for replica in herd.iter_mut().filter(|r| r.pid() != runner) {
+            let code = replica.wait_exit(Duration::from_secs(60)).code();
+            *codes.entry(code).or_insert(0usize) += 1;
+        }
+        let span = t.elapsed().as_secs_f64();
+        // A second run of the job would have started by now (every other copy has exited).
+        let starts = scratch.starts().len();
+        ran.push(starts as f64);
+        conflict.push(*codes.get(&Some(3)).unwrap_or(&0) as f64);
+        failed.push(*codes.get(&Some(125)).unwrap_or(&0) as f64);
+        other.push(
+            codes
+                .iter()
+                .filter(|(c, _)| !matches!(c, Some(3) | Some(125)))
+                .map(|(_, k)| k)
+                .sum::<usize>() as f64,
+        );
+        spans.push(span * 1e3);
+        progress(&format!(
+            "  cron herd run {}: job ran {starts}×, exits {codes:?}, last exit after {span:.1} s",
+            run + 1
+        ));
+        drop(herd);
+    }
+    let what = format!("{n} `--once` at the same moment, max_connections = {max_connections}");
+    let rows = vec![
+        Row {
+            name: format!("{what}: runs of the job"),
+            unit: "count",
+            samples: ran,
+            note: "per herd; goal 1".into(),
+        },
+        Row {
+            name: format!("{what}: conflict exits"),
+            unit: "count",
+            samples: conflict,
+            note: format!("per herd; goal {}", n - 1),
+        },
+        Row {
+            name: format!("{what}: 125 exits"),
+            unit: "count",
+            samples: failed,
+            note: format!(
+                "per herd; goal 0; other exit statuses: {}",
+                other.iter().sum::<f64>()
+            ),
+        },
+        Row {
+            name: format!("{what}: gate → last copy exited"),
+            unit: "ms",
+            samples: spans,
+            note: "default interval 5s (53300 retried for up to one interval)".into(),
+        },
+    ];
+    drop(cluster);
+    rows
+}
+
+/// One HTTP/1.0 GET; the status code (0 when nothing answered).
+fn http_status(addr: std::net::SocketAddr, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return 0;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    if write!(stream, "GET {path} HTTP/1.0\r\nHost: bench\r\n\r\n").is_err() {
+        return 0;
+    }
+    let mut raw = String::new();
+    let _ = stream.read_to_string(&mut raw);
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `/readyz` of a standby that waits in the lock queue at the default interval (5 s): the time
+/// from its start until `/readyz` says 200, and from its first check (its first wait queued,
+/// by its own DEBUG line) until then.
+pub fn readyz(cluster: &Cluster, runs: usize) -> Vec<Row> {
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap().to_owned();
+    let leader = Replica::start(cluster, id, "5s", &["-q", "--", &job]);
+    scratch.wait_starts(1, Duration::from_secs(10));
+    let (mut from_start, mut from_check, mut queued) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..runs {
+        let spawned = now_s();
+        let standby = Replica::start(
+            cluster,
+            id,
+            "5s",
+            &["-v", "--http-addr", "127.0.0.1:0", "--", &job],
+        );
+        let addr: std::net::SocketAddr = wait_for(
+            "the HTTP address in the log",
+            Duration::from_secs(5),
+            || {
+                let log = standby.log();
+                let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+                line.split("addr=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            },
+        );
+        let ready = wait_for("/readyz 200", Duration::from_secs(15), || {
+            (http_status(addr, "/readyz") == 200).then(now_s)
+        });
+        from_start.push((ready - spawned) * 1e3);
+        let log = standby.log();
+        if let Some(at) = log_time(&log, "in line: waiting in the server's queue") {
+            queued += 1;
+            from_check.push((ready - at) * 1e3);
+        }
+        drop(standby);
+    }
+    drop(leader);
+    vec![
+        Row {
+            name: "standby waiting in the lock queue: start → /readyz 200".into(),
+            unit: "ms",
+            samples: from_start,
+            note: "interval 5s; includes the random first-check spread of up to 1 s".into(),
+        },
+        Row {
+            name: "standby waiting in the lock queue: its wait queued → /readyz 200".into(),
+            unit: "ms",
+            samples: from_check,
+            note: format!(
+                "{queued} of {runs} logged the wait; its DEBUG line's time (µs) to the first 200 \
+                 of a 10 ms poll; the wait would time out after 5000 ms"
+            ),
+        },
+    ]
+}
+
+/// `leaderrun --once -- true` less the median of `true`, sample by sample, from the rows of
+/// [`one_shot`].
+pub fn one_shot_overhead(rows: &[Row]) -> Option<Row> {
+    let base = rows.iter().find(|r| r.name == "`true`")?.stats()?.1;
+    let tcp = rows
+        .iter()
+        .find(|r| r.name == "`leaderrun --once -- true`, TCP loopback")?;
+    Some(Row {
+        name: "`leaderrun --once -- true` over `true`, TCP loopback".into(),
+        unit: "ms",
+        samples: tcp.samples.iter().map(|s| s - base).collect(),
+        note: format!("each run less the median of `true` ({base:.1} ms)"),
+    })
 }
 
 /// `etcdctl lock --ttl 5` side by side (Debian's etcd-server and etcd-client), when installed:
