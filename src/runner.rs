@@ -234,18 +234,39 @@ fn log_settings(settings: &Settings, command: &Command) {
     );
 }
 
-/// Tells the watchdog every `period` that leaderrun is alive and until when its lock is proven.
+/// Tells the watchdog every `period` that leaderrun is alive and until when its lock is proven,
+/// while a term lasts or a tree is still guarded (being stopped). A standby with nothing to
+/// guard sends nothing and wakes for nothing: the watchdog looks for a freeze only while a tree
+/// runs, and a thousand standbys would otherwise wake two processes each four times a second.
 async fn heartbeat(elector: Elector, watchdog: Arc<Watchdog>, period: Duration) {
-    let mut ticker = tokio::time::interval(period);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut terms = elector.watch_term();
     loop {
-        ticker.tick().await;
-        let term = elector.term();
-        watchdog.heartbeat(if term.is_ended() {
-            None
-        } else {
-            term.proven_until()
-        });
+        let term = terms.borrow_and_update().clone();
+        if term.is_ended() && !watchdog.guards_tree() {
+            // Trees start only under a live term: nothing to tell until the next one.
+            if terms.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                changed = terms.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                _ = ticker.tick() => {
+                    watchdog.heartbeat(if term.is_ended() { None } else { term.proven_until() });
+                    if term.is_ended() && !watchdog.guards_tree() {
+                        break;
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -305,6 +305,11 @@ impl Watchdog {
         self.send(&mut held, Message::Tree(tree), None);
     }
 
+    /// Whether a tree is reported (it runs, or is being stopped): heartbeats matter only then.
+    pub fn guards_tree(&self) -> bool {
+        self.lock().tree != 0
+    }
+
     /// leaderrun is alive; the current proof ends at `proven_until` (boottime; `None`: no
     /// term).
     pub fn heartbeat(&self, proven_until: Option<Duration>) {
@@ -725,7 +730,12 @@ impl Guard {
     #[inline(always)]
     fn handle(&mut self, control: BorrowedFd<'_>, message: Message, fd: Option<OwnedFd>) {
         match message {
-            Message::Tree(pgid) => self.tree = pgid,
+            Message::Tree(pgid) => {
+                // A tree was just reported: leaderrun is alive now. Heartbeats come only while
+                // a tree runs, so the freeze clock starts here.
+                self.tree = pgid;
+                self.last_beat = now_ns();
+            }
             Message::Beat(proof) => {
                 self.proof = proof;
                 self.last_beat = now_ns();

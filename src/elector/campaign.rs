@@ -117,7 +117,8 @@ impl Campaign<'_> {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return,
-                _ = safety.tick() => {
+                // Only a leader has a window to watch; a standby sleeps until its next check.
+                _ = safety.tick(), if self.term.is_some() => {
                     if self.window_passed() {
                         self.demote_unsafe().await;
                         ticker.reset();
