@@ -91,7 +91,30 @@ pub struct Standby {
     pub waiting_since: Option<String>,
 }
 
-/// A place in line for one slot in a [`Report`].
+impl Standby {
+    /// A standby session as `pg_stat_activity` shows it, not (yet) known to be in line.
+    fn seen(
+        backend_pid: i32,
+        application_name: Option<String>,
+        client_addr: Option<String>,
+    ) -> Self {
+        let (host, leaderrun_pid) = who(application_name.as_deref());
+        Standby {
+            backend_pid,
+            queued: false,
+            place: None,
+            slot: None,
+            leaderrun: host.is_some(),
+            host,
+            leaderrun_pid,
+            application_name,
+            client_addr,
+            waiting_since: None,
+        }
+    }
+}
+
+/// One slot and its leader in a [`Report`].
 #[derive(Debug, Serialize, PartialEq)]
 pub struct Slot {
     /// The slot, 0 … N−1.
@@ -267,18 +290,7 @@ pub async fn report(
         let standby = match in_line.iter_mut().find(|s| s.backend_pid == pid) {
             Some(standby) => standby,
             None => {
-                in_line.push(Standby {
-                    backend_pid: pid,
-                    queued: false,
-                    place: None,
-                    slot: None,
-                    leaderrun: host.is_some(),
-                    host,
-                    leaderrun_pid,
-                    application_name,
-                    client_addr: row.get(3),
-                    waiting_since: None,
-                });
+                in_line.push(Standby::seen(pid, application_name, row.get(3)));
                 in_line.last_mut().expect("just pushed")
             }
         };
@@ -302,20 +314,7 @@ pub async fn report(
         if leaders.contains(&pid) || standbys.iter().any(|s| s.backend_pid == pid) {
             continue;
         }
-        let application_name: Option<String> = row.get(1);
-        let (host, leaderrun_pid) = who(application_name.as_deref());
-        standbys.push(Standby {
-            backend_pid: pid,
-            queued: false,
-            place: None,
-            slot: None,
-            leaderrun: host.is_some(),
-            host,
-            leaderrun_pid,
-            application_name,
-            client_addr: row.get(2),
-            waiting_since: None,
-        });
+        standbys.push(Standby::seen(pid, row.get(1), row.get(2)));
     }
     let leader = slot_leaders.iter().find_map(|s| s.leader.clone());
     Ok(Report {
