@@ -779,3 +779,36 @@ fn step_down_cannot_ask_a_holder_that_is_not_leaderrun() {
     let _ = psql.kill();
     let _ = psql.wait();
 }
+
+#[test]
+fn the_slot_gauge_names_each_leaders_slot() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let args = [
+        "--slots",
+        "2",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--",
+        job.to_str().unwrap(),
+    ];
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &args))
+        .collect();
+    let starts = scratch.wait_starts(2, secs(10.0));
+    let addrs: Vec<SocketAddr> = replicas.iter().map(probe_addr).collect();
+    let slot_of = |i: usize| sample(&http(addrs[i], "GET", "/metrics").1, "leaderrun_slot");
+    let standby = replicas
+        .iter()
+        .position(|r| starts.iter().all(|s| s.ppid != r.pid()))
+        .unwrap();
+    wait_for("the standby's gauge", secs(5.0), || {
+        (slot_of(standby) == Some(-1.0)).then_some(())
+    });
+    for start in &starts {
+        let i = replicas.iter().position(|r| r.pid() == start.ppid).unwrap();
+        assert_eq!(slot_of(i), start.slot.map(f64::from), "replica {i}");
+    }
+}

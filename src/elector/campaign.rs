@@ -639,6 +639,7 @@ impl Campaign<'_> {
         self.shared.leader.store(true, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(1);
+            metrics.slot.set(i64::from(slot));
             metrics.terms.inc();
         }
         self.record(CheckOutcome::Granted, started, None);
@@ -841,6 +842,7 @@ impl Campaign<'_> {
         self.shared.leader.store(false, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(0);
+            metrics.slot.set(-1);
         }
         self.shared.current.send_replace(Term::standby());
         control.end(cause);

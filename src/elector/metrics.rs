@@ -11,6 +11,7 @@ use crate::error::Error;
 /// The election's metrics on one registry.
 pub(crate) struct ElectorMetrics {
     pub(crate) leader: IntGauge,
+    pub(crate) slot: IntGauge,
     pub(crate) terms: IntCounter,
     pub(crate) checks: IntCounterVec,
     pub(crate) check_seconds: Histogram,
@@ -21,6 +22,14 @@ impl ElectorMetrics {
     pub(crate) fn new() -> Result<ElectorMetrics, prometheus::Error> {
         Ok(ElectorMetrics {
             leader: IntGauge::new(GAUGE_NAME, "1 while this replica leads, 0 otherwise")?,
+            slot: {
+                let slot = IntGauge::new(
+                    "leaderrun_slot",
+                    "The slot this replica leads on (0 ... N-1 with --slots N), -1 while standby.",
+                )?;
+                slot.set(-1);
+                slot
+            },
             terms: IntCounter::new(
                 "leaderrun_terms_started_total",
                 "Terms this replica began (lock grants).",
@@ -55,6 +64,7 @@ impl ElectorMetrics {
 
     pub(crate) fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
         registry.register(Box::new(self.leader.clone()))?;
+        registry.register(Box::new(self.slot.clone()))?;
         registry.register(Box::new(self.terms.clone()))?;
         registry.register(Box::new(self.checks.clone()))?;
         registry.register(Box::new(self.check_seconds.clone()))?;

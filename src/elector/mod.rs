@@ -140,7 +140,7 @@ pub struct Config {
     pub span: tracing::Span,
     /// Registry that receives the `plexsphere_background_leader` gauge (no labels; 1 while
     /// leading, 0 otherwise; the seed's Metric table) and the election's own metrics:
-    /// `leaderrun_terms_started_total`, `leaderrun_checks_total{outcome}`,
+    /// `leaderrun_slot` (the slot led on, −1 while standby), `leaderrun_terms_started_total`, `leaderrun_checks_total{outcome}`,
     /// `leaderrun_check_duration_seconds` and `leaderrun_demotions_total{cause}`. `None`
     /// registers nothing. Electors that share a registry share these, and so write one series.
     pub registry: Option<Registry>,
