@@ -507,7 +507,6 @@ pub fn main() -> ExitCode {
         .and_then(|d| Cgroup::open(std::path::Path::new(d)));
     // SAFETY: leaderrun put our end of the pair on descriptor 3 before exec.
     let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
-    unmap_start_up_pages();
     let mut guard = Guard {
         tree: 0,
         session: None,
@@ -676,6 +675,9 @@ fn next_message(fd: RawFd, within_ns: u64) -> Step {
     }
 }
 
+/// How long the watchdog's pair must be quiet before it gives back its start-up pages: 50 ms.
+const QUIET_NS: u64 = 50_000_000;
+
 /// The watchdog's state (times in boottime nanoseconds).
 struct Guard {
     tree: i32,
@@ -690,11 +692,22 @@ struct Guard {
 
 impl Guard {
     fn run(&mut self, control: BorrowedFd<'_>) {
+        // The start-up pages are given back at the first quiet moment, not before the first
+        // messages: leaderrun may be waiting for an answer (a short one-shot's release).
+        let mut unmapped = false;
         loop {
-            let wait = self.freeze_in().unwrap_or(3600 * 1_000_000_000);
+            let mut wait = self.freeze_in().unwrap_or(3600 * 1_000_000_000);
+            if !unmapped {
+                wait = wait.min(QUIET_NS);
+            }
             match next_message(control.as_raw_fd(), wait) {
                 Step::Message(message, fd) => self.handle(control, message, fd),
-                Step::Nothing => {}
+                Step::Nothing => {
+                    if !unmapped {
+                        unmap_start_up_pages();
+                        unmapped = true;
+                    }
+                }
                 Step::Eof => {
                     // leaderrun is gone: the tree dies before our copy of the session closes.
                     self.kill_tree();
