@@ -419,6 +419,8 @@ fn takeover_delay_holds_command_back_while_the_lock_is_verified() {
     replica.wait_log("background leader lock acquired", 1, secs(5.0));
     scratch.wait_starts(1, secs(5.0));
     assert!(started.elapsed() >= secs(1.0));
+    // The child may write its start line before leaderrun's own line about it is collected.
+    replica.wait_log("child started", 1, secs(5.0));
     // The lock was verified during the delay.
     let log = replica.log();
     let acquired = log.find("background leader lock acquired").unwrap();
