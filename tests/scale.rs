@@ -87,17 +87,23 @@ fn many_standbys_keep_a_line_of_two_and_hand_over_at_once() {
     assert_eq!(scratch.starts().len(), 3, "one leader at a time");
 }
 
-#[test]
-fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
+/// `n` replicas of a new lock with `--slots 2` at a 300 ms interval, each running `sleep 600`.
+fn two_slots(n: usize) -> (i32, Scratch, Vec<Replica>) {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
     let scratch = Scratch::new();
     let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
-    let args = ["--slots", "2", "--", script];
-    let mut replicas: Vec<Replica> = (0..4)
+    let args = ["--slots", "2", "--", script.to_str().unwrap()];
+    let replicas = (0..n)
         .map(|_| Replica::start(cluster, id, "300ms", &args))
         .collect();
+    (id, scratch, replicas)
+}
+
+#[test]
+fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
+    let cluster = Cluster::shared();
+    let (id, scratch, mut replicas) = two_slots(4);
     let starts = scratch.wait_starts(2, secs(10.0));
     let mut slots: Vec<u32> = starts
         .iter()
@@ -205,14 +211,7 @@ fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
 #[test]
 fn a_queue_head_that_takes_another_free_slot_gives_its_place_back() {
     let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
-    let args = ["--slots", "2", "--", script];
-    let mut replicas: Vec<Replica> = (0..3)
-        .map(|_| Replica::start(cluster, id, "300ms", &args))
-        .collect();
+    let (id, scratch, mut replicas) = two_slots(3);
     let starts = scratch.wait_starts(2, secs(10.0));
     // The third replica is the queue head of slot 0 (places are tried slot by slot).
     let report = wait_for("the standby at the head of slot 0", secs(5.0), || {
