@@ -398,7 +398,12 @@ fn child_sees_only_stdio_descriptors() {
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     // leaderrun itself has fd 7 and its database socket…
     assert!(std::path::Path::new(&format!("/proc/{}/fd/7", replica.pid())).exists());
-    // …the child has only 0, 1 and 2.
+    // …the child has only 0, 1 and 2, once it is `sleep` (until its `exec` the shell still
+    // holds its own descriptor of the script it reads).
+    wait_for("the child to exec sleep", secs(5.0), || {
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", start.pid)).ok()?;
+        (comm.trim() == "sleep").then_some(())
+    });
     let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", start.pid))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
