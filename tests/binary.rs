@@ -424,14 +424,16 @@ fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
          while :; do sleep 0.02; done",
     );
     let script = script.to_str().unwrap();
+    // A grace of 1 s, so that a loaded machine still runs the child's TERM trap (its end
+    // stamp) before SIGKILL; idle_session_timeout is then 3 × 200 ms + 1 s.
     let mut replicas: Vec<Replica> = (0..2)
-        .map(|_| Replica::start(cluster, id, INTERVAL, &["--", script]))
+        .map(|_| Replica::start(cluster, id, INTERVAL, &["--grace", "1s", "--", script]))
         .collect();
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     let leader = leader_of(&mut replicas, &first);
     // leaderrun alone is stopped; its tree runs on. Its watchdog stops the tree once the proof
-    // ran out (2 × 200 ms) and no heartbeat came for half an interval, plus the grace; only the
-    // server's idle_session_timeout (4 × 200 ms) frees the lock, later.
+    // ran out (2 × 200 ms) and no heartbeat came for half an interval; only the server's
+    // idle_session_timeout (1.6 s) frees the lock, later.
     leader.signal(Signal::SIGSTOP);
     let paused = Instant::now();
     let second = scratch.wait_starts(2, secs(5.0))[1].clone();
