@@ -717,9 +717,12 @@ fn step_down_hands_over_to_a_standby_and_says_so() {
     let job = job.to_str().unwrap();
     // No leader: nothing to ask.
     assert_eq!(step_down(cluster, id).status.code(), Some(1));
-    let leader = Replica::start(cluster, id, "200ms", &["--", job]);
+    // A 1 s interval: the old leader stays out for one interval, long enough for the queue
+    // head to be granted the lock even on a loaded machine (at 200 ms a stalled standby could
+    // miss it, and the old leader took it back: seen once in CI).
+    let leader = Replica::start(cluster, id, "1s", &["--", job]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let standby = Replica::start(cluster, id, "200ms", &["--", job]);
+    let standby = Replica::start(cluster, id, "1s", &["--", job]);
     wait_for("the standby in the lock queue", secs(10.0), || {
         (cluster.waiters(id) == 1).then_some(())
     });
