@@ -23,8 +23,8 @@ mod measure;
 use std::time::Duration;
 
 use measure::{
-    check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, footprint, graceful,
-    one_shot, one_shot_overhead, progress, readyz, tree_failover, Row,
+    check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, floor_process, footprint,
+    graceful, one_shot, one_shot_overhead, progress, readyz, tree_failover, Row,
 };
 use support::Cluster;
 
@@ -44,6 +44,11 @@ const GROUPS: &[&str] = &[
 ];
 
 fn main() {
+    // The one-shot floor's client: this binary again, started by `one_shot`.
+    if let Ok(dsn) = std::env::var(measure::FLOOR_ENV) {
+        measure::floor_client(&dsn);
+        return;
+    }
     progress("start");
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -112,7 +117,8 @@ fn main() {
                 }
             }
             "one-shot" => {
-                let shots = one_shot(&cluster, runs);
+                let mut shots = one_shot(&cluster, runs);
+                shots.push(floor_process(&cluster, runs));
                 let overhead = one_shot_overhead(&shots);
                 rows.extend(shots);
                 rows.extend(overhead);

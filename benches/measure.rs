@@ -226,6 +226,42 @@ fn timed(runs: usize, mut f: impl FnMut()) -> Vec<f64> {
         .collect()
 }
 
+/// With this variable set (to a DSN) the benchmark binary is the floor row's client
+/// ([`floor_client`]) instead.
+pub const FLOOR_ENV: &str = "LEADERRUN_BENCH_FLOOR_DSN";
+
+/// The least a one-shot must do, for the floor rows: connect without TLS (no SSLRequest), try
+/// the lock, release it, and close; two round trips after the startup, as a program built on
+/// the same driver and runtime as leaderrun.
+pub fn floor_client(dsn: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(floor_session(dsn));
+}
+
+/// The floor row as a process of its own: this benchmark's binary again, as
+/// [`floor_client`] (only the benchmark's `main` answers to [`FLOOR_ENV`]; a test binary that
+/// includes this module must not call it).
+pub fn floor_process(cluster: &Cluster, runs: usize) -> Row {
+    let floor_dsn = cluster.dsn();
+    let me = std::env::current_exe().unwrap();
+    Row {
+        name: FLOOR_PROCESS.into(),
+        unit: "ms",
+        samples: timed(runs * 4, || {
+            let status = Command::new(&me)
+                .env(FLOOR_ENV, &floor_dsn)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }),
+        note: "the same, as a process that starts, does it and exits (this benchmark's binary)"
+            .into(),
+    }
+}
+
 pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
     let lockfile = std::env::temp_dir().join("leaderrun-bench.lock");
     let runs = runs * 4;
@@ -258,6 +294,21 @@ pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
             note: String::new(),
         },
     ];
+    // The floor: the same connect and two round trips, in this process and as a process of
+    // its own (this binary again, see `floor_client`).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let floor_dsn = cluster.dsn();
+    rows.push(Row {
+        name: "floor: connect, try the lock, unlock, close; in-process, TCP loopback".into(),
+        unit: "ms",
+        samples: timed(runs, || {
+            runtime.block_on(async { floor_session(&floor_dsn).await })
+        }),
+        note: "tokio-postgres, no TLS; no process start".into(),
+    });
     for (name, dsn) in [("TCP loopback", cluster.dsn()), ("Unix socket", unix)] {
         let id = unique_lock_id().to_string();
         let samples = timed(runs, || {
@@ -1192,17 +1243,55 @@ pub fn readyz(cluster: &Cluster, runs: usize) -> Vec<Row> {
 
 /// `leaderrun --once -- true` less the median of `true`, sample by sample, from the rows of
 /// [`one_shot`].
-pub fn one_shot_overhead(rows: &[Row]) -> Option<Row> {
-    let base = rows.iter().find(|r| r.name == "`true`")?.stats()?.1;
-    let tcp = rows
-        .iter()
-        .find(|r| r.name == "`leaderrun --once -- true`, TCP loopback")?;
-    Some(Row {
+pub fn one_shot_overhead(rows: &[Row]) -> Vec<Row> {
+    let median = |name: &str| rows.iter().find(|r| r.name == name)?.stats().map(|s| s.1);
+    let (Some(base), Some(tcp)) = (
+        median("`true`"),
+        rows.iter()
+            .find(|r| r.name == "`leaderrun --once -- true`, TCP loopback"),
+    ) else {
+        return Vec::new();
+    };
+    let mut out = vec![Row {
         name: "`leaderrun --once -- true` over `true`, TCP loopback".into(),
         unit: "ms",
         samples: tcp.samples.iter().map(|s| s - base).collect(),
         note: format!("each run less the median of `true` ({base:.1} ms)"),
-    })
+    }];
+    if let Some(floor) = median(FLOOR_PROCESS) {
+        out.push(Row {
+            name: "`leaderrun --once -- true` over the floor process and `true`, TCP loopback"
+                .into(),
+            unit: "ms",
+            samples: tcp.samples.iter().map(|s| s - base - floor).collect(),
+            note: format!(
+                "each run less the medians of `true` ({base:.1} ms) and the floor process \
+                 ({floor:.1} ms): what leaderrun adds to the least the job needs"
+            ),
+        });
+    }
+    out
+}
+
+/// The floor row run as a process of its own.
+const FLOOR_PROCESS: &str = "floor: connect, try the lock, unlock, close; a process, TCP loopback";
+
+/// One floor session: connect without TLS, try, unlock, close.
+async fn floor_session(dsn: &str) {
+    let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let task = tokio::spawn(connection);
+    client
+        .simple_query("SELECT pg_try_advisory_lock(7, 7)")
+        .await
+        .unwrap();
+    client
+        .simple_query("SELECT pg_advisory_unlock(7, 7)")
+        .await
+        .unwrap();
+    drop(client);
+    let _ = task.await;
 }
 
 /// `etcdctl lock --ttl 5` side by side (Debian's etcd-server and etcd-client), when installed:

@@ -60,6 +60,15 @@ pub enum Error {
         after: Duration,
     },
 
+    /// A statement that returns one row returned `rows` rows instead.
+    #[error("{what} returned {rows} rows, not 1")]
+    UnexpectedRows {
+        /// What the statement was for, e.g. `leader check`.
+        what: &'static str,
+        /// How many rows came back.
+        rows: usize,
+    },
+
     /// The lock session ended (EOF from the server: terminated backend, restart, broken socket).
     #[error("lock session closed by the server")]
     SessionClosed(#[source] Option<tokio_postgres::Error>),

@@ -115,12 +115,23 @@ pub async fn run(
         cgroup: cgroup.as_ref().map(|c| c.dir().to_owned()),
     }));
     config.keeper = Some(watchdog.clone());
-    // A one-shot starts it at its grant, if it gets one (a refused cron run never pays for
-    // it); the long-running modes start it now, off the path of every later handover.
-    if !matches!(settings.mode, Mode::OneShot { .. }) && !watchdog.ready() {
-        warn!(
-            "cannot start the watchdog; if leaderrun is killed, COMMAND's helpers may outlive it"
-        );
+    // Started now, on a thread of its own, while the first connect waits for the server: off
+    // the path of the first grant (a one-shot's) and of every later handover. A grant that
+    // comes first waits for it (`SessionKeeper::keep` takes the same lock).
+    let starting = watchdog.clone();
+    let started = std::thread::Builder::new()
+        .name("watchdog-start".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            if !starting.ready() {
+                warn!(
+                    "cannot start the watchdog; if leaderrun is killed, COMMAND's helpers may \
+                     outlive it"
+                );
+            }
+        });
+    if let Err(err) = started {
+        warn!("cannot start a thread for the watchdog's start; it starts at the grant: {err}");
     }
     let elector = match Elector::new(config) {
         Ok(elector) => elector,

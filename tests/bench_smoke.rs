@@ -54,7 +54,7 @@ fn the_benchmark_measurements_run() {
         );
     }
     let one_shots = one_shot(&cluster, 1);
-    assert_eq!(one_shots.len(), 4);
+    assert_eq!(one_shots.len(), 5);
     for row in &one_shots {
         for &ms in samples(row) {
             assert!(ms > 0.0, "{}: {ms} ms", row.name);

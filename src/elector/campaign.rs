@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::{timeout, Instant, MissedTickBehavior};
+use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -63,6 +64,10 @@ pub(crate) struct Campaign<'a> {
     pub(crate) holder_seen: Vec<i32>,
     /// Since when tries fail on a momentarily full or starting server, in a row.
     pub(crate) transient_since: Option<Instant>,
+    /// The term's first check is still to come. It runs right after the grant, while the
+    /// `leaderrun step-down` that made the previous leader go may still hold its request, so
+    /// it does not act on one; a request for this term is seen at the next check.
+    pub(crate) first_check: bool,
 }
 
 /// Who holds the lock, for a standby whose check was refused: one row whatever is found (the
@@ -111,29 +116,38 @@ impl Campaign<'_> {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
             }
-            ticker.reset_immediately();
         }
+        // The first check runs at once, not at the ticker's first tick: tokio rounds a timer's
+        // deadline up to its next millisecond, which every one-shot would pay.
+        let mut due_now = true;
         loop {
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return,
-                // Only a leader has a window to watch; a standby sleeps until its next check.
-                _ = safety.tick(), if self.term.is_some() => {
-                    if self.window_passed() {
-                        self.demote_unsafe().await;
-                        ticker.reset();
-                    }
-                    continue;
+            if std::mem::take(&mut due_now) {
+                if cancel.is_cancelled() {
+                    return;
                 }
-                closed = session_closed(&mut self.session) => {
-                    let led = self.term.is_some();
-                    self.on_session_closed(closed);
-                    if led {
-                        ticker.reset();
+                ticker.reset();
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    // Only a leader has a window to watch; a standby sleeps until its next check.
+                    _ = safety.tick(), if self.term.is_some() => {
+                        if self.window_passed() {
+                            self.demote_unsafe().await;
+                            ticker.reset();
+                        }
+                        continue;
                     }
-                    continue;
+                    closed = session_closed(&mut self.session) => {
+                        let led = self.term.is_some();
+                        self.on_session_closed(closed);
+                        if led {
+                            ticker.reset();
+                        }
+                        continue;
+                    }
+                    _ = ticker.tick() => {}
                 }
-                _ = ticker.tick() => {}
             }
             let leading = self.term.is_some();
             let proven_until = self.term.as_ref().and_then(|t| t.term().proven_until());
@@ -161,6 +175,13 @@ impl Campaign<'_> {
                 }
             };
             match phase {
+                Phase::Checked(Ok(())) if !leading && self.term.is_some() => {
+                    // Just granted: the first leader check follows at once, off COMMAND's
+                    // path (the supervisor starts it meanwhile). Its text, with the term in
+                    // it, is what `leaderrun status` reads from pg_stat_activity.
+                    self.transient_since = None;
+                    due_now = true;
+                }
                 Phase::Checked(Ok(())) => {
                     // A server that is momentarily full or starting up (53300, 57P03) is tried
                     // again soon, with jitter, for up to one interval (FIELD-NOTES PostgreSQL
@@ -553,7 +574,6 @@ impl Campaign<'_> {
         row: &tokio_postgres::Row,
     ) -> Result<(), Error> {
         let config = &self.shared.config;
-        let bound = config.io_bound();
         let key = config.lock.slot(slot);
         if let Some(session) = self.session.as_mut() {
             session.granted = Some(key);
@@ -603,35 +623,29 @@ impl Campaign<'_> {
             lease.fencing_token
         );
         // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
-        // before anything can run under the term; that (a first grant starts the watchdog)
-        // runs while the check's PREPARE is on its way: `join!` sends it first.
-        let keep = async {
-            if let Some(keeper) = &config.keeper {
-                // Let the connection's task write the PREPARE before this blocks the thread.
-                tokio::task::yield_now().await;
-                match socket {
-                    // SAFETY: the descriptor belongs to the session's connection, alive here.
-                    Some(found) => {
-                        keeper.keep(unsafe { std::os::fd::BorrowedFd::borrow_raw(found.fd) })
-                    }
-                    None => warn!(
-                        target: "leaderrun::elector",
-                        "leader: cannot tell which descriptor is the lock session's socket; if \
-                         leaderrun is killed, the lock may move before COMMAND's tree is dead"
-                    ),
+        // before anything can run under the term. A first grant before the watchdog is up
+        // waits here for its start (see `runner`).
+        if let Some(keeper) = &config.keeper {
+            match socket {
+                // SAFETY: the descriptor belongs to the session's connection, alive here.
+                Some(found) => {
+                    keeper.keep(unsafe { std::os::fd::BorrowedFd::borrow_raw(found.fd) })
                 }
+                None => warn!(
+                    target: "leaderrun::elector",
+                    "leader: cannot tell which descriptor is the lock session's socket; if \
+                     leaderrun is killed, the lock may move before COMMAND's tree is dead"
+                ),
             }
-        };
-        let (check, ()) = tokio::join!(
-            session.prepare("prepare the leader check", bound, &check_sql),
-            keep
-        );
+        }
         // From here on the keeper may hold a copy: every way out that drops the session goes
-        // through `drop_session`, which takes the copy back first.
+        // through `drop_session`, which takes the copy back first. The check is sent with its
+        // text each time (one round trip, no PREPARE at the grant, which would delay COMMAND).
         if let Some(session) = self.session.as_mut() {
             session.socket = socket.map(|s| s.fd);
-            session.check = Some(check?);
+            session.check = Some(check_sql);
         }
+        self.first_check = true;
         self.shared.terms.store(number, Ordering::Release);
         // The grant is the term's first proof: its window counts from the try's send time.
         let (term, control) = Term::issue(number, Some(lease.clone()), sent + config.safe_window());
@@ -689,7 +703,7 @@ impl Campaign<'_> {
         let Some(session) = self.session.as_ref() else {
             return Ok(());
         };
-        let Some(statement) = session.check.as_ref() else {
+        let Some(check_sql) = session.check.as_deref() else {
             return Ok(());
         };
         // After a suspend or a SIGSTOP: no round trip once the safe window has passed.
@@ -711,8 +725,14 @@ impl Campaign<'_> {
         // pg_locks shows the int4 halves as oid, i.e. unsigned.
         let (class, id) = (lock.class as u32, lock.id as u32);
         let started = Instant::now();
+        let first = std::mem::take(&mut self.first_check);
         let result = session
-            .bounded("leader check", bound, statement, &[&class, &id])
+            .bounded_typed(
+                "leader check",
+                bound,
+                check_sql,
+                &[(&class, Type::OID), (&id, Type::OID)],
+            )
             .await
             .and_then(|row| {
                 let pid: i32 = row.get(0);
@@ -734,7 +754,7 @@ impl Campaign<'_> {
                         lock,
                         backend_pid: pid,
                     })
-                } else if step_down {
+                } else if step_down && !first {
                     Err(Error::StepDownRequested)
                 } else {
                     Ok(())

@@ -425,6 +425,7 @@ impl Elector {
             finished: false,
             holder_seen: Vec::new(),
             transient_since: None,
+            first_check: false,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
         // dropped, after the runtime caught it; catch it here so the term ends, the session

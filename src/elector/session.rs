@@ -274,9 +274,10 @@ pub(crate) struct Session {
     pub(crate) place: Option<(u32, u32)>,
     /// The key this session was granted, while it leads.
     pub(crate) granted: Option<LockKey>,
-    /// The leader's check, prepared at the grant; its text carries the term, so that
-    /// `pg_stat_activity.query` of the lock session tells `leaderrun status` since when it leads.
-    pub(crate) check: Option<Statement>,
+    /// The leader's check ([`LOCK_ROW_SQL`](super::campaign::LOCK_ROW_SQL) after a comment),
+    /// set at the grant; its text carries the term, so that `pg_stat_activity.query` of the
+    /// lock session tells `leaderrun status` since when it leads.
+    pub(crate) check: Option<String>,
     /// Resolves when the connection task ends: the server closed the session or the socket
     /// broke. Polled at most until it resolves (the session is discarded then).
     pub(crate) closed: oneshot::Receiver<Option<tokio_postgres::Error>>,
@@ -437,6 +438,28 @@ impl Session {
             return Err(Error::SessionClosed(None));
         };
         within(what, bound, client.query_one(sql, params)).await
+    }
+
+    /// Runs one statement that returns one row, unprepared (the extended protocol's unnamed
+    /// statement: parse, bind and execute in one round trip), bounded by `bound`.
+    pub(crate) async fn bounded_typed(
+        &self,
+        what: &'static str,
+        bound: Duration,
+        sql: &str,
+        params: &[(
+            &(dyn tokio_postgres::types::ToSql + Sync),
+            tokio_postgres::types::Type,
+        )],
+    ) -> Result<tokio_postgres::Row, Error> {
+        let Some(client) = self.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
+        let mut rows = within(what, bound, client.query_typed(sql, params)).await?;
+        match rows.len() {
+            1 => Ok(rows.remove(0)),
+            n => Err(Error::UnexpectedRows { what, rows: n }),
+        }
     }
 
     /// Closes the session politely (Terminate message). With `wait` (the lock may still be

@@ -39,6 +39,11 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>, record: Opt
                 return;
             }
             Ok(n) => {
+                // A read that was under way when the path was blackholed: its bytes wait for
+                // the path to come back, as a partition's would.
+                while mode.load(Ordering::Acquire) == BLACKHOLE {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 if let Some(record) = &record {
                     record.lock().unwrap().extend_from_slice(&buf[..n]);
                 }
