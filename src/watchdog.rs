@@ -140,60 +140,110 @@ struct Held {
     unanswered: usize,
 }
 
-/// Whether process group `pgid` has a member that is not a zombie. Once leaderrun is gone its
-/// tree's zombies belong to whoever inherited them, which may reap them late; they run nothing.
-/// Without `/proc` every member counts.
-fn group_has_live(pgid: i32) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return true;
-    };
-    dir.flatten().any(|entry| {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            return false;
-        };
-        // One system call rules out nearly every process (a machine with a thousand standbys
-        // has thousands); only members of the group have their state read.
-        if nix::unistd::getpgid(Some(Pid::from_raw(pid))) != Ok(Pid::from_raw(pgid)) {
-            return false;
-        }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        let Some((_, rest)) = stat.rsplit_once(") ") else {
-            return false;
-        };
-        let mut fields = rest.split(' ');
-        let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
-        pgrp == Some(pgid) && !matches!(state, Some("Z") | Some("X"))
-    })
+/// The members of process group `pgid` that are not zombies (`None` without `/proc`: then
+/// every member counts). Once leaderrun is gone its tree's zombies belong to whoever
+/// inherited them, which may reap them late; they run nothing.
+fn live_members(pgid: i32) -> Option<Vec<i32>> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    Some(
+        dir.flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| is_live_member(pid, pgid))
+            .collect(),
+    )
 }
 
-/// Waits until process `pgid`, the leader of its own process group, has exited (a zombie
-/// counts), at most `within`: one `poll` on its pidfd (Linux 5.3). Returns at once when there
-/// is no such process, no pidfd, or `pgid` now names a process that leads no group of that
-/// number (its pid was reused).
-fn wait_for_exit(pgid: i32, within: Duration) {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pgid, 0) };
-    if raw < 0 {
-        return;
+/// Whether `pid` is a member of process group `pgid` and not a zombie.
+fn is_live_member(pid: i32, pgid: i32) -> bool {
+    // One system call rules out nearly every process (a machine with a thousand standbys has
+    // thousands); only members of the group have their state read.
+    if nix::unistd::getpgid(Some(Pid::from_raw(pid))) != Ok(Pid::from_raw(pgid)) {
+        return false;
     }
-    // SAFETY: the kernel just gave us this descriptor.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
-    if nix::unistd::getpgid(Some(Pid::from_raw(pgid))) != Ok(Pid::from_raw(pgid)) {
-        return;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    let mut fields = rest.split(' ');
+    let state = fields.next();
+    let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+    pgrp == Some(pgid) && !matches!(state, Some("Z") | Some("X"))
+}
+
+/// Waits until every live member of process group `pgid` has exited (a zombie counts), at
+/// most `within`: one scan of `/proc` finds them, then `poll` on their pidfds (Linux 5.3)
+/// wakes at each exit. A group that was sent SIGKILL gains no members (a fork under way gets
+/// the signal too), so the members found are all there is to wait for; after a stop signal
+/// (`killed` false) a member may still start others, so the group is scanned again once the
+/// known ones are gone. `Some(true)`: all are gone; `Some(false)`: some are left at the
+/// deadline; `None`: it cannot tell (no `/proc`, or no pidfds), and the caller polls.
+fn wait_group_exit(pgid: i32, within: Duration, killed: bool) -> Option<bool> {
+    let deadline = boottime() + within;
+    loop {
+        if matches!(killpg(Pid::from_raw(pgid), None), Err(Errno::ESRCH)) {
+            return Some(true);
+        }
+        let members = live_members(pgid)?;
+        if members.is_empty() {
+            return Some(true);
+        }
+        if !wait_exits(pgid, &members, deadline)? {
+            return Some(false);
+        }
+        if killed {
+            return Some(true);
+        }
     }
-    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
-    let ms = within.as_millis().min(i32::MAX as u128) as i32;
-    let _ = poll(
-        &mut fds,
-        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-    );
+}
+
+/// Waits until `members` of process group `pgid` have exited or `deadline` (boottime) passed;
+/// `Some(true)` when they have. `None`: no pidfds here.
+fn wait_exits(pgid: i32, members: &[i32], deadline: Duration) -> Option<bool> {
+    let mut pidfds = Vec::new();
+    for &pid in members {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if raw < 0 {
+            match Errno::last() {
+                Errno::ESRCH => continue,
+                _ => return None,
+            }
+        }
+        // SAFETY: the kernel just gave us this descriptor.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+        // The pid may have been reused between the scan and the open.
+        if is_live_member(pid, pgid) {
+            pidfds.push(pidfd);
+        }
+    }
+    while !pidfds.is_empty() {
+        let left = deadline.saturating_sub(boottime());
+        if left.is_zero() {
+            return Some(false);
+        }
+        let mut fds: Vec<PollFd<'_>> = pidfds
+            .iter()
+            .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+            .collect();
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => return None,
+        }
+        let exited: Vec<bool> = fds
+            .iter()
+            .map(|fd| fd.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(fds);
+        let mut exited = exited.into_iter();
+        pidfds.retain(|_| !exited.next().unwrap_or(false));
+    }
+    Some(true)
 }
 
 /// leaderrun's handle on its watchdog process. Cheap to share; every call is a non-blocking
@@ -212,9 +262,10 @@ impl std::fmt::Debug for Watchdog {
 }
 
 impl Watchdog {
-    /// A handle that starts the watchdog process when it is first needed: at the first grant
-    /// ([`SessionKeeper::keep`]) or spawn ([`Watchdog::ready`]), so a one-shot that is refused
-    /// never pays for one.
+    /// A handle; the process starts at the first [`Watchdog::ready`] (the binary calls it at
+    /// start, on a thread of its own beside the first connect), or else at the first grant
+    /// ([`SessionKeeper::keep`]) or spawn, whichever comes first. A grant or spawn that comes
+    /// while it starts waits for it.
     pub fn new(plan: WatchdogPlan) -> Watchdog {
         Watchdog {
             plan,
@@ -362,8 +413,8 @@ impl SessionKeeper for Watchdog {
         });
         held.session = Some(copy);
         if !sent {
-            // The first grant starts the watchdog; a new one gets the session as part of what
-            // is held.
+            // No watchdog yet (or it died): start one now; it gets the session as part of
+            // what is held.
             if held.link.take().is_some() {
                 warn!("the watchdog is gone; starting a new one");
             }
@@ -794,7 +845,7 @@ impl Guard {
             None => {
                 self.tree != 0
                     && !matches!(killpg(Pid::from_raw(self.tree), None), Err(Errno::ESRCH))
-                    && group_has_live(self.tree)
+                    && live_members(self.tree).map_or(true, |m| !m.is_empty())
             }
         }
     }
@@ -814,14 +865,16 @@ impl Guard {
         }
     }
 
-    /// Polls until the tree is gone or `within` passed; true when it is gone.
-    fn gone_within(&self, within: Duration) -> bool {
+    /// Waits until the tree is gone or `within` passed; true when it is gone. `killed`: the
+    /// tree was sent SIGKILL (so it starts nothing new).
+    fn gone_within(&self, within: Duration, killed: bool) -> bool {
         let deadline = boottime() + within;
-        // The group's leader (COMMAND's direct child) is the usual last member: wake at its
-        // exit instead of polling, and scan the rest of the group once it is gone. With a
-        // thousand standbys on the machine a scan of `/proc` takes milliseconds.
+        // Without a cgroup: wake at the members' exits instead of polling (with a thousand
+        // standbys on the machine one scan of `/proc` takes milliseconds).
         if self.cgroup.is_none() && self.tree != 0 {
-            wait_for_exit(self.tree, within);
+            if let Some(gone) = wait_group_exit(self.tree, within, killed) {
+                return gone;
+            }
         }
         // SIGKILLed processes are gone within a fraction of a millisecond as a rule: look
         // again soon, then less often (the lock waits on this, after `kill -9` of leaderrun).
@@ -839,7 +892,7 @@ impl Guard {
     /// leaderrun is gone: SIGKILL at once, wait until the tree is gone.
     fn kill_tree(&mut self) {
         self.signal(Signal::SIGKILL);
-        if !self.gone_within(KILL_WAIT) {
+        if !self.gone_within(KILL_WAIT, true) {
             eprintln!("leaderrun-watchdog: COMMAND's tree is still there after SIGKILL");
         }
         self.tree = 0;
@@ -849,7 +902,7 @@ impl Guard {
     fn stop_tree(&mut self) {
         self.signal(self.stop_signal);
         self.signal(Signal::SIGCONT);
-        if !self.gone_within(self.grace) {
+        if !self.gone_within(self.grace, false) {
             self.signal(Signal::SIGKILL);
         }
         // The killed processes are leaderrun's children: they stay zombies until it reaps

@@ -64,7 +64,7 @@ pub(crate) struct Campaign<'a> {
     pub(crate) holder_seen: Vec<i32>,
     /// Since when tries fail on a momentarily full or starting server, in a row.
     pub(crate) transient_since: Option<Instant>,
-    /// The term's first check is still to come. It runs right after the grant, while the
+    /// The term's first check is still to come. It runs soon after the grant, while the
     /// `leaderrun step-down` that made the previous leader go may still hold its request, so
     /// it does not act on one; a request for this term is seen at the next check.
     pub(crate) first_check: bool,
@@ -82,6 +82,9 @@ const HOLDER_SQL: &str = "SELECT l.pid, a.application_name, host(a.client_addr),
      LEFT JOIN LATERAL (SELECT * FROM pg_stat_get_activity(l.pid) WHERE l.pid IS NOT NULL) a \
        ON true \
      ORDER BY array_position($1, l.classid)";
+
+/// How soon after a grant the term's first check runs (at most a quarter interval).
+const FIRST_CHECK_AFTER_GRANT: Duration = Duration::from_millis(50);
 
 pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
      EXISTS (SELECT 1 FROM pg_locks \
@@ -176,11 +179,12 @@ impl Campaign<'_> {
             };
             match phase {
                 Phase::Checked(Ok(())) if !leading && self.term.is_some() => {
-                    // Just granted: the first leader check follows at once, off COMMAND's
-                    // path (the supervisor starts it meanwhile). Its text, with the term in
-                    // it, is what `leaderrun status` reads from pg_stat_activity.
+                    // Just granted: the first leader check follows soon, once COMMAND has
+                    // started (on a small machine the check's server work would compete with
+                    // its fork and exec). Its text, with the term in it, is what `leaderrun
+                    // status` reads from pg_stat_activity.
                     self.transient_since = None;
-                    due_now = true;
+                    ticker.reset_after(FIRST_CHECK_AFTER_GRANT.min(interval / 4));
                 }
                 Phase::Checked(Ok(())) => {
                     // A server that is momentarily full or starting up (53300, 57P03) is tried
