@@ -261,9 +261,13 @@ fn status_shows_the_leader_or_none() {
     let job = scratch.child_script("job.sh", "exec sleep 600");
     let _leader = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let out = status(cluster, id, true);
-    assert_eq!(out.status.code(), Some(0));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The term shows from its first check, 50 ms after the grant (README).
+    let report: serde_json::Value = wait_for("status to show the term", secs(5.0), || {
+        let out = status(cluster, id, true);
+        assert_eq!(out.status.code(), Some(0));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (!report["leader"]["term"].is_null()).then_some(report)
+    });
     assert_eq!(report["lock"], format!("{CLASS}:{id}"));
     assert_eq!(report["database"], "postgres");
     assert_eq!(report["waiters"], serde_json::json!([]));
