@@ -23,8 +23,9 @@ mod measure;
 use std::time::Duration;
 
 use measure::{
-    check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, floor_process, footprint,
-    graceful, one_shot, one_shot_overhead, progress, readyz, tree_failover, Row,
+    check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, floor_handover,
+    floor_process, footprint, graceful, one_shot, one_shot_overhead, progress, readyz,
+    tree_failover, Row,
 };
 use support::Cluster;
 
@@ -47,6 +48,10 @@ fn main() {
     // The one-shot floor's client: this binary again, started by `one_shot`.
     if let Ok(dsn) = std::env::var(measure::FLOOR_ENV) {
         measure::floor_client(&dsn);
+        return;
+    }
+    if let Ok(dsn) = std::env::var(measure::FLOOR_HOLD_ENV) {
+        measure::floor_holder(&dsn);
         return;
     }
     progress("start");
@@ -99,6 +104,8 @@ fn main() {
                     progress(&format!("  interval {interval}"));
                     rows.push(graceful(&cluster, interval, runs));
                 }
+                progress("  floor");
+                rows.push(floor_handover(&cluster, runs, false));
             }
             "failover" => {
                 for how in ["kill -9", "pg_terminate_backend", "partition"] {
@@ -106,6 +113,10 @@ fn main() {
                     let (latency, overlap) = failover(&cluster, how, runs);
                     rows.push(latency);
                     rows.push(overlap);
+                    if how == "kill -9" {
+                        progress("  floor");
+                        rows.push(floor_handover(&cluster, runs, true));
+                    }
                 }
             }
             "tree of three" => {

@@ -1442,3 +1442,141 @@ pub fn etcd(runs: usize) -> Vec<Row> {
     let _ = etcd.wait();
     rows
 }
+
+/// With this variable set (to a DSN) the benchmark binary is the failover floor's holder
+/// ([`floor_holder`]): it takes the lock `(CLASS, id)` (`id` from [`FLOOR_ID_ENV`]), says
+/// `held` on stdout and sleeps until killed.
+pub const FLOOR_HOLD_ENV: &str = "LEADERRUN_BENCH_FLOOR_HOLD_DSN";
+/// The lock id of [`FLOOR_HOLD_ENV`]'s holder.
+pub const FLOOR_ID_ENV: &str = "LEADERRUN_BENCH_FLOOR_ID";
+
+/// The failover floor's holder process (see [`FLOOR_HOLD_ENV`]).
+pub fn floor_holder(dsn: &str) {
+    let id: i32 = std::env::var(FLOOR_ID_ENV).unwrap().parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .simple_query(&format!("SELECT pg_advisory_lock({CLASS}, {id})"))
+            .await
+            .unwrap();
+        println!("held");
+        std::future::pending::<()>().await;
+    });
+}
+
+/// The floors of the handover and failover rows: the same events with no leaderrun in the
+/// path. A session of this process waits for the lock with `pg_advisory_lock` (as the queue
+/// head does) and, once granted, starts the rows' child script, whose `began` stamp ends the
+/// measurement. It starts at the holder's unlock (an in-process session) or at `kill -9` of a
+/// holder process (this binary as [`floor_holder`]). No TLS, no watchdog, no check.
+pub fn floor_handover(cluster: &Cluster, runs: usize, killed: bool) -> Row {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dsn = cluster.dsn();
+    let me = std::env::current_exe().unwrap();
+    let mut samples = Vec::new();
+    for _ in 0..runs {
+        let id = unique_lock_id();
+        let scratch = Scratch::new();
+        let script = scratch.child_script("child.sh", CHILD);
+        let connect = || async {
+            let (client, connection) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            client
+        };
+        let lock = format!("SELECT pg_advisory_lock({CLASS}, {id})");
+        let mut holder_process = None;
+        let holder = runtime.block_on(async {
+            if killed {
+                let mut child = Command::new(&me)
+                    .env(FLOOR_HOLD_ENV, &dsn)
+                    .env(FLOOR_ID_ENV, id.to_string())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                let mut line = String::new();
+                std::io::BufRead::read_line(
+                    &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+                    &mut line,
+                )
+                .unwrap();
+                assert_eq!(line.trim(), "held");
+                holder_process = Some(child);
+                None
+            } else {
+                let client = connect().await;
+                client.simple_query(&lock).await.unwrap();
+                Some(client)
+            }
+        });
+        let waiter = runtime.block_on(connect());
+        let (at, child) = runtime.block_on(async {
+            let wait = tokio::spawn(async move {
+                waiter.simple_query(&lock).await.unwrap();
+                let child = Command::new(&script).spawn().unwrap();
+                (waiter, child)
+            });
+            while cluster.waiters(id) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let at = now_s();
+            match (&holder, &mut holder_process) {
+                (Some(client), _) => {
+                    client
+                        .simple_query(&format!("SELECT pg_advisory_unlock({CLASS}, {id})"))
+                        .await
+                        .unwrap();
+                }
+                (None, Some(process)) => process.kill().unwrap(),
+                _ => unreachable!(),
+            }
+            let (_waiter, child) = wait.await.unwrap();
+            (at, child)
+        });
+        let pid = child.id() as i32;
+        let began = wait_for(
+            "the floor child's start stamp",
+            Duration::from_secs(5),
+            || scratch.stamp("began", pid),
+        );
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        if let Some(mut process) = holder_process {
+            let _ = process.wait();
+        }
+        let mut child = child;
+        let _ = child.wait();
+        samples.push((began - at) * 1e3);
+    }
+    if killed {
+        Row {
+            name: "floor: kill -9 of the holding process → a waiting session's grant → child \
+                   started"
+                .into(),
+            unit: "ms",
+            samples,
+            note: "no leaderrun: the holder a process of its own (this benchmark's binary), a \
+                   session of the benchmark waiting in pg_advisory_lock starts the same child"
+                .into(),
+        }
+    } else {
+        Row {
+            name: "floor: unlock → a waiting session's grant → child started".into(),
+            unit: "ms",
+            samples,
+            note: "no leaderrun: a session of the benchmark waits in pg_advisory_lock, then \
+                   starts the same child (its `date`)"
+                .into(),
+        }
+    }
+}
