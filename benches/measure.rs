@@ -944,6 +944,17 @@ pub fn fleet(
                 samples,
                 note: "kill → new child started (its `date`); default interval".into(),
             });
+            if quiet {
+                // The same floor as beside one standby, with this fleet's processes and
+                // sessions on the machine.
+                progress(&format!("{n} standbys: floor"));
+                let mut floor = floor_handover(cluster, runs, true);
+                floor.name = format!(
+                    "floor: kill -9 of the holding process → a waiting session's grant → child \
+                     started, beside {n} waiting standbys ({level})"
+                );
+                rows.push(floor);
+            }
             rows.extend((!quiet).then(|| Row {
                 name: format!("… of which kill → the new leader's \"lock acquired\" line, {n} waiting standbys ({level})"),
                 unit: "ms",

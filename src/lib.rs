@@ -59,6 +59,7 @@ pub mod holder;
 pub mod http;
 pub mod lock;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod runner;

@@ -57,6 +57,10 @@ pub fn main(settings: Settings, signals: SignalStream) -> Exit {
     runtime.block_on(run(settings, command, signals, terminal))
 }
 
+/// How long after the first check start-up's code pages are dropped
+/// ([`crate::memory::drop_start_up_pages`]): past a grant's COMMAND start.
+const TRIM_AFTER_FIRST_CHECK: Duration = Duration::from_millis(500);
+
 /// Upper bound of the random delay before a replica's first check ([`Config::first_check_spread`]).
 pub const FIRST_CHECK_SPREAD: Duration = Duration::from_secs(1);
 
@@ -163,7 +167,15 @@ pub async fn run(
         watchdog.clone(),
         settings.timing.heartbeat(),
     ));
+    // Once the first check is done, start-up has run: its code pages go back to the page cache.
+    let mut checks = elector.watch_checks();
     let mut election = ElectionTask::start(elector);
+    let trim = tokio::spawn(async move {
+        if checks.wait_for(|c| c.total > 0).await.is_ok() {
+            tokio::time::sleep(TRIM_AFTER_FIRST_CHECK).await;
+            crate::memory::drop_start_up_pages();
+        }
+    });
     let spawner = ProcessSpawner {
         command,
         foreground: terminal.as_ref().map(Terminal::fd),
@@ -185,6 +197,7 @@ pub async fn run(
     )
     .run()
     .await;
+    trim.abort();
     heartbeat.abort();
     crate::notify::stopping();
     notifier.abort();

@@ -595,62 +595,6 @@ pub fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Unmaps the pages of code and read-only data that start-up touched (the dynamic loader,
-/// Rust's runtime, argument parsing) from the watchdog's address space: every private,
-/// read-only mapping of a file that holds no page of its own (`Anonymous: 0 kB`, so not a
-/// relocated RELRO segment). They stay in the page cache, which leaderrun maps too; what the
-/// watchdog runs later (its loop, the kill) faults its few pages back in from there. Without
-/// this its resident set keeps every 64 KiB window of leaderrun's binary and of libc that
-/// start-up brushed past (the kernel maps file pages around each fault); BENCHMARKS.md, Memory.
-fn unmap_start_up_pages() {
-    use std::io::BufRead;
-    let Ok(file) = std::fs::File::open("/proc/self/smaps") else {
-        return;
-    };
-    let mut ranges: Vec<(usize, usize)> = Vec::new();
-    let mut candidate: Option<(usize, usize)> = None;
-    for line in std::io::BufReader::new(file).lines() {
-        let Ok(line) = line else {
-            return;
-        };
-        let mut fields = line.split_ascii_whitespace();
-        let first = fields.next().unwrap_or("");
-        if let Some(value) = line.strip_prefix("Anonymous:") {
-            if let Some(range) = candidate.take() {
-                if value.trim() == "0 kB" {
-                    ranges.push(range);
-                }
-            }
-            continue;
-        }
-        let Some((start, end)) = first.split_once('-') else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (
-            usize::from_str_radix(start, 16),
-            usize::from_str_radix(end, 16),
-        ) else {
-            continue;
-        };
-        // A mapping's header: `START-END PERMS OFFSET DEV INODE PATH`.
-        let perms = fields.next().unwrap_or("").as_bytes();
-        let path = fields.nth(3).unwrap_or("");
-        candidate = (perms.len() == 4
-            && perms[0] == b'r'
-            && perms[1] == b'-'
-            && perms[3] == b'p'
-            && path.starts_with('/'))
-        .then_some((start, end));
-    }
-    for (start, end) in ranges {
-        // SAFETY: a private read-only mapping without private pages: dropping its page-table
-        // entries loses nothing, the next access maps the file's page again.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
-        }
-    }
-}
-
 /// The boottime clock ([`boottime`]) in nanoseconds, for the watchdog's loop. This and
 /// [`next_message`] call libc directly and are inlined into [`Guard::run`], so the loop that
 /// runs between heartbeats touches few pages of the binary (see [`unmap_start_up_pages`]).
@@ -778,7 +722,7 @@ impl Guard {
                 Step::Message(message, fd) => self.handle(control, message, fd),
                 Step::Nothing => {
                     if !unmapped {
-                        unmap_start_up_pages();
+                        crate::memory::drop_start_up_pages();
                         unmapped = true;
                     }
                 }
