@@ -125,7 +125,7 @@ pub async fn run(
     let starting = watchdog.clone();
     let started = std::thread::Builder::new()
         .name("watchdog-start".into())
-        .stack_size(64 * 1024)
+        .stack_size(256 * 1024)
         .spawn(move || {
             if !starting.ready() {
                 warn!(
