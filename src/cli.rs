@@ -521,7 +521,8 @@ pub enum Action {
     /// releases the lock and stays out of the campaign for one check interval, so a waiting
     /// standby takes over within milliseconds. Exit 0 when another replica leads afterwards,
     /// 1 when none took over within a minute (or none leads, or the holder is not leaderrun,
-    /// which cannot be asked), 125 on error.
+    /// which cannot be asked, or no standby is there to take over, and the leader is not
+    /// asked), 125 on error.
     ///
     /// Example: leaderrun step-down --lock-id 7
     StepDown {

@@ -544,6 +544,8 @@ pub fn step_down_main(
                 .and_then(|s| s.leader)
         };
         let before = report(&client, &server, lock, slots, bound).await?;
+        // Nobody could take over: asking would only stop COMMAND and start it again.
+        let no_standby = before.standbys.is_empty() && before.waiters.is_empty();
         let Some(old) = leader_of(before) else {
             out("no leader holds the lock; nothing to step down\n");
             return Ok(1);
@@ -555,6 +557,10 @@ pub fn step_down_main(
                     .as_deref()
                     .unwrap_or("no application_name")
             ));
+            return Ok(1);
+        }
+        if no_standby {
+            out("no standby is there to take over; the leader was not asked\n");
             return Ok(1);
         }
         let request = lock.slot(slot).step_down_request();

@@ -726,6 +726,13 @@ fn step_down_hands_over_to_a_standby_and_says_so() {
     // miss it, and the old leader took it back: seen once in CI).
     let leader = Replica::start(cluster, id, "1s", &["--", job]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // A lone leader is not asked: nobody could take over, and its COMMAND would only restart.
+    let out = step_down(cluster, id);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no standby is there to take over"),
+        "{out:?}"
+    );
     let standby = Replica::start(cluster, id, "1s", &["--", job]);
     wait_for("the standby in the lock queue", secs(10.0), || {
         (cluster.waiters(id) == 1).then_some(())
