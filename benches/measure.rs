@@ -686,17 +686,7 @@ impl Lean {
     pub fn start(cluster: &Cluster, id: i32, interval: &str, args: &[&str], log: PathBuf) -> Lean {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
         // The environment of `support::leaderrun()`.
-        for (key, _) in std::env::vars_os() {
-            let key = key.to_string_lossy();
-            if key.starts_with("LEADERRUN_")
-                || key.starts_with("PG")
-                || key == "PLEXSPHERE_DSN"
-                || key == "DATABASE_URL"
-                || key == "RUST_LOG"
-            {
-                cmd.env_remove(&*key);
-            }
-        }
+        crate::support::clear_settings_env(&mut cmd);
         let file = std::fs::File::create(&log).expect("standby log");
         let child = cmd
             .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
@@ -1287,12 +1277,22 @@ pub fn one_shot_overhead(rows: &[Row]) -> Vec<Row> {
 /// The floor row run as a process of its own.
 const FLOOR_PROCESS: &str = "floor: connect, try the lock, unlock, close; a process, TCP loopback";
 
-/// One floor session: connect without TLS, try, unlock, close.
-async fn floor_session(dsn: &str) {
+/// A floor row's session: connected without TLS, its connection driven on a task of its own.
+async fn floor_connect(
+    dsn: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
     let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
         .await
         .unwrap();
-    let task = tokio::spawn(connection);
+    (client, tokio::spawn(connection))
+}
+
+/// One floor session: connect without TLS, try, unlock, close.
+async fn floor_session(dsn: &str) {
+    let (client, task) = floor_connect(dsn).await;
     client
         .simple_query("SELECT pg_try_advisory_lock(7, 7)")
         .await
@@ -1469,10 +1469,7 @@ pub fn floor_holder(dsn: &str) {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let (client, _task) = floor_connect(dsn).await;
         client
             .simple_query(&format!("SELECT pg_advisory_lock({CLASS}, {id})"))
             .await
@@ -1499,13 +1496,7 @@ pub fn floor_handover(cluster: &Cluster, runs: usize, killed: bool) -> Row {
         let id = unique_lock_id();
         let scratch = Scratch::new();
         let script = scratch.child_script("child.sh", CHILD);
-        let connect = || async {
-            let (client, connection) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(connection);
-            client
-        };
+        let connect = || async { floor_connect(&dsn).await.0 };
         let lock = format!("SELECT pg_advisory_lock({CLASS}, {id})");
         let mut holder_process = None;
         let holder = runtime.block_on(async {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::support::{alive, status, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+use crate::support::{alive, status, unique_lock_id, wait_for, Cluster, Replica, Scratch, Start};
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -100,6 +100,22 @@ fn two_slots(n: usize) -> (i32, Scratch, Vec<Replica>) {
     (id, scratch, replicas)
 }
 
+/// `kill -9` of the replica that leads slot 1 (its child among `starts`); waits for the third
+/// child, which must be on slot 1. Returns slot 1's old start and the new one.
+fn kill_slot1_leader(
+    starts: &[Start],
+    replicas: &mut [Replica],
+    scratch: &Scratch,
+) -> (Start, Start) {
+    let slot1 = starts.iter().find(|s| s.slot == Some(1)).unwrap().clone();
+    let victim = replicas.iter_mut().find(|r| r.pid() == slot1.ppid).unwrap();
+    victim.signal(Signal::SIGKILL);
+    let _ = victim.wait_exit(secs(5.0));
+    let third = scratch.wait_starts(3, secs(5.0))[2].clone();
+    assert_eq!(third.slot, Some(1));
+    (slot1, third)
+}
+
 #[test]
 fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
     let cluster = Cluster::shared();
@@ -152,12 +168,7 @@ fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
     let slot0 = starts.iter().find(|s| s.slot == Some(0)).unwrap();
     assert_eq!(plain["leader"]["pid"], slot0.backend_pid);
     // kill -9 of slot 1's leader: a standby takes slot 1, and slot 0 keeps its leader.
-    let slot1 = starts.iter().find(|s| s.slot == Some(1)).unwrap().clone();
-    let victim = replicas.iter_mut().find(|r| r.pid() == slot1.ppid).unwrap();
-    victim.signal(Signal::SIGKILL);
-    let _ = victim.wait_exit(secs(5.0));
-    let third = scratch.wait_starts(3, secs(5.0))[2].clone();
-    assert_eq!(third.slot, Some(1));
+    let (slot1, third) = kill_slot1_leader(&starts, &mut replicas, &scratch);
     assert!(third.fencing_token > slot1.fencing_token);
     assert!(!alive(slot1.pid), "slot 1's old child still runs");
     assert!(alive(slot0.pid), "slot 0's child was disturbed");
@@ -221,12 +232,7 @@ fn a_queue_head_that_takes_another_free_slot_gives_its_place_back() {
     });
     let head = report["standbys"][0]["backend_pid"].as_i64().unwrap();
     // Slot 1 frees up: the head of slot 0 takes it at its next check, and leaves the line.
-    let slot1 = starts.iter().find(|s| s.slot == Some(1)).unwrap().clone();
-    let victim = replicas.iter_mut().find(|r| r.pid() == slot1.ppid).unwrap();
-    victim.signal(Signal::SIGKILL);
-    let _ = victim.wait_exit(secs(5.0));
-    let third = scratch.wait_starts(3, secs(5.0))[2].clone();
-    assert_eq!(third.slot, Some(1));
+    let (_, third) = kill_slot1_leader(&starts, &mut replicas, &scratch);
     assert_eq!(i64::from(third.backend_pid), head);
     // It holds slot 1's key and nothing else of this lock: no place in line.
     let held = cluster.sql(&format!(

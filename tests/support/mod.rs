@@ -249,6 +249,13 @@ pub fn default_signals(cmd: &mut Command) -> &mut Command {
 pub fn leaderrun() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
     default_signals(&mut cmd);
+    clear_settings_env(&mut cmd);
+    cmd
+}
+
+/// Removes from `cmd`'s environment every variable leaderrun reads its settings from
+/// (`LEADERRUN_*`, libpq's `PG*`, `PLEXSPHERE_DSN`, `DATABASE_URL`, `RUST_LOG`).
+pub fn clear_settings_env(cmd: &mut Command) {
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
         if key.starts_with("LEADERRUN_")
@@ -260,7 +267,6 @@ pub fn leaderrun() -> Command {
             cmd.env_remove(&*key);
         }
     }
-    cmd
 }
 
 /// `leaderrun status --dsn DSN --lock-id ID`, with `--json` when `json`.
