@@ -8,6 +8,7 @@
 //! cargo bench --bench handover -- --quick      # 1 run each, small footprint (a smoke run)
 //! cargo bench --bench handover -- --only herd  # only the groups whose name contains "herd"
 //! cargo bench --bench handover -- --only "default log level"  # opt-in: 1000 standbys at INFO
+//! PATH=$(scripts/pg-major 18):$PATH cargo bench --bench handover   # against PostgreSQL 18
 //! ```
 //!
 //! Timestamps come from the child itself (`date +%s%N` at start, in its TERM trap at the end)
@@ -54,7 +55,11 @@ fn main() {
         measure::floor_holder(&dsn);
         return;
     }
-    progress("start");
+    progress(&format!(
+        "start: PostgreSQL {} from {}",
+        support::cluster::server_major(),
+        support::cluster::bin_dir().display()
+    ));
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let value = |flag: &str| {
@@ -162,7 +167,14 @@ fn main() {
         .ok()
         .and_then(|m| m.lines().next().map(str::to_owned))
         .unwrap_or_default();
-    let mut md = format!("Machine: {cores} cores, {mem}. Runs per measurement: {runs}. Groups: {}.\n\n| measurement | unit | min | median | p95 | max | n | note |\n|---|---|---|---|---|---|---|---|\n", selected.join(", "));
+    // The server is the one the tests would use: the first initdb on PATH, so
+    // `PATH=$(scripts/pg-major 18):$PATH cargo bench --bench handover` measures 18.
+    let server = format!(
+        "PostgreSQL {} ({})",
+        support::cluster::server_major(),
+        support::cluster::bin_dir().display()
+    );
+    let mut md = format!("Machine: {cores} cores, {mem}. Server: {server}. Runs per measurement: {runs}. Groups: {}.\n\n| measurement | unit | min | median | p95 | max | n | note |\n|---|---|---|---|---|---|---|---|\n", selected.join(", "));
     let mut json = Vec::new();
     for row in &rows {
         match row.stats() {

@@ -507,7 +507,8 @@ pub enum Action {
     /// Opens two sessions and checks that the second cannot take a lock the first holds (on a
     /// scratch id of the same class, so a running leader is not disturbed), that the server is
     /// not in recovery, that a session keeps its backend (no transaction-mode pooler), that
-    /// idle_session_timeout can be set, and shows the database the lock lives in (a warning
+    /// the server's major is supported (14 to 18) and idle_session_timeout can be set (a
+    /// warning each on PostgreSQL 13, which runs with a weaker bound), and shows the database the lock lives in (a warning
     /// when no setting named it, so it is the user's name), TLS and who holds the real key.
     /// Exit 0 when all hold (warnings included), 1 when one fails, 125 when it cannot connect.
     ///

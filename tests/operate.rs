@@ -883,7 +883,7 @@ fn the_lock_session_carries_tcp_timers_and_13_says_so_once() {
         replica.wait_log(weaker, 1, secs(5.0));
     }
     let once_id = unique_lock_id();
-    let mut once = Replica::start(cluster, once_id, "200ms", &["--once", "--", "true"]);
+    let mut once = Replica::start(cluster, once_id, "1s", &["--once", "--", "true"]);
     assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0));
     assert!(!once.log().contains(weaker), "{}", once.log());
     assert!(!once.log().contains("WARN"), "{}", once.log());

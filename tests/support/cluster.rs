@@ -134,6 +134,22 @@ fn psql() -> &'static Path {
     })
 }
 
+/// Whether the server has `idle_session_timeout` (PostgreSQL 14 and later). When it has not
+/// (13), says with [`skip`] that `test` skips, and `why` its bound does not hold there.
+pub fn has_idle_session_timeout(test: &str, why: &str) -> bool {
+    let has = server_major() >= 14;
+    if !has {
+        skip(
+            test,
+            &format!(
+                "PostgreSQL {} has no idle_session_timeout: {why}",
+                server_major()
+            ),
+        );
+    }
+    has
+}
+
 /// Says on the terminal (not captured by the test harness) that a test skipped, and why.
 pub fn skip(test: &str, reason: &str) {
     use std::io::Write;
