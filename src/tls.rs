@@ -73,6 +73,9 @@ pub struct TlsSettings {
     pub client_cert: Option<PathBuf>,
     /// `sslkey`: PEM private key of the client certificate.
     pub client_key: Option<PathBuf>,
+    /// Where to connect, host by host, with each host's password: TLS is decided per host
+    /// (never on a Unix socket), so the plan travels with the TLS settings.
+    pub plan: crate::conninfo::ConnectPlan,
 }
 
 /// Why a TLS configuration could not be built.

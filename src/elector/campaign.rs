@@ -10,7 +10,7 @@ use tracing::{debug, error, info, warn};
 
 use super::metrics::demotion_cause;
 use super::session::{
-    boottime, connect, find_socket, session_closed, standby_comment, wait_sql, within, Session,
+    boottime, connect, session_closed, socket_of, standby_comment, wait_sql, within, Session,
 };
 use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
@@ -589,7 +589,10 @@ impl Campaign<'_> {
         let seen: Option<(String, i32)> = row
             .get::<_, Option<String>>(3)
             .zip(row.get::<_, Option<i32>>(4));
-        let socket = find_socket(&config.connect, seen.as_ref());
+        let socket = self
+            .session
+            .as_ref()
+            .map(|s| socket_of(s.fd, seen.as_ref()));
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing (FIELD-NOTES PostgreSQL 8). A direct TCP
         // connection, whose local address and port are the ones the server sees, cannot be a
