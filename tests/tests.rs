@@ -7,6 +7,7 @@ mod binary;
 mod child;
 mod docs;
 mod election;
+mod libpq;
 mod modes;
 mod operate;
 mod operator;
