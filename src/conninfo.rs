@@ -134,6 +134,15 @@ pub enum ConnInfoError {
         /// What is wrong.
         reason: String,
     },
+    /// No setting names the database. The lock lives in one database, and psql's default
+    /// (the user's name) differs from user to user and machine to machine, so a run refuses
+    /// it rather than electing a leader in a database nobody chose.
+    #[error(
+        "no setting names the database, and the lock lives in one: set dbname in --dsn or \
+         LEADERRUN_DSN (or PLEXSPHERE_DSN, DATABASE_URL), PGDATABASE, or a service \
+         (service=NAME or PGSERVICE) whose section sets dbname"
+    )]
+    NoDatabase,
     /// `service=NAME` names no section of the service files.
     #[error("definition of service {name:?} not found")]
     Service {

@@ -120,12 +120,12 @@ fn serve(mut stream: impl Read + Write, at: &'static str, hang: bool, log: &Log)
 
 /// The fake server of one case: three TCP listeners and two Unix sockets, and a port with
 /// nothing behind it.
-struct Fake {
-    dir: tempfile::TempDir,
-    a: u16,
+pub(crate) struct Fake {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) a: u16,
     b: u16,
     h: u16,
-    r: u16,
+    pub(crate) r: u16,
     log: Log,
     stop: Arc<AtomicBool>,
     /// Connections accepted and not yet recorded.
@@ -133,7 +133,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn start() -> Fake {
+    pub(crate) fn start() -> Fake {
         let dir = tempfile::Builder::new()
             .prefix("lr-libpq")
             .tempdir_in("/tmp")
@@ -213,6 +213,14 @@ impl Fake {
             .replace("{R}", &self.r.to_string())
             .replace("{S}", &self.dir.path().join("s").display().to_string())
             .replace("{D}", &self.dir.path().display().to_string())
+    }
+
+    /// The visits so far (taken: the next call starts afresh), as `(listener, password)`.
+    pub(crate) fn passwords(&self) -> Vec<(&'static str, Option<String>)> {
+        self.take()
+            .into_iter()
+            .map(|v| (v.at, v.password))
+            .collect()
     }
 
     fn take(&self) -> Vec<Visit> {

@@ -5,6 +5,7 @@ mod support;
 
 mod binary;
 mod child;
+mod connecting;
 mod docs;
 mod election;
 mod libpq;
