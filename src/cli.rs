@@ -1033,7 +1033,7 @@ mod tests {
         assert!(cli.command.is_empty());
         assert_eq!(cli.command_line(), ["sh", "-c", "echo a | tr a b; exit 3"]);
         let settings = cli
-            .settings(&|name| (name == "LEADERRUN_DSN").then(|| "host=127.0.0.1 user=u".into()))
+            .settings(&|name| (name == "PGDATABASE").then(|| "d".into()))
             .unwrap();
         assert_eq!(settings.command, ["sh", "-c", "echo a | tr a b; exit 3"]);
         // A string that looks like an option is still the script.

@@ -270,3 +270,60 @@ fn no_error_carries_any_part_of_a_password() {
     }
     assert_eq!(checked, cases.len() * 8);
 }
+
+#[test]
+fn leaderrun_knows_its_sessions_whatever_their_application_name() {
+    use crate::support::{wait_for, Replica};
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let start = || {
+        let mut cmd = leaderrun();
+        cmd.env("PGAPPNAME", "psqlish")
+            .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+            .args(["--check-interval", "1s", "--", "sleep", "60"]);
+        Replica::spawn(cmd)
+    };
+    let leader = start();
+    leader.wait_log(
+        "background leader lock acquired",
+        1,
+        Duration::from_secs(10),
+    );
+    let standby = start();
+    wait_for(
+        "the standby in the lock queue",
+        Duration::from_secs(10),
+        || (cluster.waiters(id) == 1).then_some(()),
+    );
+    let out = crate::support::status(cluster, id, true);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let l = &report["leader"];
+    assert_eq!(l["application_name"], "psqlish", "{report}");
+    assert_eq!(l["leaderrun"], true, "{report}");
+    assert_eq!(l["leaderrun_pid"], leader.pid(), "{report}");
+    let s = &report["standbys"][0];
+    assert_eq!(s["leaderrun"], true, "{report}");
+    assert_eq!(s["leaderrun_pid"], standby.pid(), "{report}");
+    let table =
+        String::from_utf8_lossy(&crate::support::status(cluster, id, false).stdout).into_owned();
+    assert!(
+        table.contains(&format!("leaderrun pid {}", leader.pid())),
+        "{table}"
+    );
+    let out = leaderrun()
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id.to_string(),
+            "step-down",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    standby.wait_log(
+        "background leader lock acquired",
+        1,
+        Duration::from_secs(10),
+    );
+}

@@ -161,11 +161,12 @@ fn try_case(key: LockKey, code: u32) -> String {
 
 fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str) -> String {
     format!(
-        "{} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN txid_current() END, \
+        "{} {} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN txid_current() END, \
          current_database(), host(inet_client_addr()), inet_client_port() \
          FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{cases} ELSE {otherwise} END \
          AS r OFFSET 0) AS t",
         standby_comment(lock),
+        crate::holder::identity_comment(),
         slots - 1
     )
 }
