@@ -12,12 +12,17 @@
 //! 4. psql's defaults: the Unix socket in `/var/run/postgresql` (else `/tmp`), port 5432,
 //!    user = the OS user, database = the user name, `sslmode=prefer`;
 //!    `~/.postgresql/root.crt`, `postgresql.crt` and `postgresql.key` when they exist;
-//! 5. with no password yet, the first matching line of `passfile`/`PGPASSFILE`, else
-//!    `~/.pgpass`, which is ignored (with a WARN) unless only its owner can read it.
+//! 5. with no password yet, for each host, the first matching line of `passfile`/`PGPASSFILE`,
+//!    else `~/.pgpass`, which is ignored (with a WARN) unless only its owner can read it.
 //!
-//! Several hosts (`host=a,b port=5432,5433`) and `target_session_attrs` (`any`, `read-write`,
-//! `primary`, `read-only`, `standby`) are passed on to tokio-postgres. Errors never repeat
-//! the DSN, which may hold a password.
+//! An empty value is a set value, read as libpq reads it (`user=''` is the OS user,
+//! `PGSSLMODE=` is invalid); an empty DSN variable is no DSN. The result is a
+//! [`ConnectPlan`]: the hosts (`host`, `hostaddr`, `port` lists paired as libpq pairs them),
+//! each with its own password, `target_session_attrs`, `load_balance_hosts` and
+//! `connect_timeout`, which the elector's connect loop follows host by host
+//! ([`crate::elector::connect`]). libpq keywords leaderrun does not implement are refused as
+//! not supported. Errors never repeat the DSN, and quote none of its words when it holds a
+//! password. README, Connecting, lists where leaderrun and libpq differ.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
