@@ -422,6 +422,7 @@ async fn attempt(
             };
         let _ = stream.set_nodelay(true);
         set_tcp_timers(&stream, &config);
+        let over_tls = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let tls_connect = match connector {
             Some(c) if tls.enabled() => Some(
                 MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(
@@ -433,12 +434,38 @@ async fn attempt(
                         target: target.clone(),
                         source: std::io::Error::other(e.to_string()),
                     })
-                })?,
+                })?
+                .noting_start(over_tls.clone()),
             ),
             _ => None,
         };
         match handshake(&config, stream, tls_connect, wanted, deadline, &target).await {
             Err(Attempt::Next(err)) => last = Some(Attempt::Next(err)),
+            // libpq's sslmode=prefer: a server that refused the session over TLS (a
+            // `hostnossl` line in pg_hba.conf) is asked once more in plaintext.
+            Err(Attempt::Stop(Error::Connect { source, .. }))
+                if tls.mode == crate::tls::SslMode::Prefer
+                    && over_tls.load(std::sync::atomic::Ordering::Acquire)
+                    && source.as_db_error().is_some() =>
+            {
+                let deadline = tokio::time::Instant::now() + per_host;
+                let stream =
+                    match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr))
+                        .await
+                    {
+                        Err(_) => return Err(timed_out(&target)),
+                        Ok(Err(err)) => return Err(socket_err(err)),
+                        Ok(Ok(stream)) => stream,
+                    };
+                let _ = stream.set_nodelay(true);
+                set_tcp_timers(&stream, &config);
+                let mut plain = config.clone();
+                plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                match handshake(&plain, stream, None, wanted, deadline, &target).await {
+                    Err(Attempt::Next(err)) => last = Some(Attempt::Next(err)),
+                    other => return other,
+                }
+            }
             other => return other,
         }
     }
