@@ -148,6 +148,13 @@ pub enum ConnInfoError {
          (service=NAME or PGSERVICE) whose section sets dbname"
     )]
     NoDatabase,
+    /// `PGSERVICEFILE` names a file that does not exist (libpq refuses it too, rather than
+    /// falling back to the system-wide file).
+    #[error("service file {} not found (PGSERVICEFILE)", path.display())]
+    ServiceFile {
+        /// The file.
+        path: PathBuf,
+    },
     /// `service=NAME` names no section of the service files.
     #[error("definition of service {name:?} not found")]
     Service {
@@ -458,7 +465,11 @@ fn service_section(
 ) -> Result<Vec<(String, String)>, ConnInfoError> {
     let mut files = Vec::new();
     if let Some(file) = env("PGSERVICEFILE") {
-        files.push(PathBuf::from(file));
+        let file = PathBuf::from(file);
+        if !file.exists() {
+            return Err(ConnInfoError::ServiceFile { path: file });
+        }
+        files.push(file);
     } else if let Some(home) = home(env) {
         files.push(home.join(".pg_service.conf"));
     }

@@ -242,6 +242,8 @@ struct Case {
     env: Vec<(String, String)>,
     pgpass: Option<String>,
     services: Option<String>,
+    /// `{D}/pg_service.conf`, the system-wide file when `PGSYSCONFDIR={D}`.
+    sysconf: Option<String>,
     expect: Expect,
 }
 
@@ -312,6 +314,9 @@ fn write_files(fake: &Fake, case: &Case) {
     }
     if let Some(text) = &case.services {
         std::fs::write(fake.dir.path().join("services"), fake.expand(text)).unwrap();
+    }
+    if let Some(text) = &case.sysconf {
+        std::fs::write(fake.dir.path().join("pg_service.conf"), fake.expand(text)).unwrap();
     }
 }
 
@@ -670,7 +675,16 @@ fn cases() -> Vec<Case> {
         }
         out.push(c);
     }
-    // The system-wide service file, and a missing PGSERVICEFILE.
+    // The system-wide service file, and a missing PGSERVICEFILE (refused, even when the
+    // system-wide file has the service).
+    for file in [None, Some("{D}/nonexistent"), Some("{D}/services")] {
+        let mut c = case("service=plex").env("PGSYSCONFDIR", "{D}");
+        c.sysconf = Some("[plex]\nhost=127.0.0.1\nport={B}\nuser=sys\ndbname=sys\n".to_owned());
+        if let Some(file) = file {
+            c = c.env("PGSERVICEFILE", file).services("[other]\nhost=x\n");
+        }
+        out.push(c);
+    }
     out.push(
         case("service=plex")
             .env("PGSYSCONFDIR", "{D}")
