@@ -244,6 +244,9 @@ struct Case {
     services: Option<String>,
     /// `{D}/pg_service.conf`, the system-wide file when `PGSYSCONFDIR={D}`.
     sysconf: Option<String>,
+    /// `~/.pgpass` (mode 0600) and `~/.pg_service.conf` in the case's home directory.
+    home_pgpass: Option<String>,
+    home_services: Option<String>,
     expect: Expect,
 }
 
@@ -314,6 +317,18 @@ fn write_files(fake: &Fake, case: &Case) {
     }
     if let Some(text) = &case.services {
         std::fs::write(fake.dir.path().join("services"), fake.expand(text)).unwrap();
+    }
+    if let Some(text) = &case.home_pgpass {
+        let path = fake.dir.path().join("home/.pgpass");
+        std::fs::write(&path, fake.expand(text)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    if let Some(text) = &case.home_services {
+        std::fs::write(
+            fake.dir.path().join("home/.pg_service.conf"),
+            fake.expand(text),
+        )
+        .unwrap();
     }
     if let Some(text) = &case.sysconf {
         std::fs::write(fake.dir.path().join("pg_service.conf"), fake.expand(text)).unwrap();
@@ -809,6 +824,110 @@ fn cases() -> Vec<Case> {
         ("host=127.0.0.1 port={A} dbname=d", vec![("PGUSER", "envu")]),
     ] {
         let mut c = case(dsn);
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        out.push(c);
+    }
+    // The home directory's .pgpass and service file.
+    for (dsn, pass) in [
+        (
+            "host=127.0.0.1 port={A} user=u dbname=d",
+            "127.0.0.1:{A}:d:u:home\n",
+        ),
+        (
+            "host={S} port={A} user=u dbname=d",
+            "localhost:*:*:*:loc\n{S}:*:*:*:sock\n",
+        ),
+        (
+            "host=127.0.0.1,127.0.0.1 port={R},{B} user=u dbname=d",
+            "127.0.0.1:{A}:*:*:a\n127.0.0.1:{B}:*:*:b\n",
+        ),
+        (
+            "host=127.0.0.1 port={A} user=u dbname=d passfile={D}/none",
+            "*:*:*:*:home\n",
+        ),
+    ] {
+        let mut c = case(dsn);
+        c.home_pgpass = Some(pass.to_owned());
+        out.push(c);
+    }
+    for (dsn, env) in [
+        (Some("service=h"), vec![]),
+        (Some("service=h dbname=mine"), vec![("PGPORT", "{B}")]),
+        (None, vec![("PGSERVICE", "h")]),
+        (Some("service=h"), vec![("PGSERVICEFILE", "{D}/services")]),
+    ] {
+        let mut c = Case {
+            dsn: dsn.map(str::to_owned),
+            ..Case::default()
+        }
+        .services("[h]\nhost=127.0.0.1\nport={B}\nuser=file\ndbname=file\n");
+        c.home_services =
+            Some("[h]\nhost=127.0.0.1\nport={A}\nuser=home\ndbname=home\n".to_owned());
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        out.push(c);
+    }
+    // More variables: lists, blanks, and the ones that take part in TLS and host choice.
+    for env in [
+        vec![("PGHOST", "127.0.0.1,127.0.0.1"), ("PGPORT", "{R},{A}")],
+        vec![("PGHOST", "127.0.0.1"), ("PGPORT", " {A} ")],
+        vec![
+            ("PGHOST", "{S}"),
+            ("PGPORT", "{B}"),
+            ("PGSSLMODE", "require"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGHOSTADDR", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGSSLMODE", "disable"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGTARGETSESSIONATTRS", "primary"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGTARGETSESSIONATTRS", "bogus"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGCONNECT_TIMEOUT", "3"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGPASSFILE", ""),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGAPPNAME", ""),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGOPTIONS", ""),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGCHANNELBINDING", "disable"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGREQUIRESSL", "1"),
+            ("PGSSLMODE", ""),
+        ],
+    ] {
+        let mut c = case("user=u dbname=d");
         for (k, v) in env {
             c = c.env(k, v);
         }
