@@ -65,8 +65,9 @@ const KEYWORDS: [(&str, Option<&str>); 25] = [
     ("keepalives_count", None),
 ];
 
-/// libpq keywords leaderrun does not implement: refused as "not supported" when a DSN or a
-/// service names them (their variables are not read).
+/// libpq keywords leaderrun does not implement: refused as "not supported" when a DSN, a
+/// service or their variable ([`UNSUPPORTED_ENV`]) sets them, but to a value leaderrun's own
+/// behaviour matches ([`harmless`]).
 const UNSUPPORTED: [&str; 21] = [
     "sslnegotiation",
     "client_encoding",
@@ -255,6 +256,37 @@ pub struct ConnectPlan {
 
 /// Where each setting came from, for error messages.
 type Params = BTreeMap<String, (String, String)>;
+
+/// The variables of [`UNSUPPORTED`] keywords, as libpq reads them.
+const UNSUPPORTED_ENV: [(&str, &str); 14] = [
+    ("client_encoding", "PGCLIENTENCODING"),
+    ("krbsrvname", "PGKRBSRVNAME"),
+    ("gsslib", "PGGSSLIB"),
+    ("gssdelegation", "PGGSSDELEGATION"),
+    ("requirepeer", "PGREQUIREPEER"),
+    ("require_auth", "PGREQUIREAUTH"),
+    ("sslcompression", "PGSSLCOMPRESSION"),
+    ("sslcrl", "PGSSLCRL"),
+    ("sslcrldir", "PGSSLCRLDIR"),
+    ("sslsni", "PGSSLSNI"),
+    ("sslcertmode", "PGSSLCERTMODE"),
+    ("ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION"),
+    ("ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION"),
+    ("sslnegotiation", "PGSSLNEGOTIATION"),
+];
+
+/// Whether an unsupported keyword's value asks for what leaderrun does anyway: UTF-8 as the
+/// client encoding (tokio-postgres speaks nothing else), SNI on (rustls sends it), no TLS
+/// compression, libpq's own negotiation.
+fn harmless(key: &str, value: &str) -> bool {
+    match key {
+        "client_encoding" => matches!(value.to_ascii_uppercase().as_str(), "UTF8" | "UTF-8"),
+        "sslsni" => value == "1",
+        "sslcompression" => value == "0",
+        "sslnegotiation" => value == "postgres",
+        _ => false,
+    }
+}
 
 fn syntax(origin: &str, reason: impl Into<String>) -> ConnInfoError {
     ConnInfoError::Syntax {
@@ -618,6 +650,9 @@ fn insert_all(
 ) -> Result<(), ConnInfoError> {
     for (key, value) in pairs {
         if UNSUPPORTED.contains(&key.as_str()) {
+            if harmless(&key, &value) {
+                continue;
+            }
             return Err(ConnInfoError::Unsupported {
                 what: format!("connection option {key:?}"),
                 origin: origin.to_owned(),
@@ -691,6 +726,16 @@ pub fn resolve(
         let pairs = service_section(&name, env)?;
         let shown = !pairs.iter().any(|(k, _)| k == "password");
         insert_all(&mut params, pairs, &format!("service {name}"), true, shown)?;
+    }
+    for (key, var) in UNSUPPORTED_ENV {
+        if let Some(value) = get(var) {
+            if !harmless(key, &value) && !params.contains_key(key) {
+                return Err(ConnInfoError::Unsupported {
+                    what: format!("{var} (connection option {key:?})"),
+                    origin: var.to_owned(),
+                });
+            }
+        }
     }
     for (key, var) in KEYWORDS {
         if let Some(var) = var {

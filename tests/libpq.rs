@@ -632,6 +632,9 @@ fn cases() -> Vec<Case> {
         "gssencmode=prefer",
         "gssencmode=require",
         "client_encoding=UTF8",
+        "client_encoding=LATIN1",
+        "sslcompression=0",
+        "sslsni=0",
         "tcp_user_timeout=100",
         "krbsrvname=x",
         "requirepeer=root",
@@ -648,7 +651,13 @@ fn cases() -> Vec<Case> {
         // Keywords libpq 15 has and leaderrun does not: refused, said so (README).
         let refused = !matches!(
             kw,
-            "gssencmode=disable" | "gssencmode=require" | "frobnicate=1" | "requiressl=1"
+            "gssencmode=disable"
+                | "gssencmode=require"
+                | "frobnicate=1"
+                | "requiressl=1"
+                | "client_encoding=UTF8"
+                | "sslsni=1"
+                | "sslcompression=0"
         );
         out.push(if refused {
             c.refused("not supported")
@@ -939,6 +948,27 @@ fn cases() -> Vec<Case> {
             .env("PGPASSFILE", "{D}/home/.pgpass")
             .pgpass("*:*:*:*:x\n"),
     );
+    // The variables of keywords leaderrun does not implement: refused too, unless harmless.
+    for (var, value, refused) in [
+        ("PGCLIENTENCODING", "UTF8", false),
+        ("PGCLIENTENCODING", "LATIN1", true),
+        ("PGSSLCRL", "{D}/crl.pem", true),
+        ("PGSSLMINPROTOCOLVERSION", "TLSv1.3", true),
+        ("PGKRBSRVNAME", "pg", true),
+        ("PGGSSLIB", "gssapi", true),
+        ("PGREQUIREPEER", "root", true),
+        ("PGSSLSNI", "1", false),
+        ("PGSSLCOMPRESSION", "1", true),
+        ("PGGSSENCMODE", "prefer", true),
+        ("PGGSSENCMODE", "disable", false),
+    ] {
+        let c = case("host=127.0.0.1 port={A} user=u dbname=d").env(var, value);
+        out.push(if refused {
+            c.refused("not supported")
+        } else {
+            c
+        });
+    }
     // A DSN without '=' is a database name to libpq; leaderrun refuses it.
     out.push(
         case("   ")
