@@ -42,7 +42,7 @@ Examples:
 
 Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND is sh -c STRING), as flock(1); -s --stop-signal, -k --grace, as timeout(1). Durations take a unit (30s, not 30); --takeover-delay and --min-hold, whose default is zero, also take a bare 0.
 
-Advisory locks are per database: copies connected to different databases do not exclude each other. Without a database in the DSN (or PGDATABASE) it is the user's name, as with psql.
+Advisory locks are per database: copies connected to different databases do not exclude each other. leaderrun refuses to run (exit 125) unless a setting names the database: dbname in the DSN, PGDATABASE, or a service.
 
 The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_SLOT, LEADERRUN_FENCING_TOKEN and \
 LEADERRUN_BACKEND_PID in its environment. LEADERRUN_TERM counts the terms of one leaderrun process \
@@ -93,8 +93,8 @@ pub struct Cli {
     /// from the PG* variables too.
     ///
     /// Advisory locks are per database: copies connected to different databases of one server
-    /// do not exclude each other, so every copy must name the same database. Without a database
-    /// in the DSN (or PGDATABASE), the database is the user's name, as with psql.
+    /// do not exclude each other, so every copy must name the same database: leaderrun refuses
+    /// to run (exit 125) when no setting names it (dbname in the DSN, PGDATABASE, or a service).
     ///
     /// Example: --dsn 'host=127.0.0.1 user=postgres dbname=plexsphere'
     #[arg(
@@ -576,6 +576,9 @@ pub struct Settings {
     pub http_addr: Option<std::net::SocketAddr>,
     /// Where the database name came from (`default`: none was given; it is the user's name).
     pub database_from: &'static str,
+    /// Which setting gave the DSN: `--dsn`, `LEADERRUN_DSN`, `PLEXSPHERE_DSN`, `DATABASE_URL`,
+    /// or `PG*` when none did (the `PG*` variables and a service alone).
+    pub dsn_from: String,
     /// `--tick-at-grant`.
     pub tick_at_grant: bool,
 }
@@ -698,6 +701,10 @@ impl Cli {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, crate::conninfo::ConnInfoError> {
         let resolved = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
+        // `doctor` diagnoses it instead (a finding).
+        if resolved.database_from == "default" && !matches!(self.action, Some(Action::Doctor)) {
+            return Err(crate::conninfo::ConnInfoError::NoDatabase);
+        }
         if resolved.password_from.as_deref() == Some("--dsn") {
             tracing::warn!(
                 "the password is written into --dsn, so every user of this machine can read it \
@@ -707,6 +714,7 @@ impl Cli {
         }
         Ok(Settings {
             database_from: resolved.database_from,
+            dsn_from: resolved.dsn_from.unwrap_or_else(|| "PG*".to_owned()),
             tick_at_grant: self.tick_at_grant,
             connect: resolved.config,
             tls: resolved.tls,
@@ -1026,7 +1034,7 @@ mod tests {
         assert!(cli.command.is_empty());
         assert_eq!(cli.command_line(), ["sh", "-c", "echo a | tr a b; exit 3"]);
         let settings = cli
-            .settings(&|name| (name == "LEADERRUN_DSN").then(|| "host=127.0.0.1 user=u".into()))
+            .settings(&|name| (name == "PGDATABASE").then(|| "d".into()))
             .unwrap();
         assert_eq!(settings.command, ["sh", "-c", "echo a | tr a b; exit 3"]);
         // A string that looks like an option is still the script.

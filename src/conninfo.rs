@@ -12,18 +12,23 @@
 //! 4. psql's defaults: the Unix socket in `/var/run/postgresql` (else `/tmp`), port 5432,
 //!    user = the OS user, database = the user name, `sslmode=prefer`;
 //!    `~/.postgresql/root.crt`, `postgresql.crt` and `postgresql.key` when they exist;
-//! 5. with no password yet, the first matching line of `passfile`/`PGPASSFILE`, else
-//!    `~/.pgpass`, which is ignored (with a WARN) unless only its owner can read it.
+//! 5. with no password yet, for each host, the first matching line of `passfile`/`PGPASSFILE`,
+//!    else `~/.pgpass`, which is ignored (with a WARN) unless only its owner can read it.
 //!
-//! Several hosts (`host=a,b port=5432,5433`) and `target_session_attrs` (`any`, `read-write`,
-//! `primary`, `read-only`, `standby`) are passed on to tokio-postgres. Errors never repeat
-//! the DSN, which may hold a password.
+//! An empty value is a set value, read as libpq reads it (`user=''` is the OS user,
+//! `PGSSLMODE=` is invalid); an empty DSN variable is no DSN. The result is a
+//! [`ConnectPlan`]: the hosts (`host`, `hostaddr`, `port` lists paired as libpq pairs them),
+//! each with its own password, `target_session_attrs`, `load_balance_hosts` and
+//! `connect_timeout`, which the elector's connect loop follows host by host
+//! ([`crate::elector::connect`]). libpq keywords leaderrun does not implement are refused as
+//! not supported. Errors never repeat the DSN, and quote none of its words when it holds a
+//! password. README, Connecting, lists where leaderrun and libpq differ.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tokio_postgres::config::{ChannelBinding, Host, TargetSessionAttrs};
+use tokio_postgres::config::{ChannelBinding, Host};
 
 use crate::tls::{SslMode, TlsSettings};
 
@@ -32,7 +37,7 @@ use crate::tls::{SslMode, TlsSettings};
 pub const DSN_ENV_CHAIN: [&str; 3] = ["LEADERRUN_DSN", "PLEXSPHERE_DSN", "DATABASE_URL"];
 
 /// Keywords leaderrun understands, with the `PG*` variable that fills each.
-const KEYWORDS: [(&str, Option<&str>); 22] = [
+const KEYWORDS: [(&str, Option<&str>); 25] = [
     ("host", Some("PGHOST")),
     ("hostaddr", Some("PGHOSTADDR")),
     ("port", Some("PGPORT")),
@@ -46,15 +51,45 @@ const KEYWORDS: [(&str, Option<&str>); 22] = [
     ("fallback_application_name", None),
     ("connect_timeout", Some("PGCONNECT_TIMEOUT")),
     ("sslmode", Some("PGSSLMODE")),
+    ("requiressl", Some("PGREQUIRESSL")),
     ("sslrootcert", Some("PGSSLROOTCERT")),
     ("sslcert", Some("PGSSLCERT")),
     ("sslkey", Some("PGSSLKEY")),
     ("target_session_attrs", Some("PGTARGETSESSIONATTRS")),
+    ("load_balance_hosts", Some("PGLOADBALANCEHOSTS")),
     ("channel_binding", Some("PGCHANNELBINDING")),
+    ("gssencmode", Some("PGGSSENCMODE")),
     ("keepalives", None),
     ("keepalives_idle", None),
     ("keepalives_interval", None),
     ("keepalives_count", None),
+];
+
+/// libpq keywords leaderrun does not implement: refused as "not supported" when a DSN, a
+/// service or their variable ([`UNSUPPORTED_ENV`]) sets them, but to a value leaderrun's own
+/// behaviour matches ([`harmless`]).
+const UNSUPPORTED: [&str; 21] = [
+    "sslnegotiation",
+    "client_encoding",
+    "tcp_user_timeout",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "requirepeer",
+    "require_auth",
+    "sslcompression",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "sslpassword",
+    "sslcertmode",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "replication",
+    "scram_client_key",
+    "scram_server_key",
+    "min_protocol_version",
+    "max_protocol_version",
 ];
 
 /// A connection string or setting that could not be used.
@@ -78,11 +113,20 @@ pub enum ConnInfoError {
         /// What is wrong (never the password).
         reason: String,
     },
-    /// A keyword libpq knows but leaderrun does not use, or one nobody knows.
-    #[error("invalid connection option {key:?} (from {origin})")]
+    /// A keyword nobody knows (a typo). The keyword is shown only when the DSN holds no
+    /// password: in a DSN that does, a stray word may be part of it.
+    #[error("invalid connection option {key} (from {origin})")]
     Option {
-        /// The keyword.
+        /// The keyword, quoted, or a note that it is not shown.
         key: String,
+        /// Where it came from.
+        origin: String,
+    },
+    /// A libpq keyword, or a value of one, that leaderrun does not implement.
+    #[error("{what} is not supported by leaderrun (from {origin}; README: Connecting)")]
+    Unsupported {
+        /// The keyword, or `keyword=value`.
+        what: String,
         /// Where it came from.
         origin: String,
     },
@@ -95,6 +139,22 @@ pub enum ConnInfoError {
         origin: String,
         /// What is wrong.
         reason: String,
+    },
+    /// No setting names the database. The lock lives in one database, and psql's default
+    /// (the user's name) differs from user to user and machine to machine, so a run refuses
+    /// it rather than electing a leader in a database nobody chose.
+    #[error(
+        "no setting names the database, and the lock lives in one: set dbname in --dsn or \
+         LEADERRUN_DSN (or PLEXSPHERE_DSN, DATABASE_URL), PGDATABASE, or a service \
+         (service=NAME or PGSERVICE) whose section sets dbname"
+    )]
+    NoDatabase,
+    /// `PGSERVICEFILE` names a file that does not exist (libpq refuses it too, rather than
+    /// falling back to the system-wide file).
+    #[error("service file {} not found (PGSERVICEFILE)", path.display())]
+    ServiceFile {
+        /// The file.
+        path: PathBuf,
     },
     /// `service=NAME` names no section of the service files.
     #[error("definition of service {name:?} not found")]
@@ -120,10 +180,120 @@ pub struct ConnSettings {
     /// written into a DSN given on the command line, where every user of the machine can read
     /// it in `ps`; else the variable, service or password file it came from.
     pub password_from: Option<String>,
+    /// Which setting gave the DSN: `--dsn`, `LEADERRUN_DSN`, `PLEXSPHERE_DSN` or
+    /// `DATABASE_URL`; `None` when there is none (the `PG*` variables and a service alone).
+    pub dsn_from: Option<String>,
+}
+
+/// How one host of the list is reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    /// A Unix socket in this directory (`.s.PGSQL.PORT`); never TLS.
+    Unix(PathBuf),
+    /// TCP: to `addr` when `hostaddr` gave one (no name lookup), else to the addresses of
+    /// `name`. `name` (when not empty) is also the name a `verify-full` certificate must have;
+    /// without it the address is.
+    Tcp {
+        /// `host`; empty when only `hostaddr` was given.
+        name: String,
+        /// `hostaddr`.
+        addr: Option<std::net::IpAddr>,
+    },
+}
+
+/// One host of the list, with its own password (libpq looks up the password file per host).
+#[derive(Clone, PartialEq, Eq)]
+pub struct HostTarget {
+    /// Where.
+    pub address: Address,
+    /// The TCP port, or the Unix socket's number.
+    pub port: u16,
+    /// The password for this host, if any (never shown: `Debug` leaves it out).
+    pub password: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for HostTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTarget")
+            .field("address", &self.address)
+            .field("port", &self.port)
+            .field("password", &self.password.as_ref().map(|_| "(set)"))
+            .finish()
+    }
+}
+
+/// `target_session_attrs`, with libpq 14's meanings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SessionAttrs {
+    /// Any server.
+    #[default]
+    Any,
+    /// `SHOW transaction_read_only` is off.
+    ReadWrite,
+    /// `SHOW transaction_read_only` is on.
+    ReadOnly,
+    /// Not in recovery (`pg_is_in_recovery()` false), read-only by default or not.
+    Primary,
+    /// In recovery.
+    Standby,
+    /// A standby if any host is one, else any server.
+    PreferStandby,
+}
+
+/// The connect loop's plan: the hosts in order, each tried once (its own timeout, password
+/// and TLS decision), the first that suits [`SessionAttrs`] wins.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnectPlan {
+    /// The hosts; empty: the tokio-postgres configuration's hosts (tests build those).
+    pub hosts: Vec<HostTarget>,
+    /// `target_session_attrs`.
+    pub attrs: SessionAttrs,
+    /// `load_balance_hosts=random`: try the hosts in a random order.
+    pub random_order: bool,
+    /// `connect_timeout`, per host (libpq's meaning); `None`: the caller's bound.
+    pub connect_timeout: Option<Duration>,
 }
 
 /// Where each setting came from, for error messages.
 type Params = BTreeMap<String, (String, String)>;
+
+/// The variables of [`UNSUPPORTED`] keywords, as libpq reads them.
+const UNSUPPORTED_ENV: [(&str, &str); 14] = [
+    ("client_encoding", "PGCLIENTENCODING"),
+    ("krbsrvname", "PGKRBSRVNAME"),
+    ("gsslib", "PGGSSLIB"),
+    ("gssdelegation", "PGGSSDELEGATION"),
+    ("requirepeer", "PGREQUIREPEER"),
+    ("require_auth", "PGREQUIREAUTH"),
+    ("sslcompression", "PGSSLCOMPRESSION"),
+    ("sslcrl", "PGSSLCRL"),
+    ("sslcrldir", "PGSSLCRLDIR"),
+    ("sslsni", "PGSSLSNI"),
+    ("sslcertmode", "PGSSLCERTMODE"),
+    ("ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION"),
+    ("ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION"),
+    ("sslnegotiation", "PGSSLNEGOTIATION"),
+];
+
+/// Whether an unsupported keyword's value asks for what leaderrun does anyway: UTF-8 as the
+/// client encoding (tokio-postgres speaks nothing else), SNI on (rustls sends it), no TLS
+/// compression, libpq's own negotiation.
+fn harmless(key: &str, value: &str) -> bool {
+    match key {
+        "client_encoding" => matches!(value.to_ascii_uppercase().as_str(), "UTF8" | "UTF-8"),
+        "sslsni" => value == "1",
+        "sslcompression" => value == "0",
+        "sslnegotiation" => value == "postgres",
+        _ => false,
+    }
+}
+
+fn syntax(origin: &str, reason: impl Into<String>) -> ConnInfoError {
+    ConnInfoError::Syntax {
+        origin: origin.to_owned(),
+        reason: reason.into(),
+    }
+}
 
 fn percent_decode(text: &str, origin: &str) -> Result<String, ConnInfoError> {
     let bytes = text.as_bytes();
@@ -135,10 +305,7 @@ fn percent_decode(text: &str, origin: &str) -> Result<String, ConnInfoError> {
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| ConnInfoError::Syntax {
-                    origin: origin.to_owned(),
-                    reason: "invalid percent-encoding".into(),
-                })?;
+                .ok_or_else(|| syntax(origin, "invalid percent-encoding"))?;
             out.push(hex);
             i += 3;
         } else {
@@ -146,29 +313,22 @@ fn percent_decode(text: &str, origin: &str) -> Result<String, ConnInfoError> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| ConnInfoError::Syntax {
-        origin: origin.to_owned(),
-        reason: "percent-encoding is not UTF-8".into(),
-    })
+    String::from_utf8(out).map_err(|_| syntax(origin, "percent-encoding is not UTF-8"))
 }
 
-/// `postgres[ql]://[user[:password]@][host[:port][,...]][/dbname][?key=value&...]`
+/// `postgres[ql]://[user[:password]@][host[:port][,...]][/dbname][?key=value&...]`, read as
+/// libpq reads it: the user part ends at the first `@` that comes before any `/` (so a
+/// password may hold `?`, `:` or `#`); an empty password is no password; an empty query
+/// parameter (`?&&`) is refused.
 fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
     let rest = url
         .strip_prefix("postgresql://")
         .or_else(|| url.strip_prefix("postgres://"))
         .unwrap_or(url);
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, Some(q)),
-        None => (rest, None),
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
-        None => (rest, None),
-    };
     let mut out = Vec::new();
-    let hostspec = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
+    let rest = match rest.find(['@', '/']) {
+        Some(i) if rest.as_bytes()[i] == b'@' => {
+            let userinfo = &rest[..i];
             let (user, password) = match userinfo.split_once(':') {
                 Some((u, p)) => (u, Some(p)),
                 None => (userinfo, None),
@@ -176,22 +336,28 @@ fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>, ConnInfoE
             if !user.is_empty() {
                 out.push(("user".into(), percent_decode(user, origin)?));
             }
-            if let Some(p) = password {
+            if let Some(p) = password.filter(|p| !p.is_empty()) {
                 out.push(("password".into(), percent_decode(p, origin)?));
             }
-            hosts
+            &rest[i + 1..]
         }
-        None => authority,
+        _ => rest,
     };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (hostspec, rest) = rest.split_at(end);
     if !hostspec.is_empty() {
         let (mut hosts, mut ports) = (Vec::new(), Vec::new());
         for spec in hostspec.split(',') {
             let (host, port) = if let Some(v6) = spec.strip_prefix('[') {
-                let (h, after) = v6.split_once(']').ok_or_else(|| ConnInfoError::Syntax {
-                    origin: origin.to_owned(),
-                    reason: "unterminated [IPv6 address]".into(),
-                })?;
-                (h.to_owned(), after.strip_prefix(':').unwrap_or(""))
+                let (h, after) = v6
+                    .split_once(']')
+                    .ok_or_else(|| syntax(origin, "unterminated [IPv6 address]"))?;
+                let port = match after.strip_prefix(':') {
+                    Some(p) => p,
+                    None if after.is_empty() => "",
+                    None => return Err(syntax(origin, "unexpected text after [IPv6 address]")),
+                };
+                (h.to_owned(), port)
             } else {
                 match spec.split_once(':') {
                     Some((h, p)) => (percent_decode(h, origin)?, p),
@@ -199,7 +365,7 @@ fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>, ConnInfoE
                 }
             };
             hosts.push(host);
-            ports.push(port.to_owned());
+            ports.push(percent_decode(port, origin)?);
         }
         if hosts.iter().any(|h| !h.is_empty()) {
             out.push(("host".into(), hosts.join(",")));
@@ -208,28 +374,46 @@ fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>, ConnInfoE
             out.push(("port".into(), ports.join(",")));
         }
     }
+    let (path, query) = if let Some(r) = rest.strip_prefix('/') {
+        match r.split_once('?') {
+            Some((d, q)) => (Some(d), Some(q)),
+            None => (Some(r), None),
+        }
+    } else {
+        (None, rest.strip_prefix('?'))
+    };
     if let Some(db) = path.filter(|p| !p.is_empty()) {
         out.push(("dbname".into(), percent_decode(db, origin)?));
     }
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').ok_or_else(|| ConnInfoError::Syntax {
-            origin: origin.to_owned(),
-            reason: format!(
-                "query parameter without '=': {:?}",
-                pair.split(':').next().unwrap_or("")
-            ),
-        })?;
-        out.push((percent_decode(k, origin)?, percent_decode(v, origin)?));
+    if let Some(query) = query.filter(|q| !q.is_empty()) {
+        let pairs: Vec<&str> = query.split('&').collect();
+        for (i, pair) in pairs.iter().enumerate() {
+            if pair.is_empty() {
+                if i + 1 == pairs.len() {
+                    continue;
+                }
+                return Err(syntax(origin, "empty query parameter ('&&')"));
+            }
+            // Neither part is shown: a malformed URL may carry a password here.
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| syntax(origin, "a query parameter without '='"))?;
+            if k.is_empty() {
+                return Err(syntax(origin, "a query parameter without a name"));
+            }
+            out.push((percent_decode(k, origin)?, percent_decode(v, origin)?));
+        }
     }
     Ok(out)
 }
 
-/// `key=value key='quoted \' value'`
-fn parse_keywords(text: &str, origin: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
-    let syntax = |reason: &str| ConnInfoError::Syntax {
-        origin: origin.to_owned(),
-        reason: reason.to_owned(),
-    };
+/// `key=value key='quoted \' value'`. `shown` says whether a keyword may be quoted in an
+/// error (not when the text may hold a password).
+fn parse_keywords(
+    text: &str,
+    origin: &str,
+    shown: bool,
+) -> Result<Vec<(String, String)>, ConnInfoError> {
     let mut out = Vec::new();
     let mut chars = text.chars().peekable();
     loop {
@@ -251,7 +435,14 @@ fn parse_keywords(text: &str, origin: &str) -> Result<Vec<(String, String)>, Con
             chars.next();
         }
         if chars.next() != Some('=') {
-            return Err(syntax(&format!("missing \"=\" after {key:?}")));
+            return Err(syntax(
+                origin,
+                if shown {
+                    format!("missing \"=\" after {key:?}")
+                } else {
+                    "missing \"=\" after a keyword (not shown: the DSN holds a password)".to_owned()
+                },
+            ));
         }
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
@@ -264,7 +455,7 @@ fn parse_keywords(text: &str, origin: &str) -> Result<Vec<(String, String)>, Con
                     Some('\\') => value.extend(chars.next()),
                     Some('\'') => break,
                     Some(c) => value.push(c),
-                    None => return Err(syntax("unterminated quoted string")),
+                    None => return Err(syntax(origin, "unterminated quoted string")),
                 }
             }
         } else {
@@ -285,24 +476,33 @@ fn parse_keywords(text: &str, origin: &str) -> Result<Vec<(String, String)>, Con
     }
 }
 
-fn home() -> Option<PathBuf> {
-    std::env::var_os("HOME").map(PathBuf::from).or_else(|| {
-        nix::unistd::User::from_uid(nix::unistd::getuid())
-            .ok()
-            .flatten()
-            .map(|u| u.dir)
-    })
+fn home(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    env("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.dir)
+        })
 }
 
-/// The `[name]` section of the first service file that has one.
+/// The `[name]` section of the first service file that has one, read as libpq reads it: a
+/// line is `keyword=value` exactly (no blanks around `=`), a line without `=`, an unknown
+/// keyword and a nested `service=` are errors.
 fn service_section(
     name: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<(String, String)>, ConnInfoError> {
     let mut files = Vec::new();
     if let Some(file) = env("PGSERVICEFILE") {
-        files.push(PathBuf::from(file));
-    } else if let Some(home) = home() {
+        let file = PathBuf::from(file);
+        if !file.exists() {
+            return Err(ConnInfoError::ServiceFile { path: file });
+        }
+        files.push(file);
+    } else if let Some(home) = home(env) {
         files.push(home.join(".pg_service.conf"));
     }
     let sysconf = env("PGSYSCONFDIR").unwrap_or_else(|| "/etc/postgresql-common".to_owned());
@@ -311,22 +511,37 @@ fn service_section(
         let Ok(text) = std::fs::read_to_string(&file) else {
             continue;
         };
+        let origin = || format!("service file {}", file.display());
         let mut inside = false;
         let mut found = false;
         let mut out = Vec::new();
-        for line in text.lines().map(str::trim) {
+        for (number, line) in text.lines().enumerate() {
+            let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-                inside = section == name;
+            if let Some(section) = line.strip_prefix('[') {
+                if found {
+                    break;
+                }
+                inside = section.strip_suffix(']') == Some(name);
                 found |= inside;
                 continue;
             }
             if inside {
-                if let Some((k, v)) = line.split_once('=') {
-                    out.push((k.trim().to_owned(), v.trim().to_owned()));
+                let Some((k, v)) = line.split_once('=') else {
+                    return Err(syntax(
+                        &origin(),
+                        format!("line {} has no \"=\"", number + 1),
+                    ));
+                };
+                if k == "service" {
+                    return Err(syntax(
+                        &origin(),
+                        format!("line {}: nested service specifications", number + 1),
+                    ));
                 }
+                out.push((k.to_owned(), v.to_owned()));
             }
         }
         if found {
@@ -338,23 +553,39 @@ fn service_section(
     })
 }
 
-/// One field of a `.pgpass` line, with `\:` and `\\` unescaped; `*` matches anything.
-fn pgpass_fields(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => fields.last_mut().unwrap().extend(chars.next()),
-            ':' => fields.push(String::new()),
-            c => fields.last_mut().unwrap().push(c),
+/// Whether the `.pgpass` field at the start of `line` matches `value`; returns the rest of
+/// the line after the field's `:`. libpq's rules: `*` alone matches anything, `\` escapes the
+/// next character (so `\*` is a star and `\:` a colon), an unescaped `:` ends the field.
+fn pgpass_field<'a>(line: &'a str, value: &str) -> Option<&'a str> {
+    if let Some(rest) = line.strip_prefix("*:") {
+        return Some(rest);
+    }
+    let mut want = value.chars();
+    let mut chars = line.char_indices();
+    while let Some((_, c)) = chars.next() {
+        let (c, escaped) = if c == '\\' {
+            match chars.next() {
+                Some((_, n)) => (n, true),
+                None => return None,
+            }
+        } else {
+            (c, false)
+        };
+        if c == ':' && !escaped {
+            return want.next().is_none().then_some(chars.as_str());
+        }
+        if want.next() != Some(c) {
+            return None;
         }
     }
-    fields
+    None
 }
 
 /// The password for (host, port, dbname, user) from a password file, libpq's rules: the first
-/// matching line wins; `*` matches anything; a Unix-socket host matches `localhost`. The file
-/// is ignored, with a WARN, unless only its owner can read and write it.
+/// matching line wins (an empty password there is none); `*` alone matches anything; the
+/// password ends at an unescaped `:`. `host` is the key libpq uses: the host name, else
+/// `hostaddr`; the default socket directory (or no host) is `localhost`, another socket
+/// directory its path. The file is ignored, with a WARN, unless only its owner can read it.
 pub fn pgpass_lookup(
     file: &Path,
     host: &str,
@@ -364,6 +595,9 @@ pub fn pgpass_lookup(
 ) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(file).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
     if meta.permissions().mode() & 0o077 != 0 {
         tracing::warn!(
             file = %file.display(),
@@ -372,27 +606,37 @@ pub fn pgpass_lookup(
         return None;
     }
     let text = std::fs::read_to_string(file).ok()?;
-    let host = if host.starts_with('/') {
+    let host = if host.is_empty() || host == default_socket_dir() {
         "localhost"
     } else {
         host
     };
+    let port = if port.is_empty() { "5432" } else { port };
     for line in text.lines() {
-        if line.trim_start().starts_with('#') || line.trim().is_empty() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let f = pgpass_fields(line);
-        if f.len() < 5 {
+        let Some(rest) = pgpass_field(line, host)
+            .and_then(|r| pgpass_field(r, port))
+            .and_then(|r| pgpass_field(r, dbname))
+            .and_then(|r| pgpass_field(r, user))
+        else {
             continue;
+        };
+        let mut password = String::new();
+        let mut chars = rest.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                ':' => break,
+                '\\' => match chars.next() {
+                    Some(n) => password.push(n),
+                    None => password.push('\\'),
+                },
+                c => password.push(c),
+            }
         }
-        let matches = |pattern: &str, value: &str| pattern == "*" || pattern == value;
-        if matches(&f[0], host)
-            && matches(&f[1], port)
-            && matches(&f[2], dbname)
-            && matches(&f[3], user)
-        {
-            return Some(f[4..].join(":"));
-        }
+        return Some(password);
     }
     None
 }
@@ -402,11 +646,25 @@ fn insert_all(
     pairs: Vec<(String, String)>,
     origin: &str,
     only_missing: bool,
+    shown: bool,
 ) -> Result<(), ConnInfoError> {
     for (key, value) in pairs {
+        if UNSUPPORTED.contains(&key.as_str()) {
+            if harmless(&key, &value) {
+                continue;
+            }
+            return Err(ConnInfoError::Unsupported {
+                what: format!("connection option {key:?}"),
+                origin: origin.to_owned(),
+            });
+        }
         if !KEYWORDS.iter().any(|(k, _)| *k == key) {
             return Err(ConnInfoError::Option {
-                key,
+                key: if shown {
+                    format!("{key:?}")
+                } else {
+                    "(not shown: the DSN holds a password)".to_owned()
+                },
                 origin: origin.to_owned(),
             });
         }
@@ -421,7 +679,8 @@ fn insert_all(
 /// Resolves the connection settings (module docs for the order).
 ///
 /// `dsn` is `--dsn` or `LEADERRUN_DSN`; `env` looks up an environment variable (injected so
-/// tests need not touch the process environment); empty values count as unset.
+/// tests need not touch the process environment). An empty DSN variable is no DSN; a `PG*`
+/// variable set to the empty string is set, as libpq reads it (`PGSSLMODE=` is invalid).
 ///
 /// # Errors
 /// [`ConnInfoError`] when the DSN, the service or a setting cannot be used.
@@ -443,162 +702,314 @@ pub fn resolve(
             .unwrap_or((None, String::new())),
     };
     let mut params = Params::new();
+    let mut shown = true;
     if let Some(dsn) = &dsn {
         let url = dsn.starts_with("postgres://") || dsn.starts_with("postgresql://");
         if !url && (dsn.contains("://") || !dsn.contains('=')) {
             return Err(ConnInfoError::Form { origin });
         }
+        // Whether words of the DSN may be quoted in errors: not when it may hold a password.
+        shown = !(dsn.contains("password") || url && dsn.contains('@'));
         let pairs = if url {
             parse_url(dsn, &origin)?
         } else {
-            parse_keywords(dsn, &origin)?
+            parse_keywords(dsn, &origin, shown)?
         };
-        insert_all(&mut params, pairs, &origin, false)?;
+        insert_all(&mut params, pairs, &origin, false, shown)?;
     }
-    let service = params
-        .get("service")
-        .map(|(v, _)| v.clone())
-        .or_else(|| get("PGSERVICE"));
+    let service = match params.get("service") {
+        Some((v, _)) => Some(v.clone()),
+        None => env("PGSERVICE"),
+    }
+    .filter(|s| !s.is_empty());
     if let Some(name) = service {
-        let pairs = service_section(&name, &|k| get(k))?;
-        insert_all(&mut params, pairs, &format!("service {name}"), true)?;
+        let pairs = service_section(&name, env)?;
+        let shown = !pairs.iter().any(|(k, _)| k == "password");
+        insert_all(&mut params, pairs, &format!("service {name}"), true, shown)?;
+    }
+    for (key, var) in UNSUPPORTED_ENV {
+        if let Some(value) = get(var) {
+            if !harmless(key, &value) && !params.contains_key(key) {
+                return Err(ConnInfoError::Unsupported {
+                    what: format!("{var} (connection option {key:?})"),
+                    origin: var.to_owned(),
+                });
+            }
+        }
     }
     for (key, var) in KEYWORDS {
         if let Some(var) = var {
             if !params.contains_key(key) {
-                if let Some(value) = get(var) {
+                if let Some(value) = env(var) {
                     params.insert(key.to_owned(), (value, var.to_owned()));
                 }
             }
         }
     }
-    build(params, &|k| get(k))
+    let mut settings = build(params, env, shown)?;
+    settings.dsn_from = dsn.is_some().then_some(origin);
+    Ok(settings)
+}
+
+/// A libpq integer setting: blanks around the digits are allowed.
+fn int_value(text: &str) -> Option<i64> {
+    text.trim().parse().ok()
 }
 
 fn build(
     mut params: Params,
     env: &dyn Fn(&str) -> Option<String>,
+    shown: bool,
 ) -> Result<ConnSettings, ConnInfoError> {
     let value_err = |key: &str, params: &Params, reason: String| ConnInfoError::Value {
         key: key.to_owned(),
         origin: params.get(key).map(|(_, o)| o.clone()).unwrap_or_default(),
         reason,
     };
+    // A value is quoted in an error only when the settings hold no password.
+    let quote = |value: &str| {
+        if shown {
+            format!("{value:?}")
+        } else {
+            "the value".to_owned()
+        }
+    };
     let take = |params: &Params, key: &str| params.get(key).map(|(v, _)| v.clone());
+    let nonempty = |params: &Params, key: &str| take(params, key).filter(|v| !v.is_empty());
     let mut config = tokio_postgres::Config::new();
 
-    let hosts: Vec<String> = match take(&params, "host") {
+    // Hosts, as libpq pairs `host`, `hostaddr` and `port` (connectOptions2).
+    let addrs: Option<Vec<String>> =
+        nonempty(&params, "hostaddr").map(|a| a.split(',').map(str::to_owned).collect());
+    let names: Vec<String> = match take(&params, "host") {
         Some(h) => h.split(',').map(str::to_owned).collect(),
-        None => vec![default_socket_dir().to_owned()],
+        None => vec![String::new()],
     };
-    for host in &hosts {
-        config.host(if host.is_empty() {
-            default_socket_dir()
-        } else {
-            host
-        });
-    }
-    if let Some(addrs) = take(&params, "hostaddr") {
-        for addr in addrs.split(',') {
-            let ip = addr.parse().map_err(|_| {
-                value_err(
-                    "hostaddr",
-                    &params,
-                    format!("{addr:?} is not an IP address"),
-                )
-            })?;
-            config.hostaddr(ip);
+    // As libpq 15: a list of addresses needs a list of names as long (empty names will do).
+    if let Some(addrs) = &addrs {
+        if names.len() != addrs.len() {
+            return Err(value_err(
+                "hostaddr",
+                &params,
+                format!(
+                    "could not match {} host names to {} hostaddr values",
+                    names.len(),
+                    addrs.len()
+                ),
+            ));
         }
     }
     let ports: Vec<String> = take(&params, "port")
         .map(|p| p.split(',').map(str::to_owned).collect())
-        .unwrap_or_default();
-    for port in &ports {
-        let port = if port.is_empty() { "5432" } else { port };
-        let parsed = port
-            .parse::<u16>()
-            // The value is not repeated: in a malformed URL it may be part of the password.
-            .map_err(|_| value_err("port", &params, "not a port number".to_owned()))?;
-        config.port(parsed);
+        .unwrap_or_else(|| vec![String::new()]);
+    if ports.len() != 1 && ports.len() != names.len() {
+        return Err(value_err(
+            "port",
+            &params,
+            format!(
+                "could not match {} port numbers to {} hosts",
+                ports.len(),
+                names.len()
+            ),
+        ));
     }
-    let user = take(&params, "user").unwrap_or_else(os_user);
+    let mut targets = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let raw_port = ports.get(i).unwrap_or(&ports[0]).clone();
+        let port = if raw_port.is_empty() {
+            5432
+        } else {
+            // The value is not repeated: in a malformed URL it may be part of the password.
+            int_value(&raw_port)
+                .filter(|p| (1..=65535).contains(p))
+                .map(|p| p as u16)
+                .ok_or_else(|| value_err("port", &params, "not a port number".to_owned()))?
+        };
+        let addr = match addrs.as_ref().map(|a| a[i].as_str()) {
+            Some("") | None => None,
+            Some(a) => Some(a.parse::<std::net::IpAddr>().map_err(|_| {
+                value_err(
+                    "hostaddr",
+                    &params,
+                    format!("{} is not an IP address", quote(a)),
+                )
+            })?),
+        };
+        let address = match (addr, name.as_str()) {
+            (Some(addr), _) => Address::Tcp {
+                name: name.clone(),
+                addr: Some(addr),
+            },
+            (None, "") => Address::Unix(PathBuf::from(default_socket_dir())),
+            (None, n) if n.starts_with('/') => Address::Unix(PathBuf::from(n)),
+            (None, n) => Address::Tcp {
+                name: n.to_owned(),
+                addr: None,
+            },
+        };
+        match &address {
+            Address::Unix(dir) => config.host_path(dir),
+            Address::Tcp { name, addr } if name.is_empty() => {
+                config.host(addr.map(|a| a.to_string()).unwrap_or_default())
+            }
+            Address::Tcp { name, .. } => config.host(name),
+        };
+        config.port(port);
+        // The password file's key for this host: the name, else the address.
+        let key = match (&address, name.as_str()) {
+            (Address::Unix(dir), _) => dir.display().to_string(),
+            (_, "") => addr.map(|a| a.to_string()).unwrap_or_default(),
+            (_, n) => n.to_owned(),
+        };
+        targets.push((
+            HostTarget {
+                address,
+                port,
+                password: None,
+            },
+            key,
+            raw_port,
+        ));
+    }
+
+    let user = nonempty(&params, "user").unwrap_or_else(os_user);
     config.user(&user);
-    let database_from = match params.get("dbname").map(|(_, origin)| origin.as_str()) {
+    let database_from = match params.get("dbname") {
         None => "default",
-        Some("PGDATABASE") => "PGDATABASE",
-        Some(origin) if origin.starts_with("service ") => "service",
+        Some((v, _)) if v.is_empty() => "default",
+        Some((_, origin)) if origin == "PGDATABASE" => "PGDATABASE",
+        Some((_, origin)) if origin.starts_with("service ") => "service",
         Some(_) => "dsn",
     };
-    let dbname = take(&params, "dbname").unwrap_or_else(|| user.clone());
+    let dbname = nonempty(&params, "dbname").unwrap_or_else(|| user.clone());
     config.dbname(&dbname);
-    if let Some(options) = take(&params, "options") {
+    if let Some(options) = nonempty(&params, "options") {
         config.options(options);
     }
-    let app = take(&params, "application_name")
-        .or_else(|| take(&params, "fallback_application_name"))
+    let app = nonempty(&params, "application_name")
+        .or_else(|| nonempty(&params, "fallback_application_name"))
         .unwrap_or_else(default_application_name);
     config.application_name(app);
+    let mut connect_timeout = None;
     if let Some(secs) = take(&params, "connect_timeout") {
-        let parsed = secs.trim().parse::<i64>().map_err(|_| {
+        let parsed = int_value(&secs).ok_or_else(|| {
             value_err(
                 "connect_timeout",
                 &params,
-                format!("{secs:?} is not a number of seconds"),
+                format!("{} is not a number of seconds", quote(&secs)),
             )
         })?;
         // libpq: zero or negative waits forever (leaderrun then bounds by the check interval);
-        // below 2 s counts as 2 s.
+        // below 2 s counts as 2 s. It bounds each host's attempt, not the list.
         if parsed > 0 {
-            config.connect_timeout(Duration::from_secs(parsed.max(2) as u64));
+            connect_timeout = Some(Duration::from_secs(parsed.max(2) as u64));
         }
     }
-    if let Some(attrs) = take(&params, "target_session_attrs") {
-        let attrs = match attrs.as_str() {
-            "any" => TargetSessionAttrs::Any,
-            "read-write" | "primary" => TargetSessionAttrs::ReadWrite,
-            "read-only" | "standby" => TargetSessionAttrs::ReadOnly,
-            other => {
-                return Err(value_err(
-                    "target_session_attrs",
-                    &params,
-                    format!(
-                        "{other:?} is not supported (any, read-write, primary, read-only, standby)"
-                    ),
-                ))
-            }
-        };
-        config.target_session_attrs(attrs);
+    let attrs = match take(&params, "target_session_attrs").as_deref() {
+        None | Some("any") => SessionAttrs::Any,
+        Some("read-write") => SessionAttrs::ReadWrite,
+        Some("read-only") => SessionAttrs::ReadOnly,
+        Some("primary") => SessionAttrs::Primary,
+        Some("standby") => SessionAttrs::Standby,
+        Some("prefer-standby") => SessionAttrs::PreferStandby,
+        Some(other) => {
+            return Err(value_err(
+                "target_session_attrs",
+                &params,
+                format!(
+                    "{} is not one of any, read-write, read-only, primary, standby, \
+                     prefer-standby",
+                    quote(other)
+                ),
+            ))
+        }
+    };
+    let random_order = match take(&params, "load_balance_hosts").as_deref() {
+        None | Some("disable") => false,
+        Some("random") => true,
+        Some(other) => {
+            return Err(value_err(
+                "load_balance_hosts",
+                &params,
+                format!("{} is not disable or random", quote(other)),
+            ))
+        }
+    };
+    match take(&params, "gssencmode").as_deref() {
+        None | Some("disable") => {}
+        Some(other) => {
+            return Err(ConnInfoError::Unsupported {
+                what: format!("gssencmode={}", quote(other)),
+                origin: params["gssencmode"].1.clone(),
+            })
+        }
     }
     if let Some(binding) = take(&params, "channel_binding") {
         let binding = match binding.as_str() {
             "disable" => ChannelBinding::Disable,
             "prefer" => ChannelBinding::Prefer,
             "require" => ChannelBinding::Require,
-            other => return Err(value_err("channel_binding", &params, format!("{other:?}"))),
+            other => return Err(value_err("channel_binding", &params, quote(other))),
         };
         config.channel_binding(binding);
     }
     if let Some(k) = take(&params, "keepalives") {
-        config.keepalives(k != "0");
+        config.keepalives(int_value(&k) != Some(0));
     }
 
     let tls_file = |params: &mut Params, key: &str, default: &str| -> Option<PathBuf> {
-        match params.remove(key) {
+        match params.remove(key).filter(|(v, _)| !v.is_empty()) {
             Some((v, _)) => Some(PathBuf::from(v)),
-            None => home()
+            None => home(env)
                 .map(|h| h.join(".postgresql").join(default))
                 .filter(|p| p.is_file()),
         }
     };
     let mode = match take(&params, "sslmode") {
-        Some(m) => m
-            .parse::<SslMode>()
-            .map_err(|e| value_err("sslmode", &params, e))?,
+        Some(m) if m == "allow" => {
+            return Err(ConnInfoError::Unsupported {
+                what: "sslmode=allow (use disable or prefer)".to_owned(),
+                origin: params["sslmode"].1.clone(),
+            })
+        }
+        Some(m) => m.parse::<SslMode>().map_err(|_| {
+            value_err(
+                "sslmode",
+                &params,
+                format!("{} is not a sslmode", quote(&m)),
+            )
+        })?,
+        // The deprecated requiressl (PGREQUIRESSL): a value starting with 1 is `require`.
+        None if take(&params, "requiressl").is_some_and(|v| v.starts_with('1')) => SslMode::Require,
         None => SslMode::Prefer,
     };
     let root_cert = tls_file(&mut params, "sslrootcert", "root.crt");
     let client_cert = tls_file(&mut params, "sslcert", "postgresql.crt");
     let client_key = tls_file(&mut params, "sslkey", "postgresql.key");
+
+    // Passwords, per host: the explicit one, else each host's own line of the password file.
+    let mut password_from = None;
+    let explicit = nonempty(&params, "password");
+    let passfile = nonempty(&params, "passfile")
+        .map(PathBuf::from)
+        .or_else(|| home(env).map(|h| h.join(".pgpass")));
+    let mut hosts = Vec::new();
+    for (mut target, key, raw_port) in targets {
+        if let Some(password) = &explicit {
+            target.password = Some(password.clone().into_bytes());
+            password_from = params.get("password").map(|(_, o)| o.clone());
+        } else if let Some(file) = &passfile {
+            if let Some(password) =
+                pgpass_lookup(file, &key, &raw_port, &dbname, &user).filter(|p| !p.is_empty())
+            {
+                target.password = Some(password.into_bytes());
+                password_from = Some(file.display().to_string());
+            }
+        }
+        hosts.push(target);
+    }
+    // No password in `config`: each attempt sets its own host's (libpq sends a host's
+    // password file entry to that host only).
     let tls = TlsSettings {
         mode,
         root_cert: if mode == SslMode::Disable {
@@ -608,38 +1019,23 @@ fn build(
         },
         client_cert,
         client_key,
+        plan: ConnectPlan {
+            hosts,
+            attrs,
+            random_order,
+            connect_timeout,
+        },
     };
     config.ssl_mode(tls.driver_mode());
-
-    let mut password_from = params.get("password").map(|(_, origin)| origin.clone());
-    match take(&params, "password") {
-        Some(password) => {
-            config.password(password);
-        }
-        None => {
-            let file = take(&params, "passfile")
-                .map(PathBuf::from)
-                .or_else(|| home().map(|h| h.join(".pgpass")));
-            if let Some(file) = file {
-                let port = ports
-                    .first()
-                    .map(String::as_str)
-                    .filter(|p| !p.is_empty())
-                    .unwrap_or("5432");
-                let host = hosts.first().map(String::as_str).unwrap_or("");
-                let _ = env;
-                if let Some(password) = pgpass_lookup(&file, host, port, &dbname, &user) {
-                    config.password(password);
-                    password_from = Some(file.display().to_string());
-                }
-            }
-        }
+    if let Some(t) = connect_timeout {
+        config.connect_timeout(t);
     }
     Ok(ConnSettings {
         config,
         tls,
         database_from,
         password_from,
+        dsn_from: None,
     })
 }
 
@@ -753,6 +1149,14 @@ mod tests {
         ]
     }
 
+    /// The first host's password.
+    fn password(c: &ConnSettings) -> Option<&str> {
+        c.tls.plan.hosts[0]
+            .password
+            .as_deref()
+            .map(|p| std::str::from_utf8(p).unwrap())
+    }
+
     fn resolve_with(
         dsn: Option<&str>,
         vars: &[(&str, &str)],
@@ -841,9 +1245,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.config.get_user(), Some("app"));
-        assert_eq!(c.config.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(password(&c), Some("s3cret"));
         let c = resolve_with(Some("postgres://u:p%40ss@db/x"), &[]).unwrap();
-        assert_eq!(c.config.get_password(), Some(&b"p@ss"[..]));
+        assert_eq!(password(&c), Some("p@ss"));
     }
 
     #[test]
@@ -874,6 +1278,7 @@ mod tests {
                 root_cert: Some("/r.pem".into()),
                 client_cert: Some("/c.pem".into()),
                 client_key: Some("/k.pem".into()),
+                plan: c.tls.plan.clone(),
             }
         );
         assert_eq!(
@@ -959,16 +1364,16 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(c.config.get_password(), Some(&b"first"[..]));
+        assert_eq!(password(&c), Some("first"));
         let c = resolve_with(Some("host=db user=u dbname=app"), &[("PGPASSFILE", f)]).unwrap();
-        assert_eq!(c.config.get_password(), Some(&b"first"[..]));
+        assert_eq!(password(&c), Some("first"));
         // An explicit password wins over the file.
         let c = resolve_with(
             Some("host=db user=u dbname=app password=given"),
             &[("PGPASSFILE", f)],
         )
         .unwrap();
-        assert_eq!(c.config.get_password(), Some(&b"given"[..]));
+        assert_eq!(password(&c), Some("given"));
         // Readable by others: ignored.
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(look("db", "5432", "app", "u"), None);
@@ -982,15 +1387,24 @@ mod tests {
             "mysql://u:hunter2@h/db",
             "postgres://u:hunter2@h:notaport/db",
             "postgres://postgres:hun/ter2@127.0.0.1/postgres",
-            "postgres://postgres:hun?ter2@127.0.0.1/postgres",
+            "postgres://u:hunter2@127.0.0.1/d?&&",
+            "postgres://u:hunter2@127.0.0.1/d?hunter2",
+            "host=h password=hunter2 hunter2",
+            "host=h password=hunter 2=x",
+            "host=h password=hunter2 sslmode=hunter2",
+            "host=h password=hunter2 connect_timeout=hunter2",
+            "host=h password=hunter2 target_session_attrs=hunter2",
             "host=h password=hunter2 frobnicate=1",
             "host=h password='hunter2",
         ] {
             let err = resolve_with(Some(bad), &[]).unwrap_err();
             let shown = crate::error::Chain(&err).to_string();
             assert!(shown.starts_with("invalid"), "{shown}");
-            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(!shown.contains("hunter"), "{shown}");
         }
+        // libpq takes a '?' in a URL's password as part of it.
+        let c = resolve_with(Some("postgres://u:hun?ter2@127.0.0.1/d"), &[]).unwrap();
+        assert_eq!(password(&c), Some("hun?ter2"));
     }
 
     #[test]

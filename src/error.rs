@@ -36,6 +36,26 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// The socket to one host of the list did not connect (refused, no route, a name that
+    /// does not resolve, a timeout); the next host is tried, as libpq does.
+    #[error("connect to {target}")]
+    Socket {
+        /// The redacted host, e.g. `host=db port=5432 dbname=app user=app`.
+        target: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A host answered but is not what `target_session_attrs` asks for.
+    #[error("connect to {target}: the server is not {wanted} (target_session_attrs)")]
+    NotSuitable {
+        /// The redacted host.
+        target: String,
+        /// `read-write`, `read-only`, `primary` or `standby`.
+        wanted: &'static str,
+    },
+
     /// The TLS settings cannot be used (a certificate file missing or malformed).
     #[error("TLS settings")]
     Tls(#[source] crate::tls::TlsError),

@@ -2,8 +2,10 @@
 //! by a standby's INFO line about the holder.
 //!
 //! A leaderrun session is named `leaderrun@HOST:PID` ([`crate::conninfo::default_application_name`])
-//! and, while it leads, its check statement starts with
-//! `/* leaderrun term=N since=TS fencing_token=T */`; both are read back here. Any other holder
+//! unless its settings name it otherwise (`PGAPPNAME`, `application_name`), and every statement
+//! it sends on its lock session carries `/* by=HOST:PID */` ([`identity_comment`]) after its
+//! leading comment (while it leads: `/* leaderrun term=N since=TS fencing_token=T */`), so it is
+//! known whatever its application name; all of these are read back here. Any other holder
 //! (psql, the plexsphere API's own Elector) is a holder too, shown by its `application_name`.
 
 use std::fmt;
@@ -15,6 +17,35 @@ pub fn parse_application_name(name: &str) -> Option<(String, u32)> {
     let (host, pid) = rest.rsplit_once(':')?;
     let pid = pid.parse().ok()?;
     (!host.is_empty()).then(|| (host.to_owned(), pid))
+}
+
+/// The comment that names this process in every statement of its lock session:
+/// `/* by=HOST:PID */` (the host cut as in [`crate::conninfo::default_application_name`]).
+pub fn identity_comment() -> String {
+    let name = crate::conninfo::default_application_name();
+    format!(
+        "/* by={} */",
+        name.strip_prefix("leaderrun@").unwrap_or(&name)
+    )
+}
+
+/// The host and leaderrun pid an [`identity_comment`] in `query`'s leading comments names.
+pub fn parse_identity_comment(query: &str) -> Option<(String, u32)> {
+    // Only the leading comments: the rest is SQL text of ours, or a stranger's.
+    let head = &query[..query.len().min(400)];
+    let start = head.find("/* by=")? + "/* by=".len();
+    let rest = &head[start..];
+    let (host, pid) = rest[..rest.find(" */")?].rsplit_once(':')?;
+    let pid = pid.parse().ok()?;
+    (!host.is_empty() && !host.contains(char::is_whitespace)).then(|| (host.to_owned(), pid))
+}
+
+/// Who a session is, if it is a leaderrun: by its `application_name`, else by the
+/// [`identity_comment`] in its last statement (`pg_stat_activity.query`).
+pub fn identify(application_name: Option<&str>, query: Option<&str>) -> Option<(String, u32)> {
+    application_name
+        .and_then(parse_application_name)
+        .or_else(|| query.and_then(parse_identity_comment))
 }
 
 /// What the leader's check statement says about its term: `term`, `since`, `fencing_token`
@@ -44,10 +75,22 @@ pub fn parse_check_comment(query: &str) -> (Option<u64>, Option<String>, Option<
 pub struct Who<'a> {
     /// The session's `application_name`, when visible.
     pub application_name: Option<&'a str>,
+    /// Its last statement (`pg_stat_activity.query`), when visible: a leaderrun is known by
+    /// its [`identity_comment`] whatever its application name.
+    pub query: Option<&'a str>,
 }
 
 impl fmt::Display for Who<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some((host, pid)) = self.query.and_then(parse_identity_comment) {
+            if self
+                .application_name
+                .and_then(parse_application_name)
+                .is_none()
+            {
+                return write!(f, "leaderrun on {host} (pid {pid})");
+            }
+        }
         match self.application_name {
             Some(name) => match parse_application_name(name) {
                 Some((host, pid)) => write!(f, "leaderrun on {host} (pid {pid})"),
@@ -80,12 +123,26 @@ mod tests {
         let who = |name| {
             Who {
                 application_name: name,
+                query: None,
             }
             .to_string()
         };
         assert_eq!(who(Some("leaderrun@h:5")), "leaderrun on h (pid 5)");
         assert_eq!(who(Some("psql")), "not leaderrun: application_name=psql");
         assert_eq!(who(Some("")), "not leaderrun: no application_name");
+        // PGAPPNAME renamed it: its statements still say who it is.
+        let q = "/* leaderrun term=1 since=x fencing_token=2 */ /* by=web-1:42 */ SELECT 1";
+        let by_comment = Who {
+            application_name: Some("psqlish"),
+            query: Some(q),
+        };
+        assert_eq!(by_comment.to_string(), "leaderrun on web-1 (pid 42)");
+        assert_eq!(
+            identify(Some("psqlish"), Some(q)),
+            Some(("web-1".to_owned(), 42))
+        );
+        assert_eq!(identify(Some("psql"), Some("SELECT 1")), None);
+        assert!(parse_identity_comment(&identity_comment()).is_some());
     }
 
     #[test]

@@ -245,6 +245,7 @@ fn log_settings(settings: &Settings, command: &Command) {
                 mode = %mode,
                 database = %database,
                 database_from = %settings.database_from,
+                dsn_from = %settings.dsn_from,
                 server = %server,
                 application_name = %app,
                 lock = %settings.lock,

@@ -97,8 +97,9 @@ impl Standby {
         backend_pid: i32,
         application_name: Option<String>,
         client_addr: Option<String>,
+        query: Option<&str>,
     ) -> Self {
-        let (host, leaderrun_pid) = who(application_name.as_deref());
+        let (host, leaderrun_pid) = who(application_name.as_deref(), query);
         Standby {
             backend_pid,
             queued: false,
@@ -172,7 +173,7 @@ const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
 
 /// Standby sessions between their checks: their last statement carries
 /// [`standby_comment`](crate::elector::session::standby_comment). `$1`: the comment.
-const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, host(a.client_addr) \
+const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, host(a.client_addr), a.query \
      FROM pg_stat_activity a \
      WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() \
        AND starts_with(a.query, $1) \
@@ -180,9 +181,10 @@ const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, host(a.client_addr
 
 use crate::holder::parse_check_comment;
 
-/// `leaderrun@HOST:PID` split, when it is one.
-fn who(application_name: Option<&str>) -> (Option<String>, Option<u32>) {
-    match application_name.and_then(crate::holder::parse_application_name) {
+/// The host and pid of a leaderrun session: from `leaderrun@HOST:PID`, else from the
+/// identity comment of its last statement ([`crate::holder::identify`]).
+fn who(application_name: Option<&str>, query: Option<&str>) -> (Option<String>, Option<u32>) {
+    match crate::holder::identify(application_name, query) {
         Some((host, pid)) => (Some(host), Some(pid)),
         None => (None, None),
     }
@@ -252,7 +254,8 @@ pub async fn report(
         let pid: i32 = row.get(0);
         let granted: bool = row.get(1);
         let application_name: Option<String> = row.get(2);
-        let (host, leaderrun_pid) = who(application_name.as_deref());
+        let activity: Option<&str> = row.get(6);
+        let (host, leaderrun_pid) = who(application_name.as_deref(), activity);
         let class: u32 = row.get(9);
         let objsubid: i16 = row.get(10);
         if !granted {
@@ -290,7 +293,7 @@ pub async fn report(
         let standby = match in_line.iter_mut().find(|s| s.backend_pid == pid) {
             Some(standby) => standby,
             None => {
-                in_line.push(Standby::seen(pid, application_name, row.get(3)));
+                in_line.push(Standby::seen(pid, application_name, row.get(3), activity));
                 in_line.last_mut().expect("just pushed")
             }
         };
@@ -314,7 +317,7 @@ pub async fn report(
         if leaders.contains(&pid) || standbys.iter().any(|s| s.backend_pid == pid) {
             continue;
         }
-        standbys.push(Standby::seen(pid, row.get(1), row.get(2)));
+        standbys.push(Standby::seen(pid, row.get(1), row.get(2), row.get(3)));
     }
     let leader = slot_leaders.iter().find_map(|s| s.leader.clone());
     Ok(Report {
@@ -342,6 +345,7 @@ impl Leader {
     fn lines(&self, out: &mut String) {
         let who = crate::holder::Who {
             application_name: self.application_name.as_deref(),
+            query: None,
         };
         match (&self.host, self.leaderrun_pid) {
             (Some(host), Some(pid)) => {
@@ -426,6 +430,7 @@ impl Report {
                 (Some(host), Some(pid)) => format!("{host}, leaderrun pid {pid}"),
                 _ => crate::holder::Who {
                     application_name: w.application_name.as_deref(),
+                    query: None,
                 }
                 .to_string(),
             };
@@ -576,7 +581,18 @@ pub fn step_down_main(
         let outcome = loop {
             let now = report(&client, &server, lock, slots, bound).await?;
             match &leader_of(now) {
-                Some(l) if l.application_name != old.application_name => break Some(l.clone()),
+                // Another replica: by leaderrun's identity when both are known (their
+                // application names may be alike, e.g. from PGAPPNAME), else by name.
+                Some(l)
+                    if match (l.leaderrun_pid, old.leaderrun_pid) {
+                        (Some(_), Some(_)) => {
+                            (&l.host, l.leaderrun_pid) != (&old.host, old.leaderrun_pid)
+                        }
+                        _ => l.application_name != old.application_name,
+                    } =>
+                {
+                    break Some(l.clone())
+                }
                 Some(_) if released => break None,
                 Some(_) => {}
                 None => released = true,
@@ -876,8 +892,13 @@ pub async fn findings(
                     "{} is held by backend {} ({})",
                     r.lock,
                     l.pid,
-                    crate::holder::Who {
-                        application_name: l.application_name.as_deref()
+                    match (&l.host, l.leaderrun_pid) {
+                        (Some(host), Some(pid)) => format!("leaderrun on {host} (pid {pid})"),
+                        _ => crate::holder::Who {
+                            application_name: l.application_name.as_deref(),
+                            query: None,
+                        }
+                        .to_string(),
                     }
                 ),
                 None => format!("nobody holds {} right now", r.lock),

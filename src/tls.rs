@@ -73,6 +73,9 @@ pub struct TlsSettings {
     pub client_cert: Option<PathBuf>,
     /// `sslkey`: PEM private key of the client certificate.
     pub client_key: Option<PathBuf>,
+    /// Where to connect, host by host, with each host's password: TLS is decided per host
+    /// (never on a Unix socket), so the plan travels with the TLS settings.
+    pub plan: crate::conninfo::ConnectPlan,
 }
 
 /// Why a TLS configuration could not be built.
@@ -326,6 +329,7 @@ where
         Ok(RustlsConnect {
             name,
             connector: tokio_rustls::TlsConnector::from(self.config.clone()),
+            started: None,
         })
     }
 }
@@ -334,6 +338,16 @@ where
 pub struct RustlsConnect {
     name: ServerName<'static>,
     connector: tokio_rustls::TlsConnector,
+    started: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl RustlsConnect {
+    /// Sets `flag` once the server agreed to TLS and the handshake began, so that a caller
+    /// can tell a refusal over TLS from one in plaintext (libpq's `sslmode=prefer` retry).
+    pub fn noting_start(mut self, flag: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.started = Some(flag);
+        self
+    }
 }
 
 impl<S> TlsConnect<S> for RustlsConnect
@@ -346,6 +360,9 @@ where
 
     fn connect(self, stream: S) -> Self::Future {
         Box::pin(async move {
+            if let Some(flag) = &self.started {
+                flag.store(true, std::sync::atomic::Ordering::Release);
+            }
             let stream = self.connector.connect(self.name, stream).await?;
             Ok(RustlsStream(Box::new(stream)))
         })

@@ -121,7 +121,7 @@ fn once_against_an_unreachable_database_is_an_error() {
     let mut cmd = leaderrun();
     cmd.args([
         "--dsn",
-        "host=127.0.0.1 port=1 user=postgres",
+        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
         "--once",
         "--",
         "true",
@@ -135,15 +135,18 @@ fn once_against_an_unreachable_database_is_an_error() {
     );
     // --wait too, once the wait is over.
     let mut cmd = leaderrun();
-    cmd.args(["--dsn", "host=127.0.0.1 port=1 user=postgres"])
-        .args([
-            "--check-interval",
-            INTERVAL,
-            "--wait",
-            "600ms",
-            "--",
-            "true",
-        ]);
+    cmd.args([
+        "--dsn",
+        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
+    ])
+    .args([
+        "--check-interval",
+        INTERVAL,
+        "--wait",
+        "600ms",
+        "--",
+        "true",
+    ]);
     let mut wait = Replica::spawn(cmd);
     assert_eq!(wait.wait_exit(secs(10.0)).code(), Some(125));
 }

@@ -195,7 +195,7 @@ fn probes_before_the_first_check_and_when_the_loop_is_stuck() {
     let mut cmd = leaderrun();
     cmd.args([
         "--dsn",
-        &format!("host=127.0.0.1 port={port} user=postgres connect_timeout=20"),
+        &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=20"),
     ])
     .args([
         "--check-interval",
@@ -314,7 +314,11 @@ fn status_shows_the_leader_or_none() {
     assert_eq!(scratch.starts().len(), 1);
 
     let unreachable = leaderrun()
-        .args(["status", "--dsn", "host=127.0.0.1 port=1 user=postgres"])
+        .args([
+            "status",
+            "--dsn",
+            "host=127.0.0.1 port=1 user=postgres dbname=postgres",
+        ])
         .output()
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(125));
@@ -385,7 +389,11 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
     assert!(scratch.starts().is_empty());
 
     let unreachable = leaderrun()
-        .args(["doctor", "--dsn", "host=127.0.0.1 port=1 user=postgres"])
+        .args([
+            "doctor",
+            "--dsn",
+            "host=127.0.0.1 port=1 user=postgres dbname=postgres",
+        ])
         .output()
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(125));

@@ -303,7 +303,7 @@ fn a_connection_failure_is_printed_once() {
     let mut cmd = leaderrun();
     cmd.args([
         "--dsn",
-        "host=127.0.0.1 port=1 user=postgres",
+        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
         "--once",
         "--",
         "true",
@@ -320,15 +320,18 @@ fn a_connection_failure_is_printed_once() {
     );
     // --wait: each failed try is one WARN with its cause; the verdict does not repeat it.
     let mut cmd = leaderrun();
-    cmd.args(["--dsn", "host=127.0.0.1 port=1 user=postgres"])
-        .args([
-            "--check-interval",
-            INTERVAL,
-            "--wait",
-            "500ms",
-            "--",
-            "true",
-        ]);
+    cmd.args([
+        "--dsn",
+        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
+    ])
+    .args([
+        "--check-interval",
+        INTERVAL,
+        "--wait",
+        "500ms",
+        "--",
+        "true",
+    ]);
     let mut wait = Replica::spawn(cmd);
     assert_eq!(wait.wait_exit(secs(10.0)).code(), Some(125));
     let log = wait.log();

@@ -5,8 +5,10 @@ mod support;
 
 mod binary;
 mod child;
+mod connecting;
 mod docs;
 mod election;
+mod libpq;
 mod modes;
 mod operate;
 mod operator;

@@ -115,3 +115,28 @@ fn client_certificate_authentication() {
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(text.contains("the session is encrypted (TLS)"), "{text}");
 }
+
+#[test]
+fn prefer_asks_again_in_plaintext_when_the_server_refuses_tls_as_libpq_does() {
+    let cluster = Cluster::start_private();
+    cluster.enable_tls();
+    cluster.sql("CREATE ROLE plainuser LOGIN SUPERUSER");
+    // This role may log in without TLS only.
+    cluster.prepend_hba(
+        "hostssl all plainuser 127.0.0.1/32 reject\nhost all plainuser 127.0.0.1/32 trust",
+    );
+    let port = cluster.addr().port();
+    for (mode, code) in [("prefer", 0), ("disable", 0), ("require", 125)] {
+        let dsn =
+            format!("host=127.0.0.1 port={port} user=plainuser dbname=postgres sslmode={mode}");
+        let psql = std::process::Command::new(cluster.psql_path())
+            .env_clear()
+            .env("HOME", "/nonexistent")
+            .args(["-X", "-w", "-q", "-c", "select 1", "-d", &dsn])
+            .output()
+            .unwrap();
+        assert_eq!(psql.status.success(), code == 0, "psql {mode}: {psql:?}");
+        let (got, stderr) = once(&dsn);
+        assert_eq!(got, Some(code), "{mode}: {stderr}");
+    }
+}

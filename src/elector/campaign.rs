@@ -10,7 +10,7 @@ use tracing::{debug, error, info, warn};
 
 use super::metrics::demotion_cause;
 use super::session::{
-    boottime, connect, find_socket, session_closed, standby_comment, wait_sql, within, Session,
+    boottime, connect, session_closed, socket_of, standby_comment, wait_sql, within, Session,
 };
 use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
@@ -348,7 +348,11 @@ impl Campaign<'_> {
         let id = lock.id as u32;
         // The standby comment first: this is the session's last statement until its next
         // check, and `leaderrun status` finds standbys by it.
-        let sql = format!("{} {HOLDER_SQL}", standby_comment(lock));
+        let sql = format!(
+            "{} {} {HOLDER_SQL}",
+            standby_comment(lock),
+            crate::holder::identity_comment()
+        );
         let rows = match session.client.as_ref() {
             Some(client) => {
                 within(
@@ -386,6 +390,7 @@ impl Campaign<'_> {
             let (_, since, _) = crate::holder::parse_check_comment(query.as_deref().unwrap_or(""));
             let who = crate::holder::Who {
                 application_name: application_name.as_deref(),
+                query: query.as_deref(),
             };
             let since = match (since, backend_start) {
                 (Some(since), _) => format!("leading since {since}"),
@@ -589,7 +594,10 @@ impl Campaign<'_> {
         let seen: Option<(String, i32)> = row
             .get::<_, Option<String>>(3)
             .zip(row.get::<_, Option<i32>>(4));
-        let socket = find_socket(&config.connect, seen.as_ref());
+        let socket = self
+            .session
+            .as_ref()
+            .map(|s| socket_of(s.fd, seen.as_ref()));
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing (FIELD-NOTES PostgreSQL 8). A direct TCP
         // connection, whose local address and port are the ones the server sees, cannot be a
@@ -622,9 +630,10 @@ impl Campaign<'_> {
         // The comment is what `leaderrun status` reads back from pg_stat_activity.query; every
         // value in it is a number or a timestamp we formatted.
         let check_sql = format!(
-            "/* leaderrun term={number} since={} fencing_token={} */ {LOCK_ROW_SQL}",
+            "/* leaderrun term={number} since={} fencing_token={} */ {} {LOCK_ROW_SQL}",
             humantime::format_rfc3339_seconds(lease.granted_at),
-            lease.fencing_token
+            lease.fencing_token,
+            crate::holder::identity_comment()
         );
         // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
         // before anything can run under the term. A first grant before the watchdog is up

@@ -95,8 +95,9 @@ pub trait SessionKeeper: Send + Sync + std::fmt::Debug {
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Connection settings of the one session the lock is tried and held on (instead of the
-    /// seed's pool). Its `connect_timeout`, when set, bounds connecting and every standby
-    /// statement; otherwise the check interval does (contract §8).
+    /// seed's pool). Its `connect_timeout`, when set, bounds each host's connect attempt and
+    /// every standby statement; otherwise the check interval does (contract §8). The hosts,
+    /// their passwords and `target_session_attrs` are in [`Config::tls`]'s plan.
     pub connect: tokio_postgres::Config,
     /// TLS: libpq's `sslmode` (including `verify-ca`/`verify-full`) and certificates. Default:
     /// `prefer`, as libpq.
@@ -209,8 +210,8 @@ impl Config {
             .unwrap_or(self.effective_check_interval() * 4)
     }
 
-    /// Bound on connecting and on a standby's statements: the DSN's `connect_timeout` when
-    /// set, else the check interval (contract §8).
+    /// Bound on each host's connect attempt and on a standby's statements: the DSN's
+    /// `connect_timeout` when set, else the check interval (contract §8).
     pub fn io_bound(&self) -> Duration {
         self.connect
             .get_connect_timeout()

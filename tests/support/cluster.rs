@@ -591,6 +591,14 @@ impl Cluster {
         Some(Certs { dir })
     }
 
+    /// Puts `lines` at the top of pg_hba.conf and reloads.
+    pub fn prepend_hba(&self, lines: &str) {
+        let hba_path = self.data().join("pg_hba.conf");
+        let hba = std::fs::read_to_string(&hba_path).unwrap();
+        std::fs::write(&hba_path, format!("{lines}\n{hba}")).unwrap();
+        assert_eq!(self.sql("SELECT pg_reload_conf()"), ["t"]);
+    }
+
     /// Makes role `user` log in over TCP with `password` only (SCRAM), as a production
     /// server would; the other roles keep trust. Reloads, no restart.
     pub fn require_password(&self, user: &str, password: &str) {

@@ -1,0 +1,329 @@
+//! Connecting as libpq does, through the binary and the library against a real PostgreSQL:
+//! failover past a hung host within its `connect_timeout`, `target_session_attrs`, the
+//! database that some setting must name, and passwords that no error carries.
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use crate::libpq::Fake;
+use crate::support::proxy::Proxy;
+use crate::support::{leaderrun, unique_lock_id, Cluster};
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_hung_first_host_fails_over_within_its_connect_timeout() {
+    let cluster = Cluster::shared();
+    // The old primary accepts the connection and never answers.
+    let hung = Proxy::start(cluster.addr());
+    hung.blackhole();
+    let dsn = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres connect_timeout=2",
+        hung.port(),
+        cluster.addr().port()
+    );
+    let started = Instant::now();
+    let out = leaderrun()
+        .args([
+            "--once",
+            "--dsn",
+            &dsn,
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // One connect_timeout on the first host, then the second leads at once.
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_millis(4500),
+        "led after {took:?}: {}",
+        text(&out)
+    );
+}
+
+#[test]
+fn target_session_attrs_have_libpq_14_meanings() {
+    // A primary whose sessions are read-only by default is still a primary.
+    let cluster = Cluster::shared();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (attrs, suits) in [
+        ("any", true),
+        ("primary", true),
+        ("read-only", true),
+        ("prefer-standby", true),
+        ("read-write", false),
+        ("standby", false),
+    ] {
+        let dsn = format!(
+            "{} options='-c default_transaction_read_only=on' target_session_attrs={attrs}",
+            cluster.dsn()
+        );
+        let settings = leaderrun::conninfo::resolve(Some(&dsn), &|_| None).unwrap();
+        let result = rt.block_on(leaderrun::elector::connect(
+            &settings.config,
+            &settings.tls,
+            "test",
+            Duration::from_secs(5),
+        ));
+        match result {
+            Ok(_) => assert!(suits, "{attrs}: connected"),
+            Err(err) => {
+                let shown = leaderrun::Chain(&err).to_string();
+                assert!(!suits, "{attrs}: {shown}");
+                assert!(
+                    shown.contains(&format!("the server is not {attrs}")),
+                    "{attrs}: {shown}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_run_needs_a_setting_that_names_the_database() {
+    let cluster = Cluster::shared();
+    let port = cluster.addr().port().to_string();
+    let id = unique_lock_id().to_string();
+    let scratch = tempfile::tempdir().unwrap();
+    let services = scratch.path().join("services");
+    std::fs::write(
+        &services,
+        format!("[named]\nhost=127.0.0.1\nport={port}\nuser=postgres\ndbname=postgres\n[unnamed]\nhost=127.0.0.1\nport={port}\nuser=postgres\n"),
+    )
+    .unwrap();
+    let run = |dsn: Option<&str>, env: &[(&str, &str)]| {
+        let mut cmd = leaderrun();
+        cmd.args(["-v", "--once", "--lock-id", &id]);
+        if let Some(dsn) = dsn {
+            cmd.args(["--dsn", dsn]);
+        }
+        cmd.env("PGSERVICEFILE", &services)
+            .env("PGSYSCONFDIR", scratch.path())
+            .envs(env.iter().copied());
+        let out = cmd.args(["--", "true"]).output().unwrap();
+        (out.status.code(), text(&out))
+    };
+    let no_db = format!("host=127.0.0.1 port={port} user=postgres");
+    let pg = [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", port.as_str()),
+        ("PGUSER", "postgres"),
+    ];
+    for (dsn, env) in [
+        (Some(no_db.as_str()), vec![]),
+        (None, pg.to_vec()),
+        // An empty LEADERRUN_DSN is not a setting, nor an empty PGDATABASE.
+        (None, [pg.to_vec(), vec![("LEADERRUN_DSN", "")]].concat()),
+        (None, [pg.to_vec(), vec![("PGDATABASE", "")]].concat()),
+        (Some("service=unnamed"), vec![]),
+    ] {
+        let (code, out) = run(dsn, &env);
+        assert_eq!(code, Some(125), "{dsn:?} {env:?}: {out}");
+        assert!(
+            out.contains("no setting names the database")
+                && out.contains("PGDATABASE")
+                && out.contains("dbname"),
+            "{out}"
+        );
+    }
+    let with_db = format!("{no_db} dbname=postgres");
+    for (dsn, env, from) in [
+        (Some(with_db.as_str()), vec![], "dsn_from=--dsn"),
+        (
+            None,
+            [pg.to_vec(), vec![("PGDATABASE", "postgres")]].concat(),
+            "dsn_from=PG*",
+        ),
+        (
+            None,
+            vec![("LEADERRUN_DSN", with_db.as_str())],
+            "dsn_from=LEADERRUN_DSN",
+        ),
+        (
+            None,
+            vec![("LEADERRUN_DSN", ""), ("PLEXSPHERE_DSN", with_db.as_str())],
+            "dsn_from=PLEXSPHERE_DSN",
+        ),
+        (
+            None,
+            vec![("DATABASE_URL", with_db.as_str())],
+            "dsn_from=DATABASE_URL",
+        ),
+        (Some("service=named"), vec![], "dsn_from=--dsn"),
+        (None, vec![("PGSERVICE", "named")], "dsn_from=PG*"),
+    ] {
+        let (code, out) = run(dsn, &env);
+        assert_eq!(code, Some(0), "{dsn:?} {env:?}: {out}");
+        let start = out
+            .lines()
+            .find(|l| l.contains("campaigning for"))
+            .unwrap_or_else(|| panic!("no start line: {out}"));
+        assert!(start.contains(from), "{from}: {start}");
+    }
+}
+
+/// Every run of 4 characters of `password`.
+fn fragments(password: &str) -> Vec<String> {
+    let chars: Vec<char> = password.chars().collect();
+    chars
+        .windows(4)
+        .map(|w| w.iter().collect::<String>())
+        .collect()
+}
+
+/// A DSN, variables, and the password it carries.
+type Input<'a> = (String, Vec<(&'a str, String)>, &'a str);
+
+#[test]
+fn no_error_carries_any_part_of_a_password() {
+    let fake = Fake::start();
+    let dir = fake.dir.path().to_owned();
+    let (a, r) = (fake.a, fake.r);
+    let pgpass = dir.join("pgpass");
+    std::fs::write(&pgpass, "*:*:*:*:Pf7Kq2Wv\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let services = dir.join("services");
+    std::fs::write(
+        &services,
+        format!("[bad]\nhost=127.0.0.1\nport={a}\ndbname=d\npassword=Sv3Xn8Lq\nSv3Xn8Lq\n[badkey]\npassword=Kb4Rt7Zm\nKb4Rt7Zm=1\n"),
+    )
+    .unwrap();
+    // (DSN, environment, password): each goes through a different error path.
+    let cases: Vec<Input> = vec![
+        // Malformed URLs and DSNs around a password.
+        ("postgresql://u:Qz8?Vk3w@127.0.0.1:notaport/d".to_owned(), vec![], "Qz8?Vk3w"),
+        (format!("postgresql://u:Hy6Tm4Rc@127.0.0.1:{a}/d?&&x=1"), vec![], "Hy6Tm4Rc"),
+        (format!("postgresql://u:Jw2Np9Ds@127.0.0.1:{a}/d?Jw2Np9Ds"), vec![], "Jw2Np9Ds"),
+        (format!("postgresql://u:Lm5%zzBx@127.0.0.1:{a}/d"), vec![], "Lm5%zzBx"),
+        (format!("postgresql://u:Ce7Gh3Ua@127.0.0.1:{a}/d?Ce7Gh3Ua=1"), vec![], "Ce7Gh3Ua"),
+        (format!("postgresql://u:Fo1Ij5Ye@127.0.0.1:{a}/d?sslmode=Fo1Ij5Ye"), vec![], "Fo1Ij5Ye"),
+        (format!("host=127.0.0.1 port={a} user=u dbname=d password=Tq4 Wz6Ep"), vec![], "Tq4 Wz6Ep"),
+        (format!("host=127.0.0.1 port={a} user=u dbname=d password=Nu8Ak2Ho Nu8Ak2Ho=x"), vec![], "Nu8Ak2Ho"),
+        (format!("host=127.0.0.1 port={a} user=u dbname=d password='Rb3Ys7Mi"), vec![], "Rb3Ys7Mi"),
+        (format!("host=127.0.0.1 port={a} user=u dbname=d password=Gd9Vc1Pt connect_timeout=Gd9Vc1Pt"), vec![], "Gd9Vc1Pt"),
+        ("host=127.0.0.1 port=Xe5Bl8Qo user=u dbname=d password=Xe5Bl8Qo".to_owned(), vec![], "Xe5Bl8Qo"),
+        (format!("host=127.0.0.1 port={a} user=u dbname=d password=Wa2Ku6Zr hostaddr=Wa2Ku6Zr"), vec![], "Wa2Ku6Zr"),
+        ("service=bad".to_owned(), vec![("PGSERVICEFILE", services.display().to_string())], "Sv3Xn8Lq"),
+        ("service=badkey".to_owned(), vec![("PGSERVICEFILE", services.display().to_string())], "Kb4Rt7Zm"),
+        // Nothing listens.
+        (format!("host=127.0.0.1 port={r} user=u dbname=d password=Ob6Dj3Wn"), vec![], "Ob6Dj3Wn"),
+        (format!("postgresql://u:Ip4%3FEs9@127.0.0.1:{r}/d"), vec![], "Ip4?Es9"),
+        // The server refuses the password (explicit, PGPASSWORD, .pgpass).
+        (format!("postgresql://u:Uh8?Ml2Ta@127.0.0.1:{a}/d"), vec![], "Uh8?Ml2Ta"),
+        (format!("host=127.0.0.1 port={a} user=u dbname=d"), vec![("PGPASSWORD", "Yc5Nf1Gs".to_owned())], "Yc5Nf1Gs"),
+        (format!("host=127.0.0.1 port={a} user=u dbname=d"), vec![("PGPASSFILE", pgpass.display().to_string())], "Pf7Kq2Wv"),
+    ];
+    let mut checked = 0;
+    for (dsn, env, password) in &cases {
+        for args in [
+            vec!["--once", "--", "true"],
+            vec!["status"],
+            vec!["doctor"],
+            vec!["step-down"],
+        ] {
+            for via_env in [false, true] {
+                let mut cmd = leaderrun();
+                cmd.env("HOME", &dir).env("PGSYSCONFDIR", &dir);
+                for (k, v) in env {
+                    cmd.env(k, v);
+                }
+                if via_env {
+                    cmd.env("LEADERRUN_DSN", dsn);
+                } else {
+                    cmd.args(["--dsn", dsn]);
+                }
+                let out = cmd.args(["-vv"]).args(&args).output().unwrap();
+                let shown = text(&out);
+                assert_ne!(out.status.code(), Some(0), "{dsn} {args:?}: {shown}");
+                for part in fragments(password) {
+                    assert!(
+                        !shown.contains(&part),
+                        "{args:?} with {dsn:?} shows {part:?} of the password:\n{shown}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    // The server saw the refused passwords whole: they were sent, and not shown.
+    let seen = fake.passwords();
+    for password in ["Uh8?Ml2Ta", "Yc5Nf1Gs", "Pf7Kq2Wv"] {
+        assert!(
+            seen.iter().any(|(_, p)| p.as_deref() == Some(password)),
+            "{password} never reached the server: {seen:?}"
+        );
+    }
+    assert_eq!(checked, cases.len() * 8);
+}
+
+#[test]
+fn leaderrun_knows_its_sessions_whatever_their_application_name() {
+    use crate::support::{wait_for, Replica};
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let start = || {
+        let mut cmd = leaderrun();
+        cmd.env("PGAPPNAME", "psqlish")
+            .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+            .args(["--check-interval", "1s", "--", "sleep", "60"]);
+        Replica::spawn(cmd)
+    };
+    let leader = start();
+    leader.wait_log(
+        "background leader lock acquired",
+        1,
+        Duration::from_secs(10),
+    );
+    let standby = start();
+    wait_for(
+        "the standby in the lock queue",
+        Duration::from_secs(10),
+        || (cluster.waiters(id) == 1).then_some(()),
+    );
+    let out = crate::support::status(cluster, id, true);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let l = &report["leader"];
+    assert_eq!(l["application_name"], "psqlish", "{report}");
+    assert_eq!(l["leaderrun"], true, "{report}");
+    assert_eq!(l["leaderrun_pid"], leader.pid(), "{report}");
+    let s = &report["standbys"][0];
+    assert_eq!(s["leaderrun"], true, "{report}");
+    assert_eq!(s["leaderrun_pid"], standby.pid(), "{report}");
+    let table =
+        String::from_utf8_lossy(&crate::support::status(cluster, id, false).stdout).into_owned();
+    assert!(
+        table.contains(&format!("leaderrun pid {}", leader.pid())),
+        "{table}"
+    );
+    let out = leaderrun()
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id.to_string(),
+            "step-down",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    standby.wait_log(
+        "background leader lock acquired",
+        1,
+        Duration::from_secs(10),
+    );
+}

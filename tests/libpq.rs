@@ -1,0 +1,1044 @@
+//! Differential test of connecting: every input goes through libpq itself (psql, libpq 15)
+//! and through leaderrun's resolver and connector, both against a fake server that records
+//! where each client went, whether it asked for TLS, the startup parameters it sent and the
+//! password, then refuses. The two records must be equal, case by case; a case that one of
+//! them refuses and the other does not is a difference too.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What one connection to the fake server carried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Visit {
+    /// Which listener: `A`, `B` (TCP, answering), `H` (TCP, hangs), `SA`, `SB` (Unix sockets
+    /// of port A and B).
+    at: &'static str,
+    /// The SSLRequest came (the server answered `N`).
+    ssl: bool,
+    /// Startup parameters but application_name (libpq names psql; leaderrun itself) and
+    /// client_encoding (psql sends none; tokio-postgres sends UTF8).
+    params: BTreeMap<String, String>,
+    /// The cleartext password sent, if any.
+    password: Option<String>,
+}
+
+type Log = Arc<Mutex<Vec<Visit>>>;
+
+fn read_message(stream: &mut impl Read) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).ok()?;
+    let len = u32::from_be_bytes(len) as usize;
+    if !(4..=100_000).contains(&len) {
+        return None;
+    }
+    let mut body = vec![0; len - 4];
+    stream.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+/// Serves one client: answers `N` to SSLRequest/GSSENCRequest, asks for a cleartext
+/// password after the startup packet, records, then refuses. `hang`: record the first
+/// message and answer nothing.
+fn serve(mut stream: impl Read + Write, at: &'static str, hang: bool, log: &Log) {
+    let mut visit = Visit {
+        at,
+        ssl: false,
+        params: BTreeMap::new(),
+        password: None,
+    };
+    let startup = loop {
+        let Some(body) = read_message(&mut stream) else {
+            if visit.ssl {
+                log.lock().unwrap().push(visit);
+            }
+            return;
+        };
+        if body.len() < 4 {
+            return;
+        }
+        let code = u32::from_be_bytes(body[..4].try_into().unwrap());
+        match code {
+            80_877_103 | 80_877_104 => {
+                visit.ssl |= code == 80_877_103;
+                if hang {
+                    log.lock().unwrap().push(visit);
+                    let mut sink = [0u8; 64];
+                    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+                    return;
+                }
+                if stream.write_all(b"N").is_err() {
+                    return;
+                }
+            }
+            _ => break body,
+        }
+    };
+    let fields: Vec<&[u8]> = startup[4..].split(|b| *b == 0).collect();
+    for pair in fields.chunks(2) {
+        if let [k, v] = pair {
+            if k.is_empty() {
+                break;
+            }
+            let k = String::from_utf8_lossy(k).into_owned();
+            if k != "application_name" && k != "client_encoding" {
+                visit
+                    .params
+                    .insert(k, String::from_utf8_lossy(v).into_owned());
+            }
+        }
+    }
+    if hang {
+        log.lock().unwrap().push(visit);
+        let mut sink = [0u8; 64];
+        while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+        return;
+    }
+    // AuthenticationCleartextPassword.
+    let _ = stream.write_all(&[b'R', 0, 0, 0, 8, 0, 0, 0, 3]);
+    let _ = stream.flush();
+    let mut tag = [0u8; 1];
+    if stream.read_exact(&mut tag).is_ok() && tag[0] == b'p' {
+        if let Some(body) = read_message(&mut stream) {
+            let end = body.iter().position(|b| *b == 0).unwrap_or(body.len());
+            visit.password = Some(String::from_utf8_lossy(&body[..end]).into_owned());
+        }
+    }
+    log.lock().unwrap().push(visit);
+    let mut err = Vec::new();
+    let fields = b"SFATAL\0VFATAL\0C28P01\0Mpassword authentication failed\0\0";
+    err.push(b'E');
+    err.extend_from_slice(&((fields.len() + 4) as u32).to_be_bytes());
+    err.extend_from_slice(fields);
+    let _ = stream.write_all(&err);
+}
+
+/// The fake server of one case: three TCP listeners and two Unix sockets, and a port with
+/// nothing behind it.
+pub(crate) struct Fake {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) a: u16,
+    b: u16,
+    h: u16,
+    pub(crate) r: u16,
+    log: Log,
+    stop: Arc<AtomicBool>,
+    /// Connections accepted and not yet recorded.
+    busy: Arc<AtomicUsize>,
+}
+
+impl Fake {
+    pub(crate) fn start() -> Fake {
+        let dir = tempfile::Builder::new()
+            .prefix("lr-libpq")
+            .tempdir_in("/tmp")
+            .unwrap();
+        std::fs::create_dir(dir.path().join("s")).unwrap();
+        std::fs::create_dir(dir.path().join("home")).unwrap();
+        let log: Log = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = Arc::new(AtomicUsize::new(0));
+        let tcp = || TcpListener::bind("127.0.0.1:0").unwrap();
+        let (la, lb, lh) = (tcp(), tcp(), tcp());
+        let port = |l: &TcpListener| l.local_addr().unwrap().port();
+        let (a, b, h) = (port(&la), port(&lb), port(&lh));
+        let r = port(&tcp());
+        for (listener, at, hang) in [(la, "A", false), (lb, "B", false), (lh, "H", true)] {
+            let (log, stop, busy) = (log.clone(), stop.clone(), busy.clone());
+            listener.set_nonblocking(true).unwrap();
+            std::thread::spawn(move || loop {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(false).unwrap();
+                        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+                        let (log, busy) = (log.clone(), busy.clone());
+                        busy.fetch_add(1, Ordering::SeqCst);
+                        std::thread::spawn(move || {
+                            serve(s, at, hang, &log);
+                            busy.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            });
+        }
+        for (p, at) in [(a, "SA"), (b, "SB")] {
+            let listener =
+                UnixListener::bind(dir.path().join("s").join(format!(".s.PGSQL.{p}"))).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            let (log, stop, busy) = (log.clone(), stop.clone(), busy.clone());
+            std::thread::spawn(move || loop {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(false).unwrap();
+                        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+                        let (log, busy) = (log.clone(), busy.clone());
+                        busy.fetch_add(1, Ordering::SeqCst);
+                        std::thread::spawn(move || {
+                            serve(s, at, false, &log);
+                            busy.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            });
+        }
+        Fake {
+            dir,
+            a,
+            b,
+            h,
+            r,
+            log,
+            stop,
+            busy,
+        }
+    }
+
+    fn expand(&self, text: &str) -> String {
+        text.replace("{A}", &self.a.to_string())
+            .replace("{B}", &self.b.to_string())
+            .replace("{H}", &self.h.to_string())
+            .replace("{R}", &self.r.to_string())
+            .replace("{S}", &self.dir.path().join("s").display().to_string())
+            .replace("{D}", &self.dir.path().display().to_string())
+    }
+
+    /// The visits so far (taken: the next call starts afresh), as `(listener, password)`.
+    pub(crate) fn passwords(&self) -> Vec<(&'static str, Option<String>)> {
+        self.take()
+            .into_iter()
+            .map(|v| (v.at, v.password))
+            .collect()
+    }
+
+    fn take(&self) -> Vec<Visit> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One input: a DSN (or none), variables, and files written into the case's directory
+/// (`{D}/pgpass` with mode 0600, `{D}/services`).
+#[derive(Clone, Debug, Default)]
+struct Case {
+    dsn: Option<String>,
+    env: Vec<(String, String)>,
+    pgpass: Option<String>,
+    services: Option<String>,
+    /// `{D}/pg_service.conf`, the system-wide file when `PGSYSCONFDIR={D}`.
+    sysconf: Option<String>,
+    /// `~/.pgpass` (mode 0600) and `~/.pg_service.conf` in the case's home directory.
+    home_pgpass: Option<String>,
+    home_services: Option<String>,
+    expect: Expect,
+}
+
+/// What the two records must show.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Expect {
+    /// The same visits.
+    #[default]
+    Same,
+    /// libpq connects; leaderrun refuses the input with this text in its error.
+    Refused(&'static str),
+    /// libpq 15 refuses (no visit); leaderrun connects, as libpq 16 does.
+    Libpq16,
+}
+
+fn case(dsn: &str) -> Case {
+    Case {
+        dsn: Some(dsn.to_owned()),
+        ..Case::default()
+    }
+}
+
+impl Case {
+    fn env(mut self, k: &str, v: &str) -> Case {
+        self.env.push((k.to_owned(), v.to_owned()));
+        self
+    }
+    fn pgpass(mut self, text: &str) -> Case {
+        self.pgpass = Some(text.to_owned());
+        self
+    }
+    fn services(mut self, text: &str) -> Case {
+        self.services = Some(text.to_owned());
+        self
+    }
+    /// A documented difference: libpq connects, leaderrun refuses with `why` in its error.
+    fn refused(mut self, why: &'static str) -> Case {
+        self.expect = Expect::Refused(why);
+        self
+    }
+    /// A documented difference: libpq 15 refuses a keyword of libpq 16 that leaderrun has.
+    fn libpq16(mut self) -> Case {
+        self.expect = Expect::Libpq16;
+        self
+    }
+}
+
+/// The environment both clients get: HOME and PGSYSCONFDIR in the case's directory (so the
+/// machine's own files play no part), the case's variables.
+fn environment(fake: &Fake, case: &Case) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("HOME".to_owned(), fake.expand("{D}/home")),
+        ("PGSYSCONFDIR".to_owned(), fake.expand("{D}/sysconf")),
+    ];
+    for (k, v) in &case.env {
+        env.retain(|(name, _)| name != k);
+        env.push((k.clone(), fake.expand(v)));
+    }
+    env
+}
+
+fn write_files(fake: &Fake, case: &Case) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(text) = &case.pgpass {
+        let path = fake.dir.path().join("pgpass");
+        std::fs::write(&path, fake.expand(text)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    if let Some(text) = &case.services {
+        std::fs::write(fake.dir.path().join("services"), fake.expand(text)).unwrap();
+    }
+    if let Some(text) = &case.home_pgpass {
+        let path = fake.dir.path().join("home/.pgpass");
+        std::fs::write(&path, fake.expand(text)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    if let Some(text) = &case.home_services {
+        std::fs::write(
+            fake.dir.path().join("home/.pg_service.conf"),
+            fake.expand(text),
+        )
+        .unwrap();
+    }
+    if let Some(text) = &case.sysconf {
+        std::fs::write(fake.dir.path().join("pg_service.conf"), fake.expand(text)).unwrap();
+    }
+}
+
+/// libpq's record: psql with the case's DSN and environment and nothing else.
+fn through_libpq(fake: &Fake, case: &Case) -> Vec<Visit> {
+    let mut cmd = Command::new("psql");
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .args(["-X", "-w", "-q", "-c", "select 1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (k, v) in environment(fake, case) {
+        cmd.env(k, v);
+    }
+    if let Some(dsn) = &case.dsn {
+        cmd.arg("-d").arg(fake.expand(dsn));
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "psql hangs on {case:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The server side records a visit after the client's last byte: give it a moment.
+    settle(fake)
+}
+
+/// The visits of the client that just finished: once every connection it opened is served
+/// (and the accept loops, which poll every 2 ms, have had time to see a last one).
+fn settle(fake: &Fake) -> Vec<Visit> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        while fake.busy.load(Ordering::SeqCst) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the fake server is still serving"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(Duration::from_millis(15));
+        if fake.busy.load(Ordering::SeqCst) == 0 {
+            return fake.take();
+        }
+    }
+}
+
+/// leaderrun's record: the resolver with the same DSN and environment, then its connector;
+/// and its error, if any, as it would be shown.
+fn through_leaderrun(
+    fake: &Fake,
+    case: &Case,
+    rt: &tokio::runtime::Runtime,
+) -> (Vec<Visit>, Option<String>) {
+    let env: BTreeMap<String, String> = environment(fake, case).into_iter().collect();
+    let lookup = |k: &str| env.get(k).cloned();
+    let dsn = case.dsn.as_ref().map(|d| fake.expand(d));
+    let settings = match leaderrun::conninfo::resolve(dsn.as_deref(), &lookup) {
+        Ok(settings) => settings,
+        Err(err) => return (settle(fake), Some(leaderrun::Chain(&err).to_string())),
+    };
+    let result = rt.block_on(leaderrun::elector::connect(
+        &settings.config,
+        &settings.tls,
+        "fake",
+        Duration::from_secs(10),
+    ));
+    let err = result.err().map(|e| leaderrun::Chain(&e).to_string());
+    (settle(fake), err)
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    let pw = "db:*:*:*:nope\n";
+    // --- hostaddr and sslmode: TLS is asked for on TCP whatever names the address.
+    for mode in ["", "disable", "allow", "prefer", "require"] {
+        let m = if mode.is_empty() {
+            String::new()
+        } else {
+            format!(" sslmode={mode}")
+        };
+        for form in [
+            "hostaddr=127.0.0.1 port={A} user=u dbname=d",
+            "host=db hostaddr=127.0.0.1 port={A} user=u dbname=d",
+            "host={S} hostaddr=127.0.0.1 port={A} user=u dbname=d",
+            "host=127.0.0.1 port={A} user=u dbname=d",
+            "host={S} port={A} user=u dbname=d",
+            "host=localhost port={A} user=u dbname=d",
+        ] {
+            out.push(case(&format!("{form}{m}")));
+        }
+        out.push(case(&format!(
+            "postgresql://u@/d?hostaddr=127.0.0.1&port={{A}}{}",
+            if mode.is_empty() {
+                String::new()
+            } else {
+                format!("&sslmode={mode}")
+            }
+        )));
+        out.push(
+            case("user=u dbname=d")
+                .env("PGHOSTADDR", "127.0.0.1")
+                .env("PGPORT", "{A}")
+                .env("PGSSLMODE", if mode.is_empty() { "prefer" } else { mode }),
+        );
+        out.push(
+            case("user=u dbname=d")
+                .env("PGHOST", "{S},127.0.0.1")
+                .env("PGPORT", "{A}")
+                .env("PGSSLMODE", if mode.is_empty() { "prefer" } else { mode }),
+        );
+    }
+    // --- PGREQUIRESSL, as libpq 15 reads it.
+    for (req, mode) in [
+        ("1", None),
+        ("0", None),
+        ("", None),
+        ("1", Some("disable")),
+        ("1", Some("prefer")),
+        ("0", Some("require")),
+        ("10", None),
+        ("yes", None),
+    ] {
+        let mut c = case("host=127.0.0.1 port={A} user=u dbname=d").env("PGREQUIRESSL", req);
+        if let Some(m) = mode {
+            c = c.env("PGSSLMODE", m);
+        }
+        out.push(c.clone());
+        let mut d = case("hostaddr=127.0.0.1 port={A} user=u dbname=d").env("PGREQUIRESSL", req);
+        if let Some(m) = mode {
+            d = d.env("PGSSLMODE", m);
+        }
+        out.push(d);
+    }
+    out.push(
+        case("host=127.0.0.1 port={A} user=u dbname=d sslmode=disable").env("PGREQUIRESSL", "1"),
+    );
+    // --- .pgpass, per host.
+    let passes = [
+        "127.0.0.1:{A}:d:u:pa\n",
+        "127.0.0.1:*:*:*:any\n",
+        "localhost:{A}:d:u:loc\n",
+        "{S}:{A}:d:u:sock\n",
+        "*:*:*:*:star\n",
+        "127.0.0.1:{B}:d:u:pb\n127.0.0.1:{A}:d:u:pa\n",
+        "127.0.0.1:{A}:d:u:first\n127.0.0.1:{A}:d:u:second\n",
+        "127.0.0.1:{A}:d:u:pa:with:colons\n",
+        "127.0.0.1:{A}:d:u:back\\\\slash\n",
+        "127.0.0.1:{A}:d:u:esc\\:colon\n",
+        "# comment\n127.0.0.1:{A}:d:u:aftercomment\n",
+        "\\*:*:*:*:literalstar\n",
+        "*:*:*:*:s\\*tar\n",
+        "127.0.0.1:{A}:d:u\n*:*:*:*:short\n",
+        "127.0.0.1:{A}:*:u:dbstar\n",
+        "127.0.0.1:{A}:d:*:userstar\n",
+        "127.0.0.1:{A}:D:u:case\n*:*:*:*:fallback\n",
+        "db:{A}:d:u:byname\n127.0.0.1:*:*:*:byaddr\n",
+        "   127.0.0.1:{A}:d:u:leading\n",
+        "127.0.0.1:{A}:d:u:\n*:*:*:*:after-empty\n",
+        pw,
+    ];
+    for pass in passes {
+        for dsn in [
+            "host=127.0.0.1 port={A} user=u dbname=d passfile={D}/pgpass",
+            "host={S} port={A} user=u dbname=d passfile={D}/pgpass",
+            "host=db hostaddr=127.0.0.1 port={A} user=u dbname=d passfile={D}/pgpass",
+            "host=localhost port={A} user=u dbname=d passfile={D}/pgpass sslmode=disable",
+            "host=127.0.0.1,{S} port={R},{A} user=u dbname=d passfile={D}/pgpass",
+            "host=127.0.0.1,127.0.0.1 port={R},{B} user=u dbname=d passfile={D}/pgpass",
+        ] {
+            out.push(case(dsn).pgpass(pass));
+        }
+        out.push(
+            case("host=127.0.0.1 port={A} user=u dbname=d")
+                .env("PGPASSFILE", "{D}/pgpass")
+                .pgpass(pass),
+        );
+    }
+    // Explicit passwords win over the file; an empty one.
+    for dsn in [
+        "host=127.0.0.1 port={A} user=u dbname=d password=given passfile={D}/pgpass",
+        "host=127.0.0.1 port={A} user=u dbname=d password='' passfile={D}/pgpass",
+        "postgresql://u:@127.0.0.1:{A}/d?passfile={D}/pgpass",
+        "postgresql://u:given@127.0.0.1:{A}/d?passfile={D}/pgpass",
+        "postgresql://u@127.0.0.1:{A}/d?passfile={D}/pgpass&password=q",
+    ] {
+        out.push(case(dsn).pgpass("*:*:*:*:file\n"));
+        out.push(
+            case(dsn)
+                .pgpass("*:*:*:*:file\n")
+                .env("PGPASSWORD", "envpw"),
+        );
+    }
+    // --- URL passwords and escapes.
+    for url in [
+        "postgresql://u:pa?ss@127.0.0.1:{A}/d",
+        "postgresql://u:pa%3Fss@127.0.0.1:{A}/d",
+        "postgresql://u:p%40ss@127.0.0.1:{A}/d",
+        "postgresql://u:p@ss@127.0.0.1:{A}/d",
+        "postgresql://u:p:ss@127.0.0.1:{A}/d",
+        "postgresql://u:p/ss@127.0.0.1:{A}/d",
+        "postgresql://u:p#ss@127.0.0.1:{A}/d",
+        "postgresql://u:p&ss@127.0.0.1:{A}/d",
+        "postgresql://u:p=ss@127.0.0.1:{A}/d",
+        "postgresql://u:p%zzss@127.0.0.1:{A}/d",
+        "postgresql://u:p%20ss@127.0.0.1:{A}/d",
+        "postgresql://u:%E2%82%AC@127.0.0.1:{A}/d",
+        "postgres://u:pw@127.0.0.1:{A}/d?sslmode=disable",
+        "postgresql://u%40x:pw@127.0.0.1:{A}/d",
+        "postgresql://127.0.0.1:{A}/d?user=u&password=pa%3Fss",
+        "postgresql://127.0.0.1:{A}/d?user=u&&password=x",
+        "postgresql://127.0.0.1:{A}/d?user=u&",
+        "postgresql://127.0.0.1:{A}/d?",
+        "postgresql://127.0.0.1:{A}/d?user",
+        "postgresql://127.0.0.1:{A}/d?user=u&user=v",
+        "postgresql://127.0.0.1:{A}/d?=x",
+        "postgresql://127.0.0.1:{A}/d%20b?user=u",
+        "postgresql://127.0.0.1:{A}/?user=u",
+        "postgresql://127.0.0.1:{A}?user=u&dbname=z",
+        "postgresql://127.0.0.1:{A}/d?user=u&port={B}",
+        "postgresql://127.0.0.1:{A}/d?user=u&host=127.0.0.1",
+        "postgresql://[::1]:{A}/d?user=u&hostaddr=127.0.0.1",
+        "postgresql://u@%2F{S}:{A}/d",
+        "postgresql://u@:{A}/d?host={S}",
+        "postgresql:///d?host={S}&port={A}&user=u",
+        "postgresql://u@127.0.0.1:{A},127.0.0.1:{B}/d",
+        "postgresql://u@127.0.0.1:{R},127.0.0.1:{B}/d",
+        "postgresql://u@127.0.0.1:{R},127.0.0.1/d?port={R},{B}",
+        "postgresql://u@127.0.0.1:{A}/d?options=-c%20x%3Dy",
+        "postgresql://u@127.0.0.1:{A}/d?application_name=mine",
+        "postgresql://u@127.0.0.1:{A}/d?connect_timeout=5",
+        "postgresql://u@127.0.0.1:{A}/d?bogus=1",
+        "postgresql://u@127.0.0.1:notaport/d",
+        "postgresql://u@127.0.0.1:{A}/d?sslmode=sometimes",
+        "postgresql://u@127.0.0.1:{A}/d?target_session_attrs=any",
+        "mysql://u@127.0.0.1:{A}/d",
+    ] {
+        out.push(case(url));
+        out.push(case(url).env("PGPASSWORD", "envpw"));
+    }
+    // --- Host lists: a hung first host, refused hosts, sockets in mixed lists.
+    for dsn in [
+        "host=127.0.0.1,127.0.0.1 port={H},{A} user=u dbname=d connect_timeout=2",
+        "host=127.0.0.1,127.0.0.1 port={H},{A} user=u dbname=d connect_timeout=1",
+        "host=127.0.0.1,127.0.0.1 port={H},{A} user=u dbname=d connect_timeout=2 sslmode=disable",
+        "host=127.0.0.1,{S} port={H},{A} user=u dbname=d connect_timeout=2",
+        "hostaddr=127.0.0.1,127.0.0.1 port={H},{B} user=u dbname=d connect_timeout=2",
+        "host=127.0.0.1,127.0.0.1,127.0.0.1 port={R},{H},{B} user=u dbname=d connect_timeout=2",
+        "postgresql://u@127.0.0.1:{H},127.0.0.1:{A}/d?connect_timeout=2",
+        "host=127.0.0.1,127.0.0.1 port={R},{A} user=u dbname=d",
+        "host=127.0.0.1,127.0.0.1 port={R},{R} user=u dbname=d",
+        "host=127.0.0.1,127.0.0.1 port={A} user=u dbname=d",
+        "host=127.0.0.1,127.0.0.1 port={A},{B},{A} user=u dbname=d",
+        "host=127.0.0.1, port={R},{A} user=u dbname=d",
+        "host=,127.0.0.1 port={R},{A} user=u dbname=d",
+        "host={S},127.0.0.1 port={A} user=u dbname=d sslmode=require",
+        "host={S},127.0.0.1 port={R},{A} user=u dbname=d sslmode=require",
+        "host={S},127.0.0.1 port={R},{A} user=u dbname=d sslmode=prefer",
+        "host={S},{S} port={R},{B} user=u dbname=d sslmode=require",
+        "host=127.0.0.1,{S} port={R},{B} user=u dbname=d sslmode=verify-full",
+        "host={S} port={B} user=u dbname=d sslmode=verify-full",
+        "host={S} port={B} user=u dbname=d sslmode=verify-ca",
+        "hostaddr=127.0.0.1,127.0.0.1 port={R},{A} user=u dbname=d",
+        "hostaddr=127.0.0.1, port={R},{A} user=u dbname=d",
+        "host=x,y hostaddr=127.0.0.1,127.0.0.1 port={R},{A} user=u dbname=d",
+        "host=x,{S} hostaddr=127.0.0.1, port={R},{A} user=u dbname=d",
+        "host=x hostaddr=127.0.0.1,127.0.0.1 port={A} user=u dbname=d",
+        "hostaddr=notanip port={A} user=u dbname=d",
+        "host=127.0.0.1 port={A},{B} user=u dbname=d",
+        "host=127.0.0.1 port=' {A}' user=u dbname=d",
+        "host=127.0.0.1 port='{A} ' user=u dbname=d",
+        "host=127.0.0.1 port=0 user=u dbname=d",
+        "host=127.0.0.1 port=99999 user=u dbname=d",
+        "host=127.0.0.1 port=-1 user=u dbname=d",
+        "host=127.0.0.1 port= user=u dbname=d",
+        "host=127.0.0.1 port={A} user=u dbname=d target_session_attrs=read-write",
+        "host=127.0.0.1 port={A} user=u dbname=d target_session_attrs=primary",
+        "host=127.0.0.1 port={A} user=u dbname=d target_session_attrs=standby",
+        "host=127.0.0.1 port={A} user=u dbname=d target_session_attrs=prefer-standby",
+        "host=127.0.0.1 port={A} user=u dbname=d target_session_attrs=read-only",
+        "host=127.0.0.1 port={A} user=u dbname=d target_session_attrs=bogus",
+        "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=x",
+        "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=-3",
+        "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=' 5 '",
+        "host=127.0.0.1 port={A} user=u dbname=d keepalives=0",
+    ] {
+        out.push(case(dsn));
+    }
+    for dsn in [
+        "host=127.0.0.1 port={A} user=u dbname=d load_balance_hosts=disable",
+        "host=127.0.0.1,127.0.0.1 port={A} user=u dbname=d load_balance_hosts=random",
+    ] {
+        out.push(case(dsn).libpq16());
+    }
+    // --- Keywords leaderrun does not support, and typos: both sides must refuse or agree.
+    for kw in [
+        "gssencmode=disable",
+        "gssencmode=prefer",
+        "gssencmode=require",
+        "client_encoding=UTF8",
+        "client_encoding=LATIN1",
+        "sslcompression=0",
+        "sslsni=0",
+        "tcp_user_timeout=100",
+        "krbsrvname=x",
+        "requirepeer=root",
+        "sslcompression=1",
+        "sslcrl=/nonexistent",
+        "ssl_min_protocol_version=TLSv1.2",
+        "replication=database",
+        "sslsni=1",
+        "sslpassword=x",
+        "frobnicate=1",
+        "requiressl=1",
+    ] {
+        let c = case(&format!("host=127.0.0.1 port={{A}} user=u dbname=d {kw}"));
+        // Keywords libpq 15 has and leaderrun does not: refused, said so (README).
+        let refused = !matches!(
+            kw,
+            "gssencmode=disable"
+                | "gssencmode=require"
+                | "frobnicate=1"
+                | "requiressl=1"
+                | "client_encoding=UTF8"
+                | "sslsni=1"
+                | "sslcompression=0"
+        );
+        out.push(if refused {
+            c.refused("not supported")
+        } else {
+            c
+        });
+    }
+    // --- Service files.
+    let svc = "[plex]\nhost=127.0.0.1\nport={A}\ndbname=svcdb\nuser=svcuser\n\
+               [other]\nhost=127.0.0.1\nport={B}\n[pw]\nhost=127.0.0.1\nport={A}\nuser=u\npassword=svcpw\n\
+               [spaces]\n  host = 127.0.0.1  \nport={A}\nuser=u\n# c\n[ssl]\nhostaddr=127.0.0.1\nport={A}\nsslmode=require\nuser=u\n";
+    for (dsn, extra) in [
+        (Some("service=plex"), vec![]),
+        (Some("service=plex dbname=mine"), vec![]),
+        (Some("service=plex user=me"), vec![("PGUSER", "envuser")]),
+        (Some("service=other user=u"), vec![]),
+        (Some("service=pw dbname=d"), vec![("PGPASSWORD", "envpw")]),
+        (Some("service=spaces dbname=d"), vec![]),
+        (Some("service=ssl dbname=d"), vec![]),
+        (Some("service=ssl dbname=d sslmode=disable"), vec![]),
+        (Some("service=missing"), vec![]),
+        (Some("postgresql:///d?service=plex"), vec![]),
+        (None, vec![("PGSERVICE", "plex")]),
+        (None, vec![("PGSERVICE", "plex"), ("PGPORT", "{B}")]),
+        (
+            Some("dbname=d"),
+            vec![("PGSERVICE", "other"), ("PGUSER", "u")],
+        ),
+        (Some("service=plex"), vec![("PGHOST", "{S}")]),
+    ] {
+        let mut c = Case {
+            dsn: dsn.map(str::to_owned),
+            ..Case::default()
+        }
+        .services(svc)
+        .env("PGSERVICEFILE", "{D}/services");
+        for (k, v) in extra {
+            c = c.env(k, v);
+        }
+        out.push(c);
+    }
+    // The system-wide service file, and a missing PGSERVICEFILE (refused, even when the
+    // system-wide file has the service).
+    for file in [None, Some("{D}/nonexistent"), Some("{D}/services")] {
+        let mut c = case("service=plex").env("PGSYSCONFDIR", "{D}");
+        c.sysconf = Some("[plex]\nhost=127.0.0.1\nport={B}\nuser=sys\ndbname=sys\n".to_owned());
+        if let Some(file) = file {
+            c = c.env("PGSERVICEFILE", file).services("[other]\nhost=x\n");
+        }
+        out.push(c);
+    }
+    out.push(
+        case("service=plex")
+            .env("PGSYSCONFDIR", "{D}")
+            .env("PGSERVICEFILE", "{D}/nonexistent")
+            .services(svc),
+    );
+    out.push(case("service=plex").env("PGSERVICEFILE", "{D}/nonexistent"));
+    out.push(
+        case("host=127.0.0.1 port={A} user=u dbname=d").env("PGSERVICEFILE", "{D}/nonexistent"),
+    );
+    out.push(
+        case("service=plex")
+            .env("PGSYSCONFDIR", "{D}")
+            .services("[plex]\nhost=127.0.0.1\nport={B}\nuser=sys\ndbname=sys\n"),
+    );
+    out.push(
+        Case::default()
+            .services("[plex]\nhost=127.0.0.1\nport={A}\nuser=u\ndbname=d\nbogus=1\n")
+            .env("PGSERVICEFILE", "{D}/services")
+            .env("PGSERVICE", "plex"),
+    );
+    out.push(
+        Case::default()
+            .services("[plex]\nhost=127.0.0.1\nport={A}\nuser=u\ndbname=d\nservice=other\n")
+            .env("PGSERVICEFILE", "{D}/services")
+            .env("PGSERVICE", "plex"),
+    );
+    out.push(
+        Case::default()
+            .services("[plex]\nhost=127.0.0.1\nport={A}\nnovalue\n")
+            .env("PGSERVICEFILE", "{D}/services")
+            .env("PGSERVICE", "plex"),
+    );
+    // --- PG* variables and empty values.
+    let base = [("PGHOST", "127.0.0.1"), ("PGPORT", "{A}")];
+    for extra in [
+        vec![("PGUSER", "envu"), ("PGDATABASE", "envd")],
+        vec![("PGUSER", "envu")],
+        vec![("PGDATABASE", "envd")],
+        vec![("PGUSER", ""), ("PGDATABASE", "d")],
+        vec![("PGUSER", "u"), ("PGDATABASE", "")],
+        vec![("PGPASSWORD", ""), ("PGUSER", "u"), ("PGDATABASE", "d")],
+        vec![("PGPASSWORD", "pw"), ("PGUSER", "u"), ("PGDATABASE", "d")],
+        vec![
+            ("PGOPTIONS", "-c search_path=x"),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+        ],
+        vec![
+            ("PGAPPNAME", "psqlish"),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+        ],
+        vec![
+            ("PGSSLMODE", "disable"),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+        ],
+        vec![("PGSSLMODE", ""), ("PGUSER", "u"), ("PGDATABASE", "d")],
+        vec![("PGSSLMODE", "bogus"), ("PGUSER", "u"), ("PGDATABASE", "d")],
+        vec![
+            ("PGCONNECT_TIMEOUT", ""),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+        ],
+        vec![
+            ("PGTARGETSESSIONATTRS", "any"),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+        ],
+        vec![
+            ("PGGSSENCMODE", "disable"),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+        ],
+        vec![
+            ("PGCLIENTENCODING", "UTF8"),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+        ],
+        vec![("PGHOSTADDR", ""), ("PGUSER", "u"), ("PGDATABASE", "d")],
+        vec![
+            ("PGHOSTADDR", "127.0.0.1"),
+            ("PGHOST", "db"),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+        ],
+        vec![("PGPORT", ""), ("PGUSER", "u"), ("PGDATABASE", "d")],
+    ] {
+        let mut c = Case::default();
+        for (k, v) in base.iter().chain(extra.iter()) {
+            c = c.env(k, v);
+        }
+        out.push(c);
+    }
+    for (dsn, env) in [
+        ("user='' host=127.0.0.1 port={A} dbname=d", vec![]),
+        ("user='' host=127.0.0.1 port={A} dbname=d", vec![("PGUSER", "envu")]),
+        ("dbname='' host=127.0.0.1 port={A} user=u", vec![("PGDATABASE", "envd")]),
+        ("host='' port={A} user=u dbname=d", vec![("PGHOST", "127.0.0.1")]),
+        ("host=127.0.0.1 port='' user=u dbname=d", vec![("PGPORT", "{A}")]),
+        ("host=127.0.0.1 port={A} user=u dbname=d sslmode=''", vec![]),
+        ("host=127.0.0.1 port={A} user=u dbname=d options=''", vec![("PGOPTIONS", "-c x=y")]),
+        ("", vec![("PGHOST", "127.0.0.1"), ("PGPORT", "{A}"), ("PGUSER", "u"), ("PGDATABASE", "d")]),
+        ("postgresql://", vec![("PGHOST", "127.0.0.1"), ("PGPORT", "{A}"), ("PGUSER", "u"), ("PGDATABASE", "d")]),
+        ("postgresql://u:@127.0.0.1:{A}/d", vec![]),
+        ("postgresql://u:@127.0.0.1:{A}/d", vec![("PGPASSWORD", "envpw")]),
+        ("postgresql://:pw@127.0.0.1:{A}/d", vec![("PGUSER", "envu")]),
+        ("host=127.0.0.1 port={A} user=u dbname=d password=", vec![("PGPASSWORD", "envpw")]),
+        ("host=127.0.0.1 port={A} user=u dbname='my db'", vec![]),
+        ("host=127.0.0.1 port={A} user=u dbname=my\\ db", vec![]),
+        ("host=127.0.0.1 port={A} user=u dbname='it\\'s'", vec![]),
+        ("host=127.0.0.1 port={A} user=u dbname='unterminated", vec![]),
+        ("host=127.0.0.1 port={A} user=u dbname", vec![]),
+        ("host = 127.0.0.1 port = {A} user = u dbname = d", vec![]),
+        ("host=127.0.0.1 port={A} user=u dbname=d user=v", vec![]),
+        ("host=127.0.0.1 port={A} user=u dbname=d options='-c a=b'", vec![]),
+        ("host=127.0.0.1 port={A} user=ü dbname=d", vec![]),
+        ("host=127.0.0.1 port={A} user=u dbname=d application_name=x fallback_application_name=y", vec![]),
+        ("dbname=postgresql://u@127.0.0.1:{A}/d", vec![]),
+        ("dbname='host=127.0.0.1 port={A} user=u dbname=inner'", vec![]),
+        ("host=127.0.0.1 port={A} dbname=d", vec![("PGUSER", "envu")]),
+    ] {
+        let mut c = case(dsn);
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        out.push(c);
+    }
+    // The home directory's .pgpass and service file.
+    for (dsn, pass) in [
+        (
+            "host=127.0.0.1 port={A} user=u dbname=d",
+            "127.0.0.1:{A}:d:u:home\n",
+        ),
+        (
+            "host={S} port={A} user=u dbname=d",
+            "localhost:*:*:*:loc\n{S}:*:*:*:sock\n",
+        ),
+        (
+            "host=127.0.0.1,127.0.0.1 port={R},{B} user=u dbname=d",
+            "127.0.0.1:{A}:*:*:a\n127.0.0.1:{B}:*:*:b\n",
+        ),
+        (
+            "host=127.0.0.1 port={A} user=u dbname=d passfile={D}/none",
+            "*:*:*:*:home\n",
+        ),
+    ] {
+        let mut c = case(dsn);
+        c.home_pgpass = Some(pass.to_owned());
+        out.push(c);
+    }
+    for (dsn, env) in [
+        (Some("service=h"), vec![]),
+        (Some("service=h dbname=mine"), vec![("PGPORT", "{B}")]),
+        (None, vec![("PGSERVICE", "h")]),
+        (Some("service=h"), vec![("PGSERVICEFILE", "{D}/services")]),
+    ] {
+        let mut c = Case {
+            dsn: dsn.map(str::to_owned),
+            ..Case::default()
+        }
+        .services("[h]\nhost=127.0.0.1\nport={B}\nuser=file\ndbname=file\n");
+        c.home_services =
+            Some("[h]\nhost=127.0.0.1\nport={A}\nuser=home\ndbname=home\n".to_owned());
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        out.push(c);
+    }
+    // More variables: lists, blanks, and the ones that take part in TLS and host choice.
+    for env in [
+        vec![("PGHOST", "127.0.0.1,127.0.0.1"), ("PGPORT", "{R},{A}")],
+        vec![("PGHOST", "127.0.0.1"), ("PGPORT", " {A} ")],
+        vec![
+            ("PGHOST", "{S}"),
+            ("PGPORT", "{B}"),
+            ("PGSSLMODE", "require"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGHOSTADDR", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGSSLMODE", "disable"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGTARGETSESSIONATTRS", "primary"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGTARGETSESSIONATTRS", "bogus"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGCONNECT_TIMEOUT", "3"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGPASSFILE", ""),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGAPPNAME", ""),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGOPTIONS", ""),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGCHANNELBINDING", "disable"),
+        ],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", "{A}"),
+            ("PGREQUIRESSL", "1"),
+            ("PGSSLMODE", ""),
+        ],
+    ] {
+        let mut c = case("user=u dbname=d");
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        out.push(c);
+    }
+    // Variables that fill the default .pgpass and the home directory's service file.
+    out.push(
+        case("host=127.0.0.1 port={A} user=u dbname=d")
+            .env("PGPASSFILE", "{D}/home/.pgpass")
+            .pgpass("*:*:*:*:x\n"),
+    );
+    // The variables of keywords leaderrun does not implement: refused too, unless harmless.
+    for (var, value, refused) in [
+        ("PGCLIENTENCODING", "UTF8", false),
+        ("PGCLIENTENCODING", "LATIN1", true),
+        ("PGSSLCRL", "{D}/crl.pem", true),
+        ("PGSSLMINPROTOCOLVERSION", "TLSv1.3", true),
+        ("PGKRBSRVNAME", "pg", true),
+        ("PGGSSLIB", "gssapi", true),
+        ("PGREQUIREPEER", "root", true),
+        ("PGSSLSNI", "1", false),
+        ("PGSSLCOMPRESSION", "1", true),
+        ("PGGSSENCMODE", "prefer", true),
+        ("PGGSSENCMODE", "disable", false),
+    ] {
+        let c = case("host=127.0.0.1 port={A} user=u dbname=d").env(var, value);
+        out.push(if refused {
+            c.refused("not supported")
+        } else {
+            c
+        });
+    }
+    // A DSN without '=' is a database name to libpq; leaderrun refuses it.
+    out.push(
+        case("   ")
+            .env("PGHOST", "127.0.0.1")
+            .env("PGPORT", "{A}")
+            .refused("expected a postgres:// or postgresql:// URL"),
+    );
+    out.push(
+        case("mydb")
+            .env("PGHOST", "127.0.0.1")
+            .env("PGPORT", "{A}")
+            .refused("expected a postgres:// or postgresql:// URL"),
+    );
+    for c in &mut out {
+        let text = format!("{:?} {:?}", c.dsn, c.env);
+        if text.contains("sslmode=allow") || text.contains("\"PGSSLMODE\", \"allow\"") {
+            c.expect = Expect::Refused("sslmode=allow");
+        }
+    }
+    out
+}
+
+#[test]
+fn leaderrun_connects_as_libpq_does() {
+    if Command::new("psql").arg("--version").output().is_err() {
+        panic!("psql (libpq) is needed for this test");
+    }
+    let cases = cases();
+    assert!(cases.len() >= 250, "{} cases", cases.len());
+    let next = AtomicUsize::new(0);
+    let diffs = Mutex::new(Vec::new());
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..12 {
+            scope.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(case) = cases.get(i) else { return };
+                    let fake = Fake::start();
+                    write_files(&fake, case);
+                    let libpq = through_libpq(&fake, case);
+                    let (ours, err) = through_leaderrun(&fake, case, &rt);
+                    let same = match case.expect {
+                        Expect::Same => libpq == ours,
+                        Expect::Refused(why) => {
+                            !libpq.is_empty()
+                                && ours.is_empty()
+                                && err.as_deref().is_some_and(|e| e.contains(why))
+                        }
+                        Expect::Libpq16 => libpq.is_empty() && !ours.is_empty(),
+                    };
+                    if !same {
+                        diffs.lock().unwrap().push(format!(
+                            "#{i} {case:?}\n  libpq:     {libpq:?}\n  leaderrun: {ours:?} {err:?}"
+                        ));
+                    }
+                }
+            });
+        }
+    });
+    let diffs = diffs.into_inner().unwrap();
+    eprintln!(
+        "{} cases in {:?}, {} differ",
+        cases.len(),
+        started.elapsed(),
+        diffs.len()
+    );
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+}
