@@ -438,6 +438,10 @@ pub struct Cli {
     /// the gauge leaderrun_seconds_since_last_successful_check, e.g. a Prometheus rule with
     /// expr: leaderrun_seconds_since_last_successful_check > 60.
     ///
+    /// /readyz is 503 with the error until a check has reached the server and while checks
+    /// fail to reach it (wrong password, missing database, nothing listening), so a bad
+    /// secret never turns a replica Ready.
+    ///
     /// Example: --http-addr 0.0.0.0:9464
     #[arg(
         long,

@@ -227,6 +227,93 @@ fn probes_before_the_first_check_and_when_the_loop_is_stuck() {
     drop(silent);
 }
 
+/// A replica whose checks cannot reach the server (a missing database, a port where nothing
+/// listens) is never ready: `/readyz` is 503 with the check's error, check after check, while
+/// `/healthz` says the loop runs.
+#[test]
+fn a_replica_that_cannot_reach_the_server_is_not_ready() {
+    let cluster = Cluster::shared();
+    let refused = TcpListener::bind("127.0.0.1:0").unwrap();
+    let refused_port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let dsns = [
+        (
+            format!(
+                "host=127.0.0.1 port={} user=postgres dbname=leaderrun_no_such_db",
+                cluster.addr().port()
+            ),
+            "does not exist",
+        ),
+        (
+            format!("host=127.0.0.1 port={refused_port} user=postgres dbname=postgres"),
+            "refused",
+        ),
+    ];
+    let replicas: Vec<(Replica, &str)> = dsns
+        .iter()
+        .map(|(dsn, expect)| {
+            let mut cmd = leaderrun();
+            cmd.args(["--dsn", dsn, "--lock-id", &unique_lock_id().to_string()])
+                .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+                .args(["--", "true"]);
+            (Replica::spawn(cmd), *expect)
+        })
+        .collect();
+    for (replica, expect) in &replicas {
+        let addr = probe_addr(replica);
+        // Three failed checks in a row, and still not ready.
+        replica.wait_log("acquire lock connection", 3, secs(10.0));
+        let (code, body) = http(addr, "GET", "/readyz");
+        assert_eq!(code, 503, "{body}");
+        assert!(body.starts_with("cannot reach the server: "), "{body}");
+        assert!(body.to_lowercase().contains(expect), "{body}");
+        assert_eq!(http(addr, "GET", "/healthz"), (200, "ok\n".to_owned()));
+    }
+}
+
+/// A standby that was ready is not ready while its checks fail to reach the server, and is
+/// ready again once one does.
+#[test]
+fn a_standby_is_not_ready_while_its_checks_fail() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, INTERVAL, &["--", job]);
+    scratch.wait_starts(1, secs(10.0));
+    let proxy = crate::support::proxy::Proxy::start(cluster.addr());
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            proxy.port()
+        ),
+        "--lock-id",
+        &id.to_string(),
+    ])
+    .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+    .args(["--", job]);
+    let standby = Replica::spawn(cmd);
+    let addr = probe_addr(&standby);
+    wait_for("the standby to be ready", secs(10.0), || {
+        (http(addr, "GET", "/readyz") == (200, "standby\n".to_owned())).then_some(())
+    });
+    proxy.blackhole();
+    proxy.cut();
+    let body = wait_for("the standby to be not ready", secs(10.0), || {
+        let (code, body) = http(addr, "GET", "/readyz");
+        (code == 503).then_some(body)
+    });
+    assert!(body.starts_with("cannot reach the server: "), "{body}");
+    assert_eq!(http(addr, "GET", "/healthz"), (200, "ok\n".to_owned()));
+    proxy.forward();
+    wait_for("the standby to be ready again", secs(10.0), || {
+        (http(addr, "GET", "/readyz") == (200, "standby\n".to_owned())).then_some(())
+    });
+}
+
 #[test]
 fn a_port_in_use_exits_125() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
