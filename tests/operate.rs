@@ -111,6 +111,107 @@ fn the_gauge_flips_on_failover_across_two_replicas() {
     });
 }
 
+/// Every counter is there from the start at 0, with each label value it can take, so that
+/// Prometheus' `increase()` sees the first event of each.
+#[test]
+fn every_counter_series_exists_at_zero_from_the_start() {
+    let refused = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+    ])
+    .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+    .args(["--every", "1h", "--", "true"]);
+    let replica = Replica::spawn(cmd);
+    let metrics = http(probe_addr(&replica), "GET", "/metrics").1;
+    let series = [
+        (
+            "leaderrun_checks_total",
+            "outcome",
+            &["granted", "refused", "verified", "lost"][..],
+        ),
+        (
+            "leaderrun_demotions_total",
+            "cause",
+            &[
+                "session_closed",
+                "timeout",
+                "check_failed",
+                "lock_not_held",
+                "backend_changed",
+                "in_recovery",
+                "safe_window_passed",
+                "step_down",
+                "abandoned",
+            ][..],
+        ),
+        (
+            "leaderrun_child_exits_total",
+            "outcome",
+            &["success", "failure", "stopped"][..],
+        ),
+        (
+            "leaderrun_ticks_total",
+            "outcome",
+            &["success", "failure", "skipped", "interrupted"][..],
+        ),
+    ];
+    for (name, label, values) in series {
+        for value in values {
+            let line = format!("{name}{{{label}=\"{value}\"}} 0");
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} missing:\n{metrics}"
+            );
+        }
+    }
+    // Failed checks are counted under their own label.
+    assert!(
+        metrics.contains("leaderrun_checks_total{outcome=\"failed\"}"),
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, "leaderrun_terms_started_total"), Some(0.0));
+    assert_eq!(sample(&metrics, "leaderrun_child_starts_total"), Some(0.0));
+}
+
+/// A standby's wait in the lock queue (up to a whole interval) is its own figure, not a
+/// check's duration: a latency alert on checks does not fire on every standby.
+#[test]
+fn a_queue_wait_is_not_counted_as_check_duration() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, "1s", &["--", job]);
+    scratch.wait_starts(1, secs(10.0));
+    let standby = Replica::start(
+        cluster,
+        id,
+        "1s",
+        &["--http-addr", "127.0.0.1:0", "--", job],
+    );
+    let addr = probe_addr(&standby);
+    let metrics = wait_for("two waits in the lock queue", secs(15.0), || {
+        let metrics = http(addr, "GET", "/metrics").1;
+        (sample(&metrics, "leaderrun_lock_wait_seconds_count")? >= 2.0).then_some(metrics)
+    });
+    let value = |name: &str| sample(&metrics, name).unwrap();
+    let waits =
+        value("leaderrun_lock_wait_seconds_sum") / value("leaderrun_lock_wait_seconds_count");
+    assert!(
+        waits > 0.7,
+        "a wait lasts about one interval: {waits} s\n{metrics}"
+    );
+    let checks = value("leaderrun_check_duration_seconds_count");
+    assert!(checks >= 1.0, "{metrics}");
+    let mean = value("leaderrun_check_duration_seconds_sum") / checks;
+    assert!(mean < 0.5, "checks are round trips: {mean} s\n{metrics}");
+}
+
 #[test]
 fn probes_follow_the_readiness_table() {
     let cluster = Cluster::shared();
