@@ -526,7 +526,9 @@ pub enum Action {
     /// standby takes over within milliseconds. Exit 0 when another replica leads afterwards,
     /// 1 when none took over within a minute (or none leads, or the holder is not leaderrun,
     /// which cannot be asked, or no standby is there to take over, and the leader is not
-    /// asked), 125 on error.
+    /// asked), 125 on error. Only a live standby counts: a queued wait whose process has
+    /// exited is dropped by the server within 250 ms (PostgreSQL 14 and later), and step-down
+    /// looks twice.
     ///
     /// Example: leaderrun step-down --lock-id 7
     StepDown {

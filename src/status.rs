@@ -17,7 +17,7 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use crate::conninfo::describe;
-use crate::elector::session::within;
+use crate::elector::session::{within, CLIENT_CONNECTION_CHECK};
 use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
 use crate::exit_codes::FAILURE as EXIT_FAILURE;
@@ -543,9 +543,17 @@ pub fn step_down_main(
                 .nth(slot as usize)
                 .and_then(|s| s.leader)
         };
-        let before = report(&client, &server, lock, slots, bound).await?;
+        let mut before = report(&client, &server, lock, slots, bound).await?;
+        let any_standby = |r: &Report| !r.standbys.is_empty() || !r.waiters.is_empty();
+        if any_standby(&before) {
+            // Only a live standby counts: a waiter whose process just exited stays queued on
+            // the server until the server notices (client_connection_check_interval on
+            // PostgreSQL 14 and later; its wait's timeout before), so look again after that.
+            tokio::time::sleep(CLIENT_CONNECTION_CHECK * 3).await;
+            before = report(&client, &server, lock, slots, bound).await?;
+        }
         // Nobody could take over: asking would only stop COMMAND and start it again.
-        let no_standby = before.standbys.is_empty() && before.waiters.is_empty();
+        let no_standby = !any_standby(&before);
         let Some(old) = leader_of(before) else {
             out("no leader holds the lock; nothing to step down\n");
             return Ok(1);

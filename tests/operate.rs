@@ -947,6 +947,37 @@ fn step_down_hands_over_to_a_standby_and_says_so() {
     });
 }
 
+/// Right after the only standby exited, its wait may still be queued on the server: it is not
+/// a standby that can take over, so the leader is not asked and its COMMAND goes on.
+#[test]
+fn step_down_right_after_the_only_standby_exited_does_not_ask() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    // A 3 s interval: the dead standby's wait would stay queued for seconds.
+    let leader = Replica::start(cluster, id, "3s", &["--", job]);
+    scratch.wait_starts(1, secs(10.0));
+    let mut standby = Replica::start(cluster, id, "3s", &["--", job]);
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    standby.signal(Signal::SIGKILL);
+    standby.wait_exit(secs(5.0));
+    let started = std::time::Instant::now();
+    let out = step_down(cluster, id);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no standby is there to take over"),
+        "{out:?}"
+    );
+    assert!(started.elapsed() < secs(5.0));
+    assert!(!leader.log().contains("stepping down"), "{}", leader.log());
+    assert_eq!(scratch.starts().len(), 1);
+    assert_eq!(cluster.waiters(id), 0);
+}
+
 #[test]
 fn step_down_cannot_ask_a_holder_that_is_not_leaderrun() {
     let cluster = Cluster::start_private();
