@@ -151,7 +151,20 @@ pub struct Report {
     /// Every standby session: those in line first (by slot and place), then those that try
     /// the lock once per interval, each group in pid order.
     pub standbys: Vec<Standby>,
+    /// Slots at or beyond `slots` (up to 1023) whose key is held: a hint that the lock is
+    /// used with a larger `--slots` than was asked about. Slot numbers, ascending.
+    pub more_slots_held: Vec<u32>,
 }
+
+/// Which slots' keys beyond the ones asked about are held. `$1`: their classes (`oid[]`),
+/// `$2`: the id.
+const MORE_SLOTS_SQL: &str = "SELECT l.classid FROM pg_locks l \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND l.objid = $2 AND l.classid = ANY($1)";
+
+/// The most slots a lock can have (`--slots`).
+const MAX_SLOTS: u32 = 1024;
 
 /// The seed's `pg_locks` query for every slot's key and every place in line, joined to
 /// `pg_stat_activity`. `$1`: the slots' classes, `$2`: the places' classes (both `oid[]`, the
@@ -218,8 +231,12 @@ pub async fn report(
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&slot_classes, &place_classes, &id];
     let comment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&comment];
-    // Both in one flight.
-    let (rows, between) = tokio::join!(
+    let more_classes: Vec<u32> = (slots..MAX_SLOTS)
+        .map(|k| lock.slot(k).class as u32)
+        .collect();
+    let more_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&more_classes, &id];
+    // All in one flight.
+    let (rows, between, more) = tokio::join!(
         within(
             "status query",
             bound,
@@ -229,9 +246,19 @@ pub async fn report(
             "standbys query",
             bound,
             client.query(STANDBYS_SQL, &comment_params),
+        ),
+        within(
+            "other slots query",
+            bound,
+            client.query(MORE_SLOTS_SQL, &more_params),
         )
     );
-    let (rows, between) = (rows?, between?);
+    let (rows, between, more) = (rows?, between?, more?);
+    let mut more_slots_held: Vec<u32> = more
+        .iter()
+        .map(|row| row.get::<_, u32>(0).wrapping_sub(lock.class as u32))
+        .collect();
+    more_slots_held.sort_unstable();
     let database = match rows.first() {
         Some(row) => row.get(7),
         None => {
@@ -328,6 +355,7 @@ pub async fn report(
         slot_leaders,
         waiters,
         standbys,
+        more_slots_held,
     })
 }
 
@@ -421,6 +449,14 @@ impl Report {
                 .join(", ")
         };
         out.push_str(&format!("waiters        {waiters}\n"));
+        if let Some(&last) = self.more_slots_held.last() {
+            let held: Vec<String> = self.more_slots_held.iter().map(u32::to_string).collect();
+            out.push_str(&format!(
+                "more slots     {} held too: give --slots {} (or more) to see them\n",
+                held.join(", "),
+                last + 1
+            ));
+        }
         for w in &self.standbys {
             let who = match (&w.host, w.leaderrun_pid) {
                 (Some(host), Some(pid)) => format!("{host}, leaderrun pid {pid}"),
