@@ -55,7 +55,8 @@ prints plus WARN/ERROR lines when something is wrong (cron mails nothing); -v sh
 standby says at INFO who holds the lock (host, pid, since when), once and, while it is one of the \
 two standbys in line, again when the holder changes.
 
-Exit status: COMMAND's status; 128+N when it died of signal N; the conflict code when \
+Exit status: COMMAND's status; 128+N when it died of signal N (143 for a leader stopped by \
+SIGTERM: a systemd unit needs SuccessExitStatus=143); the conflict code when \
 --once/--wait did not lead or lost leadership mid-run; 0 when stopped by INT/TERM while standby; \
 124 when --timeout stopped COMMAND; 125 when leaderrun itself failed (usage, bad DSN, database \
 unreachable in --once/--wait); 126 COMMAND not executable; 127 COMMAND not found.

@@ -184,6 +184,29 @@ fn sigterm_stops_the_child_exits_with_its_status_and_hands_over() {
     assert!(took < secs(1.0), "handover took {took:?}");
 }
 
+/// `systemctl stop` sends SIGTERM: a leader whose COMMAND dies of it exits 143 (128 + 15), so
+/// the README's unit counts 143 as success; without it the unit shows "failed" after every stop.
+#[test]
+fn a_stopped_leader_exits_143_and_the_systemd_unit_counts_it_as_success() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let mut leader = Replica::start(cluster, id, INTERVAL, &["--", script.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    leader.signal(Signal::SIGTERM);
+    let status = leader.wait_exit(secs(5.0));
+    assert_eq!(status.code(), Some(143), "log:\n{}", leader.log());
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let unit = readme
+        .split("### systemd")
+        .nth(1)
+        .and_then(|s| s.split("```").nth(1))
+        .expect("the README's systemd unit");
+    assert!(unit.lines().any(|l| l == "SuccessExitStatus=143"), "{unit}");
+}
+
 #[test]
 fn database_down_at_start_warns_then_leads() {
     let cluster = Cluster::start_private();
