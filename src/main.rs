@@ -24,6 +24,7 @@ fn main() -> ExitCode {
     let cli = leaderrun::cli::parse();
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
     leaderrun::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
+    leaderrun::watchdog::use_json_logs(json);
     let settings = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => settings,
         Err(err) => {

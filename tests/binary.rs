@@ -450,7 +450,14 @@ fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
     // A grace of 1 s, so that a loaded machine still runs the child's TERM trap (its end
     // stamp) before SIGKILL; idle_session_timeout is then 3 × 200 ms + 1 s.
     let mut replicas: Vec<Replica> = (0..2)
-        .map(|_| Replica::start(cluster, id, INTERVAL, &["--grace", "1s", "--", script]))
+        .map(|_| {
+            Replica::start(
+                cluster,
+                id,
+                INTERVAL,
+                &["--grace", "1s", "--log-format", "json", "--", script],
+            )
+        })
         .collect();
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     let leader = leader_of(&mut replicas, &first);
@@ -484,6 +491,20 @@ fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
         },
     );
     assert!(!alive(first.pid));
+    // The watchdog said so in leaderrun's log format (here JSON), at WARN.
+    let log = leader.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("watchdog: leaderrun stopped answering"))
+        .unwrap_or_else(|| panic!("no watchdog line:\n{log}"));
+    let object: serde_json::Value = serde_json::from_str(line).expect(line);
+    assert_eq!(object["level"], "WARN", "{line}");
+    assert!(
+        object["timestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{line}"
+    );
 }
 
 #[test]
