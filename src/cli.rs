@@ -589,7 +589,13 @@ pub struct Settings {
 /// Parses the process arguments; prints help/version and exits 0, or prints the usage error
 /// and exits 125 (contract §6).
 pub fn parse() -> Cli {
-    match Cli::try_parse().and_then(|cli| cli.validate().map(|()| cli)) {
+    let raw: Vec<OsString> = std::env::args_os().collect();
+    let checked = Cli::try_parse_from(&raw).and_then(|cli| {
+        cli.validate()?;
+        cli.check_mistyped_subcommand(&raw, std::env::var_os("PATH").as_deref())?;
+        Ok(cli)
+    });
+    match checked {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
@@ -649,6 +655,48 @@ impl Cli {
             ));
         }
         Ok(())
+    }
+
+    /// A COMMAND that is a near miss of a subcommand (`leaderrun statsu`), not found on
+    /// `path`, and not written after `--`, is a typo of the subcommand, not a program to run
+    /// (which would exit 127 after a moment): a usage error that names the subcommand. `raw`
+    /// is the whole command line, program name first.
+    ///
+    /// # Errors
+    /// A clap error (exit 125) with "did you mean …?".
+    pub fn check_mistyped_subcommand(
+        &self,
+        raw: &[OsString],
+        path: Option<&std::ffi::OsStr>,
+    ) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        let Some(word) = self.command.first().and_then(|w| w.to_str()) else {
+            return Ok(());
+        };
+        if self.action.is_some() || word.contains('/') {
+            return Ok(());
+        }
+        // After `--` it is COMMAND, whatever it looks like.
+        if raw.windows(2).any(|w| w[0] == "--" && w[1] == *word) {
+            return Ok(());
+        }
+        let Some(meant) = ["status", "doctor", "step-down"]
+            .into_iter()
+            .filter(|name| *name != word && strsim::damerau_levenshtein(name, word) <= 2)
+            .min_by_key(|name| strsim::damerau_levenshtein(name, word))
+        else {
+            return Ok(());
+        };
+        if crate::child::Command::resolve(vec![word.into()], path).is_ok() {
+            return Ok(());
+        }
+        Err(Cli::command().error(
+            clap::error::ErrorKind::InvalidSubcommand,
+            format!(
+                "unrecognized subcommand '{word}': did you mean {meant}? (to run a program \
+                 named {word}: leaderrun [OPTIONS] -- {word})"
+            ),
+        ))
     }
 
     /// The lock key in use: `--lock-class` with `--lock-id`, or the id derived from

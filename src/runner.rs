@@ -34,7 +34,7 @@ pub fn main(settings: Settings, signals: SignalStream) -> Exit {
     let command = match Command::resolve(settings.command.clone(), path.as_deref()) {
         Ok(command) => command,
         Err(err) => {
-            error!("{}", Chain(&err));
+            error!("{}{}", Chain(&err), lock_file_hint(&settings.command, &err));
             return Exit::Code(err.exit_code());
         }
     };
@@ -55,6 +55,24 @@ pub fn main(settings: Settings, signals: SignalStream) -> Exit {
         }
     };
     runtime.block_on(run(settings, command, signals, terminal))
+}
+
+/// flock's word order, `leaderrun -n /var/lock/x cmd`: a path that cannot be run, followed by
+/// more words, is most likely meant as a lock file, which leaderrun does not take.
+fn lock_file_hint(command: &[std::ffi::OsString], err: &child::SpawnError) -> &'static str {
+    let path_like = command
+        .first()
+        .is_some_and(|w| w.as_encoded_bytes().contains(&b'/'));
+    let unrunnable = matches!(
+        err,
+        child::SpawnError::NotFound { .. } | child::SpawnError::NotExecutable { .. }
+    );
+    if path_like && unrunnable && command.len() > 1 {
+        "; hint: leaderrun takes no lock-file argument (flock's word order): the lock lives in \
+         PostgreSQL and --lock-id or --lock-name names it, e.g. leaderrun -n --lock-name x -- cmd"
+    } else {
+        ""
+    }
 }
 
 /// How long after the first check start-up's code pages are dropped

@@ -700,6 +700,34 @@ where
         .get(0))
 }
 
+/// What to check when `doctor` cannot connect, by the kind of failure (as psql would say it):
+/// pg_hba.conf only for an authentication failure.
+fn connect_hint(err: &Error) -> &'static str {
+    use tokio_postgres::error::SqlState;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(db) = e.downcast_ref::<tokio_postgres::error::DbError>() {
+            let code = db.code();
+            if *code == SqlState::UNDEFINED_DATABASE {
+                return "check the database name (dbname= in --dsn, or PGDATABASE)";
+            }
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            {
+                return "check the role, its password (PGPASSWORD, ~/.pgpass) and the server's \
+                        pg_hba.conf";
+            }
+        }
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return "check the host and port (--dsn, PGHOST, PGPORT) and that the server runs there";
+        }
+        source = e.source();
+    }
+    "check the DSN and the PG* variables"
+}
+
 fn permission_hint(err: &Error) -> String {
     let denied = matches!(err, Error::Query { source, .. }
         if source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE));
@@ -959,9 +987,9 @@ pub fn doctor_main(
         Err(err) => {
             out(&format!("FAIL  connect       {}\n", Chain(&err)));
             out(&format!(
-                "      {:<12}  hint: check the DSN, PG* variables and pg_hba.conf; \
-                 leaderrun connects exactly like this\n",
-                ""
+                "      {:<12}  hint: {}; leaderrun connects exactly like this\n",
+                "",
+                connect_hint(&err)
             ));
             EXIT_FAILURE
         }

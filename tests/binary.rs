@@ -207,6 +207,66 @@ fn a_stopped_leader_exits_143_and_the_systemd_unit_counts_it_as_success() {
     assert!(unit.lines().any(|l| l == "SuccessExitStatus=143"), "{unit}");
 }
 
+/// Newcomers' slips get a hint that says what to check: a mistyped subcommand, flock's word
+/// order, a refused connection, a database that does not exist.
+#[test]
+fn slips_get_hints_that_say_what_to_check() {
+    let cluster = Cluster::shared();
+    let run = |args: &[&str]| {
+        let out = leaderrun().args(args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let dsn = cluster.dsn();
+    // A near miss of a subcommand is not run as a program...
+    let (code, text) = run(&["statsu"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("did you mean status?"), "{text}");
+    let (code, text) = run(&["--dsn", &dsn, "step-dwon"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("did you mean step-down?"), "{text}");
+    // ... unless it comes after `--`.
+    let (code, text) = run(&["--dsn", &dsn, "--", "statsu"]);
+    assert_eq!(code, Some(127), "{text}");
+    assert!(!text.contains("did you mean"), "{text}");
+    // flock's word order: there is no lock-file argument.
+    let (code, text) = run(&["--dsn", &dsn, "-n", "/nonexistent/lock/x", "true"]);
+    assert_eq!(code, Some(127), "{text}");
+    assert!(text.contains("no lock-file argument"), "{text}");
+    // A refused connection: is the server running there? Not pg_hba.conf.
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let nobody = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let (code, text) = run(&["--dsn", &nobody, "--once", "--", "true"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(
+        text.contains("hint: is the server running on that host and accepting TCP connections"),
+        "{text}"
+    );
+    let (code, text) = run(&["--dsn", &nobody, "doctor"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("check the host and port"), "{text}");
+    assert!(!text.contains("pg_hba"), "{text}");
+    // A database that does not exist: its name, and where it comes from.
+    let missing = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=leaderrun_no_such_db",
+        cluster.addr().port()
+    );
+    let (code, text) = run(&["--dsn", &missing, "doctor"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(
+        text.contains("\"leaderrun_no_such_db\" does not exist"),
+        "{text}"
+    );
+    assert!(text.contains("check the database name"), "{text}");
+    assert!(!text.contains("pg_hba"), "{text}");
+}
+
 #[test]
 fn database_down_at_start_warns_then_leads() {
     let cluster = Cluster::start_private();
