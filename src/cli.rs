@@ -34,11 +34,17 @@ waiting standby is an active session waiting on an advisory Lock; that is by des
 
 const AFTER_LONG_HELP: &str = "\
 Examples:
-  leaderrun --dsn postgres://app@db.internal/plexsphere -- ./reconcile-loop
+  leaderrun --dsn postgres://app@db.internal/plexsphere --lock-name reconcile -- ./reconcile-loop
   LEADERRUN_DSN='host=db user=app dbname=plexsphere' leaderrun --lock-id 7 -- sh -c 'exec worker'
-  leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report      (crontab on every host)
-  leaderrun --every 5m --tick-at-grant --timeout 4m -- /app/sweep     (container entrypoint)
-  leaderrun -n -w 30s -E 75 -c 'pg_dump app | gzip > /backup/app.gz'   (flock(1) habits)
+  leaderrun --once --min-hold 5m --lock-name nightly-report -- /usr/local/bin/nightly-report
+                                                                   (crontab on every host)
+  leaderrun --every 5m --tick-at-grant --timeout 4m --lock-name sweep -- /app/sweep
+                                                                   (container entrypoint)
+  leaderrun -n -w 30s -E 75 --lock-name backup -c 'pg_dump app | gzip > /backup/app.gz'
+                                                                   (flock(1) habits)
+
+Without --lock-id or --lock-name the key is the plexsphere background leader lock, the plexsphere \
+API's own: give every job of yours a key of its own.
 
 Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND is sh -c STRING), as flock(1); -s --stop-signal, -k --grace, as timeout(1). Durations take a unit (30s, not 30); --takeover-delay and --min-hold, whose default is zero, also take a bare 0.
 

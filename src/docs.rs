@@ -226,15 +226,15 @@ pub fn man_page() -> Vec<u8> {
     for (text, example) in [
         (
             "Run a worker on exactly one of many hosts:",
-            "leaderrun --dsn postgres://app@db/plexsphere -- ./worker",
+            "leaderrun --dsn postgres://app@db/plexsphere --lock-name worker -- ./worker",
         ),
         (
             "A nightly cron job on every host that runs once:",
-            "leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report",
+            "leaderrun --once --min-hold 5m --lock-name nightly-report -- /usr/local/bin/nightly-report",
         ),
         (
             "A container entrypoint that sweeps every five minutes on the leader:",
-            "leaderrun --every 5m --tick-at-grant --timeout 4m -- /app/sweep",
+            "leaderrun --every 5m --tick-at-grant --timeout 4m --lock-name sweep -- /app/sweep",
         ),
         ("Who leads:", "leaderrun status --lock-id 7"),
         (

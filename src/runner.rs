@@ -264,6 +264,7 @@ fn log_settings(settings: &Settings, command: &Command) {
                 server = %server,
                 application_name = %app,
                 lock = %settings.lock,
+                lock_is = lock_words(settings.lock),
                 check_interval = %dur(settings.timing.check_interval),
                 grace = %dur(settings.timing.grace),
                 stop_signal = settings.stop_signal.as_str(),
@@ -274,6 +275,17 @@ fn log_settings(settings: &Settings, command: &Command) {
                 command = %program,
                 "campaigning for the background leader lock"
     );
+}
+
+/// The lock key in words for the start line: the default key is the plexsphere API's own
+/// background leader lock, which a job of its own should not compete for by accident.
+fn lock_words(lock: crate::lock::LockKey) -> &'static str {
+    if lock == crate::lock::LockKey::default() {
+        "the plexsphere background leader lock (the default key; a job of its own takes \
+         --lock-id or --lock-name)"
+    } else {
+        "a key of its own"
+    }
 }
 
 /// Tells the watchdog every `period` that leaderrun is alive and until when its lock is proven,

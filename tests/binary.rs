@@ -267,6 +267,35 @@ fn slips_get_hints_that_say_what_to_check() {
     assert!(!text.contains("pg_hba"), "{text}");
 }
 
+/// The default key is the plexsphere API's own leader lock: the start line says so in words.
+#[test]
+fn the_start_line_names_the_default_key_in_words() {
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let dsn = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let start_line = |extra: &[&str]| {
+        let out = leaderrun()
+            .args(["-v", "--once", "--dsn", &dsn])
+            .args(extra)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        log.lines()
+            .find(|l| l.contains("campaigning for the background leader lock"))
+            .unwrap_or_else(|| panic!("no start line:\n{log}"))
+            .to_owned()
+    };
+    let default = start_line(&[]);
+    assert!(
+        default.contains("lock_is=\"the plexsphere background leader lock"),
+        "{default}"
+    );
+    let own = start_line(&["--lock-name", "nightly-report"]);
+    assert!(own.contains("lock_is=\"a key of its own\""), "{own}");
+}
+
 #[test]
 fn database_down_at_start_warns_then_leads() {
     let cluster = Cluster::start_private();
