@@ -522,8 +522,17 @@ pub enum Action {
     /// when no setting named it, so it is the user's name), TLS and who holds the real key.
     /// Exit 0 when all hold (warnings included), 1 when one fails, 125 when it cannot connect.
     ///
+    /// The scratch key is CLASS:ID with an id derived from this process unless --scratch-id
+    /// names one; doctor says which it took. On a server where ids are allotted, pick one that
+    /// is yours and free.
+    ///
     /// Example: leaderrun doctor --dsn postgres://app@pgbouncer.internal:6432/plexsphere
-    Doctor,
+    Doctor {
+        /// The id (int4) of the scratch key doctor takes and releases, in the lock's class
+        /// (default: one derived from doctor's pid)
+        #[arg(long, value_name = "ID", allow_negative_numbers = true)]
+        scratch_id: Option<i32>,
+    },
     /// Ask the current leader to hand over (a planned switchover, e.g. to drain a host)
     ///
     /// Takes the step-down request: the bigint advisory lock whose halves are the lock key

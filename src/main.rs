@@ -46,13 +46,14 @@ fn main() -> ExitCode {
         Some(Action::StepDown { slot }) => Exit::Code(status::step_down_main(
             connect, tls, lock, slots, slot, bound,
         )),
-        Some(Action::Doctor) => Exit::Code(status::doctor_main(
+        Some(Action::Doctor { scratch_id }) => Exit::Code(status::doctor_main(
             connect,
             tls,
             lock,
             slots,
             bound,
             settings.database_from,
+            scratch_id,
         )),
         None => runner::main(settings, signals),
     };

@@ -791,9 +791,18 @@ pub async fn findings(
         Ok((true, false, true)) => out.push(Finding::pass(
             "exclusion",
             format!(
-                "a second session cannot take a lock the first holds ({}:{scratch}), and gets it once released",
+                "a second session cannot take a lock the first holds, and gets it once \
+                 released (scratch key {}:{scratch}; --scratch-id picks the id)",
                 lock.class
             ),
+        )),
+        Ok((false, _, _)) => out.push(Finding::fail(
+            "exclusion",
+            format!(
+                "the scratch key {}:{scratch} is held by another session",
+                lock.class
+            ),
+            "pick a free id of the class with --scratch-id",
         )),
         Ok((first, second, after)) => out.push(Finding::fail(
             "exclusion",
@@ -943,7 +952,8 @@ pub fn database_finding(database: &str, database_from: &str) -> Finding {
 /// `leaderrun doctor`: prints each finding; exit 0 when all hold, 1 when one fails, 125 when
 /// it cannot connect. A finding that holds but comes with a hint is printed as `warn` and does
 /// not change the exit status. `database_from` says where the database name came from
-/// ([`crate::conninfo::ConnSettings::database_from`]).
+/// ([`crate::conninfo::ConnSettings::database_from`]); `scratch_id` is `--scratch-id`, the id
+/// of the scratch key in the lock's class (default: derived from this process).
 pub fn doctor_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::tls::TlsSettings,
@@ -951,17 +961,21 @@ pub fn doctor_main(
     slots: u32,
     bound: Duration,
     database_from: &str,
+    scratch_id: Option<i32>,
 ) -> u8 {
     let Some(rt) = runtime() else {
         return EXIT_FAILURE;
     };
     let server = describe(connect_config);
-    // A scratch id of the same class that no replica uses: derived from this process.
-    let scratch = crate::lock::lock_id_for_name(&format!(
-        "leaderrun doctor {} {}",
-        std::process::id(),
-        lock.id
-    ));
+    // A scratch id of the same class that no replica uses: --scratch-id, or derived from this
+    // process.
+    let scratch = scratch_id.unwrap_or_else(|| {
+        crate::lock::lock_id_for_name(&format!(
+            "leaderrun doctor {} {}",
+            std::process::id(),
+            lock.id
+        ))
+    });
     let result = rt.block_on(async {
         let (a, _ca, _ta) = connect(connect_config, tls, &server, bound).await?;
         let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;

@@ -508,6 +508,55 @@ fn status_shows_the_leader_or_none() {
     assert_eq!(unreachable.status.code(), Some(125));
 }
 
+/// `doctor --scratch-id` takes the scratch key it is given, and says which it took; a scratch
+/// key someone holds is a failed check with a hint, not a broken lock.
+#[test]
+fn doctor_takes_the_scratch_id_it_is_given_and_says_so() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let held = unique_lock_id();
+    let _holder = Replica::start(cluster, held, INTERVAL, &["--", job.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    let doctor = |scratch_id: i32| {
+        let out = leaderrun()
+            .args([
+                "--dsn",
+                &cluster.dsn(),
+                "--lock-id",
+                &unique_lock_id().to_string(),
+            ])
+            .args(["doctor", "--scratch-id", &scratch_id.to_string()])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let free = unique_lock_id();
+    let (code, text) = doctor(free);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!(
+            "scratch key {CLASS}:{free}; --scratch-id picks the id"
+        )),
+        "{text}"
+    );
+    let (code, text) = doctor(held);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "the scratch key {CLASS}:{held} is held by another session"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("pick a free id of the class with --scratch-id"),
+        "{text}"
+    );
+}
+
 #[test]
 fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
     let primary = Cluster::start_private();
