@@ -94,9 +94,9 @@ pub struct Cli {
     /// PostgreSQL connection string (URL or keyword/value); the lock is per database
     ///
     /// `postgres://user@host:5432/dbname?sslmode=disable` or
-    /// `host=db user=app dbname=plexsphere`. When absent, PLEXSPHERE_DSN, then DATABASE_URL, then
-    /// PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT and PGSSLMODE
-    /// are used, with psql's defaults (Unix socket, OS user). Fields the DSN leaves out are taken
+    /// `host=db user=app dbname=plexsphere`. When absent, LEADERRUN_DSN, then PLEXSPHERE_DSN,
+    /// then DATABASE_URL, then PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME,
+    /// PGCONNECT_TIMEOUT and PGSSLMODE are used, with psql's defaults (Unix socket, OS user). Fields the DSN leaves out are taken
     /// from the PG* variables too.
     ///
     /// Advisory locks are per database: copies connected to different databases of one server
@@ -601,15 +601,26 @@ pub struct Settings {
     pub tick_at_grant: bool,
 }
 
+/// The command-line definition as `--help` shows it: [`Cli`]'s, with the values of the
+/// environment variables hidden, so that `-h` shows `[env: LEADERRUN_LOCK_CLASS]`, not a
+/// dangling `[env: LEADERRUN_LOCK_CLASS=]` (or a value from the environment, maybe a secret).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().mut_args(|arg| arg.hide_env_values(true))
+}
+
 /// Parses the process arguments; prints help/version and exits 0, or prints the usage error
 /// and exits 125 (contract §6).
 pub fn parse() -> Cli {
     let raw: Vec<OsString> = std::env::args_os().collect();
-    let checked = Cli::try_parse_from(&raw).and_then(|cli| {
-        cli.validate()?;
-        cli.check_mistyped_subcommand(&raw, std::env::var_os("PATH").as_deref())?;
-        Ok(cli)
-    });
+    let checked = command()
+        .try_get_matches_from(&raw)
+        .and_then(|matches| <Cli as clap::FromArgMatches>::from_arg_matches(&matches))
+        .and_then(|cli| {
+            cli.validate()?;
+            cli.check_mistyped_subcommand(&raw, std::env::var_os("PATH").as_deref())?;
+            Ok(cli)
+        });
     match checked {
         Ok(cli) => cli,
         Err(err) => {
