@@ -79,6 +79,7 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             break
         }
         'leaderrun;doctor' {
+            [CompletionResult]::new('--scratch-id', '--scratch-id', [CompletionResultType]::ParameterName, 'The id (int4) of the scratch key doctor takes and releases, in the lock''s class (default: one derived from doctor''s pid)')
             [CompletionResult]::new('--dsn', '--dsn', [CompletionResultType]::ParameterName, 'PostgreSQL connection string (URL or keyword/value); the lock is per database')
             [CompletionResult]::new('--lock-class', '--lock-class', [CompletionResultType]::ParameterName, 'First int4 of the advisory lock key')
             [CompletionResult]::new('--lock-id', '--lock-id', [CompletionResultType]::ParameterName, 'Second int4 of the advisory lock key')

@@ -149,12 +149,16 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__doctor)
-            opts="-v -q -h --dsn --lock-class --lock-id --lock-name --slots --check-interval --verbose --quiet --log-format --help"
+            opts="-v -q -h --scratch-id --dsn --lock-class --lock-id --lock-name --slots --check-interval --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --scratch-id)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --dsn)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -74,6 +74,7 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
         }
         &'leaderrun;doctor'= {
+            cand --scratch-id 'The id (int4) of the scratch key doctor takes and releases, in the lock''s class (default: one derived from doctor''s pid)'
             cand --dsn 'PostgreSQL connection string (URL or keyword/value); the lock is per database'
             cand --lock-class 'First int4 of the advisory lock key'
             cand --lock-id 'Second int4 of the advisory lock key'

@@ -68,6 +68,7 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d '
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s q -l quiet -d 'Log less: one level per -q (INFO → WARN → ERROR)'
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l scratch-id -d 'The id (int4) of the scratch key doctor takes and releases, in the lock\'s class (default: one derived from doctor\'s pid)' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l dsn -d 'PostgreSQL connection string (URL or keyword/value); the lock is per database' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-class -d 'First int4 of the advisory lock key' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-id -d 'Second int4 of the advisory lock key' -r

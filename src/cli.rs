@@ -34,11 +34,17 @@ waiting standby is an active session waiting on an advisory Lock; that is by des
 
 const AFTER_LONG_HELP: &str = "\
 Examples:
-  leaderrun --dsn postgres://app@db.internal/plexsphere -- ./reconcile-loop
+  leaderrun --dsn postgres://app@db.internal/plexsphere --lock-name reconcile -- ./reconcile-loop
   LEADERRUN_DSN='host=db user=app dbname=plexsphere' leaderrun --lock-id 7 -- sh -c 'exec worker'
-  leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report      (crontab on every host)
-  leaderrun --every 5m --tick-at-grant --timeout 4m -- /app/sweep     (container entrypoint)
-  leaderrun -n -w 30s -E 75 -c 'pg_dump app | gzip > /backup/app.gz'   (flock(1) habits)
+  leaderrun --once --min-hold 5m --lock-name nightly-report -- /usr/local/bin/nightly-report
+                                                                   (crontab on every host)
+  leaderrun --every 5m --tick-at-grant --timeout 4m --lock-name sweep -- /app/sweep
+                                                                   (container entrypoint)
+  leaderrun -n -w 30s -E 75 --lock-name backup -c 'pg_dump app | gzip > /backup/app.gz'
+                                                                   (flock(1) habits)
+
+Without --lock-id or --lock-name the key is the plexsphere background leader lock, the plexsphere \
+API's own: give every job of yours a key of its own.
 
 Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND is sh -c STRING), as flock(1); -s --stop-signal, -k --grace, as timeout(1). Durations take a unit (30s, not 30); --takeover-delay and --min-hold, whose default is zero, also take a bare 0.
 
@@ -55,7 +61,8 @@ prints plus WARN/ERROR lines when something is wrong (cron mails nothing); -v sh
 standby says at INFO who holds the lock (host, pid, since when), once and, while it is one of the \
 two standbys in line, again when the holder changes.
 
-Exit status: COMMAND's status; 128+N when it died of signal N; the conflict code when \
+Exit status: COMMAND's status; 128+N when it died of signal N (143 for a leader stopped by \
+SIGTERM: a systemd unit needs SuccessExitStatus=143); the conflict code when \
 --once/--wait did not lead or lost leadership mid-run; 0 when stopped by INT/TERM while standby; \
 124 when --timeout stopped COMMAND; 125 when leaderrun itself failed (usage, bad DSN, database \
 unreachable in --once/--wait); 126 COMMAND not executable; 127 COMMAND not found.
@@ -87,9 +94,9 @@ pub struct Cli {
     /// PostgreSQL connection string (URL or keyword/value); the lock is per database
     ///
     /// `postgres://user@host:5432/dbname?sslmode=disable` or
-    /// `host=db user=app dbname=plexsphere`. When absent, PLEXSPHERE_DSN, then DATABASE_URL, then
-    /// PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT and PGSSLMODE
-    /// are used, with psql's defaults (Unix socket, OS user). Fields the DSN leaves out are taken
+    /// `host=db user=app dbname=plexsphere`. When absent, LEADERRUN_DSN, then PLEXSPHERE_DSN,
+    /// then DATABASE_URL, then PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME,
+    /// PGCONNECT_TIMEOUT and PGSSLMODE are used, with psql's defaults (Unix socket, OS user). Fields the DSN leaves out are taken
     /// from the PG* variables too.
     ///
     /// Advisory locks are per database: copies connected to different databases of one server
@@ -438,6 +445,10 @@ pub struct Cli {
     /// the gauge leaderrun_seconds_since_last_successful_check, e.g. a Prometheus rule with
     /// expr: leaderrun_seconds_since_last_successful_check > 60.
     ///
+    /// /readyz is 503 with the error until a check has reached the server and while checks
+    /// fail to reach it (wrong password, missing database, nothing listening), so a bad
+    /// secret never turns a replica Ready.
+    ///
     /// Example: --http-addr 0.0.0.0:9464
     #[arg(
         long,
@@ -512,8 +523,17 @@ pub enum Action {
     /// when no setting named it, so it is the user's name), TLS and who holds the real key.
     /// Exit 0 when all hold (warnings included), 1 when one fails, 125 when it cannot connect.
     ///
+    /// The scratch key is CLASS:ID with an id derived from this process unless --scratch-id
+    /// names one; doctor says which it took. On a server where ids are allotted, pick one that
+    /// is yours and free.
+    ///
     /// Example: leaderrun doctor --dsn postgres://app@pgbouncer.internal:6432/plexsphere
-    Doctor,
+    Doctor {
+        /// The id (int4) of the scratch key doctor takes and releases, in the lock's class
+        /// (default: one derived from doctor's pid)
+        #[arg(long, value_name = "ID", allow_negative_numbers = true)]
+        scratch_id: Option<i32>,
+    },
     /// Ask the current leader to hand over (a planned switchover, e.g. to drain a host)
     ///
     /// Takes the step-down request: the bigint advisory lock whose halves are the lock key
@@ -523,7 +543,9 @@ pub enum Action {
     /// standby takes over within milliseconds. Exit 0 when another replica leads afterwards,
     /// 1 when none took over within a minute (or none leads, or the holder is not leaderrun,
     /// which cannot be asked, or no standby is there to take over, and the leader is not
-    /// asked), 125 on error.
+    /// asked), 125 on error. Only a live standby counts: a queued wait whose process has
+    /// exited is dropped by the server within 250 ms (PostgreSQL 14 and later), and step-down
+    /// looks twice.
     ///
     /// Example: leaderrun step-down --lock-id 7
     StepDown {
@@ -583,10 +605,27 @@ pub struct Settings {
     pub tick_at_grant: bool,
 }
 
+/// The command-line definition as `--help` shows it: [`Cli`]'s, with the values of the
+/// environment variables hidden, so that `-h` shows `[env: LEADERRUN_LOCK_CLASS]`, not a
+/// dangling `[env: LEADERRUN_LOCK_CLASS=]` (or a value from the environment, maybe a secret).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().mut_args(|arg| arg.hide_env_values(true))
+}
+
 /// Parses the process arguments; prints help/version and exits 0, or prints the usage error
 /// and exits 125 (contract §6).
 pub fn parse() -> Cli {
-    match Cli::try_parse().and_then(|cli| cli.validate().map(|()| cli)) {
+    let raw: Vec<OsString> = std::env::args_os().collect();
+    let checked = command()
+        .try_get_matches_from(&raw)
+        .and_then(|matches| <Cli as clap::FromArgMatches>::from_arg_matches(&matches))
+        .and_then(|cli| {
+            cli.validate()?;
+            cli.check_mistyped_subcommand(&raw, std::env::var_os("PATH").as_deref())?;
+            Ok(cli)
+        });
+    match checked {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
@@ -646,6 +685,48 @@ impl Cli {
             ));
         }
         Ok(())
+    }
+
+    /// A COMMAND that is a near miss of a subcommand (`leaderrun statsu`), not found on
+    /// `path`, and not written after `--`, is a typo of the subcommand, not a program to run
+    /// (which would exit 127 after a moment): a usage error that names the subcommand. `raw`
+    /// is the whole command line, program name first.
+    ///
+    /// # Errors
+    /// A clap error (exit 125) with "did you mean …?".
+    pub fn check_mistyped_subcommand(
+        &self,
+        raw: &[OsString],
+        path: Option<&std::ffi::OsStr>,
+    ) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        let Some(word) = self.command.first().and_then(|w| w.to_str()) else {
+            return Ok(());
+        };
+        if self.action.is_some() || word.contains('/') {
+            return Ok(());
+        }
+        // After `--` it is COMMAND, whatever it looks like.
+        if raw.windows(2).any(|w| w[0] == "--" && w[1] == *word) {
+            return Ok(());
+        }
+        let Some(meant) = ["status", "doctor", "step-down"]
+            .into_iter()
+            .filter(|name| *name != word && strsim::damerau_levenshtein(name, word) <= 2)
+            .min_by_key(|name| strsim::damerau_levenshtein(name, word))
+        else {
+            return Ok(());
+        };
+        if crate::child::Command::resolve(vec![word.into()], path).is_ok() {
+            return Ok(());
+        }
+        Err(Cli::command().error(
+            clap::error::ErrorKind::InvalidSubcommand,
+            format!(
+                "unrecognized subcommand '{word}': did you mean {meant}? (to run a program \
+                 named {word}: leaderrun [OPTIONS] -- {word})"
+            ),
+        ))
     }
 
     /// The lock key in use: `--lock-class` with `--lock-id`, or the id derived from

@@ -114,7 +114,7 @@ pub fn man_page() -> Vec<u8> {
     section(&mut roff, "EXIT STATUS");
     for (code, text) in [
         ("COMMAND's status", "COMMAND exited on its own."),
-        ("128+N", "COMMAND was ended by signal N. For SIGINT, leaderrun (when not PID 1) dies of SIGINT itself, so a calling shell loop stops; the shell shows 130."),
+        ("128+N", "COMMAND was ended by signal N. For SIGINT, leaderrun (when not PID 1) dies of SIGINT itself, so a calling shell loop stops; the shell shows 130. A leader stopped by SIGTERM (systemctl stop) passes it on and exits 143 when COMMAND dies of it: give a systemd unit SuccessExitStatus=143."),
         ("conflict code", "--once/--wait did not lead, or lost leadership while COMMAND ran (--conflict-exit-code, default 0)."),
         ("0", "Stopped by INT or TERM while standby."),
         ("124", "--timeout expired and COMMAND was stopped (--once/--wait and the default mode)."),
@@ -226,15 +226,15 @@ pub fn man_page() -> Vec<u8> {
     for (text, example) in [
         (
             "Run a worker on exactly one of many hosts:",
-            "leaderrun --dsn postgres://app@db/plexsphere -- ./worker",
+            "leaderrun --dsn postgres://app@db/plexsphere --lock-name worker -- ./worker",
         ),
         (
             "A nightly cron job on every host that runs once:",
-            "leaderrun --once --min-hold 5m -- /usr/local/bin/nightly-report",
+            "leaderrun --once --min-hold 5m --lock-name nightly-report -- /usr/local/bin/nightly-report",
         ),
         (
             "A container entrypoint that sweeps every five minutes on the leader:",
-            "leaderrun --every 5m --tick-at-grant --timeout 4m -- /app/sweep",
+            "leaderrun --every 5m --tick-at-grant --timeout 4m --lock-name sweep -- /app/sweep",
         ),
         ("Who leads:", "leaderrun status --lock-id 7"),
         (

@@ -192,6 +192,12 @@ impl fmt::Display for Chain<'_> {
                 }
                 if let Some(hint) = db.hint() {
                     write!(f, "; hint: {hint}")?;
+                } else if *db.code() == tokio_postgres::error::SqlState::UNDEFINED_DATABASE {
+                    // psql's habit: say what to check, not pg_hba.conf.
+                    f.write_str(
+                        "; hint: the server has no database of that name: create it, or name \
+                         the one the lock lives in (dbname= in the DSN, or PGDATABASE)",
+                    )?;
                 }
                 // Prepared statements that collide or vanish between statements: the session
                 // is being shared or swapped (FIELD-NOTES PostgreSQL 8).
@@ -212,6 +218,16 @@ impl fmt::Display for Chain<'_> {
                 // (tokio-postgres' "invalid configuration", caused by "password missing").
                 if text == "password missing" {
                     f.write_str(PASSWORD_HINT)?;
+                }
+                // psql's hint for a refused connection.
+                if err
+                    .downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+                {
+                    f.write_str(
+                        "; hint: is the server running on that host and accepting TCP \
+                         connections on that port?",
+                    )?;
                 }
             }
             current = err.source();

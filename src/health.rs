@@ -5,9 +5,15 @@
 //! | replica state | readiness |
 //! |---|---|
 //! | booted, no check yet | not ready |
+//! | standby whose latest check could not reach the server | not ready, with that check's error |
+//! | standby before any check has reached the server | not ready |
 //! | leader, last run/tick succeeded (or none yet) | ready |
 //! | leader, last run/tick failed | not ready, with that run's error, until a later one succeeds |
-//! | standby | ready: a standby runs nothing and has no outcome of its own |
+//! | standby whose latest check reached the server, or whose wait is queued on it | ready: a standby runs nothing and has no outcome of its own |
+//!
+//! A replica that cannot reach the server (a wrong password, a missing role or database, a
+//! port where nothing listens) is therefore never ready: a rollout with a bad secret stops at
+//! its first pod instead of turning every pod Ready while nobody can lead.
 //!
 //! A failure belongs to the term it happened in, so a demoted leader's failure no longer
 //! counts once it is a standby, nor in a later term.
@@ -17,7 +23,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::elector::Elector;
+use crate::elector::{CheckOutcome, Checks, Elector};
 use crate::timing::Timing;
 
 /// Shared between the supervisor (which records run outcomes) and the HTTP thread.
@@ -69,18 +75,31 @@ impl Health {
 
     /// `/readyz`: the seed's readiness table (module docs). `Err` carries the reason for a 503.
     pub fn readiness(&self, elector: &Elector) -> Result<String, String> {
-        // A standby whose first wait is queued on the server has checked (contract §7).
         let checks = elector.checks();
-        if checks.total == 0 && !checks.waiting {
-            return Err("booted, no check yet".to_owned());
-        }
         let term = elector.term();
         if term.is_ended() {
-            return Ok("standby".to_owned());
+            return standby_readiness(&checks);
         }
         match &*self.failure.lock().unwrap_or_else(|e| e.into_inner()) {
             Some((failed_in, reason)) if *failed_in == term.number() => Err(reason.clone()),
             _ => Ok(format!("leader, term {}", term.number())),
         }
+    }
+}
+
+/// A standby's readiness: ready only once a check reached the server, and not while its
+/// checks fail to reach it. A wait that is queued on the server reached it, even before the
+/// check that sent it completes (at the default interval that is seconds later).
+fn standby_readiness(checks: &Checks) -> Result<String, String> {
+    if checks.waiting {
+        return Ok("standby".to_owned());
+    }
+    match checks.last {
+        None => Err("booted, no check yet".to_owned()),
+        Some(CheckOutcome::Failed) => Err(format!(
+            "cannot reach the server: {}",
+            checks.last_error.as_deref().unwrap_or("unknown error")
+        )),
+        Some(_) => Ok("standby".to_owned()),
     }
 }

@@ -24,6 +24,7 @@ fn main() -> ExitCode {
     let cli = leaderrun::cli::parse();
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
     leaderrun::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
+    leaderrun::watchdog::use_json_logs(json);
     let settings = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => settings,
         Err(err) => {
@@ -45,13 +46,14 @@ fn main() -> ExitCode {
         Some(Action::StepDown { slot }) => Exit::Code(status::step_down_main(
             connect, tls, lock, slots, slot, bound,
         )),
-        Some(Action::Doctor) => Exit::Code(status::doctor_main(
+        Some(Action::Doctor { scratch_id }) => Exit::Code(status::doctor_main(
             connect,
             tls,
             lock,
             slots,
             bound,
             settings.database_from,
+            scratch_id,
         )),
         None => runner::main(settings, signals),
     };

@@ -21,6 +21,16 @@ pub enum ChildExit {
     Stopped,
 }
 
+impl ChildExit {
+    fn label(self) -> &'static str {
+        match self {
+            ChildExit::Success => "success",
+            ChildExit::Failure => "failure",
+            ChildExit::Stopped => "stopped",
+        }
+    }
+}
+
 /// Outcome label of `leaderrun_ticks_total`.
 #[derive(Clone, Copy, Debug)]
 pub enum Tick {
@@ -34,6 +44,18 @@ pub enum Tick {
     Interrupted,
     /// Standby: nothing to run.
     Standby,
+}
+
+impl Tick {
+    fn label(self) -> &'static str {
+        match self {
+            Tick::Success => "success",
+            Tick::Failure => "failure",
+            Tick::Skipped => "skipped",
+            Tick::Interrupted => "interrupted",
+            Tick::Standby => "standby",
+        }
+    }
 }
 
 /// Counters of the binary, on the registry `/metrics` serves.
@@ -78,6 +100,20 @@ impl Metrics {
             "Seconds since the last check that got an answer from the server (since start when none has).",
         )
         .expect("valid metric");
+        // Every series exists from the start at 0: Prometheus' increase() cannot see an event
+        // whose series begins with it.
+        for outcome in [ChildExit::Success, ChildExit::Failure, ChildExit::Stopped] {
+            child_exits.with_label_values(&[outcome.label()]);
+        }
+        for outcome in [
+            Tick::Success,
+            Tick::Failure,
+            Tick::Skipped,
+            Tick::Interrupted,
+            Tick::Standby,
+        ] {
+            ticks.with_label_values(&[outcome.label()]);
+        }
         for collector in [
             Box::new(child_starts.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(child_exits.clone()),
@@ -109,24 +145,12 @@ impl Metrics {
 
     /// COMMAND ended.
     pub fn child_exited(&self, outcome: ChildExit) {
-        let label = match outcome {
-            ChildExit::Success => "success",
-            ChildExit::Failure => "failure",
-            ChildExit::Stopped => "stopped",
-        };
-        self.child_exits.with_label_values(&[label]).inc();
+        self.child_exits.with_label_values(&[outcome.label()]).inc();
     }
 
     /// A tick of `--every`.
     pub fn tick(&self, outcome: Tick) {
-        let label = match outcome {
-            Tick::Success => "success",
-            Tick::Failure => "failure",
-            Tick::Skipped => "skipped",
-            Tick::Interrupted => "interrupted",
-            Tick::Standby => "standby",
-        };
-        self.ticks.with_label_values(&[label]).inc();
+        self.ticks.with_label_values(&[outcome.label()]).inc();
     }
 
     /// The Prometheus text exposition of everything, `elector`'s state read at this moment.

@@ -34,7 +34,7 @@ pub fn main(settings: Settings, signals: SignalStream) -> Exit {
     let command = match Command::resolve(settings.command.clone(), path.as_deref()) {
         Ok(command) => command,
         Err(err) => {
-            error!("{}", Chain(&err));
+            error!("{}{}", Chain(&err), lock_file_hint(&settings.command, &err));
             return Exit::Code(err.exit_code());
         }
     };
@@ -55,6 +55,24 @@ pub fn main(settings: Settings, signals: SignalStream) -> Exit {
         }
     };
     runtime.block_on(run(settings, command, signals, terminal))
+}
+
+/// flock's word order, `leaderrun -n /var/lock/x cmd`: a path that cannot be run, followed by
+/// more words, is most likely meant as a lock file, which leaderrun does not take.
+fn lock_file_hint(command: &[std::ffi::OsString], err: &child::SpawnError) -> &'static str {
+    let path_like = command
+        .first()
+        .is_some_and(|w| w.as_encoded_bytes().contains(&b'/'));
+    let unrunnable = matches!(
+        err,
+        child::SpawnError::NotFound { .. } | child::SpawnError::NotExecutable { .. }
+    );
+    if path_like && unrunnable && command.len() > 1 {
+        "; hint: leaderrun takes no lock-file argument (flock's word order): the lock lives in \
+         PostgreSQL and --lock-id or --lock-name names it, e.g. leaderrun -n --lock-name x -- cmd"
+    } else {
+        ""
+    }
 }
 
 /// How long after the first check start-up's code pages are dropped
@@ -249,6 +267,7 @@ fn log_settings(settings: &Settings, command: &Command) {
                 server = %server,
                 application_name = %app,
                 lock = %settings.lock,
+                lock_is = lock_words(settings.lock),
                 check_interval = %dur(settings.timing.check_interval),
                 grace = %dur(settings.timing.grace),
                 stop_signal = settings.stop_signal.as_str(),
@@ -259,6 +278,17 @@ fn log_settings(settings: &Settings, command: &Command) {
                 command = %program,
                 "campaigning for the background leader lock"
     );
+}
+
+/// The lock key in words for the start line: the default key is the plexsphere API's own
+/// background leader lock, which a job of its own should not compete for by accident.
+fn lock_words(lock: crate::lock::LockKey) -> &'static str {
+    if lock == crate::lock::LockKey::default() {
+        "the plexsphere background leader lock (the default key; a job of its own takes \
+         --lock-id or --lock-name)"
+    } else {
+        "a key of its own"
+    }
 }
 
 /// Tells the watchdog every `period` that leaderrun is alive and until when its lock is proven,

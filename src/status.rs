@@ -17,7 +17,7 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use crate::conninfo::describe;
-use crate::elector::session::within;
+use crate::elector::session::{within, CLIENT_CONNECTION_CHECK};
 use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
 use crate::exit_codes::FAILURE as EXIT_FAILURE;
@@ -152,7 +152,20 @@ pub struct Report {
     /// Every standby session: those in line first (by slot and place), then those that try
     /// the lock once per interval, each group in pid order.
     pub standbys: Vec<Standby>,
+    /// Slots at or beyond `slots` (up to 1023) whose key is held: a hint that the lock is
+    /// used with a larger `--slots` than was asked about. Slot numbers, ascending.
+    pub more_slots_held: Vec<u32>,
 }
+
+/// Which slots' keys beyond the ones asked about are held. `$1`: their classes (`oid[]`),
+/// `$2`: the id.
+const MORE_SLOTS_SQL: &str = "SELECT l.classid FROM pg_locks l \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND l.objid = $2 AND l.classid = ANY($1)";
+
+/// The most slots a lock can have (`--slots`).
+const MAX_SLOTS: u32 = 1024;
 
 /// The seed's `pg_locks` query for every slot's key and every place in line, joined to
 /// `pg_stat_activity`. `$1`: the slots' classes, `$2`: the places' classes (both `oid[]`, the
@@ -220,8 +233,12 @@ pub async fn report(
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&slot_classes, &place_classes, &id];
     let comment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&comment];
-    // Both in one flight.
-    let (rows, between) = tokio::join!(
+    let more_classes: Vec<u32> = (slots..MAX_SLOTS)
+        .map(|k| lock.slot(k).class as u32)
+        .collect();
+    let more_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&more_classes, &id];
+    // All in one flight.
+    let (rows, between, more) = tokio::join!(
         within(
             "status query",
             bound,
@@ -231,9 +248,19 @@ pub async fn report(
             "standbys query",
             bound,
             client.query(STANDBYS_SQL, &comment_params),
+        ),
+        within(
+            "other slots query",
+            bound,
+            client.query(MORE_SLOTS_SQL, &more_params),
         )
     );
-    let (rows, between) = (rows?, between?);
+    let (rows, between, more) = (rows?, between?, more?);
+    let mut more_slots_held: Vec<u32> = more
+        .iter()
+        .map(|row| row.get::<_, u32>(0).wrapping_sub(lock.class as u32))
+        .collect();
+    more_slots_held.sort_unstable();
     let database = match rows.first() {
         Some(row) => row.get(7),
         None => {
@@ -331,6 +358,7 @@ pub async fn report(
         slot_leaders,
         waiters,
         standbys,
+        more_slots_held,
     })
 }
 
@@ -425,6 +453,14 @@ impl Report {
                 .join(", ")
         };
         out.push_str(&format!("waiters        {waiters}\n"));
+        if let Some(&last) = self.more_slots_held.last() {
+            let held: Vec<String> = self.more_slots_held.iter().map(u32::to_string).collect();
+            out.push_str(&format!(
+                "more slots     {} held too: give --slots {} (or more) to see them\n",
+                held.join(", "),
+                last + 1
+            ));
+        }
         for w in &self.standbys {
             let who = match (&w.host, w.leaderrun_pid) {
                 (Some(host), Some(pid)) => format!("{host}, leaderrun pid {pid}"),
@@ -548,9 +584,17 @@ pub fn step_down_main(
                 .nth(slot as usize)
                 .and_then(|s| s.leader)
         };
-        let before = report(&client, &server, lock, slots, bound).await?;
+        let mut before = report(&client, &server, lock, slots, bound).await?;
+        let any_standby = |r: &Report| !r.standbys.is_empty() || !r.waiters.is_empty();
+        if any_standby(&before) {
+            // Only a live standby counts: a waiter whose process just exited stays queued on
+            // the server until the server notices (client_connection_check_interval on
+            // PostgreSQL 14 and later; its wait's timeout before), so look again after that.
+            tokio::time::sleep(CLIENT_CONNECTION_CHECK * 3).await;
+            before = report(&client, &server, lock, slots, bound).await?;
+        }
         // Nobody could take over: asking would only stop COMMAND and start it again.
-        let no_standby = before.standbys.is_empty() && before.waiters.is_empty();
+        let no_standby = !any_standby(&before);
         let Some(old) = leader_of(before) else {
             out("no leader holds the lock; nothing to step down\n");
             return Ok(1);
@@ -672,6 +716,34 @@ where
         .get(0))
 }
 
+/// What to check when `doctor` cannot connect, by the kind of failure (as psql would say it):
+/// pg_hba.conf only for an authentication failure.
+fn connect_hint(err: &Error) -> &'static str {
+    use tokio_postgres::error::SqlState;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(db) = e.downcast_ref::<tokio_postgres::error::DbError>() {
+            let code = db.code();
+            if *code == SqlState::UNDEFINED_DATABASE {
+                return "check the database name (dbname= in --dsn, or PGDATABASE)";
+            }
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            {
+                return "check the role, its password (PGPASSWORD, ~/.pgpass) and the server's \
+                        pg_hba.conf";
+            }
+        }
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return "check the host and port (--dsn, PGHOST, PGPORT) and that the server runs there";
+        }
+        source = e.source();
+    }
+    "check the DSN and the PG* variables"
+}
+
 fn permission_hint(err: &Error) -> String {
     let denied = matches!(err, Error::Query { source, .. }
         if source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE));
@@ -779,9 +851,18 @@ pub async fn findings(
         Ok((true, false, true)) => out.push(Finding::pass(
             "exclusion",
             format!(
-                "a second session cannot take a lock the first holds ({}:{scratch}), and gets it once released",
+                "a second session cannot take a lock the first holds, and gets it once \
+                 released (scratch key {}:{scratch}; --scratch-id picks the id)",
                 lock.class
             ),
+        )),
+        Ok((false, _, _)) => out.push(Finding::fail(
+            "exclusion",
+            format!(
+                "the scratch key {}:{scratch} is held by another session",
+                lock.class
+            ),
+            "pick a free id of the class with --scratch-id",
         )),
         Ok((first, second, after)) => out.push(Finding::fail(
             "exclusion",
@@ -943,7 +1024,8 @@ pub fn database_finding(database: &str, database_from: &str) -> Finding {
 /// `leaderrun doctor`: prints each finding; exit 0 when all hold, 1 when one fails, 125 when
 /// it cannot connect. A finding that holds but comes with a hint is printed as `warn` and does
 /// not change the exit status. `database_from` says where the database name came from
-/// ([`crate::conninfo::ConnSettings::database_from`]).
+/// ([`crate::conninfo::ConnSettings::database_from`]); `scratch_id` is `--scratch-id`, the id
+/// of the scratch key in the lock's class (default: derived from this process).
 pub fn doctor_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::tls::TlsSettings,
@@ -951,17 +1033,21 @@ pub fn doctor_main(
     slots: u32,
     bound: Duration,
     database_from: &str,
+    scratch_id: Option<i32>,
 ) -> u8 {
     let Some(rt) = runtime() else {
         return EXIT_FAILURE;
     };
     let server = describe(connect_config);
-    // A scratch id of the same class that no replica uses: derived from this process.
-    let scratch = crate::lock::lock_id_for_name(&format!(
-        "leaderrun doctor {} {}",
-        std::process::id(),
-        lock.id
-    ));
+    // A scratch id of the same class that no replica uses: --scratch-id, or derived from this
+    // process.
+    let scratch = scratch_id.unwrap_or_else(|| {
+        crate::lock::lock_id_for_name(&format!(
+            "leaderrun doctor {} {}",
+            std::process::id(),
+            lock.id
+        ))
+    });
     let result = rt.block_on(async {
         let (a, _ca, _ta) = connect(connect_config, tls, &server, bound).await?;
         let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;
@@ -987,9 +1073,9 @@ pub fn doctor_main(
         Err(err) => {
             out(&format!("FAIL  connect       {}\n", Chain(&err)));
             out(&format!(
-                "      {:<12}  hint: check the DSN, PG* variables and pg_hba.conf; \
-                 leaderrun connects exactly like this\n",
-                ""
+                "      {:<12}  hint: {}; leaderrun connects exactly like this\n",
+                "",
+                connect_hint(&err)
             ));
             EXIT_FAILURE
         }

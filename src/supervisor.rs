@@ -968,7 +968,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     return State::Done(otherwise);
                 }
                 let delay = self.backoff.after_run(lasted);
-                info!(term = term.number(), last = %status, delay = %humantime::format_duration(delay), "restarting COMMAND after the back-off");
+                // A crash loop is worth a WARN (as a failed tick is): visible at -q.
+                if matches!(why, Why::TimedOut) || !status.success() {
+                    warn!(term = term.number(), delay = %humantime::format_duration(delay), "COMMAND failed ({status}); restarting COMMAND after the back-off");
+                } else {
+                    info!(term = term.number(), last = %status, delay = %humantime::format_duration(delay), "restarting COMMAND after the back-off");
+                }
                 State::Leading {
                     term: term.clone(),
                     until: Some(Instant::now() + delay),

@@ -37,6 +37,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -301,6 +302,11 @@ impl Watchdog {
                     .as_ref()
                     .map_or_else(|| OsString::from("-"), |d| d.as_os_str().to_owned()),
             )
+            .arg(if JSON_LOGS.load(Ordering::Relaxed) {
+                "json"
+            } else {
+                "text"
+            })
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null());
         // SAFETY: raw syscalls only between fork and exec.
@@ -539,8 +545,37 @@ pub fn is_watchdog() -> bool {
     std::env::args_os().next().is_some_and(|a| a == ARGV0)
 }
 
-/// The watchdog process: `leaderrun-watchdog GRACE_MS STALL_MS STOP_SIGNAL CGROUP|-`, its end of
-/// the pair on descriptor 3. Runs until leaderrun is gone.
+/// Whether leaderrun logs JSON lines (`--log-format json`): the watchdog's own lines follow.
+static JSON_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// Makes watchdogs started from now on write their lines as JSON objects, like leaderrun's
+/// `--log-format json`, instead of text lines.
+pub fn use_json_logs(json: bool) {
+    JSON_LOGS.store(json, Ordering::Relaxed);
+}
+
+/// One log line on stderr in leaderrun's format (`--log-format`): the watchdog has no tracing
+/// subscriber, so that its loop stays small; its lines are rare.
+#[cold]
+fn say(level: &str, message: &str) {
+    use std::io::Write;
+    let timestamp = humantime::format_rfc3339_micros(std::time::SystemTime::now());
+    let line = if WATCHDOG_JSON.load(Ordering::Relaxed) {
+        format!(
+            "{{\"timestamp\":\"{timestamp}\",\"level\":\"{level}\",\"message\":{}}}\n",
+            serde_json::Value::from(message)
+        )
+    } else {
+        format!("{timestamp} {level:>5} {message}\n")
+    };
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// In the watchdog process: its lines are JSON (its fifth argument is `json`).
+static WATCHDOG_JSON: AtomicBool = AtomicBool::new(false);
+
+/// The watchdog process: `leaderrun-watchdog GRACE_MS STALL_MS STOP_SIGNAL CGROUP|- text|json`,
+/// its end of the pair on descriptor 3. Runs until leaderrun is gone.
 pub fn main() -> ExitCode {
     // Nothing but leaderrun's end of file or SIGKILL ends it: INT/TERM/HUP to a whole process
     // group or cgroup reach leaderrun too, whose exit is the watchdog's cue.
@@ -575,6 +610,7 @@ pub fn main() -> ExitCode {
         .and_then(|a| a.parse::<i32>().ok())
         .and_then(|n| Signal::try_from(n).ok())
         .unwrap_or(Signal::SIGTERM);
+    WATCHDOG_JSON.store(args.get(4).is_some_and(|f| f == "json"), Ordering::Relaxed);
     let cgroup = args
         .get(3)
         .filter(|a| *a != "-")
@@ -738,9 +774,10 @@ impl Guard {
                 }
             }
             if self.freeze_in() == Some(0) {
-                eprintln!(
-                    "leaderrun-watchdog: leaderrun stopped answering while its lock was \
-                     unproven; stopping COMMAND's tree"
+                say(
+                    "WARN",
+                    "watchdog: leaderrun stopped answering while its lock was unproven; \
+                     stopping COMMAND's tree",
                 );
                 self.stop_tree();
             }
@@ -837,7 +874,10 @@ impl Guard {
     fn kill_tree(&mut self) {
         self.signal(Signal::SIGKILL);
         if !self.gone_within(KILL_WAIT, true) {
-            eprintln!("leaderrun-watchdog: COMMAND's tree is still there after SIGKILL");
+            say(
+                "ERROR",
+                "watchdog: COMMAND's tree is still there after SIGKILL",
+            );
         }
         self.tree = 0;
     }

@@ -184,6 +184,118 @@ fn sigterm_stops_the_child_exits_with_its_status_and_hands_over() {
     assert!(took < secs(1.0), "handover took {took:?}");
 }
 
+/// `systemctl stop` sends SIGTERM: a leader whose COMMAND dies of it exits 143 (128 + 15), so
+/// the README's unit counts 143 as success; without it the unit shows "failed" after every stop.
+#[test]
+fn a_stopped_leader_exits_143_and_the_systemd_unit_counts_it_as_success() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let mut leader = Replica::start(cluster, id, INTERVAL, &["--", script.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    leader.signal(Signal::SIGTERM);
+    let status = leader.wait_exit(secs(5.0));
+    assert_eq!(status.code(), Some(143), "log:\n{}", leader.log());
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let unit = readme
+        .split("### systemd")
+        .nth(1)
+        .and_then(|s| s.split("```").nth(1))
+        .expect("the README's systemd unit");
+    assert!(unit.lines().any(|l| l == "SuccessExitStatus=143"), "{unit}");
+}
+
+/// Newcomers' slips get a hint that says what to check: a mistyped subcommand, flock's word
+/// order, a refused connection, a database that does not exist.
+#[test]
+fn slips_get_hints_that_say_what_to_check() {
+    let cluster = Cluster::shared();
+    let run = |args: &[&str]| {
+        let out = leaderrun().args(args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let dsn = cluster.dsn();
+    // A near miss of a subcommand is not run as a program...
+    let (code, text) = run(&["statsu"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("did you mean status?"), "{text}");
+    let (code, text) = run(&["--dsn", &dsn, "step-dwon"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("did you mean step-down?"), "{text}");
+    // ... unless it comes after `--`.
+    let (code, text) = run(&["--dsn", &dsn, "--", "statsu"]);
+    assert_eq!(code, Some(127), "{text}");
+    assert!(!text.contains("did you mean"), "{text}");
+    // flock's word order: there is no lock-file argument.
+    let (code, text) = run(&["--dsn", &dsn, "-n", "/nonexistent/lock/x", "true"]);
+    assert_eq!(code, Some(127), "{text}");
+    assert!(text.contains("no lock-file argument"), "{text}");
+    // A refused connection: is the server running there? Not pg_hba.conf.
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let nobody = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let (code, text) = run(&["--dsn", &nobody, "--once", "--", "true"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(
+        text.contains("hint: is the server running on that host and accepting TCP connections"),
+        "{text}"
+    );
+    let (code, text) = run(&["--dsn", &nobody, "doctor"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("check the host and port"), "{text}");
+    assert!(!text.contains("pg_hba"), "{text}");
+    // A database that does not exist: its name, and where it comes from.
+    let missing = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=leaderrun_no_such_db",
+        cluster.addr().port()
+    );
+    let (code, text) = run(&["--dsn", &missing, "doctor"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(
+        text.contains("\"leaderrun_no_such_db\" does not exist"),
+        "{text}"
+    );
+    assert!(text.contains("check the database name"), "{text}");
+    assert!(!text.contains("pg_hba"), "{text}");
+}
+
+/// The default key is the plexsphere API's own leader lock: the start line says so in words.
+#[test]
+fn the_start_line_names_the_default_key_in_words() {
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let dsn = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let start_line = |extra: &[&str]| {
+        let out = leaderrun()
+            .args(["-v", "--once", "--dsn", &dsn])
+            .args(extra)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        log.lines()
+            .find(|l| l.contains("campaigning for the background leader lock"))
+            .unwrap_or_else(|| panic!("no start line:\n{log}"))
+            .to_owned()
+    };
+    let default = start_line(&[]);
+    assert!(
+        default.contains("lock_is=\"the plexsphere background leader lock"),
+        "{default}"
+    );
+    let own = start_line(&["--lock-name", "nightly-report"]);
+    assert!(own.contains("lock_is=\"a key of its own\""), "{own}");
+}
+
 #[test]
 fn database_down_at_start_warns_then_leads() {
     let cluster = Cluster::start_private();
@@ -430,7 +542,14 @@ fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
     // A grace of 1 s, so that a loaded machine still runs the child's TERM trap (its end
     // stamp) before SIGKILL; idle_session_timeout is then 3 × 200 ms + 1 s.
     let mut replicas: Vec<Replica> = (0..2)
-        .map(|_| Replica::start(cluster, id, INTERVAL, &["--grace", "1s", "--", script]))
+        .map(|_| {
+            Replica::start(
+                cluster,
+                id,
+                INTERVAL,
+                &["--grace", "1s", "--log-format", "json", "--", script],
+            )
+        })
         .collect();
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     let leader = leader_of(&mut replicas, &first);
@@ -483,6 +602,20 @@ fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
         },
     );
     assert!(!alive(first.pid));
+    // The watchdog said so in leaderrun's log format (here JSON), at WARN.
+    let log = leader.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("watchdog: leaderrun stopped answering"))
+        .unwrap_or_else(|| panic!("no watchdog line:\n{log}"));
+    let object: serde_json::Value = serde_json::from_str(line).expect(line);
+    assert_eq!(object["level"], "WARN", "{line}");
+    assert!(
+        object["timestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{line}"
+    );
 }
 
 #[test]

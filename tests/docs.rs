@@ -71,3 +71,25 @@ fn the_synopsis_puts_no_subcommand_after_command() {
         "{synopsis}"
     );
 }
+
+/// `-h` names each variable without a dangling `=` (or a value from the environment), and the
+/// man page's `--dsn` fallbacks begin with `LEADERRUN_DSN`.
+#[test]
+fn help_shows_env_names_without_values_and_the_dsn_fallbacks_in_order() {
+    for flag in ["-h", "--help"] {
+        let out = crate::support::leaderrun()
+            .arg(flag)
+            .env("LEADERRUN_LOCK_ID", "7")
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("[env: LEADERRUN_LOCK_CLASS]"), "{help}");
+        assert!(help.contains("[env: LEADERRUN_LOCK_ID]"), "{help}");
+        assert!(!help.contains("=]"), "{help}");
+    }
+    let man = String::from_utf8(leaderrun::docs::man_page()).unwrap();
+    assert!(
+        man.contains("When absent, LEADERRUN_DSN, then PLEXSPHERE_DSN, then DATABASE_URL"),
+        "the --dsn fallbacks"
+    );
+}

@@ -385,10 +385,20 @@ fn restart_on_failure_ends_after_a_success() {
         Cluster::shared(),
         unique_lock_id(),
         INTERVAL,
-        &["--restart", "on-failure", "--", job.to_str().unwrap()],
+        &["-q", "--restart", "on-failure", "--", job.to_str().unwrap()],
     );
     assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
     assert_eq!(scratch.starts().len(), 3);
+    // Each failure is a WARN, so a crash loop shows even at -q.
+    let log = replica.log();
+    let failures = log
+        .lines()
+        .filter(|l| {
+            l.contains(" WARN ")
+                && l.contains("COMMAND failed (exit code 2); restarting COMMAND after the back-off")
+        })
+        .count();
+    assert_eq!(failures, 2, "{log}");
 }
 
 #[test]

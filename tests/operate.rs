@@ -111,6 +111,107 @@ fn the_gauge_flips_on_failover_across_two_replicas() {
     });
 }
 
+/// Every counter is there from the start at 0, with each label value it can take, so that
+/// Prometheus' `increase()` sees the first event of each.
+#[test]
+fn every_counter_series_exists_at_zero_from_the_start() {
+    let refused = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+    ])
+    .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+    .args(["--every", "1h", "--", "true"]);
+    let replica = Replica::spawn(cmd);
+    let metrics = http(probe_addr(&replica), "GET", "/metrics").1;
+    let series = [
+        (
+            "leaderrun_checks_total",
+            "outcome",
+            &["granted", "refused", "verified", "lost"][..],
+        ),
+        (
+            "leaderrun_demotions_total",
+            "cause",
+            &[
+                "session_closed",
+                "timeout",
+                "check_failed",
+                "lock_not_held",
+                "backend_changed",
+                "in_recovery",
+                "safe_window_passed",
+                "step_down",
+                "abandoned",
+            ][..],
+        ),
+        (
+            "leaderrun_child_exits_total",
+            "outcome",
+            &["success", "failure", "stopped"][..],
+        ),
+        (
+            "leaderrun_ticks_total",
+            "outcome",
+            &["success", "failure", "skipped", "interrupted"][..],
+        ),
+    ];
+    for (name, label, values) in series {
+        for value in values {
+            let line = format!("{name}{{{label}=\"{value}\"}} 0");
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} missing:\n{metrics}"
+            );
+        }
+    }
+    // Failed checks are counted under their own label.
+    assert!(
+        metrics.contains("leaderrun_checks_total{outcome=\"failed\"}"),
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, "leaderrun_terms_started_total"), Some(0.0));
+    assert_eq!(sample(&metrics, "leaderrun_child_starts_total"), Some(0.0));
+}
+
+/// A standby's wait in the lock queue (up to a whole interval) is its own figure, not a
+/// check's duration: a latency alert on checks does not fire on every standby.
+#[test]
+fn a_queue_wait_is_not_counted_as_check_duration() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, "1s", &["--", job]);
+    scratch.wait_starts(1, secs(10.0));
+    let standby = Replica::start(
+        cluster,
+        id,
+        "1s",
+        &["--http-addr", "127.0.0.1:0", "--", job],
+    );
+    let addr = probe_addr(&standby);
+    let metrics = wait_for("two waits in the lock queue", secs(15.0), || {
+        let metrics = http(addr, "GET", "/metrics").1;
+        (sample(&metrics, "leaderrun_lock_wait_seconds_count")? >= 2.0).then_some(metrics)
+    });
+    let value = |name: &str| sample(&metrics, name).unwrap();
+    let waits =
+        value("leaderrun_lock_wait_seconds_sum") / value("leaderrun_lock_wait_seconds_count");
+    assert!(
+        waits > 0.7,
+        "a wait lasts about one interval: {waits} s\n{metrics}"
+    );
+    let checks = value("leaderrun_check_duration_seconds_count");
+    assert!(checks >= 1.0, "{metrics}");
+    let mean = value("leaderrun_check_duration_seconds_sum") / checks;
+    assert!(mean < 0.5, "checks are round trips: {mean} s\n{metrics}");
+}
+
 #[test]
 fn probes_follow_the_readiness_table() {
     let cluster = Cluster::shared();
@@ -227,6 +328,93 @@ fn probes_before_the_first_check_and_when_the_loop_is_stuck() {
     drop(silent);
 }
 
+/// A replica whose checks cannot reach the server (a missing database, a port where nothing
+/// listens) is never ready: `/readyz` is 503 with the check's error, check after check, while
+/// `/healthz` says the loop runs.
+#[test]
+fn a_replica_that_cannot_reach_the_server_is_not_ready() {
+    let cluster = Cluster::shared();
+    let refused = TcpListener::bind("127.0.0.1:0").unwrap();
+    let refused_port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let dsns = [
+        (
+            format!(
+                "host=127.0.0.1 port={} user=postgres dbname=leaderrun_no_such_db",
+                cluster.addr().port()
+            ),
+            "does not exist",
+        ),
+        (
+            format!("host=127.0.0.1 port={refused_port} user=postgres dbname=postgres"),
+            "refused",
+        ),
+    ];
+    let replicas: Vec<(Replica, &str)> = dsns
+        .iter()
+        .map(|(dsn, expect)| {
+            let mut cmd = leaderrun();
+            cmd.args(["--dsn", dsn, "--lock-id", &unique_lock_id().to_string()])
+                .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+                .args(["--", "true"]);
+            (Replica::spawn(cmd), *expect)
+        })
+        .collect();
+    for (replica, expect) in &replicas {
+        let addr = probe_addr(replica);
+        // Three failed checks in a row, and still not ready.
+        replica.wait_log("acquire lock connection", 3, secs(10.0));
+        let (code, body) = http(addr, "GET", "/readyz");
+        assert_eq!(code, 503, "{body}");
+        assert!(body.starts_with("cannot reach the server: "), "{body}");
+        assert!(body.to_lowercase().contains(expect), "{body}");
+        assert_eq!(http(addr, "GET", "/healthz"), (200, "ok\n".to_owned()));
+    }
+}
+
+/// A standby that was ready is not ready while its checks fail to reach the server, and is
+/// ready again once one does.
+#[test]
+fn a_standby_is_not_ready_while_its_checks_fail() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, INTERVAL, &["--", job]);
+    scratch.wait_starts(1, secs(10.0));
+    let proxy = crate::support::proxy::Proxy::start(cluster.addr());
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            proxy.port()
+        ),
+        "--lock-id",
+        &id.to_string(),
+    ])
+    .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+    .args(["--", job]);
+    let standby = Replica::spawn(cmd);
+    let addr = probe_addr(&standby);
+    wait_for("the standby to be ready", secs(10.0), || {
+        (http(addr, "GET", "/readyz") == (200, "standby\n".to_owned())).then_some(())
+    });
+    proxy.blackhole();
+    proxy.cut();
+    let body = wait_for("the standby to be not ready", secs(10.0), || {
+        let (code, body) = http(addr, "GET", "/readyz");
+        (code == 503).then_some(body)
+    });
+    assert!(body.starts_with("cannot reach the server: "), "{body}");
+    assert_eq!(http(addr, "GET", "/healthz"), (200, "ok\n".to_owned()));
+    proxy.forward();
+    wait_for("the standby to be ready again", secs(10.0), || {
+        (http(addr, "GET", "/readyz") == (200, "standby\n".to_owned())).then_some(())
+    });
+}
+
 #[test]
 fn a_port_in_use_exits_125() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -322,6 +510,55 @@ fn status_shows_the_leader_or_none() {
         .output()
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(125));
+}
+
+/// `doctor --scratch-id` takes the scratch key it is given, and says which it took; a scratch
+/// key someone holds is a failed check with a hint, not a broken lock.
+#[test]
+fn doctor_takes_the_scratch_id_it_is_given_and_says_so() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let held = unique_lock_id();
+    let _holder = Replica::start(cluster, held, INTERVAL, &["--", job.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    let doctor = |scratch_id: i32| {
+        let out = leaderrun()
+            .args([
+                "--dsn",
+                &cluster.dsn(),
+                "--lock-id",
+                &unique_lock_id().to_string(),
+            ])
+            .args(["doctor", "--scratch-id", &scratch_id.to_string()])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let free = unique_lock_id();
+    let (code, text) = doctor(free);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!(
+            "scratch key {CLASS}:{free}; --scratch-id picks the id"
+        )),
+        "{text}"
+    );
+    let (code, text) = doctor(held);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "the scratch key {CLASS}:{held} is held by another session"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("pick a free id of the class with --scratch-id"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -774,6 +1011,37 @@ fn step_down_hands_over_to_a_standby_and_says_so() {
     wait_for("the old leader to queue as a standby", secs(5.0), || {
         (cluster.waiters(id) == 1).then_some(())
     });
+}
+
+/// Right after the only standby exited, its wait may still be queued on the server: it is not
+/// a standby that can take over, so the leader is not asked and its COMMAND goes on.
+#[test]
+fn step_down_right_after_the_only_standby_exited_does_not_ask() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    // A 3 s interval: the dead standby's wait would stay queued for seconds.
+    let leader = Replica::start(cluster, id, "3s", &["--", job]);
+    scratch.wait_starts(1, secs(10.0));
+    let mut standby = Replica::start(cluster, id, "3s", &["--", job]);
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    standby.signal(Signal::SIGKILL);
+    standby.wait_exit(secs(5.0));
+    let started = std::time::Instant::now();
+    let out = step_down(cluster, id);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no standby is there to take over"),
+        "{out:?}"
+    );
+    assert!(started.elapsed() < secs(5.0));
+    assert!(!leader.log().contains("stepping down"), "{}", leader.log());
+    assert_eq!(scratch.starts().len(), 1);
+    assert_eq!(cluster.waiters(id), 0);
 }
 
 #[test]

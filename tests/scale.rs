@@ -167,6 +167,14 @@ fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
         serde_json::from_slice(&status(cluster, id, true).stdout).unwrap();
     let slot0 = starts.iter().find(|s| s.slot == Some(0)).unwrap();
     assert_eq!(plain["leader"]["pid"], slot0.backend_pid);
+    // ... and says that slot 1 is held too.
+    assert_eq!(plain["more_slots_held"], serde_json::json!([1]), "{plain}");
+    let plain_table = String::from_utf8(status(cluster, id, false).stdout).unwrap();
+    assert!(
+        plain_table.contains("more slots     1 held too: give --slots 2 (or more) to see them"),
+        "{plain_table}"
+    );
+    assert_eq!(report["more_slots_held"], serde_json::json!([]), "{report}");
     // kill -9 of slot 1's leader: a standby takes slot 1, and slot 0 keeps its leader.
     let (slot1, third) = kill_slot1_leader(&starts, &mut replicas, &scratch);
     assert!(third.fencing_token > slot1.fencing_token);

@@ -68,6 +68,12 @@ pub(crate) struct Campaign<'a> {
     /// `leaderrun step-down` that made the previous leader go may still hold its request, so
     /// it does not act on one; a request for this term is seen at the next check.
     pub(crate) first_check: bool,
+    /// Time the current check spent waiting in the server's lock queue: not part of the
+    /// check's own duration (`leaderrun_lock_wait_seconds` has it).
+    pub(crate) waited: Duration,
+    /// The current check is only a wait in line (the standby already held its place): its
+    /// duration is the queue's, and `leaderrun_check_duration_seconds` does not observe it.
+    pub(crate) wait_only: bool,
 }
 
 /// Who holds the lock, for a standby whose check was refused: one row whatever is found (the
@@ -274,6 +280,8 @@ impl Campaign<'_> {
     }
 
     pub(crate) async fn try_acquire(&mut self) {
+        self.waited = Duration::ZERO;
+        self.wait_only = self.session.as_ref().is_some_and(|s| s.place.is_some());
         let started = Instant::now();
         let sent = boottime();
         match self.try_acquire_inner(started, sent).await {
@@ -435,8 +443,12 @@ impl Campaign<'_> {
                 CheckOutcome::Failed => "failed",
             };
             metrics.checks.with_label_values(&[label]).inc();
-            metrics.check_seconds.observe((now - started).as_secs_f64());
+            if !self.wait_only {
+                let own = (now - started).saturating_sub(self.waited);
+                metrics.check_seconds.observe(own.as_secs_f64());
+            }
         }
+        let own = (now - started).saturating_sub(self.waited);
         self.shared.checks.send_modify(|checks| {
             checks.total += 1;
             match outcome {
@@ -446,7 +458,7 @@ impl Campaign<'_> {
             }
             checks.last = Some(outcome);
             checks.last_at = Some(now);
-            checks.last_latency = now - started;
+            checks.last_latency = own;
             if !matches!(outcome, CheckOutcome::Failed | CheckOutcome::Lost) {
                 checks.last_success_at = Some(now);
             }
@@ -549,6 +561,7 @@ impl Campaign<'_> {
         // The wait is queued on the server as soon as it is sent: a standby is ready from
         // then on (contract §7), not only once its wait times out.
         self.shared.checks.send_modify(|c| c.waiting = true);
+        let wait_started = Instant::now();
         let result = session
             .bounded(
                 "wait for the advisory lock",
@@ -558,6 +571,11 @@ impl Campaign<'_> {
             )
             .await;
         self.shared.checks.send_modify(|c| c.waiting = false);
+        let waited = wait_started.elapsed();
+        self.waited += waited;
+        if let Some(metrics) = &self.shared.metrics {
+            metrics.wait_seconds.observe(waited.as_secs_f64());
+        }
         match result {
             Err(Error::Query { source, .. })
                 if source.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
@@ -738,6 +756,8 @@ impl Campaign<'_> {
         // pg_locks shows the int4 halves as oid, i.e. unsigned.
         let (class, id) = (lock.class as u32, lock.id as u32);
         let started = Instant::now();
+        self.waited = Duration::ZERO;
+        self.wait_only = false;
         let first = std::mem::take(&mut self.first_check);
         let result = session
             .bounded_typed(

@@ -15,12 +15,30 @@ pub(crate) struct ElectorMetrics {
     pub(crate) terms: IntCounter,
     pub(crate) checks: IntCounterVec,
     pub(crate) check_seconds: Histogram,
+    pub(crate) wait_seconds: Histogram,
     pub(crate) demotions: IntCounterVec,
 }
 
+/// Every value of `leaderrun_checks_total`'s `outcome` label.
+pub(crate) const CHECK_OUTCOMES: [&str; 5] = ["granted", "refused", "verified", "lost", "failed"];
+
+/// Every value of `leaderrun_demotions_total`'s `cause` label ([`demotion_cause`], and
+/// `abandoned` after a panic or a dropped run).
+pub(crate) const DEMOTION_CAUSES: [&str; 9] = [
+    "session_closed",
+    "timeout",
+    "check_failed",
+    "lock_not_held",
+    "backend_changed",
+    "in_recovery",
+    "safe_window_passed",
+    "step_down",
+    "abandoned",
+];
+
 impl ElectorMetrics {
     pub(crate) fn new() -> Result<ElectorMetrics, prometheus::Error> {
-        Ok(ElectorMetrics {
+        let metrics = ElectorMetrics {
             leader: IntGauge::new(GAUGE_NAME, "1 while this replica leads, 0 otherwise")?,
             slot: {
                 let slot = IntGauge::new(
@@ -44,11 +62,24 @@ impl ElectorMetrics {
             check_seconds: Histogram::with_opts(
                 HistogramOpts::new(
                     "leaderrun_check_duration_seconds",
-                    "Time one check took, connect included.",
+                    "Time one check took, connect included: a standby's try or a leader's \
+                     check. A standby's wait in the lock queue is not in it (see \
+                     leaderrun_lock_wait_seconds); a check that was only such a wait is not \
+                     observed.",
                 )
                 .buckets(vec![
                     0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0,
+                ]),
+            )?,
+            wait_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "leaderrun_lock_wait_seconds",
+                    "Time a standby's wait in the server's lock queue took (up to one check \
+                     interval, then renewed), round trip included.",
+                )
+                .buckets(vec![
+                    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                 ]),
             )?,
             demotions: IntCounterVec::new(
@@ -59,7 +90,16 @@ impl ElectorMetrics {
                 ),
                 &["cause"],
             )?,
-        })
+        };
+        // Every series exists from the start at 0: Prometheus' increase() cannot see an event
+        // whose series begins with it.
+        for outcome in CHECK_OUTCOMES {
+            metrics.checks.with_label_values(&[outcome]);
+        }
+        for cause in DEMOTION_CAUSES {
+            metrics.demotions.with_label_values(&[cause]);
+        }
+        Ok(metrics)
     }
 
     pub(crate) fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
@@ -68,6 +108,7 @@ impl ElectorMetrics {
         registry.register(Box::new(self.terms.clone()))?;
         registry.register(Box::new(self.checks.clone()))?;
         registry.register(Box::new(self.check_seconds.clone()))?;
+        registry.register(Box::new(self.wait_seconds.clone()))?;
         registry.register(Box::new(self.demotions.clone()))?;
         Ok(())
     }
@@ -154,6 +195,20 @@ pub(crate) fn same_registry(a: &Registry, b: &Registry) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    pub(crate) fn every_demotion_cause_is_a_label_value() {
+        let causes = [
+            Error::SessionClosed(None),
+            Error::StepDownRequested,
+            Error::SafeWindowPassed {
+                since: std::time::Duration::ZERO,
+            },
+        ];
+        for cause in &causes {
+            assert!(DEMOTION_CAUSES.contains(&demotion_cause(cause)));
+        }
+    }
 
     #[test]
     pub(crate) fn registry_identity() {

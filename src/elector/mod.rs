@@ -147,7 +147,9 @@ pub struct Config {
     /// Registry that receives the `plexsphere_background_leader` gauge (no labels; 1 while
     /// leading, 0 otherwise; the seed's Metric table) and the election's own metrics:
     /// `leaderrun_slot` (the slot led on, −1 while standby), `leaderrun_terms_started_total`, `leaderrun_checks_total{outcome}`,
-    /// `leaderrun_check_duration_seconds` and `leaderrun_demotions_total{cause}`. `None`
+    /// `leaderrun_check_duration_seconds` (a check's own time, without a standby's wait in the
+    /// lock queue), `leaderrun_lock_wait_seconds` (that wait) and
+    /// `leaderrun_demotions_total{cause}`. Every labelled series exists from the start at 0. `None`
     /// registers nothing. Electors that share a registry share these, and so write one series.
     pub registry: Option<Registry>,
     /// Keeps a copy of the lock session's socket (see [`SessionKeeper`]); `None`: nobody.
@@ -264,7 +266,7 @@ pub struct Checks {
     /// When the latest check that got an answer from the server finished (anything but
     /// [`CheckOutcome::Failed`] and [`CheckOutcome::Lost`]).
     pub last_success_at: Option<Instant>,
-    /// Round-trip time of the latest check's statement.
+    /// Time the latest check took, connect included, without its wait in the lock queue.
     pub last_latency: Duration,
     /// The latest failure, with its cause chain.
     pub last_error: Option<String>,
@@ -433,6 +435,8 @@ impl Elector {
             holder_seen: Vec::new(),
             transient_since: None,
             first_check: false,
+            waited: Duration::ZERO,
+            wait_only: false,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
         // dropped, after the runtime caught it; catch it here so the term ends, the session

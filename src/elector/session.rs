@@ -34,6 +34,12 @@ pub(crate) fn pin_client_timers(config: &mut Config) {
         .tcp_user_timeout((interval * 2).min(Duration::from_millis(i32::MAX as u64)));
 }
 
+/// How soon the server notices that the client of a session in a statement (a standby's wait
+/// in the lock queue) is gone: `client_connection_check_interval`, PostgreSQL 14 and later.
+/// `leaderrun step-down` looks at the standbys twice, this far apart and more, so that only
+/// live ones count.
+pub const CLIENT_CONNECTION_CHECK: Duration = Duration::from_millis(250);
+
 /// The server-side timers pinned on every session right after connect (FIELD-NOTES
 /// PostgreSQL 5): role or database defaults may differ, so they are set with `set_config` and
 /// read back. Values are in the GUCs' base units (ms, or s for the keepalives).
@@ -55,6 +61,14 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
         // listening is freed within it. A standby is never idle that long: it runs a statement
         // every interval, or waits in one.
         ("idle_session_timeout", ms(idle)),
+        // A standby's wait in the lock queue lasts up to an interval, and a backend in a wait
+        // reads nothing from its client: without this (PostgreSQL 14 and later) a waiter whose
+        // process is gone stays in the queue until its wait times out, and `leaderrun
+        // step-down` would count it as a standby that can take over.
+        (
+            "client_connection_check_interval",
+            ms(CLIENT_CONNECTION_CHECK),
+        ),
         // The server's own fallback for a vanished client (and the only bound before
         // PostgreSQL 14): about idle_session_timeout in all.
         ("tcp_keepalives_idle", secs(idle / 2)),
