@@ -5,10 +5,11 @@
 //!
 //! - One thread serves every connection: a single-threaded tokio runtime of its own, apart from
 //!   the election's, so a busy port cannot delay a check and a stuck check cannot stall the port.
-//! - At most [`MAX_CONNECTIONS`] connections are open. A new one is always admitted and the
-//!   oldest is closed to make room: clients that hold connections (idle, slow, not reading)
-//!   cannot lock a probe out, since a probe's connection is the newest, and the server never
-//!   holds more than that many descriptors, whatever the process's descriptor limit.
+//! - At most [`MAX_CONNECTIONS`] connections are open, and at most a quarter of the process's
+//!   descriptor limit ([`connection_limit`]), so the port never takes the descriptors the
+//!   election and COMMAND's start need. A new connection is always admitted and the oldest is
+//!   closed to make room: clients that hold connections (idle, slow, not reading) cannot lock
+//!   a probe out, since a probe's connection is the newest.
 //! - A request head must arrive within [`HEAD_TIMEOUT`] (a connection's first one, and each
 //!   next one on a kept-alive connection, counted from the end of the previous response), and
 //!   fit in [`HEAD_BUFFER`] bytes with at most [`MAX_HEADERS`] headers (else 431).
@@ -18,8 +19,9 @@
 //! - Request bodies are never read into memory: every endpoint ignores its body, and hyper
 //!   then closes a connection whose body was not read rather than wait for it, so an announced
 //!   `Content-Length` (however large) costs nothing.
-//! - A failed `accept` (out of descriptors, of memory) is retried every [`ACCEPT_RETRY`]; the
-//!   port serves again as soon as the cause is gone.
+//! - A failed `accept` never ends the server. Out of descriptors (the rest of the process took
+//!   them), it closes its oldest connection and tries again; with none open, or out of memory,
+//!   it tries again every [`ACCEPT_RETRY`]: the port serves again as soon as the cause is gone.
 //!
 //! `GET` and `HEAD` work; other methods get 405, other paths 404.
 
@@ -43,7 +45,8 @@ use crate::elector::Elector;
 use crate::health::Health;
 use crate::metrics::Metrics;
 
-/// Connections open at once, at most; a new one closes the oldest.
+/// Connections open at once, at most (fewer under a low descriptor limit, see
+/// [`connection_limit`]); a new one closes the oldest.
 pub const MAX_CONNECTIONS: usize = 32;
 
 /// How long a request head may take to arrive, and how long a kept-alive connection may stay
@@ -108,17 +111,49 @@ pub fn serve(addr: SocketAddr, observed: Observed) -> Result<SocketAddr, BindErr
         let _context = runtime.enter();
         TcpListener::from_std(std_listener).map_err(|e| fail(e.to_string()))?
     };
+    let limit = connection_limit();
     std::thread::Builder::new()
         .name("http".into())
-        .spawn(move || runtime.block_on(accept_loop(listener, observed)))
+        .spawn(move || runtime.block_on(accept_loop(listener, limit, observed)))
         .map_err(|e| fail(format!("cannot start its thread: {e}")))?;
     Ok(bound)
+}
+
+/// How many connections the server keeps open at once: [`MAX_CONNECTIONS`], or a quarter of
+/// the soft `RLIMIT_NOFILE` when that is less (at least 4).
+pub fn connection_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given, nothing else.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        1024
+    };
+    (soft / 4).clamp(4, MAX_CONNECTIONS)
 }
 
 /// The open connections, oldest first, each with its id and the token that closes it.
 type Open = Arc<Mutex<VecDeque<(u64, CancellationToken)>>>;
 
-async fn accept_loop(listener: TcpListener, observed: Observed) -> ! {
+/// Closes the oldest open connection, if there is one; true when there was. Returns only once
+/// the evicted task has run and closed its socket (the runtime has this one thread).
+async fn evict_oldest(open: &Open) -> bool {
+    let oldest = open.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+    match oldest {
+        Some((_, token)) => {
+            token.cancel();
+            // The cancelled task is queued already: it runs before this one resumes.
+            tokio::task::yield_now().await;
+            true
+        }
+        None => false,
+    }
+}
+
+async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) -> ! {
     let open: Open = Arc::default();
     let mut next_id = 0u64;
     let mut failing = false;
@@ -137,7 +172,13 @@ async fn accept_loop(listener: TcpListener, observed: Observed) -> ! {
                 ) {
                     continue;
                 }
-                // Out of descriptors or memory: try again shortly, and say so once per streak.
+                // Out of descriptors: make room among our own connections and try again.
+                let out_of_descriptors =
+                    matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                if out_of_descriptors && evict_oldest(&open).await {
+                    continue;
+                }
+                // Or wait a little, and say so once per streak.
                 if !failing {
                     warn!(
                         "HTTP: cannot accept a connection, trying again every {}: {err}",
@@ -149,17 +190,18 @@ async fn accept_loop(listener: TcpListener, observed: Observed) -> ! {
                 continue;
             }
         };
+        // Room first: the evicted socket is closed before the new one is served, so the count
+        // of descriptors stays at the bound even in a burst.
+        let full = open.lock().unwrap_or_else(|e| e.into_inner()).len() >= limit;
+        if full {
+            evict_oldest(&open).await;
+        }
         let id = next_id;
         next_id += 1;
         let token = CancellationToken::new();
-        let evicted = {
-            let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
-            let evicted = (open.len() >= MAX_CONNECTIONS)
-                .then(|| open.pop_front())
-                .flatten();
-            open.push_back((id, token.clone()));
-            evicted
-        };
+        open.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back((id, token.clone()));
         tokio::spawn(connection(
             stream,
             id,
@@ -167,12 +209,9 @@ async fn accept_loop(listener: TcpListener, observed: Observed) -> ! {
             open.clone(),
             observed.clone(),
         ));
-        if let Some((_, oldest)) = evicted {
-            oldest.cancel();
-            // The evicted task runs (and closes its socket) before the next accept: the count
-            // of descriptors stays at the bound even in a burst.
-            tokio::task::yield_now().await;
-        }
+        // One connection per turn too: a flood of new connections cannot evict a probe's
+        // before it has had its turn.
+        tokio::task::yield_now().await;
     }
 }
 
@@ -194,7 +233,13 @@ async fn connection(
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }
-        std::future::ready(Ok::<_, Infallible>(response))
+        async move {
+            // One request per turn: a connection with many requests queued (pipelined, or a
+            // client that floods) waits behind every other connection before its next one, so
+            // a probe waits for one request of each at most.
+            tokio::task::yield_now().await;
+            Ok::<_, Infallible>(response)
+        }
     });
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

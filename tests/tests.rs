@@ -7,6 +7,7 @@ mod binary;
 mod child;
 mod docs;
 mod election;
+mod http;
 mod modes;
 mod operate;
 mod operator;
