@@ -132,6 +132,11 @@ pub fn connection_limit() -> usize {
     } else {
         1024
     };
+    share_of(soft)
+}
+
+/// The connections kept under a soft descriptor limit of `soft`.
+fn share_of(soft: usize) -> usize {
     (soft / 4).clamp(4, MAX_CONNECTIONS)
 }
 
@@ -304,5 +309,50 @@ fn probe(result: Result<String, String>) -> Reply {
     match result {
         Ok(body) => text(StatusCode::OK, format!("{body}\n")),
         Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--help` and the README state these bounds in figures; they must be the code's.
+    #[test]
+    fn the_documented_bounds_are_the_code_s() {
+        use clap::CommandFactory;
+        let help = crate::cli::Cli::command().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let readme = include_str!("../README.md");
+        let figures = [
+            format!("at most {MAX_CONNECTIONS} connections"),
+            format!("{} s for a request's head", HEAD_TIMEOUT.as_secs()),
+            format!(
+                "{} s and {MAX_REQUESTS_PER_CONNECTION} requests per connection",
+                CONNECTION_LIFETIME.as_secs()
+            ),
+        ];
+        for figure in &figures {
+            assert!(help.contains(figure.as_str()), "--help lacks {figure:?}");
+        }
+        let rows = [
+            format!("| {MAX_CONNECTIONS}, or a quarter of the descriptor limit"),
+            format!("| {} s to arrive", HEAD_TIMEOUT.as_secs()),
+            format!("{} KiB, {MAX_HEADERS} headers", HEAD_BUFFER / 1024),
+            format!(
+                "| {} s and {MAX_REQUESTS_PER_CONNECTION} requests",
+                CONNECTION_LIFETIME.as_secs()
+            ),
+        ];
+        for row in &rows {
+            assert!(readme.contains(row.as_str()), "README lacks {row:?}");
+        }
+    }
+
+    #[test]
+    fn the_connection_limit_keeps_to_its_share_of_descriptors() {
+        assert_eq!(share_of(1024), MAX_CONNECTIONS);
+        assert_eq!(share_of(usize::MAX), MAX_CONNECTIONS);
+        assert_eq!(share_of(96), 24);
+        assert_eq!(share_of(8), 4);
     }
 }

@@ -223,7 +223,17 @@ fn a_huge_announced_body_is_never_read_nor_ends_anything() {
             404,
         ),
     ];
-    for (request, expected) in cases {
+    // A head larger than the server's buffer, or with too many headers: refused, not grown.
+    let long_head = format!(
+        "GET /healthz HTTP/1.1\r\nX-Long: {}\r\n\r\n",
+        "a".repeat(16 << 10)
+    );
+    let many_headers = format!(
+        "GET /healthz HTTP/1.1\r\n{}\r\n",
+        "X-Many: a\r\n".repeat(64)
+    );
+    let too_large = [(long_head.as_str(), 431), (many_headers.as_str(), 431)];
+    for (request, expected) in cases.into_iter().chain(too_large) {
         let mut stream = TcpStream::connect(leading.addr).unwrap();
         stream.write_all(request.as_bytes()).unwrap();
         // Some of the body it announced; the server must not wait for the rest.
