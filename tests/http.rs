@@ -9,7 +9,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
-use leaderrun::http::{CONNECTION_LIFETIME, HEAD_TIMEOUT, MAX_CONNECTIONS};
+use leaderrun::http::{
+    CONNECTION_LIFETIME, HEAD_TIMEOUT, MAX_CONNECTIONS, MAX_REQUESTS_PER_CONNECTION,
+};
 
 use crate::support::{leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
 
@@ -273,6 +275,21 @@ fn pipeline_until_stopped(stream: &TcpStream, request: &[u8]) -> (bool, usize) {
 fn clients_that_pipeline_and_never_read_hold_up_no_probe() {
     let mut leading = Leading::start(None);
     let addr = leading.addr;
+    // A client that reads: pipelined requests are answered in order, up to the limit per
+    // connection; the last answer says it closes.
+    let mut reader = TcpStream::connect(addr).unwrap();
+    reader.set_read_timeout(Some(secs(5.0))).unwrap();
+    let pipelined = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        .repeat(MAX_REQUESTS_PER_CONNECTION as usize + 10);
+    reader.write_all(pipelined.as_bytes()).unwrap();
+    let mut answers = String::new();
+    let _ = reader.read_to_string(&mut answers);
+    assert_eq!(
+        answers.matches("HTTP/1.1 200 OK").count(),
+        MAX_REQUESTS_PER_CONNECTION as usize,
+        "{answers}"
+    );
+    assert_eq!(answers.matches("connection: close").count(), 1, "{answers}");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Two clients, each pipelining requests on one connection until the server stops taking
     // them, then on a new one, keeping every connection open and never reading an answer.
@@ -358,9 +375,10 @@ fn idle_connections_beyond_the_descriptor_limit_add_no_thread_nor_close_the_port
 }
 
 #[test]
-fn a_slowloris_is_cut_off_and_holds_up_no_probe() {
+fn slow_clients_are_cut_off_and_hold_up_no_probe() {
     let mut leading = Leading::start(None);
-    // Fewer than the server keeps, so only the time limit on a request head can end them.
+    // Fewer than the server keeps, so only the time limits can end them. The slowloris
+    // connections send a request head a byte at a time: the limit on a head ends them.
     let mut slow: Vec<TcpStream> = (0..MAX_CONNECTIONS / 2)
         .map(|_| {
             let mut stream = TcpStream::connect(leading.addr).unwrap();
@@ -370,10 +388,13 @@ fn a_slowloris_is_cut_off_and_holds_up_no_probe() {
             stream
         })
         .collect();
+    // One more sends a whole request every 500 ms, each within the limit on a head, and never
+    // reads an answer: the limit on a connection's life ends it.
+    let mut steady = TcpStream::connect(leading.addr).unwrap();
     let begun = Instant::now();
-    // One more byte of the head on each, every 100 ms, until the server closes them all.
-    let mut last_closed = None;
-    while begun.elapsed() < HEAD_TIMEOUT + SLACK {
+    let (mut slow_closed, mut steady_closed) = (None, None);
+    let mut tick = 0u32;
+    while begun.elapsed() < CONNECTION_LIFETIME + SLACK {
         let mut open = 0;
         for stream in &mut slow {
             if !closed_by_server(stream, Duration::ZERO) {
@@ -381,18 +402,36 @@ fn a_slowloris_is_cut_off_and_holds_up_no_probe() {
                 let _ = stream.write_all(b"a");
             }
         }
-        if open == 0 {
-            last_closed = Some(begun.elapsed());
+        if open == 0 && slow_closed.is_none() {
+            slow_closed = Some(begun.elapsed());
+        }
+        if steady_closed.is_none() {
+            if closed_by_server(&steady, Duration::ZERO) {
+                steady_closed = Some(begun.elapsed());
+            } else if tick % 5 == 0 {
+                let _ = steady.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+            }
+        }
+        if slow_closed.is_some() && steady_closed.is_some() {
             break;
         }
-        if begun.elapsed() < HEAD_TIMEOUT / 2 {
+        if tick % 5 == 0 && begun.elapsed() < HEAD_TIMEOUT / 2 {
             probes_answer_fast(leading.addr, "a slowloris");
         }
+        tick += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
-    let last_closed = last_closed.expect("slowloris connections stayed open");
-    println!("slowloris connections all closed after {last_closed:?}");
-    assert!(last_closed >= HEAD_TIMEOUT / 2, "{last_closed:?}");
-    probes_answer_fast(leading.addr, "after the slowloris");
+    let slow_closed = slow_closed.expect("slowloris connections stayed open");
+    let steady_closed = steady_closed.expect("the steady non-reader stayed open");
+    println!(
+        "slowloris connections all closed after {slow_closed:?}, the steady non-reader after \
+         {steady_closed:?}"
+    );
+    assert!(slow_closed >= HEAD_TIMEOUT / 2, "{slow_closed:?}");
+    assert!(
+        steady_closed + SLACK / 3 >= CONNECTION_LIFETIME,
+        "{steady_closed:?}"
+    );
+    probes_answer_fast(leading.addr, "after the slow clients");
     leading.still_leads();
 }
