@@ -14,8 +14,10 @@
 //!   next one on a kept-alive connection, counted from the end of the previous response), and
 //!   fit in [`HEAD_BUFFER`] bytes with at most [`MAX_HEADERS`] headers (else 431).
 //! - A connection lives at most [`CONNECTION_LIFETIME`] and carries at most
-//!   [`MAX_REQUESTS_PER_CONNECTION`] requests: a client that pipelines requests and never
-//!   reads the answers holds one slot for that long, then is closed.
+//!   [`MAX_REQUESTS_PER_CONNECTION`] requests, and each connection gets one request per turn
+//!   among all of them (and the accept loop one connection per turn): a client that pipelines
+//!   requests and never reads the answers holds one slot at most that long, and a flood waits
+//!   its turn behind the probes instead of starving or evicting them.
 //! - Request bodies are never read into memory: every endpoint ignores its body, and hyper
 //!   then closes a connection whose body was not read rather than wait for it, so an announced
 //!   `Content-Length` (however large) costs nothing.
