@@ -437,7 +437,13 @@ pub struct Cli {
 
     /// Serve /metrics, /healthz and /readyz on this address (off by default)
     ///
-    /// HOST:PORT or IP:PORT; :PORT listens on all addresses.
+    /// HOST:PORT or IP:PORT. :PORT means every interface (0.0.0.0:PORT, all IPv4 addresses):
+    /// whoever can reach the machine can read the metrics and probes; give 127.0.0.1:PORT or
+    /// the pod's address to keep it local.
+    ///
+    /// Clients cannot hold the port up: at most 32 connections at once (a new one closes the
+    /// oldest), 2 s for a request's head, 5 s and 100 requests per connection, request bodies
+    /// never read.
     ///
     /// /healthz is a liveness probe: 200 while leaderrun's check loop runs (within 3 check
     /// intervals), also while the database is down for many intervals, since restarting
@@ -860,7 +866,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Parses `--http-addr`: `IP:PORT`, `HOST:PORT` (the first address the name resolves to) or
-/// `:PORT` (all IPv4 addresses).
+/// `:PORT` (every interface: `0.0.0.0:PORT`, all IPv4 addresses).
 pub fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
     use std::net::ToSocketAddrs;
     let text = text.trim();

@@ -1,29 +1,74 @@
-//! `--http-addr`: `/metrics`, `/healthz` and `/readyz` on tiny_http (contract §7).
+//! `--http-addr`: `/metrics`, `/healthz` and `/readyz` (README, "Metrics and probes").
 //!
-//! The server runs on threads of its own, started before the first check, so nothing a client
-//! does can stall the election: tiny_http reads requests on its own threads, and each response
-//! is written from a short-lived thread (at most [`MAX_IN_FLIGHT`] at once; beyond that the
-//! request gets a 503 at once). `GET` and `HEAD` work; other methods get 405, other paths 404.
+//! No client of the port can stop the leader or hold up its probes, so everything a client can
+//! make the server keep is bounded:
 //!
-//! A known limit of tiny_http 0.12: it reads each connection with a blocking read, without
-//! timeouts, on a pool that grows only when no thread is idle. A burst of connections that
-//! send nothing can queue later requests behind them until those clients go away. That delays
-//! probes, never the election, which runs on its own runtime. (A receive timeout on the
-//! listening socket would be copied to accepted connections, but it also makes tiny_http's
-//! accept loop give up after one idle period, so it is not used.)
+//! - One thread serves every connection: a single-threaded tokio runtime of its own, apart from
+//!   the election's, so a busy port cannot delay a check and a stuck check cannot stall the port.
+//! - At most [`MAX_CONNECTIONS`] connections are open, and at most a quarter of the process's
+//!   descriptor limit ([`connection_limit`]), so the port never takes the descriptors the
+//!   election and COMMAND's start need. A new connection is always admitted and the oldest is
+//!   closed to make room: clients that hold connections (idle, slow, not reading) cannot lock
+//!   a probe out, since a probe's connection is the newest.
+//! - A request head must arrive within [`HEAD_TIMEOUT`] (a connection's first one, and each
+//!   next one on a kept-alive connection, counted from the end of the previous response), and
+//!   fit in [`HEAD_BUFFER`] bytes with at most [`MAX_HEADERS`] headers (else 431).
+//! - A connection lives at most [`CONNECTION_LIFETIME`] and carries at most
+//!   [`MAX_REQUESTS_PER_CONNECTION`] requests, and each connection gets one request per turn
+//!   among all of them (and the accept loop one connection per turn): a client that pipelines
+//!   requests and never reads the answers holds one slot at most that long, and a flood waits
+//!   its turn behind the probes instead of starving or evicting them.
+//! - Request bodies are never read into memory: every endpoint ignores its body, and hyper
+//!   then closes a connection whose body was not read rather than wait for it, so an announced
+//!   `Content-Length` (however large) costs nothing.
+//! - A failed `accept` never ends the server. Out of descriptors (the rest of the process took
+//!   them), it closes its oldest connection and tries again; with none open, or out of memory,
+//!   it tries again every [`ACCEPT_RETRY`]: the port serves again as soon as the cause is gone.
+//!
+//! `GET` and `HEAD` work; other methods get 405, other paths 404.
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tiny_http::{Header, Method, Request, Response, Server};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use crate::elector::Elector;
 use crate::health::Health;
 use crate::metrics::Metrics;
 
-/// Responses being written at once, at most.
-pub const MAX_IN_FLIGHT: usize = 32;
+/// Connections open at once, at most (fewer under a low descriptor limit, see
+/// [`connection_limit`]); a new one closes the oldest.
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// How long a request head may take to arrive, and how long a kept-alive connection may stay
+/// idle between requests.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long one connection may stay open, however it is used.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(5);
+
+/// Requests one connection may carry; the last one's response says `Connection: close`.
+pub const MAX_REQUESTS_PER_CONNECTION: u32 = 100;
+
+/// The read buffer of a connection, in bytes: a request head must fit in it (hyper's minimum).
+pub const HEAD_BUFFER: usize = 8192;
+
+/// Headers one request may have.
+pub const MAX_HEADERS: usize = 32;
+
+/// The pause before `accept` is tried again after it failed (e.g. `EMFILE`).
+pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -36,7 +81,8 @@ pub struct Observed {
     pub health: Arc<Health>,
 }
 
-/// The address could not be bound (in use, not permitted, not local).
+/// The address could not be bound (in use, not permitted, not local), or the server's thread
+/// or runtime could not be started.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot serve HTTP on {addr}: {reason}")]
 pub struct BindError {
@@ -46,78 +92,269 @@ pub struct BindError {
     pub reason: String,
 }
 
-/// Binds `addr` and serves on background threads. Returns the bound address (useful with
+/// Binds `addr` and serves on a thread of its own. Returns the bound address (useful with
 /// port 0).
 ///
 /// # Errors
-/// [`BindError`] when the address cannot be bound, e.g. the port is in use.
+/// [`BindError`] when the address cannot be bound, e.g. the port is in use, or the thread or
+/// its runtime cannot be started.
 pub fn serve(addr: SocketAddr, observed: Observed) -> Result<SocketAddr, BindError> {
     let fail = |reason: String| BindError { addr, reason };
-    let server = Server::http(addr).map_err(|e| fail(e.to_string()))?;
-    let bound = server.server_addr().to_ip().unwrap_or(addr);
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let std_listener = std::net::TcpListener::bind(addr).map_err(|e| fail(e.to_string()))?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|e| fail(e.to_string()))?;
+    let bound = std_listener.local_addr().unwrap_or(addr);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(format!("cannot start its runtime: {e}")))?;
+    let listener = {
+        let _context = runtime.enter();
+        TcpListener::from_std(std_listener).map_err(|e| fail(e.to_string()))?
+    };
+    let limit = connection_limit();
     std::thread::Builder::new()
         .name("http".into())
-        .spawn(move || {
-            for request in server.incoming_requests() {
-                if in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
-                    in_flight.fetch_sub(1, Ordering::AcqRel);
-                    let _ = request.respond(text(503, "busy\n".to_owned()));
-                    continue;
-                }
-                let observed = observed.clone();
-                let done = in_flight.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("http-response".into())
-                    .spawn(move || {
-                        respond(request, &observed);
-                        done.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if spawned.is_err() {
-                    // The request went with the failed closure; count it as done.
-                    in_flight.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-        })
-        .map_err(|e| fail(e.to_string()))?;
+        .spawn(move || runtime.block_on(accept_loop(listener, limit, observed)))
+        .map_err(|e| fail(format!("cannot start its thread: {e}")))?;
     Ok(bound)
 }
 
-fn text(status: u16, body: String) -> Response<std::io::Cursor<Vec<u8>>> {
-    let header =
-        Header::from_bytes("Content-Type", "text/plain; charset=utf-8").expect("static header");
-    Response::from_string(body)
-        .with_status_code(status)
-        .with_header(header)
-}
-
-fn respond(request: Request, observed: &Observed) {
-    let path = request.url().split('?').next().unwrap_or("").to_owned();
-    let known = matches!(path.as_str(), "/metrics" | "/healthz" | "/readyz");
-    let response = if !known {
-        text(404, "not found\n".to_owned())
-    } else if !matches!(request.method(), Method::Get | Method::Head) {
-        let allow = Header::from_bytes("Allow", "GET, HEAD").expect("static header");
-        text(405, "method not allowed\n".to_owned()).with_header(allow)
-    } else {
-        match path.as_str() {
-            "/metrics" => {
-                let header =
-                    Header::from_bytes("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                        .expect("static header");
-                Response::from_string(observed.metrics.render(&observed.elector))
-                    .with_header(header)
-            }
-            "/healthz" => probe(observed.health.liveness(&observed.elector)),
-            _ => probe(observed.health.readiness(&observed.elector)),
-        }
+/// How many connections the server keeps open at once: [`MAX_CONNECTIONS`], or a quarter of
+/// the soft `RLIMIT_NOFILE` when that is less (at least 4).
+pub fn connection_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
     };
-    let _ = request.respond(response);
+    // SAFETY: getrlimit writes the struct it is given, nothing else.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        1024
+    };
+    share_of(soft)
 }
 
-fn probe(result: Result<String, String>) -> Response<std::io::Cursor<Vec<u8>>> {
+/// The connections kept under a soft descriptor limit of `soft`.
+fn share_of(soft: usize) -> usize {
+    (soft / 4).clamp(4, MAX_CONNECTIONS)
+}
+
+/// The open connections, oldest first, each with its id and the token that closes it.
+type Open = Arc<Mutex<VecDeque<(u64, CancellationToken)>>>;
+
+/// Closes the oldest open connection, if there is one; true when there was. Returns only once
+/// the evicted task has run and closed its socket (the runtime has this one thread).
+async fn evict_oldest(open: &Open) -> bool {
+    let oldest = open.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+    match oldest {
+        Some((_, token)) => {
+            token.cancel();
+            // The cancelled task is queued already: it runs before this one resumes.
+            tokio::task::yield_now().await;
+            true
+        }
+        None => false,
+    }
+}
+
+async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) -> ! {
+    let open: Open = Arc::default();
+    let mut next_id = 0u64;
+    let mut failing = false;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                failing = false;
+                stream
+            }
+            Err(err) => {
+                use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted};
+                // That one connection is gone; the next may be fine.
+                if matches!(
+                    err.kind(),
+                    ConnectionAborted | ConnectionReset | Interrupted
+                ) {
+                    continue;
+                }
+                // Out of descriptors: make room among our own connections and try again.
+                let out_of_descriptors =
+                    matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                if out_of_descriptors && evict_oldest(&open).await {
+                    continue;
+                }
+                // Or wait a little, and say so once per streak.
+                if !failing {
+                    warn!(
+                        "HTTP: cannot accept a connection, trying again every {}: {err}",
+                        humantime::format_duration(ACCEPT_RETRY)
+                    );
+                    failing = true;
+                }
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        // Room first: the evicted socket is closed before the new one is served, so the count
+        // of descriptors stays at the bound even in a burst.
+        let full = open.lock().unwrap_or_else(|e| e.into_inner()).len() >= limit;
+        if full {
+            evict_oldest(&open).await;
+        }
+        let id = next_id;
+        next_id += 1;
+        let token = CancellationToken::new();
+        open.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back((id, token.clone()));
+        tokio::spawn(connection(
+            stream,
+            id,
+            token,
+            open.clone(),
+            observed.clone(),
+        ));
+        // One connection per turn too: a flood of new connections cannot evict a probe's
+        // before it has had its turn.
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Serves one connection until it ends, its time is up or a newer one evicts it.
+async fn connection(
+    stream: TcpStream,
+    id: u64,
+    token: CancellationToken,
+    open: Open,
+    observed: Observed,
+) {
+    let served = AtomicU32::new(0);
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let mut response = respond(&request, &observed);
+        // The body (if any) is dropped unread with the request.
+        drop(request);
+        if served.fetch_add(1, Ordering::Relaxed) + 1 >= MAX_REQUESTS_PER_CONNECTION {
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        async move {
+            // One request per turn: a connection with many requests queued (pipelined, or a
+            // client that floods) waits behind every other connection before its next one, so
+            // a probe waits for one request of each at most.
+            tokio::task::yield_now().await;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_buf_size(HEAD_BUFFER)
+        .max_headers(MAX_HEADERS)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        _ = token.cancelled() => {}
+        // Errors are the client's (a reset, a bad request hyper already answered): nothing to
+        // report.
+        _ = tokio::time::timeout(CONNECTION_LIFETIME, served) => {}
+    }
+    open.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(other, _)| *other != id);
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn text(status: StatusCode, body: String) -> Reply {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn respond(request: &Request<Incoming>, observed: &Observed) -> Reply {
+    let path = request.uri().path();
+    let known = matches!(path, "/metrics" | "/healthz" | "/readyz");
+    if !known {
+        return text(StatusCode::NOT_FOUND, "not found\n".to_owned());
+    }
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        let mut response = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed\n".to_owned(),
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    match path {
+        "/metrics" => {
+            let mut response = text(StatusCode::OK, observed.metrics.render(&observed.elector));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            response
+        }
+        "/healthz" => probe(observed.health.liveness(&observed.elector)),
+        _ => probe(observed.health.readiness(&observed.elector)),
+    }
+}
+
+fn probe(result: Result<String, String>) -> Reply {
     match result {
-        Ok(body) => text(200, format!("{body}\n")),
-        Err(reason) => text(503, format!("{reason}\n")),
+        Ok(body) => text(StatusCode::OK, format!("{body}\n")),
+        Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--help` and the README state these bounds in figures; they must be the code's.
+    #[test]
+    fn the_documented_bounds_are_the_code_s() {
+        use clap::CommandFactory;
+        let help = crate::cli::Cli::command().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let readme = include_str!("../README.md");
+        let figures = [
+            format!("at most {MAX_CONNECTIONS} connections"),
+            format!("{} s for a request's head", HEAD_TIMEOUT.as_secs()),
+            format!(
+                "{} s and {MAX_REQUESTS_PER_CONNECTION} requests per connection",
+                CONNECTION_LIFETIME.as_secs()
+            ),
+        ];
+        for figure in &figures {
+            assert!(help.contains(figure.as_str()), "--help lacks {figure:?}");
+        }
+        let rows = [
+            format!("| {MAX_CONNECTIONS}, or a quarter of the descriptor limit"),
+            format!("| {} s to arrive", HEAD_TIMEOUT.as_secs()),
+            format!("{} KiB, {MAX_HEADERS} headers", HEAD_BUFFER / 1024),
+            format!(
+                "| {} s and {MAX_REQUESTS_PER_CONNECTION} requests",
+                CONNECTION_LIFETIME.as_secs()
+            ),
+        ];
+        for row in &rows {
+            assert!(readme.contains(row.as_str()), "README lacks {row:?}");
+        }
+    }
+
+    #[test]
+    fn the_connection_limit_keeps_to_its_share_of_descriptors() {
+        assert_eq!(share_of(1024), MAX_CONNECTIONS);
+        assert_eq!(share_of(usize::MAX), MAX_CONNECTIONS);
+        assert_eq!(share_of(96), 24);
+        assert_eq!(share_of(8), 4);
     }
 }

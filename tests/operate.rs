@@ -267,8 +267,7 @@ fn probes_follow_the_readiness_table() {
     });
 
     // Clients that connect and send nothing, or half a request, never stall the election: the
-    // ticks go on and leadership holds. (They can delay probes until they go away: a tiny_http
-    // limit, see the http module.)
+    // ticks go on and leadership holds. (The abuses of the port itself are in the http module.)
     let mut idle: Vec<TcpStream> = (0..40).map(|_| TcpStream::connect(addr).unwrap()).collect();
     for stream in idle.iter_mut().take(20) {
         stream
