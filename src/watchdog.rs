@@ -613,6 +613,48 @@ fn now_ns() -> u64 {
         .wrapping_add(ts.tv_nsec as u64)
 }
 
+/// Writes `line` to stderr without ever waiting and without any error ending the watchdog: the
+/// line is dropped when stderr cannot take it at once (a reader that stopped reading, a closed
+/// pipe, a closed descriptor). Its descriptor is shared with leaderrun and COMMAND, so its own
+/// flags are not touched: a pipe, FIFO or terminal is opened anew through `/proc/self/fd/2`
+/// with `O_NONBLOCK`, a socket is sent to with `MSG_DONTWAIT`, a regular file (which does not
+/// block) is written as it is; anything else is not written.
+fn say(line: &str) {
+    let bytes = line.as_bytes();
+    // SAFETY: fstat into a zeroed stat; write/send/open/close on descriptors we own or on 2,
+    // with live buffers. SIGPIPE is ignored in the watchdog and MSG_NOSIGNAL is set.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(2, &mut st) != 0 {
+            return;
+        }
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                libc::write(2, bytes.as_ptr().cast(), bytes.len());
+            }
+            libc::S_IFSOCK => {
+                libc::send(
+                    2,
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                );
+            }
+            libc::S_IFIFO | libc::S_IFCHR => {
+                let fd = libc::open(
+                    c"/proc/self/fd/2".as_ptr(),
+                    libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+                );
+                if fd >= 0 {
+                    libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+                    libc::close(fd);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// What one wait on the pair brought.
 enum Step {
     /// A message, and the descriptor that came with it.
@@ -738,11 +780,12 @@ impl Guard {
                 }
             }
             if self.freeze_in() == Some(0) {
-                eprintln!(
-                    "leaderrun-watchdog: leaderrun stopped answering while its lock was \
-                     unproven; stopping COMMAND's tree"
-                );
+                // Act first: the line may not get out at all.
                 self.stop_tree();
+                say(
+                    "leaderrun-watchdog: leaderrun stopped answering while its lock was \
+                     unproven; stopped COMMAND's tree\n",
+                );
             }
         }
     }
@@ -837,7 +880,7 @@ impl Guard {
     fn kill_tree(&mut self) {
         self.signal(Signal::SIGKILL);
         if !self.gone_within(KILL_WAIT, true) {
-            eprintln!("leaderrun-watchdog: COMMAND's tree is still there after SIGKILL");
+            say("leaderrun-watchdog: COMMAND's tree is still there after SIGKILL\n");
         }
         self.tree = 0;
     }

@@ -7,6 +7,7 @@ mod binary;
 mod child;
 mod docs;
 mod election;
+mod fence;
 mod modes;
 mod operate;
 mod operator;

@@ -1,0 +1,332 @@
+//! Nothing outside the election holds up the fence: a stderr that does not take leaderrun's
+//! lines (stalled or closed), a parent that does not reap, what COMMAND inherits, leaderrun and
+//! its watchdog killed together.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::support::{
+    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// Child script that records `began PID NS` and, on TERM, `ended PID NS`. Its own stderr is
+/// /dev/null: it inherits leaderrun's, and sh reports its `sleep` killed by TERM there, which
+/// would block (or kill it with SIGPIPE) before the trap.
+const TIMED_CHILD: &str = "exec 2>/dev/null\n\
+     echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+     trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
+     while :; do sleep 0.02; done";
+
+/// What leaderrun's stderr is in a test.
+#[derive(Clone, Copy, Debug)]
+enum Stderr {
+    /// A pipe whose reader never reads, full before leaderrun starts: every write blocks.
+    Stalled,
+    /// A pipe whose reader is gone: every write fails with EPIPE.
+    Closed,
+}
+
+/// A pipe `(read end, write end)`, full when `fill` (the write end is left blocking).
+fn pipe(fill: bool) -> (OwnedFd, OwnedFd) {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+    if fill {
+        let fd = write.as_raw_fd();
+        // SAFETY: fcntl and write on a descriptor we own.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            let chunk = [b'x'; 4096];
+            while libc::write(fd, chunk.as_ptr().cast(), chunk.len()) > 0 {}
+            // Byte by byte to the last free byte.
+            while libc::write(fd, chunk.as_ptr().cast(), 1) > 0 {}
+            libc::fcntl(fd, libc::F_SETFL, flags);
+        }
+    }
+    (read, write)
+}
+
+/// A leaderrun whose stderr is `stderr`'s; killed (and its watchdog with it) when dropped.
+struct Muted {
+    child: Child,
+    /// The read end of a stalled pipe, kept open and never read.
+    _reader: Option<OwnedFd>,
+}
+
+impl Muted {
+    fn start(cluster: &Cluster, id: i32, interval: &str, stderr: Stderr, args: &[&str]) -> Muted {
+        let (read, write) = pipe(matches!(stderr, Stderr::Stalled));
+        let reader = match stderr {
+            Stderr::Stalled => Some(read),
+            Stderr::Closed => None,
+        };
+        let mut cmd = leaderrun();
+        cmd.args(["-v", "--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+            .args(["--check-interval", interval])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(write));
+        Muted {
+            child: cmd.spawn().expect("spawn leaderrun"),
+            _reader: reader,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid()), sig).expect("signal leaderrun");
+    }
+
+    /// Its exit code, waiting at most `within`.
+    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let child = &mut self.child;
+        wait_for("leaderrun to exit", within, || {
+            child.try_wait().expect("try_wait")
+        })
+        .code()
+    }
+}
+
+impl Drop for Muted {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The leader's session is terminated while its stderr does not take lines: the old child is
+/// stopped at once (not when the pipe drains), a waiting standby's child does not overlap it
+/// by more than the child's own exit on TERM, and SIGTERM to leaderrun is still acted on.
+fn terminated_session_with(stderr: Stderr) {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", TIMED_CHILD);
+    let script = script.to_str().unwrap();
+    let mut leader = Muted::start(cluster, id, "300ms", stderr, &["--", script]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.ppid, leader.pid());
+    let _standby = Replica::start(cluster, id, "300ms", &["--", script]);
+    wait_for("the standby to wait for the lock", secs(10.0), || {
+        (cluster.waiters(id) >= 1).then_some(())
+    });
+    cluster.terminate_backend(first.backend_pid);
+    let terminated = Instant::now();
+    wait_for("the old child to be stopped", secs(5.0), || {
+        (!alive(first.pid)).then_some(())
+    });
+    let took = terminated.elapsed();
+    // The stop is one message and one signal away; 1 s leaves room for a loaded machine (the
+    // pipe never drains here, so a blocked log line would hold it for good).
+    assert!(took < secs(1.0), "the old child was stopped after {took:?}");
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, leader.pid());
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
+    // The server freed the lock at once: the overlap is the old child's exit on TERM, at most
+    // the grace (the interval, 300 ms).
+    assert!(
+        ended - began < 0.3,
+        "old child ended at {ended:.3}, new began at {began:.3}"
+    );
+    // Still campaigning with a dead stderr; SIGTERM ends it at once (exit 0 as a standby),
+    // the exit not held by queued lines beyond the flush bound.
+    let watchdog = watchdog_of(leader.pid());
+    leader.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    let code = leader.wait_exit(secs(5.0));
+    assert!(sent.elapsed() < secs(2.0), "exit took {:?}", sent.elapsed());
+    assert_eq!(code, Some(0));
+    if let Some(watchdog) = watchdog {
+        wait_for("the watchdog to exit", secs(2.0), || {
+            (!alive(watchdog)).then_some(())
+        });
+    }
+}
+
+#[test]
+fn a_stalled_stderr_holds_up_neither_the_stop_of_a_terminated_session_nor_sigterm() {
+    terminated_session_with(Stderr::Stalled);
+}
+
+#[test]
+fn a_closed_stderr_holds_up_neither_the_stop_of_a_terminated_session_nor_sigterm() {
+    terminated_session_with(Stderr::Closed);
+}
+
+/// A frozen leader (SIGSTOP, leaderrun alone) whose stderr, shared with the watchdog, does not
+/// take lines: the watchdog still stops the tree before the standby can lead, and lives on.
+fn frozen_leader_with(stderr: Stderr) {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", TIMED_CHILD);
+    let script = script.to_str().unwrap();
+    let leader = Muted::start(cluster, id, "300ms", stderr, &["--", script]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.ppid, leader.pid());
+    let _standby = Replica::start(cluster, id, "300ms", &["--", script]);
+    let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
+        watchdog_of(leader.pid())
+    });
+    leader.signal(Signal::SIGSTOP);
+    let frozen = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, leader.pid());
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
+    assert!(
+        ended < began,
+        "overlap: old child ended at {ended:.3}, new began at {began:.3}"
+    );
+    assert!(!alive(first.pid), "the frozen leader's child is dead");
+    // At most the safe window (2 × 300 ms) and the stall (150 ms) after the last check, and
+    // the child's exit on TERM; 3 s leaves room for a loaded machine.
+    assert!(
+        ended - frozen < 3.0,
+        "stopped {:.3} s after the freeze",
+        ended - frozen
+    );
+    assert!(alive(watchdog), "the watchdog survived its own writes");
+    leader.signal(Signal::SIGCONT);
+}
+
+#[test]
+fn a_frozen_leaders_watchdog_stops_the_tree_with_a_stalled_stderr() {
+    frozen_leader_with(Stderr::Stalled);
+}
+
+#[test]
+fn a_frozen_leaders_watchdog_stops_the_tree_with_a_closed_stderr() {
+    frozen_leader_with(Stderr::Closed);
+}
+
+/// A free port on 127.0.0.1 (bound and let go: the test's replica binds it next).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `GET /metrics`: the body, or `None` while nothing answers.
+fn metrics(addr: SocketAddr) -> Option<String> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(secs(5.0))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).ok()?;
+    raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+}
+
+/// The value of the unlabelled sample `name`.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+const DROPPED: &str = "leaderrun_log_lines_dropped_total";
+
+#[test]
+fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    // The counter is there from the start, at 0.
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let quiet = Replica::start(
+        cluster,
+        unique_lock_id(),
+        "300ms",
+        &["--http-addr", &http, "--", script],
+    );
+    let addr: SocketAddr = http.parse().unwrap();
+    let body = wait_for("/metrics", secs(10.0), || metrics(addr));
+    assert_eq!(sample(&body, DROPPED), Some(0.0), "{body}");
+    drop(quiet);
+
+    // A full pipe in non-blocking mode (as a parent may leave it): every write fails with
+    // EAGAIN until the reader reads.
+    let (read, write) = pipe(true);
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let mut cmd = leaderrun();
+    cmd.args(["-v", "--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args([
+            "--check-interval",
+            "300ms",
+            "--http-addr",
+            &http,
+            "--",
+            script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write));
+    let leader = Muted {
+        child: cmd.spawn().expect("spawn leaderrun"),
+        _reader: None,
+    };
+    let addr: SocketAddr = http.parse().unwrap();
+    let dropped = wait_for("dropped lines counted", secs(10.0), || {
+        let body = metrics(addr)?;
+        sample(&body, DROPPED).filter(|&n| n > 0.0)
+    });
+    scratch.wait_starts(1, secs(10.0));
+    // The reader reads again: one line says how many were lost.
+    let mut reader = std::fs::File::from(read);
+    let drained = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 65536];
+        let deadline = Instant::now() + secs(10.0);
+        while Instant::now() < deadline {
+            match reader.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+            if String::from_utf8_lossy(&out).contains("were dropped") {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    });
+    let out = drained.join().unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.contains("log line(s) were dropped"))
+        .unwrap_or_else(|| panic!("no report of dropped lines in {} bytes", out.len()));
+    assert!(line.contains("WARN"), "{line}");
+    let reported: f64 = line
+        .split("total=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no total in {line}"));
+    assert!(reported >= dropped, "{line}: counted {dropped} before");
+    drop(leader);
+}
