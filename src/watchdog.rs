@@ -128,6 +128,8 @@ pub struct WatchdogPlan {
 struct Link {
     fd: OwnedFd,
     pid: u32,
+    /// Its pidfd (Linux 5.3): its exit is seen at once, and it is reaped before leaderrun exits.
+    pidfd: Option<OwnedFd>,
 }
 
 #[derive(Default)]
@@ -138,6 +140,8 @@ struct Held {
     beat: u64,
     /// Releases sent without waiting whose acknowledgements are still to come.
     unanswered: usize,
+    /// [`Watchdog::shutdown`] ran: no new watchdog is started.
+    closed: bool,
 }
 
 /// The members of process group `pgid` that are not zombies (`None` without `/proc`: then
@@ -323,7 +327,11 @@ impl Watchdog {
         drop(child);
         crate::child::set_helper(Some(pid));
         debug!(pid, "watchdog started");
-        Ok(Link { fd: ours, pid })
+        Ok(Link {
+            fd: ours,
+            pid,
+            pidfd: pidfd_open(pid),
+        })
     }
 
     /// Sends `message` (with `fd` attached), starting a new watchdog and handing it what is
@@ -344,6 +352,9 @@ impl Watchdog {
 
     /// A new watchdog, told the tree, the session and the last heartbeat.
     fn respawn(&self, held: &mut Held) -> bool {
+        if held.closed {
+            return false;
+        }
         let link = match self.spawn() {
             Ok(link) => link,
             Err(err) => {
@@ -461,6 +472,75 @@ impl SessionKeeper for Watchdog {
             }
         }
     }
+}
+
+impl Watchdog {
+    /// Ends the watchdog and reaps it, so that leaderrun leaves no zombie to a parent that does
+    /// not reap orphans (a container's PID 1 that is an application, a job scheduler, any
+    /// subreaper). Its end of the pair is closed (its cue to end: it kills a tree still
+    /// reported, closes its copy of the session and exits), then leaderrun waits for its exit
+    /// at most [`KILL_WAIT`] and a second, SIGKILLs it after that, and reaps it. No watchdog
+    /// is started after this. Call once, last, on every exit path after the first
+    /// [`Watchdog::ready`].
+    pub fn shutdown(&self) {
+        let link = {
+            let mut held = self.lock();
+            held.closed = true;
+            held.link.take()
+        };
+        let Some(Link { fd, pid, pidfd }) = link else {
+            return;
+        };
+        drop(fd);
+        let pid = Pid::from_raw(pid as i32);
+        let bound = KILL_WAIT + Duration::from_secs(1);
+        let exited = match &pidfd {
+            Some(pidfd) => {
+                let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+                let ms = bound.as_millis() as i32;
+                loop {
+                    match poll(
+                        &mut fds,
+                        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+                    ) {
+                        Err(Errno::EINTR) => continue,
+                        Ok(n) => break n > 0,
+                        Err(_) => break false,
+                    }
+                }
+            }
+            // Before Linux 5.3: look every few milliseconds.
+            None => {
+                let deadline = boottime() + bound;
+                loop {
+                    match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+                        Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(Errno::EINTR) => {}
+                        // Reaped here, or by leaderrun's reaper (ECHILD).
+                        _ => break true,
+                    }
+                    if boottime() >= deadline {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        };
+        if !exited {
+            warn!(pid = pid.as_raw(), "the watchdog did not exit; killing it");
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+        // ECHILD: reaped already (above, or by leaderrun's reaper).
+        while let Err(Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
+        crate::child::set_helper(None);
+    }
+}
+
+/// A pidfd for `pid`, `None` where the kernel has none (before 5.3) or it is gone.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: the kernel just gave us this descriptor.
+    (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw as RawFd) })
 }
 
 /// Sends one message, never blocking and never raising SIGPIPE.

@@ -330,3 +330,101 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
     assert!(reported >= dropped, "{line}: counted {dropped} before");
     drop(leader);
 }
+
+/// The environment variable that makes [`no_zombie_is_left_to_a_parent_that_does_not_reap`]
+/// the non-reaping parent itself, in a process of its own: `DSN LOCK_ID`.
+const AS_PARENT: &str = "FENCE_TEST_NON_REAPING_PARENT";
+
+/// This process's children, read from `/proc/self/task/*/children`.
+fn own_children() -> Vec<i32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .expect("/proc")
+        .flatten()
+    {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    out
+}
+
+/// Runs every mode once under this process as a subreaper that reaps nothing but its own
+/// direct child (`wait` on its pid): right after each run's exit, nothing of leaderrun's is
+/// left among this process's children (its watchdog, alive or a zombie, would be).
+fn be_a_non_reaping_parent(setting: &str) {
+    let (dsn, id) = setting.rsplit_once(' ').expect("DSN LOCK_ID");
+    // SAFETY: plain prctl on this process.
+    assert_eq!(
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
+        0,
+        "PR_SET_CHILD_SUBREAPER"
+    );
+    let scratch = Scratch::new();
+    let marker = scratch.file("ticked");
+    let tick = format!("touch '{}'", marker.display());
+    let modes: [&[&str]; 4] = [
+        &["--once", "--", "true"],
+        &["--wait", "5s", "--", "true"],
+        &["--", "true"],
+        &["--every", "200ms", "--", "sh", "-c", &tick],
+    ];
+    for args in modes {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", dsn, "--lock-id", id, "--check-interval", "200ms"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(scratch.file("log")).expect("log file"),
+            ));
+        let mut child = cmd.spawn().expect("spawn leaderrun");
+        let pid = child.id() as i32;
+        let watchdog = wait_for("its watchdog", secs(10.0), || {
+            watchdog_of(pid).or_else(|| child.try_wait().unwrap().map(|_| 0))
+        });
+        if args[0] == "--every" {
+            wait_for("a tick", secs(10.0), || marker.exists().then_some(()));
+            kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+        }
+        let status = child.wait().expect("wait for leaderrun");
+        assert!(
+            status.success(),
+            "{args:?}: {status:?}; log:\n{}",
+            std::fs::read_to_string(scratch.file("log")).unwrap_or_default()
+        );
+        assert!(watchdog != pid);
+        let left = own_children();
+        assert!(
+            left.is_empty(),
+            "{args:?}: leaderrun left {left:?} to its parent (its watchdog was {watchdog})"
+        );
+    }
+}
+
+#[test]
+fn no_zombie_is_left_to_a_parent_that_does_not_reap() {
+    if let Ok(setting) = std::env::var(AS_PARENT) {
+        return be_a_non_reaping_parent(&setting);
+    }
+    let cluster = Cluster::shared();
+    // This test again, alone, in a process of its own (a subreaper would adopt the orphans
+    // of every other test running here).
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "fence::no_zombie_is_left_to_a_parent_that_does_not_reap",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(AS_PARENT, format!("{} {}", cluster.dsn(), unique_lock_id()))
+        .output()
+        .expect("run the parent");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}
