@@ -428,3 +428,47 @@ fn no_zombie_is_left_to_a_parent_that_does_not_reap() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("1 passed"), "{text}");
 }
+
+#[test]
+fn command_inherits_the_environment_but_not_socket_activation_or_systemds_watchdog() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let dump = scratch.file("env");
+    let job = format!("env > '{}'", dump.display());
+    let mut cmd = leaderrun();
+    cmd.args(["--lock-id", &unique_lock_id().to_string(), "--once"])
+        .args(["--", "sh", "-c", &job])
+        .env("LEADERRUN_DSN", cluster.dsn())
+        .env("PGPASSWORD", "not-needed-with-trust")
+        .env("FENCE_TEST_INHERITED", "yes")
+        .env("LISTEN_FDS", "2")
+        .env("LISTEN_PID", std::process::id().to_string())
+        .env("LISTEN_FDNAMES", "http:admin")
+        .env("WATCHDOG_PID", std::process::id().to_string());
+    let out = cmd.output().expect("run leaderrun --once");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = std::fs::read_to_string(&dump).expect("the child's environment");
+    let has = |name: &str| env.lines().any(|l| l.starts_with(&format!("{name}=")));
+    for kept in [
+        "FENCE_TEST_INHERITED",
+        "LEADERRUN_DSN",
+        "PGPASSWORD",
+        "LEADERRUN_TERM",
+        "LEADERRUN_FENCING_TOKEN",
+    ] {
+        assert!(
+            has(kept),
+            "{kept} missing from the child's environment:\n{env}"
+        );
+    }
+    for dropped in ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "WATCHDOG_PID"] {
+        assert!(
+            !has(dropped),
+            "{dropped} in the child's environment:\n{env}"
+        );
+    }
+}
