@@ -171,6 +171,7 @@ pub async fn run(
         }
     }
     let notifier = tokio::spawn(crate::notify::follow(elector.clone(), health.clone()));
+    let watching = tokio::spawn(watchdog.clone().watch());
     let heartbeat = tokio::spawn(heartbeat(
         elector.clone(),
         watchdog.clone(),
@@ -208,6 +209,7 @@ pub async fn run(
     .await;
     trim.abort();
     heartbeat.abort();
+    watching.abort();
     crate::notify::stopping();
     notifier.abort();
     election.stop().await;

@@ -472,3 +472,110 @@ fn command_inherits_the_environment_but_not_socket_activation_or_systemds_watchd
         );
     }
 }
+
+#[test]
+fn a_frozen_leaders_tree_is_stopped_at_once_when_the_server_ends_its_session() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", TIMED_CHILD);
+    let script = script.to_str().unwrap();
+    // A long interval: the freeze path alone would stop the tree 2 × 2 s + 1 s after the last
+    // check.
+    let mut leader = Replica::start(cluster, id, "2s", &["--", script]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.ppid, leader.pid());
+    let _standby = Replica::start(cluster, id, "200ms", &["--", script]);
+    wait_for("the standby to wait for the lock", secs(10.0), || {
+        (cluster.waiters(id) >= 1).then_some(())
+    });
+    let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
+        watchdog_of(leader.pid())
+    });
+    leader.signal(Signal::SIGSTOP);
+    cluster.terminate_backend(first.backend_pid);
+    let terminated = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, leader.pid());
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
+    eprintln!(
+        "stopped {:.3} s after the termination; overlap {:.3} s",
+        ended - terminated,
+        ended - began
+    );
+    // The watchdog saw the server close the session: it left it 100 ms to leaderrun, then
+    // stopped the tree. 1 s leaves room for a loaded machine (the freeze path: 5 s).
+    assert!(
+        ended - terminated < 1.0,
+        "the old child ended {:.3} s after the termination",
+        ended - terminated
+    );
+    assert!(
+        ended - began < 1.0,
+        "overlap: old child ended at {ended:.3}, new began at {began:.3}"
+    );
+    assert!(alive(watchdog));
+    // Resumed, it demotes and stands by: the stop was the watchdog's, not COMMAND's own exit
+    // (which would end a `--restart never` leaderrun).
+    leader.signal(Signal::SIGCONT);
+    leader.wait_log("background leader lock lost", 1, secs(5.0));
+    leader.wait_log("child stopped after demotion", 1, secs(5.0));
+    assert!(leader.running(), "{}", leader.log());
+}
+
+#[test]
+fn a_dead_watchdog_is_replaced_at_once_even_with_nothing_to_tell_it() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, "300ms", &["--", script]);
+    scratch.wait_starts(1, secs(10.0));
+    // A standby sends its watchdog nothing (no tree, no heartbeat): only its pidfd tells.
+    let standby = Replica::start(cluster, id, "300ms", &["--", script]);
+    let old = wait_for("the standby's watchdog", secs(5.0), || {
+        watchdog_of(standby.pid())
+    });
+    kill(Pid::from_raw(old), Signal::SIGKILL).unwrap();
+    let new = wait_for("a new watchdog", secs(2.0), || {
+        watchdog_of(standby.pid()).filter(|&p| p != old)
+    });
+    assert!(alive(new));
+}
+
+#[test]
+fn killing_the_watchdog_then_leaderrun_a_moment_later_leaves_nothing_of_the_tree() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    // A helper in COMMAND's group: only the direct child dies with leaderrun (PDEATHSIG).
+    let script = scratch.child_script(
+        "child.sh",
+        "sleep 600 &\necho \"helper $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    // The default interval: heartbeats every 250 ms, which alone would leave the tree alone
+    // for up to that long.
+    let leader = Replica::start(cluster, id, "5s", &["--", script.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    let helper = scratch.recorded_pid("helper ");
+    let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
+        watchdog_of(leader.pid())
+    });
+    kill(Pid::from_raw(watchdog), Signal::SIGKILL).unwrap();
+    // Wait for the replacement (at once), not a fixed time: what is measured is that nothing
+    // between the two kills is left to a heartbeat.
+    let started = Instant::now();
+    wait_for("a new watchdog", secs(2.0), || {
+        watchdog_of(leader.pid()).filter(|&p| p != watchdog)
+    });
+    let replaced = started.elapsed();
+    leader.signal(Signal::SIGKILL);
+    wait_for("the helper to be killed", secs(3.0), || {
+        (!alive(helper)).then_some(())
+    });
+    assert!(replaced < secs(1.0), "replaced after {replaced:?}");
+}
