@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -578,4 +578,75 @@ fn killing_the_watchdog_then_leaderrun_a_moment_later_leaves_nothing_of_the_tree
         (!alive(helper)).then_some(())
     });
     assert!(replaced < secs(1.0), "replaced after {replaced:?}");
+}
+
+/// The pid namespace `pid` is in (the target of `/proc/PID/ns/pid`).
+fn pid_namespace(pid: i32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
+/// Live processes in pid namespace `ns`.
+fn members_of(ns: &std::path::Path) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| alive(p) && pid_namespace(p).as_deref() == Some(ns))
+        .collect()
+}
+
+#[test]
+fn as_pid_1_of_a_namespace_nothing_of_the_tree_outlives_leaderrun_and_its_watchdog_killed_together()
+{
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: a pid namespace takes root here");
+        return;
+    }
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    // A helper beside the main child: outside a namespace only the direct child would die with
+    // leaderrun (PDEATHSIG) once its watchdog is gone too.
+    let script = scratch.child_script(
+        "child.sh",
+        "sleep 600 &\necho \"helper $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    // A container's entrypoint: leaderrun is PID 1 of a pid namespace of its own.
+    let mut cmd = Command::new("unshare");
+    crate::support::default_signals(&mut cmd);
+    crate::support::clear_settings_env(&mut cmd);
+    cmd.args(["--pid", "--fork", "--", env!("CARGO_BIN_EXE_leaderrun")])
+        .args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--", script.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut unshare = cmd.spawn().expect("run unshare");
+    scratch.wait_starts(1, secs(10.0));
+    scratch.recorded_pid("helper ");
+    let leaderrun = wait_for("leaderrun under unshare", secs(5.0), || {
+        let children = std::fs::read_to_string(format!(
+            "/proc/{}/task/{}/children",
+            unshare.id(),
+            unshare.id()
+        ))
+        .ok()?;
+        children.split_whitespace().next()?.parse::<i32>().ok()
+    });
+    let ns = pid_namespace(leaderrun).expect("its pid namespace");
+    let watchdog = wait_for("its watchdog", secs(5.0), || watchdog_of(leaderrun));
+    // leaderrun, its watchdog, the main child, the helper.
+    let members = wait_for("the tree in the namespace", secs(5.0), || {
+        let members = members_of(&ns);
+        (members.len() >= 4).then_some(members)
+    });
+    // Both at once, as `pkill -9 leaderrun` does.
+    kill(Pid::from_raw(leaderrun), Signal::SIGKILL).unwrap();
+    kill(Pid::from_raw(watchdog), Signal::SIGKILL).unwrap();
+    wait_for("every process of the namespace to die", secs(2.0), || {
+        members.iter().all(|&p| !alive(p)).then_some(())
+    });
+    assert!(members_of(&ns).is_empty());
+    let _ = unshare.wait();
 }
