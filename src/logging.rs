@@ -33,6 +33,8 @@ static QUEUED: AtomicU64 = AtomicU64::new(0);
 static DONE: AtomicU64 = AtomicU64::new(0);
 /// The queue's count of lines it refused because it was full.
 static QUEUE_DROPS: OnceLock<ErrorCounter> = OnceLock::new();
+/// The queue's front, for the panic hook.
+static QUEUE: OnceLock<Counted> = OnceLock::new();
 /// The writer thread's guard, kept until [`finish`].
 static GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 
@@ -145,6 +147,22 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
         .thread_name("leaderrun-log")
         .finish(Stderr { reported: 0 });
     let _ = QUEUE_DROPS.set(writer.error_counter());
+    let _ = QUEUE.set(Counted(writer.clone()));
+    // A panic's message goes the same way: the default hook writes to stderr on the panicking
+    // thread, before it unwinds, and would hold that thread (the one that stops COMMAND) on a
+    // stalled stderr.
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        let backtrace = std::backtrace::Backtrace::capture();
+        let mut line = format!("thread '{name}' {info}\n");
+        if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+            line.push_str(&format!("stack backtrace:\n{backtrace}\n"));
+        }
+        if let Some(queue) = QUEUE.get() {
+            let _ = queue.clone().write(line.as_bytes());
+        }
+    }));
     *GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
     // A line that cannot be written is dropped: tracing-subscriber would otherwise report it
     // with eprintln!, which panics on that same broken stderr and would abort a leader
