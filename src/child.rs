@@ -429,7 +429,13 @@ impl Child {
             // sd_notify's unset_environment would have it.
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID");
+            .env_remove("WATCHDOG_PID")
+            // Socket activation's descriptors were leaderrun's and are closed in the child
+            // (every descriptor above 2 is): a socket-activated COMMAND would take whatever
+            // it opens as descriptor 3 for a listening socket.
+            .env_remove("LISTEN_FDS")
+            .env_remove("LISTEN_PID")
+            .env_remove("LISTEN_FDNAMES");
         let parent = nix::unistd::getpid().as_raw();
         let keep_ignored = crate::signals::ignored_at_entry();
         let tty = foreground.unwrap_or(-1);

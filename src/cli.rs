@@ -789,7 +789,9 @@ impl Cli {
     ) -> Result<Settings, crate::conninfo::ConnInfoError> {
         let resolved = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
         // `doctor` diagnoses it instead (a finding).
-        if resolved.database_from == "default" && !matches!(self.action, Some(Action::Doctor)) {
+        if resolved.database_from == "default"
+            && !matches!(self.action, Some(Action::Doctor { .. }))
+        {
             return Err(crate::conninfo::ConnInfoError::NoDatabase);
         }
         if resolved.password_from.as_deref() == Some("--dsn") {

@@ -146,6 +146,7 @@ pub fn man_page() -> Vec<u8> {
         ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT, PGSSLMODE", "Fill in what the DSN leaves out, as for psql. Pass passwords here or in ~/.pgpass, not in --dsn, which ps shows."),
         ("RUST_LOG", "Log filter (e.g. leaderrun=debug) when neither -v nor -q is given."),
         ("NOTIFY_SOCKET, WATCHDOG_USEC", "Set by systemd: READY=1 after the first check, STATUS= on every change, STOPPING=1 on shutdown, WATCHDOG=1 while the check loop is healthy."),
+        ("LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES", "Not passed on to COMMAND (its descriptors above 2 are closed), nor are NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID. Everything else is: LEADERRUN_DSN and PG* (PGPASSWORD too) included."),
         ("LEADERRUN_TERM, LEADERRUN_LOCK, LEADERRUN_SLOT, LEADERRUN_FENCING_TOKEN, LEADERRUN_BACKEND_PID", "Given to COMMAND: the term number of this one process (1, 2, ...; every new leader process says term 1), the key it holds as class:id, its slot (0 ... N-1 with --slots N; slot k is the key CLASS+k:ID), the fencing token (a number from PostgreSQL that is greater for every later term of any replica: the one to compare across replicas), and the lock session's backend pid."),
     ] {
         item(&mut roff, var, text);
@@ -184,9 +185,14 @@ pub fn man_page() -> Vec<u8> {
          leaderrun is killed, it SIGKILLs COMMAND's process group (and its cgroup, where leaderrun could \
          make one) and closes the socket only after the tree is dead; when leaderrun is stopped alone, \
          it stops the tree within the safe window plus the grace, before the server's \
-         idle_session_timeout can free the lock. Only a freeze of the whole machine is left to \
-         LEADERRUN_FENCING_TOKEN; a session the server ends itself frees the lock within the old \
-         tree's stop time.",
+         idle_session_timeout can free the lock; when the server ends the session of a stopped \
+         leaderrun, it stops the tree 100 ms later. leaderrun sees a dead watchdog at once and starts \
+         another. A session the server ends itself frees the lock within the old tree's stop time. \
+         Left to LEADERRUN_FENCING_TOKEN: a freeze of the whole machine, a stopped leaderrun whose \
+         watchdog was killed, and leaderrun and its watchdog killed together (then only COMMAND's \
+         direct child dies, unless leaderrun is PID 1 of its own PID namespace). Log output never \
+         holds leaderrun up: lines stderr does not take are dropped and counted \
+         (leaderrun_log_lines_dropped_total).",
     );
 
     section(&mut roff, "LOCKS");

@@ -25,11 +25,19 @@ fn main() -> ExitCode {
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
     leaderrun::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
+    let exit = run(cli, signals);
+    // Queued log lines get a bounded moment to reach stderr; the exit never waits on them.
+    leaderrun::logging::finish();
+    exit.finish()
+}
+
+/// Everything after the log is set up: the exit to make.
+fn run(cli: leaderrun::cli::Cli, signals: leaderrun::signals::SignalStream) -> Exit {
     let settings = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => settings,
         Err(err) => {
             tracing::error!("{}", Chain(&err));
-            return ExitCode::from(FAILURE);
+            return Exit::Code(FAILURE);
         }
     };
     let bound = runner::elector_config(&settings).io_bound();
@@ -39,7 +47,7 @@ fn main() -> ExitCode {
         settings.lock,
         settings.slots,
     );
-    let exit = match cli.action {
+    match cli.action {
         Some(Action::Status { json }) => {
             Exit::Code(status::status_main(connect, tls, lock, slots, bound, json))
         }
@@ -56,6 +64,5 @@ fn main() -> ExitCode {
             scratch_id,
         )),
         None => runner::main(settings, signals),
-    };
-    exit.finish()
+    }
 }

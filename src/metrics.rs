@@ -66,6 +66,7 @@ pub struct Metrics {
     child_exits: IntCounterVec,
     ticks: IntCounterVec,
     since_success: Gauge,
+    log_dropped: IntCounter,
     started: std::time::Instant,
 }
 
@@ -114,11 +115,17 @@ impl Metrics {
         ] {
             ticks.with_label_values(&[outcome.label()]);
         }
+        let log_dropped = IntCounter::new(
+            "leaderrun_log_lines_dropped_total",
+            "Log lines dropped because stderr did not take them (a stalled or closed reader).",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(child_starts.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(child_exits.clone()),
             Box::new(ticks.clone()),
             Box::new(since_success.clone()),
+            Box::new(log_dropped.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ] {
             registry.register(collector).expect("fresh registry");
@@ -129,6 +136,7 @@ impl Metrics {
             child_exits,
             ticks,
             since_success,
+            log_dropped,
             started: std::time::Instant::now(),
         }
     }
@@ -161,6 +169,9 @@ impl Metrics {
             None => self.started.elapsed(),
         };
         self.since_success.set(since.as_secs_f64());
+        let dropped = crate::logging::dropped_lines();
+        self.log_dropped
+            .inc_by(dropped.saturating_sub(self.log_dropped.get()));
         let mut out = Vec::new();
         // Encoding gathered families into a Vec cannot fail.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);

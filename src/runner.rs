@@ -154,9 +154,18 @@ pub async fn run(
                 );
             }
         });
-    if let Err(err) = started {
-        warn!("cannot start a thread for the watchdog's start; it starts at the grant: {err}");
-    }
+    let starter = match started {
+        Ok(starter) => Some(starter),
+        Err(err) => {
+            warn!("cannot start a thread for the watchdog's start; it starts at the grant: {err}");
+            None
+        }
+    };
+    // On every way out of here from now on, the watchdog is ended and reaped last.
+    let _reaped = ReapOnExit {
+        watchdog: watchdog.clone(),
+        starter,
+    };
     let elector = match Elector::new(config) {
         Ok(elector) => elector,
         Err(err) => {
@@ -182,6 +191,7 @@ pub async fn run(
         }
     }
     let notifier = tokio::spawn(crate::notify::follow(elector.clone(), health.clone()));
+    let watching = tokio::spawn(watchdog.clone().watch());
     let heartbeat = tokio::spawn(heartbeat(
         elector.clone(),
         watchdog.clone(),
@@ -219,10 +229,27 @@ pub async fn run(
     .await;
     trim.abort();
     heartbeat.abort();
+    watching.abort();
     crate::notify::stopping();
     notifier.abort();
     election.stop().await;
     exit
+}
+
+/// Ends and reaps the watchdog when dropped ([`Watchdog::shutdown`]), once the thread that may
+/// still be starting it is done: leaderrun leaves no zombie behind, whatever way it exits.
+struct ReapOnExit {
+    watchdog: Arc<Watchdog>,
+    starter: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for ReapOnExit {
+    fn drop(&mut self) {
+        if let Some(starter) = self.starter.take() {
+            let _ = starter.join();
+        }
+        self.watchdog.shutdown();
+    }
 }
 
 /// The one INFO line with the effective settings at start (a one-shot's default level, WARN,

@@ -79,6 +79,11 @@ enum Message {
     Release,
     /// The acknowledgement.
     Released,
+    /// leaderrun is stopping the tree it reported (a demotion, a shutdown, a timeout).
+    Stopping,
+    /// The watchdog stopped the tree itself (leaderrun froze, or did not act on a session the
+    /// server closed).
+    Stopped,
 }
 
 impl Message {
@@ -89,6 +94,8 @@ impl Message {
             Message::Session => (b'S', 0),
             Message::Release => (b'R', 0),
             Message::Released => (b'A', 0),
+            Message::Stopping => (b'K', 0),
+            Message::Stopped => (b'W', 0),
         };
         let mut out = [0u8; 9];
         out[0] = kind;
@@ -108,6 +115,8 @@ impl Message {
             b'S' => Message::Session,
             b'R' => Message::Release,
             b'A' => Message::Released,
+            b'K' => Message::Stopping,
+            b'W' => Message::Stopped,
             _ => return None,
         })
     }
@@ -129,6 +138,8 @@ pub struct WatchdogPlan {
 struct Link {
     fd: OwnedFd,
     pid: u32,
+    /// Its pidfd (Linux 5.3): its exit is seen at once, and it is reaped before leaderrun exits.
+    pidfd: Option<OwnedFd>,
 }
 
 #[derive(Default)]
@@ -139,6 +150,10 @@ struct Held {
     beat: u64,
     /// Releases sent without waiting whose acknowledgements are still to come.
     unanswered: usize,
+    /// [`Watchdog::shutdown`] ran: no new watchdog is started.
+    closed: bool,
+    /// leaderrun is stopping the reported tree.
+    stopping: bool,
 }
 
 /// The members of process group `pgid` that are not zombies (`None` without `/proc`: then
@@ -252,6 +267,8 @@ fn wait_exits(pgid: i32, members: &[i32], deadline: Duration) -> Option<bool> {
 pub struct Watchdog {
     plan: WatchdogPlan,
     held: Mutex<Held>,
+    /// Woken at every start of a watchdog process, for [`Watchdog::watch`].
+    started: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Watchdog {
@@ -271,6 +288,7 @@ impl Watchdog {
         Watchdog {
             plan,
             held: Mutex::new(Held::default()),
+            started: tokio::sync::Notify::new(),
         }
     }
 
@@ -329,7 +347,11 @@ impl Watchdog {
         drop(child);
         crate::child::set_helper(Some(pid));
         debug!(pid, "watchdog started");
-        Ok(Link { fd: ours, pid })
+        Ok(Link {
+            fd: ours,
+            pid,
+            pidfd: pidfd_open(pid),
+        })
     }
 
     /// Sends `message` (with `fd` attached), starting a new watchdog and handing it what is
@@ -350,6 +372,9 @@ impl Watchdog {
 
     /// A new watchdog, told the tree, the session and the last heartbeat.
     fn respawn(&self, held: &mut Held) -> bool {
+        if held.closed {
+            return false;
+        }
         let link = match self.spawn() {
             Ok(link) => link,
             Err(err) => {
@@ -361,11 +386,13 @@ impl Watchdog {
         let fd = link.fd.as_fd();
         let ok = send_on(fd, Message::Tree(held.tree), None).is_ok()
             && send_on(fd, Message::Beat(held.beat), None).is_ok()
+            && (!held.stopping || send_on(fd, Message::Stopping, None).is_ok())
             && held.session.as_ref().map_or(true, |s| {
                 send_on(fd, Message::Session, Some(s.as_fd())).is_ok()
             });
         held.link = Some(link);
         held.unanswered = 0;
+        self.started.notify_one();
         ok
     }
 
@@ -381,8 +408,82 @@ impl Watchdog {
     pub fn tree(&self, pgid: Option<i32>) {
         let mut held = self.lock();
         held.tree = pgid.unwrap_or(0);
+        held.stopping = false;
         let tree = held.tree;
         self.send(&mut held, Message::Tree(tree), None);
+    }
+
+    /// leaderrun is stopping the reported tree: a lock session the server closes from now on
+    /// is left to leaderrun, which is acting on it.
+    pub fn stopping(&self) {
+        let mut held = self.lock();
+        if held.tree == 0 || held.stopping {
+            return;
+        }
+        held.stopping = true;
+        self.send(&mut held, Message::Stopping, None);
+    }
+
+    /// A duplicate of the current watchdog's pidfd (`None` while none runs, or without pidfds):
+    /// readable once it has exited, so its death is noticed at once.
+    pub fn pidfd(&self) -> Option<OwnedFd> {
+        let held = self.lock();
+        held.link.as_ref()?.pidfd.as_ref()?.try_clone().ok()
+    }
+
+    /// Notices the watchdog's death the moment it happens (its pidfd becomes readable) and
+    /// starts a new one at once, handing it the tree and the session: without it a dead
+    /// watchdog would be noticed only at the next message leaderrun sends it (up to a
+    /// heartbeat later), a window in which a `kill -9` of leaderrun would leave the tree's
+    /// helpers running. Runs until [`Watchdog::shutdown`]; without pidfds it returns at once
+    /// (the next message still notices).
+    pub async fn watch(self: std::sync::Arc<Self>) {
+        loop {
+            let started = self.started.notified();
+            if self.lock().closed {
+                return;
+            }
+            let Some(pidfd) = self.pidfd() else {
+                // None runs yet (it starts beside the first connect), or it could not start.
+                started.await;
+                continue;
+            };
+            // SAFETY: the AsyncFd owns the pidfd, which stays open (and the same) until it drops.
+            let Ok(exit) = (unsafe { tokio::io::unix::AsyncFd::register(pidfd) }) else {
+                return;
+            };
+            let Ok(mut ready) = exit.readable().await else {
+                return;
+            };
+            ready.retain_ready();
+            drop(exit);
+            let mut held = self.lock();
+            if held.closed {
+                return;
+            }
+            let pid = held.link.take().map(|l| l.pid);
+            warn!(pid, "the watchdog is gone; starting a new one");
+            self.respawn(&mut held);
+        }
+    }
+
+    /// Whether the watchdog said it stopped the tree itself since the last call (its messages
+    /// waiting on the pair are read without waiting).
+    fn stopped_the_tree(&self) -> bool {
+        let mut held = self.lock();
+        let mut stopped = false;
+        while let Some(link) = &held.link {
+            match receive(link.fd.as_fd(), Duration::ZERO) {
+                Ok(Some((Message::Stopped, _))) => stopped = true,
+                // The answer to a release that did not wait for it.
+                Ok(Some((Message::Released, _))) => {
+                    held.unanswered = held.unanswered.saturating_sub(1)
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        stopped
     }
 
     /// Whether a tree is reported (it runs, or is being stopped): heartbeats matter only then.
@@ -467,6 +568,75 @@ impl SessionKeeper for Watchdog {
             }
         }
     }
+}
+
+impl Watchdog {
+    /// Ends the watchdog and reaps it, so that leaderrun leaves no zombie to a parent that does
+    /// not reap orphans (a container's PID 1 that is an application, a job scheduler, any
+    /// subreaper). Its end of the pair is closed (its cue to end: it kills a tree still
+    /// reported, closes its copy of the session and exits), then leaderrun waits for its exit
+    /// at most [`KILL_WAIT`] and a second, SIGKILLs it after that, and reaps it. No watchdog
+    /// is started after this. Call once, last, on every exit path after the first
+    /// [`Watchdog::ready`].
+    pub fn shutdown(&self) {
+        let link = {
+            let mut held = self.lock();
+            held.closed = true;
+            held.link.take()
+        };
+        let Some(Link { fd, pid, pidfd }) = link else {
+            return;
+        };
+        drop(fd);
+        let pid = Pid::from_raw(pid as i32);
+        let bound = KILL_WAIT + Duration::from_secs(1);
+        let exited = match &pidfd {
+            Some(pidfd) => {
+                let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+                let ms = bound.as_millis() as i32;
+                loop {
+                    match poll(
+                        &mut fds,
+                        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+                    ) {
+                        Err(Errno::EINTR) => continue,
+                        Ok(n) => break n > 0,
+                        Err(_) => break false,
+                    }
+                }
+            }
+            // Before Linux 5.3: look every few milliseconds.
+            None => {
+                let deadline = boottime() + bound;
+                loop {
+                    match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+                        Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(Errno::EINTR) => {}
+                        // Reaped here, or by leaderrun's reaper (ECHILD).
+                        _ => break true,
+                    }
+                    if boottime() >= deadline {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        };
+        if !exited {
+            warn!(pid = pid.as_raw(), "the watchdog did not exit; killing it");
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+        // ECHILD: reaped already (above, or by leaderrun's reaper).
+        while let Err(Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
+        crate::child::set_helper(None);
+    }
+}
+
+/// A pidfd for `pid`, `None` where the kernel has none (before 5.3) or it is gone.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: the kernel just gave us this descriptor.
+    (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw as RawFd) })
 }
 
 /// Sends one message, never blocking and never raising SIGPIPE.
@@ -555,10 +725,10 @@ pub fn use_json_logs(json: bool) {
 }
 
 /// One log line on stderr in leaderrun's format (`--log-format`): the watchdog has no tracing
-/// subscriber, so that its loop stays small; its lines are rare.
+/// subscriber, so that its loop stays small; its lines are rare, and written without waiting
+/// ([`write_now`]).
 #[cold]
 fn say(level: &str, message: &str) {
-    use std::io::Write;
     let timestamp = humantime::format_rfc3339_micros(std::time::SystemTime::now());
     let line = if WATCHDOG_JSON.load(Ordering::Relaxed) {
         format!(
@@ -568,7 +738,7 @@ fn say(level: &str, message: &str) {
     } else {
         format!("{timestamp} {level:>5} {message}\n")
     };
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    write_now(&line);
 }
 
 /// In the watchdog process: its lines are JSON (its fifth argument is `json`).
@@ -620,6 +790,8 @@ pub fn main() -> ExitCode {
     let mut guard = Guard {
         tree: 0,
         session: None,
+        closed_at: None,
+        stopping: false,
         proof: 0,
         last_beat: now_ns(),
         stall: stall.as_nanos() as u64,
@@ -649,8 +821,52 @@ fn now_ns() -> u64 {
         .wrapping_add(ts.tv_nsec as u64)
 }
 
+/// Writes `line` to stderr without ever waiting and without any error ending the watchdog: the
+/// line is dropped when stderr cannot take it at once (a reader that stopped reading, a closed
+/// pipe, a closed descriptor). Its descriptor is shared with leaderrun and COMMAND, so its own
+/// flags are not touched: a pipe, FIFO or terminal is opened anew through `/proc/self/fd/2`
+/// with `O_NONBLOCK`, a socket is sent to with `MSG_DONTWAIT`, a regular file (which does not
+/// block) is written as it is; anything else is not written.
+fn write_now(line: &str) {
+    let bytes = line.as_bytes();
+    // SAFETY: fstat into a zeroed stat; write/send/open/close on descriptors we own or on 2,
+    // with live buffers. SIGPIPE is ignored in the watchdog and MSG_NOSIGNAL is set.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(2, &mut st) != 0 {
+            return;
+        }
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                libc::write(2, bytes.as_ptr().cast(), bytes.len());
+            }
+            libc::S_IFSOCK => {
+                libc::send(
+                    2,
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                );
+            }
+            libc::S_IFIFO | libc::S_IFCHR => {
+                let fd = libc::open(
+                    c"/proc/self/fd/2".as_ptr(),
+                    libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+                );
+                if fd >= 0 {
+                    libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+                    libc::close(fd);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// What one wait on the pair brought.
 enum Step {
+    /// The server closed the lock session (end of file or an error on the watched copy).
+    SessionClosed,
     /// A message, and the descriptor that came with it.
     Message(Message, Option<OwnedFd>),
     /// Nothing within the time (or a signal, or a message that is not one).
@@ -661,24 +877,40 @@ enum Step {
     Failed,
 }
 
-/// Waits at most `within_ns` for one message on `fd`: [`receive`] with raw calls and a buffer
-/// on the stack.
+/// Waits at most `within_ns` for one message on `fd`, or for the peer of `session` (-1:
+/// none) to close it: [`receive`] with raw calls and a buffer on the stack. Only `POLLRDHUP`
+/// is asked of the session's socket, which is never read here (its bytes are leaderrun's).
 #[inline(always)]
-fn next_message(fd: RawFd, within_ns: u64) -> Step {
+fn next_message(fd: RawFd, within_ns: u64, session: RawFd) -> Step {
     let ms = within_ns.div_ceil(1_000_000).min(i32::MAX as u64) as i32;
-    let mut pollfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let ready = unsafe { libc::poll(&mut pollfd, 1, ms) };
+    let mut pollfds = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: session,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        },
+    ];
+    let n = if session >= 0 { 2 } else { 1 };
+    // SAFETY: `n` valid pollfds.
+    let ready = unsafe { libc::poll(pollfds.as_mut_ptr(), n, ms) };
     let interrupted = || Errno::last() == Errno::EINTR;
     if ready == 0 || (ready < 0 && interrupted()) {
         return Step::Nothing;
     }
     if ready < 0 {
         return Step::Failed;
+    }
+    if pollfds[0].revents == 0 {
+        return if pollfds[1].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            Step::SessionClosed
+        } else {
+            Step::Nothing
+        };
     }
     let mut buf = [0u8; 16];
     // Room for a control message with one descriptor (as `cmsg_space!([RawFd; 1])`), aligned
@@ -732,10 +964,19 @@ fn next_message(fd: RawFd, within_ns: u64) -> Step {
 /// How long the watchdog's pair must be quiet before it gives back its start-up pages: 50 ms.
 const QUIET_NS: u64 = 50_000_000;
 
+/// How long the watchdog leaves a lock session the server closed to leaderrun before it stops
+/// the tree itself: a leaderrun that runs sees the same end of file and says it is stopping
+/// (as a rule within a millisecond), so that the tree gets one stop signal, not two.
+pub const SESSION_CLOSED_DEFER: Duration = Duration::from_millis(100);
+
 /// The watchdog's state (times in boottime nanoseconds).
 struct Guard {
     tree: i32,
     session: Option<OwnedFd>,
+    /// When the server closed the session copy, while leaderrun had not said it is stopping.
+    closed_at: Option<u64>,
+    /// leaderrun said it is stopping the tree.
+    stopping: bool,
     proof: u64,
     last_beat: u64,
     stall: u64,
@@ -751,11 +992,26 @@ impl Guard {
         let mut unmapped = false;
         loop {
             let mut wait = self.freeze_in().unwrap_or(3600 * 1_000_000_000);
+            if let Some(closed) = self.closed_in() {
+                wait = wait.min(closed);
+            }
             if !unmapped {
                 wait = wait.min(QUIET_NS);
             }
-            match next_message(control.as_raw_fd(), wait) {
+            // The session is watched while a tree runs that leaderrun is not stopping.
+            let watched = match &self.session {
+                Some(session) if self.tree != 0 && !self.stopping && self.closed_at.is_none() => {
+                    session.as_raw_fd()
+                }
+                _ => -1,
+            };
+            match next_message(control.as_raw_fd(), wait, watched) {
                 Step::Message(message, fd) => self.handle(control, message, fd),
+                Step::SessionClosed => {
+                    // The lock is free already; the copy keeps nothing alive any more.
+                    drop(self.session.take());
+                    self.closed_at = Some(now_ns());
+                }
                 Step::Nothing => {
                     if !unmapped {
                         crate::memory::drop_start_up_pages();
@@ -773,15 +1029,41 @@ impl Guard {
                     return;
                 }
             }
+            if self.closed_in() == Some(0) {
+                // The server ended the session and leaderrun did not act on it: it is frozen
+                // (or its thread is held), and a standby may lead already. Act first.
+                self.closed_at = None;
+                self.stop_tree();
+                let _ = send_on(control, Message::Stopped, None);
+                say(
+                    "WARN",
+                    "watchdog: the server closed the lock session and leaderrun did not act; \
+                     stopped COMMAND's tree",
+                );
+            }
             if self.freeze_in() == Some(0) {
+                // Act first: the line may not get out at all.
+                self.stop_tree();
+                let _ = send_on(control, Message::Stopped, None);
                 say(
                     "WARN",
                     "watchdog: leaderrun stopped answering while its lock was unproven; \
-                     stopping COMMAND's tree",
+                     stopped COMMAND's tree",
                 );
-                self.stop_tree();
             }
         }
+    }
+
+    /// Time until the tree is stopped for a session the server closed: only while a tree runs
+    /// that leaderrun has not said it is stopping (nanoseconds).
+    #[inline(always)]
+    fn closed_in(&self) -> Option<u64> {
+        let closed = self.closed_at?;
+        if self.tree == 0 || self.stopping {
+            return None;
+        }
+        let defer = SESSION_CLOSED_DEFER.as_nanos() as u64;
+        Some(closed.saturating_add(defer).saturating_sub(now_ns()))
     }
 
     /// Time until a freeze is declared: only while a tree runs, once the proof has run out and
@@ -802,14 +1084,22 @@ impl Guard {
                 // A tree was just reported: leaderrun is alive now. Heartbeats come only while
                 // a tree runs, so the freeze clock starts here.
                 self.tree = pgid;
+                self.stopping = false;
+                self.closed_at = None;
                 self.last_beat = now_ns();
             }
+            Message::Stopping => self.stopping = true,
+            Message::Stopped => {}
             Message::Beat(proof) => {
                 self.proof = proof;
                 self.last_beat = now_ns();
             }
-            Message::Session => self.session = fd,
+            Message::Session => {
+                self.session = fd;
+                self.closed_at = None;
+            }
             Message::Release => {
+                self.closed_at = None;
                 drop(self.session.take());
                 let _ = send_on(control, Message::Released, None);
             }
@@ -909,12 +1199,16 @@ impl<S: Spawner> Spawner for WatchedSpawner<S> {
         if !self.watchdog.ready() {
             warn!("no watchdog runs: if leaderrun is killed, COMMAND's helpers may outlive it");
         }
+        // What the watchdog said of an earlier tree is no news of this one.
+        let _ = self.watchdog.stopped_the_tree();
         let tree = self.inner.spawn(env)?;
         self.watchdog.tree(Some(tree.pid() as i32));
         Ok(Box::new(WatchedTree {
             inner: tree,
             watchdog: self.watchdog.clone(),
             reported: true,
+            held_back: None,
+            stopping: false,
         }))
     }
 
@@ -929,7 +1223,15 @@ struct WatchedTree {
     inner: Box<dyn Tree>,
     watchdog: std::sync::Arc<Watchdog>,
     reported: bool,
+    /// Since when the end of a tree the watchdog stopped is held back (see [`Tree::poll`]).
+    held_back: Option<std::time::Instant>,
+    /// A stop was asked for since the tree started.
+    stopping: bool,
 }
+
+/// How long the end of a tree the watchdog stopped is held back at most, waiting for the term's
+/// end that caused it.
+const HOLD_BACK: Duration = Duration::from_secs(5);
 
 impl Tree for WatchedTree {
     fn pid(&self) -> u32 {
@@ -941,11 +1243,37 @@ impl Tree for WatchedTree {
     }
 
     fn signal_all(&mut self, sig: Signal) {
+        // Every stop goes through here: told first, so the watchdog leaves a session the
+        // server closes meanwhile to leaderrun.
+        if sig != Signal::SIGCONT {
+            self.watchdog.stopping();
+            self.stopping = true;
+        }
         self.inner.signal_all(sig);
     }
 
+    /// A tree the watchdog stopped while leaderrun was frozen did not exit on its own: its end
+    /// is held back (as still running) until the supervisor stops it for the term's end that
+    /// made the watchdog act, which leaderrun sees as soon as it runs again, so the exit is
+    /// not taken for COMMAND's own (which would end a `--restart never` leaderrun). At most
+    /// [`HOLD_BACK`].
     fn poll(&mut self) -> TreeState {
         let state = self.inner.poll();
+        if state.main.is_some() && !self.stopping {
+            let since = match self.held_back {
+                Some(since) => Some(since),
+                None if self.watchdog.stopped_the_tree() => Some(std::time::Instant::now()),
+                None => None,
+            };
+            self.held_back = since;
+            if since.is_some_and(|at| at.elapsed() < HOLD_BACK) {
+                return TreeState {
+                    main: None,
+                    stopped: None,
+                    empty: false,
+                };
+            }
+        }
         if state.empty && self.reported {
             self.reported = false;
             self.watchdog.tree(None);

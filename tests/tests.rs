@@ -8,6 +8,7 @@ mod child;
 mod connecting;
 mod docs;
 mod election;
+mod fence;
 mod http;
 mod libpq;
 mod modes;

@@ -119,7 +119,12 @@ fn client_certificate_authentication() {
 #[test]
 fn prefer_asks_again_in_plaintext_when_the_server_refuses_tls_as_libpq_does() {
     let cluster = Cluster::start_private();
-    cluster.enable_tls();
+    if cluster
+        .enable_tls("tls::prefer_asks_again_in_plaintext_when_the_server_refuses_tls_as_libpq_does")
+        .is_none()
+    {
+        return;
+    }
     cluster.sql("CREATE ROLE plainuser LOGIN SUPERUSER");
     // This role may log in without TLS only.
     cluster.prepend_hba(

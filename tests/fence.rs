@@ -1,0 +1,652 @@
+//! Nothing outside the election holds up the fence: a stderr that does not take leaderrun's
+//! lines (stalled or closed), a parent that does not reap, what COMMAND inherits, leaderrun and
+//! its watchdog killed together.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::support::{
+    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// Child script that records `began PID NS` and, on TERM, `ended PID NS`. Its own stderr is
+/// /dev/null: it inherits leaderrun's, and sh reports its `sleep` killed by TERM there, which
+/// would block (or kill it with SIGPIPE) before the trap.
+const TIMED_CHILD: &str = "exec 2>/dev/null\n\
+     echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+     trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
+     while :; do sleep 0.02; done";
+
+/// What leaderrun's stderr is in a test.
+#[derive(Clone, Copy, Debug)]
+enum Stderr {
+    /// A pipe whose reader never reads, full before leaderrun starts: every write blocks.
+    Stalled,
+    /// A pipe whose reader is gone: every write fails with EPIPE.
+    Closed,
+}
+
+/// A pipe `(read end, write end)`, full when `fill` (the write end is left blocking).
+fn pipe(fill: bool) -> (OwnedFd, OwnedFd) {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+    if fill {
+        let fd = write.as_raw_fd();
+        // SAFETY: fcntl and write on a descriptor we own.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            let chunk = [b'x'; 4096];
+            while libc::write(fd, chunk.as_ptr().cast(), chunk.len()) > 0 {}
+            // Byte by byte to the last free byte.
+            while libc::write(fd, chunk.as_ptr().cast(), 1) > 0 {}
+            libc::fcntl(fd, libc::F_SETFL, flags);
+        }
+    }
+    (read, write)
+}
+
+/// A leaderrun whose stderr is `stderr`'s; killed (and its watchdog with it) when dropped.
+struct Muted {
+    child: Child,
+    /// The read end of a stalled pipe, kept open and never read.
+    _reader: Option<OwnedFd>,
+}
+
+impl Muted {
+    fn start(cluster: &Cluster, id: i32, interval: &str, stderr: Stderr, args: &[&str]) -> Muted {
+        let (read, write) = pipe(matches!(stderr, Stderr::Stalled));
+        let reader = match stderr {
+            Stderr::Stalled => Some(read),
+            Stderr::Closed => None,
+        };
+        let mut cmd = leaderrun();
+        cmd.args(["-v", "--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+            .args(["--check-interval", interval])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(write));
+        Muted {
+            child: cmd.spawn().expect("spawn leaderrun"),
+            _reader: reader,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid()), sig).expect("signal leaderrun");
+    }
+
+    /// Its exit code, waiting at most `within`.
+    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let child = &mut self.child;
+        wait_for("leaderrun to exit", within, || {
+            child.try_wait().expect("try_wait")
+        })
+        .code()
+    }
+}
+
+impl Drop for Muted {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The leader's session is terminated while its stderr does not take lines: the old child is
+/// stopped at once (not when the pipe drains), a waiting standby's child does not overlap it
+/// by more than the child's own exit on TERM, and SIGTERM to leaderrun is still acted on.
+fn terminated_session_with(stderr: Stderr) {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", TIMED_CHILD);
+    let script = script.to_str().unwrap();
+    let mut leader = Muted::start(cluster, id, "300ms", stderr, &["--", script]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.ppid, leader.pid());
+    let _standby = Replica::start(cluster, id, "300ms", &["--", script]);
+    wait_for("the standby to wait for the lock", secs(10.0), || {
+        (cluster.waiters(id) >= 1).then_some(())
+    });
+    cluster.terminate_backend(first.backend_pid);
+    let terminated = Instant::now();
+    wait_for("the old child to be stopped", secs(5.0), || {
+        (!alive(first.pid)).then_some(())
+    });
+    let took = terminated.elapsed();
+    // The stop is one message and one signal away; 1 s leaves room for a loaded machine (the
+    // pipe never drains here, so a blocked log line would hold it for good).
+    assert!(took < secs(1.0), "the old child was stopped after {took:?}");
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, leader.pid());
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
+    // The server freed the lock at once: the overlap is the old child's exit on TERM, at most
+    // the grace (the interval, 300 ms).
+    assert!(
+        ended - began < 0.3,
+        "old child ended at {ended:.3}, new began at {began:.3}"
+    );
+    // Still campaigning with a dead stderr; SIGTERM ends it at once (exit 0 as a standby),
+    // the exit not held by queued lines beyond the flush bound.
+    let watchdog = watchdog_of(leader.pid());
+    leader.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    let code = leader.wait_exit(secs(5.0));
+    assert!(sent.elapsed() < secs(2.0), "exit took {:?}", sent.elapsed());
+    assert_eq!(code, Some(0));
+    if let Some(watchdog) = watchdog {
+        wait_for("the watchdog to exit", secs(2.0), || {
+            (!alive(watchdog)).then_some(())
+        });
+    }
+}
+
+#[test]
+fn a_stalled_stderr_holds_up_neither_the_stop_of_a_terminated_session_nor_sigterm() {
+    terminated_session_with(Stderr::Stalled);
+}
+
+#[test]
+fn a_closed_stderr_holds_up_neither_the_stop_of_a_terminated_session_nor_sigterm() {
+    terminated_session_with(Stderr::Closed);
+}
+
+/// A frozen leader (SIGSTOP, leaderrun alone) whose stderr, shared with the watchdog, does not
+/// take lines: the watchdog still stops the tree before the standby can lead, and lives on.
+fn frozen_leader_with(stderr: Stderr) {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", TIMED_CHILD);
+    let script = script.to_str().unwrap();
+    let leader = Muted::start(cluster, id, "300ms", stderr, &["--", script]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.ppid, leader.pid());
+    let _standby = Replica::start(cluster, id, "300ms", &["--", script]);
+    let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
+        watchdog_of(leader.pid())
+    });
+    leader.signal(Signal::SIGSTOP);
+    let frozen = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, leader.pid());
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
+    assert!(
+        ended < began,
+        "overlap: old child ended at {ended:.3}, new began at {began:.3}"
+    );
+    assert!(!alive(first.pid), "the frozen leader's child is dead");
+    // At most the safe window (2 × 300 ms) and the stall (150 ms) after the last check, and
+    // the child's exit on TERM; 3 s leaves room for a loaded machine.
+    assert!(
+        ended - frozen < 3.0,
+        "stopped {:.3} s after the freeze",
+        ended - frozen
+    );
+    assert!(alive(watchdog), "the watchdog survived its own writes");
+    leader.signal(Signal::SIGCONT);
+}
+
+#[test]
+fn a_frozen_leaders_watchdog_stops_the_tree_with_a_stalled_stderr() {
+    frozen_leader_with(Stderr::Stalled);
+}
+
+#[test]
+fn a_frozen_leaders_watchdog_stops_the_tree_with_a_closed_stderr() {
+    frozen_leader_with(Stderr::Closed);
+}
+
+/// A free port on 127.0.0.1 (bound and let go: the test's replica binds it next).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `GET /metrics`: the body, or `None` while nothing answers.
+fn metrics(addr: SocketAddr) -> Option<String> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(secs(5.0))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).ok()?;
+    raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+}
+
+/// The value of the unlabelled sample `name`.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+const DROPPED: &str = "leaderrun_log_lines_dropped_total";
+
+#[test]
+fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    // The counter is there from the start, at 0.
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let quiet = Replica::start(
+        cluster,
+        unique_lock_id(),
+        "300ms",
+        &["--http-addr", &http, "--", script],
+    );
+    let addr: SocketAddr = http.parse().unwrap();
+    let body = wait_for("/metrics", secs(10.0), || metrics(addr));
+    assert_eq!(sample(&body, DROPPED), Some(0.0), "{body}");
+    drop(quiet);
+
+    // A full pipe in non-blocking mode (as a parent may leave it): every write fails with
+    // EAGAIN until the reader reads.
+    let (read, write) = pipe(true);
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let mut cmd = leaderrun();
+    cmd.args(["-v", "--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args([
+            "--check-interval",
+            "300ms",
+            "--http-addr",
+            &http,
+            "--",
+            script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write));
+    let leader = Muted {
+        child: cmd.spawn().expect("spawn leaderrun"),
+        _reader: None,
+    };
+    let addr: SocketAddr = http.parse().unwrap();
+    let dropped = wait_for("dropped lines counted", secs(10.0), || {
+        let body = metrics(addr)?;
+        sample(&body, DROPPED).filter(|&n| n > 0.0)
+    });
+    scratch.wait_starts(1, secs(10.0));
+    // The reader reads again: one line says how many were lost.
+    let mut reader = std::fs::File::from(read);
+    let drained = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 65536];
+        let deadline = Instant::now() + secs(10.0);
+        while Instant::now() < deadline {
+            match reader.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+            if String::from_utf8_lossy(&out).contains("were dropped") {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    });
+    let out = drained.join().unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.contains("log line(s) were dropped"))
+        .unwrap_or_else(|| panic!("no report of dropped lines in {} bytes", out.len()));
+    assert!(line.contains("WARN"), "{line}");
+    let reported: f64 = line
+        .split("total=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no total in {line}"));
+    assert!(reported >= dropped, "{line}: counted {dropped} before");
+    drop(leader);
+}
+
+/// The environment variable that makes [`no_zombie_is_left_to_a_parent_that_does_not_reap`]
+/// the non-reaping parent itself, in a process of its own: `DSN LOCK_ID`.
+const AS_PARENT: &str = "FENCE_TEST_NON_REAPING_PARENT";
+
+/// This process's children, read from `/proc/self/task/*/children`.
+fn own_children() -> Vec<i32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .expect("/proc")
+        .flatten()
+    {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    out
+}
+
+/// Runs every mode once under this process as a subreaper that reaps nothing but its own
+/// direct child (`wait` on its pid): right after each run's exit, nothing of leaderrun's is
+/// left among this process's children (its watchdog, alive or a zombie, would be).
+fn be_a_non_reaping_parent(setting: &str) {
+    let (dsn, id) = setting.rsplit_once(' ').expect("DSN LOCK_ID");
+    // SAFETY: plain prctl on this process.
+    assert_eq!(
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
+        0,
+        "PR_SET_CHILD_SUBREAPER"
+    );
+    let scratch = Scratch::new();
+    let marker = scratch.file("ticked");
+    let tick = format!("touch '{}'", marker.display());
+    let modes: [&[&str]; 4] = [
+        &["--once", "--", "true"],
+        &["--wait", "5s", "--", "true"],
+        &["--", "true"],
+        &["--every", "200ms", "--", "sh", "-c", &tick],
+    ];
+    for args in modes {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", dsn, "--lock-id", id, "--check-interval", "200ms"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(scratch.file("log")).expect("log file"),
+            ));
+        let mut child = cmd.spawn().expect("spawn leaderrun");
+        let pid = child.id() as i32;
+        let watchdog = wait_for("its watchdog", secs(10.0), || {
+            watchdog_of(pid).or_else(|| child.try_wait().unwrap().map(|_| 0))
+        });
+        if args[0] == "--every" {
+            wait_for("a tick", secs(10.0), || marker.exists().then_some(()));
+            kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+        }
+        let status = child.wait().expect("wait for leaderrun");
+        assert!(
+            status.success(),
+            "{args:?}: {status:?}; log:\n{}",
+            std::fs::read_to_string(scratch.file("log")).unwrap_or_default()
+        );
+        assert!(watchdog != pid);
+        let left = own_children();
+        assert!(
+            left.is_empty(),
+            "{args:?}: leaderrun left {left:?} to its parent (its watchdog was {watchdog})"
+        );
+    }
+}
+
+#[test]
+fn no_zombie_is_left_to_a_parent_that_does_not_reap() {
+    if let Ok(setting) = std::env::var(AS_PARENT) {
+        return be_a_non_reaping_parent(&setting);
+    }
+    let cluster = Cluster::shared();
+    // This test again, alone, in a process of its own (a subreaper would adopt the orphans
+    // of every other test running here).
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "fence::no_zombie_is_left_to_a_parent_that_does_not_reap",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(AS_PARENT, format!("{} {}", cluster.dsn(), unique_lock_id()))
+        .output()
+        .expect("run the parent");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}
+
+#[test]
+fn command_inherits_the_environment_but_not_socket_activation_or_systemds_watchdog() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let dump = scratch.file("env");
+    let job = format!("env > '{}'", dump.display());
+    let mut cmd = leaderrun();
+    cmd.args(["--lock-id", &unique_lock_id().to_string(), "--once"])
+        .args(["--", "sh", "-c", &job])
+        .env("LEADERRUN_DSN", cluster.dsn())
+        .env("PGPASSWORD", "not-needed-with-trust")
+        .env("FENCE_TEST_INHERITED", "yes")
+        .env("LISTEN_FDS", "2")
+        .env("LISTEN_PID", std::process::id().to_string())
+        .env("LISTEN_FDNAMES", "http:admin")
+        .env("WATCHDOG_PID", std::process::id().to_string());
+    let out = cmd.output().expect("run leaderrun --once");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = std::fs::read_to_string(&dump).expect("the child's environment");
+    let has = |name: &str| env.lines().any(|l| l.starts_with(&format!("{name}=")));
+    for kept in [
+        "FENCE_TEST_INHERITED",
+        "LEADERRUN_DSN",
+        "PGPASSWORD",
+        "LEADERRUN_TERM",
+        "LEADERRUN_FENCING_TOKEN",
+    ] {
+        assert!(
+            has(kept),
+            "{kept} missing from the child's environment:\n{env}"
+        );
+    }
+    for dropped in ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "WATCHDOG_PID"] {
+        assert!(
+            !has(dropped),
+            "{dropped} in the child's environment:\n{env}"
+        );
+    }
+}
+
+#[test]
+fn a_frozen_leaders_tree_is_stopped_at_once_when_the_server_ends_its_session() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", TIMED_CHILD);
+    let script = script.to_str().unwrap();
+    // A long interval: the freeze path alone would stop the tree 2 × 2 s + 1 s after the last
+    // check.
+    let mut leader = Replica::start(cluster, id, "2s", &["--", script]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(first.ppid, leader.pid());
+    let _standby = Replica::start(cluster, id, "200ms", &["--", script]);
+    wait_for("the standby to wait for the lock", secs(10.0), || {
+        (cluster.waiters(id) >= 1).then_some(())
+    });
+    let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
+        watchdog_of(leader.pid())
+    });
+    leader.signal(Signal::SIGSTOP);
+    cluster.terminate_backend(first.backend_pid);
+    let terminated = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, leader.pid());
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
+    eprintln!(
+        "stopped {:.3} s after the termination; overlap {:.3} s",
+        ended - terminated,
+        ended - began
+    );
+    // The watchdog saw the server close the session: it left it 100 ms to leaderrun, then
+    // stopped the tree. 1 s leaves room for a loaded machine (the freeze path: 5 s).
+    assert!(
+        ended - terminated < 1.0,
+        "the old child ended {:.3} s after the termination",
+        ended - terminated
+    );
+    assert!(
+        ended - began < 1.0,
+        "overlap: old child ended at {ended:.3}, new began at {began:.3}"
+    );
+    assert!(alive(watchdog));
+    // Resumed, it demotes and stands by: the stop was the watchdog's, not COMMAND's own exit
+    // (which would end a `--restart never` leaderrun).
+    leader.signal(Signal::SIGCONT);
+    leader.wait_log("background leader lock lost", 1, secs(5.0));
+    leader.wait_log("child stopped after demotion", 1, secs(5.0));
+    assert!(leader.running(), "{}", leader.log());
+}
+
+#[test]
+fn a_dead_watchdog_is_replaced_at_once_even_with_nothing_to_tell_it() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let script = script.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, "300ms", &["--", script]);
+    scratch.wait_starts(1, secs(10.0));
+    // A standby sends its watchdog nothing (no tree, no heartbeat): only its pidfd tells.
+    let standby = Replica::start(cluster, id, "300ms", &["--", script]);
+    let old = wait_for("the standby's watchdog", secs(5.0), || {
+        watchdog_of(standby.pid())
+    });
+    kill(Pid::from_raw(old), Signal::SIGKILL).unwrap();
+    let new = wait_for("a new watchdog", secs(2.0), || {
+        watchdog_of(standby.pid()).filter(|&p| p != old)
+    });
+    assert!(alive(new));
+}
+
+#[test]
+fn killing_the_watchdog_then_leaderrun_a_moment_later_leaves_nothing_of_the_tree() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    // A helper in COMMAND's group: only the direct child dies with leaderrun (PDEATHSIG).
+    let script = scratch.child_script(
+        "child.sh",
+        "sleep 600 &\necho \"helper $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    // The default interval: heartbeats every 250 ms, which alone would leave the tree alone
+    // for up to that long.
+    let leader = Replica::start(cluster, id, "5s", &["--", script.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    let helper = scratch.recorded_pid("helper ");
+    let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
+        watchdog_of(leader.pid())
+    });
+    kill(Pid::from_raw(watchdog), Signal::SIGKILL).unwrap();
+    // Wait for the replacement (at once), not a fixed time: what is measured is that nothing
+    // between the two kills is left to a heartbeat.
+    let started = Instant::now();
+    wait_for("a new watchdog", secs(2.0), || {
+        watchdog_of(leader.pid()).filter(|&p| p != watchdog)
+    });
+    let replaced = started.elapsed();
+    leader.signal(Signal::SIGKILL);
+    wait_for("the helper to be killed", secs(3.0), || {
+        (!alive(helper)).then_some(())
+    });
+    assert!(replaced < secs(1.0), "replaced after {replaced:?}");
+}
+
+/// The pid namespace `pid` is in (the target of `/proc/PID/ns/pid`).
+fn pid_namespace(pid: i32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
+/// Live processes in pid namespace `ns`.
+fn members_of(ns: &std::path::Path) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| alive(p) && pid_namespace(p).as_deref() == Some(ns))
+        .collect()
+}
+
+#[test]
+fn as_pid_1_of_a_namespace_nothing_of_the_tree_outlives_leaderrun_and_its_watchdog_killed_together()
+{
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: a pid namespace takes root here");
+        return;
+    }
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    // A helper beside the main child: outside a namespace only the direct child would die with
+    // leaderrun (PDEATHSIG) once its watchdog is gone too.
+    let script = scratch.child_script(
+        "child.sh",
+        "sleep 600 &\necho \"helper $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    // A container's entrypoint: leaderrun is PID 1 of a pid namespace of its own.
+    let mut cmd = Command::new("unshare");
+    crate::support::default_signals(&mut cmd);
+    crate::support::clear_settings_env(&mut cmd);
+    cmd.args(["--pid", "--fork", "--", env!("CARGO_BIN_EXE_leaderrun")])
+        .args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--", script.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut unshare = cmd.spawn().expect("run unshare");
+    scratch.wait_starts(1, secs(10.0));
+    scratch.recorded_pid("helper ");
+    let leaderrun = wait_for("leaderrun under unshare", secs(5.0), || {
+        let children = std::fs::read_to_string(format!(
+            "/proc/{}/task/{}/children",
+            unshare.id(),
+            unshare.id()
+        ))
+        .ok()?;
+        children.split_whitespace().next()?.parse::<i32>().ok()
+    });
+    let ns = pid_namespace(leaderrun).expect("its pid namespace");
+    let watchdog = wait_for("its watchdog", secs(5.0), || watchdog_of(leaderrun));
+    // leaderrun, its watchdog, the main child, the helper.
+    let members = wait_for("the tree in the namespace", secs(5.0), || {
+        let members = members_of(&ns);
+        (members.len() >= 4).then_some(members)
+    });
+    // Both at once, as `pkill -9 leaderrun` does.
+    kill(Pid::from_raw(leaderrun), Signal::SIGKILL).unwrap();
+    kill(Pid::from_raw(watchdog), Signal::SIGKILL).unwrap();
+    wait_for("every process of the namespace to die", secs(2.0), || {
+        members.iter().all(|&p| !alive(p)).then_some(())
+    });
+    assert!(members_of(&ns).is_empty());
+    let _ = unshare.wait();
+}
