@@ -457,6 +457,7 @@ impl Campaign<'_> {
                 _ => {}
             }
             checks.last = Some(outcome);
+            checks.waiting = false;
             checks.last_at = Some(now);
             checks.last_latency = own;
             if !matches!(outcome, CheckOutcome::Failed | CheckOutcome::Lost) {
@@ -570,7 +571,9 @@ impl Campaign<'_> {
                 &[],
             )
             .await;
-        self.shared.checks.send_modify(|c| c.waiting = false);
+        // `waiting` stays set until this check's outcome is recorded ([`Self::record`] clears
+        // both at once): clearing it here would show a queued standby as "no check yet" for
+        // the moment between the wait's end and its record.
         let waited = wait_started.elapsed();
         self.waited += waited;
         if let Some(metrics) = &self.shared.metrics {

@@ -272,7 +272,8 @@ pub struct Checks {
     pub last_error: Option<String>,
     /// Sessions opened so far: non-zero once the server has been reached at all.
     pub sessions_opened: u64,
-    /// A standby's wait is queued in the server's lock queue right now.
+    /// A standby's wait is queued in the server's lock queue right now (cleared when the check
+    /// that sent it is recorded, with its outcome).
     pub waiting: bool,
     /// The latest failure met a server that was momentarily full (`too many connections`,
     /// SQLSTATE 53300) or starting up (57P03): worth trying again soon (contract §4).
