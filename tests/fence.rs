@@ -644,7 +644,7 @@ fn as_pid_1_of_a_namespace_nothing_of_the_tree_outlives_leaderrun_and_its_watchd
     // Both at once, as `pkill -9 leaderrun` does.
     kill(Pid::from_raw(leaderrun), Signal::SIGKILL).unwrap();
     kill(Pid::from_raw(watchdog), Signal::SIGKILL).unwrap();
-    wait_for("every process of the namespace to die", secs(2.0), || {
+    wait_for("every process of the namespace to die", secs(5.0), || {
         members.iter().all(|&p| !alive(p)).then_some(())
     });
     assert!(members_of(&ns).is_empty());

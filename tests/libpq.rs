@@ -118,6 +118,28 @@ fn serve(mut stream: impl Read + Write, at: &'static str, hang: bool, log: &Log)
     let _ = stream.write_all(&err);
 }
 
+/// A TCP socket bound to a free port of 127.0.0.1 that never listens: a connection to the port
+/// is refused, and the port stays taken while the socket lives.
+fn reserved_port() -> (std::os::fd::OwnedFd, u16) {
+    use nix::sys::socket::{
+        bind, getsockname, socket, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::new(127, 0, 0, 1, 0),
+    )
+    .unwrap();
+    let addr: SockaddrIn = getsockname(std::os::fd::AsRawFd::as_raw_fd(&fd)).unwrap();
+    (fd, addr.port())
+}
+
 /// The fake server of one case: three TCP listeners and two Unix sockets, and a port with
 /// nothing behind it.
 pub(crate) struct Fake {
@@ -126,6 +148,9 @@ pub(crate) struct Fake {
     b: u16,
     h: u16,
     pub(crate) r: u16,
+    /// Holds port `r` bound without listening, so that connections to it are refused and no
+    /// other listener of the suite (another case's fake runs in parallel) can take the port.
+    _r_reserved: std::os::fd::OwnedFd,
     log: Log,
     stop: Arc<AtomicBool>,
     /// Connections accepted and not yet recorded.
@@ -147,7 +172,7 @@ impl Fake {
         let (la, lb, lh) = (tcp(), tcp(), tcp());
         let port = |l: &TcpListener| l.local_addr().unwrap().port();
         let (a, b, h) = (port(&la), port(&lb), port(&lh));
-        let r = port(&tcp());
+        let (r_reserved, r) = reserved_port();
         for (listener, at, hang) in [(la, "A", false), (lb, "B", false), (lh, "H", true)] {
             let (log, stop, busy) = (log.clone(), stop.clone(), busy.clone());
             listener.set_nonblocking(true).unwrap();
@@ -203,6 +228,7 @@ impl Fake {
             log,
             stop,
             busy,
+            _r_reserved: r_reserved,
         }
     }
 
