@@ -140,6 +140,33 @@ fn reserved_port() -> (std::os::fd::OwnedFd, u16) {
     (fd, addr.port())
 }
 
+/// Serves every connection `accept` yields (it polls: `accept` is non-blocking) on a thread of
+/// its own, until `stop`; `busy` counts the connections accepted and not yet recorded.
+fn accept_loop<S: Read + Write + Send + 'static>(
+    mut accept: impl FnMut() -> std::io::Result<S> + Send + 'static,
+    at: &'static str,
+    hang: bool,
+    (log, stop, busy): (&Log, &Arc<AtomicBool>, &Arc<AtomicUsize>),
+) {
+    let (log, stop, busy) = (log.clone(), stop.clone(), busy.clone());
+    std::thread::spawn(move || loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match accept() {
+            Ok(s) => {
+                let (log, busy) = (log.clone(), busy.clone());
+                busy.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    serve(s, at, hang, &log);
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    });
+}
+
 /// The fake server of one case: three TCP listeners and two Unix sockets, and a port with
 /// nothing behind it.
 pub(crate) struct Fake {
@@ -173,51 +200,28 @@ impl Fake {
         let port = |l: &TcpListener| l.local_addr().unwrap().port();
         let (a, b, h) = (port(&la), port(&lb), port(&lh));
         let (r_reserved, r) = reserved_port();
+        let wait = Duration::from_secs(15);
         for (listener, at, hang) in [(la, "A", false), (lb, "B", false), (lh, "H", true)] {
-            let (log, stop, busy) = (log.clone(), stop.clone(), busy.clone());
             listener.set_nonblocking(true).unwrap();
-            std::thread::spawn(move || loop {
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                match listener.accept() {
-                    Ok((s, _)) => {
-                        s.set_nonblocking(false).unwrap();
-                        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-                        let (log, busy) = (log.clone(), busy.clone());
-                        busy.fetch_add(1, Ordering::SeqCst);
-                        std::thread::spawn(move || {
-                            serve(s, at, hang, &log);
-                            busy.fetch_sub(1, Ordering::SeqCst);
-                        });
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                }
-            });
+            let accept = move || {
+                let (s, _) = listener.accept()?;
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(Some(wait))?;
+                Ok(s)
+            };
+            accept_loop(accept, at, hang, (&log, &stop, &busy));
         }
         for (p, at) in [(a, "SA"), (b, "SB")] {
             let listener =
                 UnixListener::bind(dir.path().join("s").join(format!(".s.PGSQL.{p}"))).unwrap();
             listener.set_nonblocking(true).unwrap();
-            let (log, stop, busy) = (log.clone(), stop.clone(), busy.clone());
-            std::thread::spawn(move || loop {
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                match listener.accept() {
-                    Ok((s, _)) => {
-                        s.set_nonblocking(false).unwrap();
-                        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-                        let (log, busy) = (log.clone(), busy.clone());
-                        busy.fetch_add(1, Ordering::SeqCst);
-                        std::thread::spawn(move || {
-                            serve(s, at, false, &log);
-                            busy.fetch_sub(1, Ordering::SeqCst);
-                        });
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                }
-            });
+            let accept = move || {
+                let (s, _) = listener.accept()?;
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(Some(wait))?;
+                Ok(s)
+            };
+            accept_loop(accept, at, false, (&log, &stop, &busy));
         }
         Fake {
             dir,
