@@ -301,13 +301,29 @@ impl Watchdog {
         self.lock().link.as_ref().map(|l| l.pid)
     }
 
-    fn spawn(&self) -> std::io::Result<Link> {
+    /// Starts a watchdog process that finds what `held` holds (the tree, the last heartbeat,
+    /// a stop under way, the session) already queued on its end of the pair: it is queued
+    /// before the fork, so a leaderrun killed at any moment after the fork still leaves a
+    /// watchdog that knows the tree and kills it. Queued after the spawn, a kill -9 in between
+    /// left a watchdog that knew nothing and the tree running.
+    fn spawn(&self, held: &Held) -> std::io::Result<Link> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
             None,
             SockFlag::SOCK_CLOEXEC,
         )?;
+        {
+            let fd = ours.as_fd();
+            send_on(fd, Message::Tree(held.tree), None)?;
+            send_on(fd, Message::Beat(held.beat), None)?;
+            if held.stopping {
+                send_on(fd, Message::Stopping, None)?;
+            }
+            if let Some(session) = &held.session {
+                send_on(fd, Message::Session, Some(session.as_fd()))?;
+            }
+        }
         let theirs_fd = theirs.as_raw_fd();
         let mut cmd = std::process::Command::new("/proc/self/exe");
         cmd.arg0(ARGV0)
@@ -325,6 +341,7 @@ impl Watchdog {
             } else {
                 "text"
             })
+            .arg(std::process::id().to_string())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null());
         // SAFETY: raw syscalls only between fork and exec.
@@ -370,12 +387,12 @@ impl Watchdog {
         self.respawn(held)
     }
 
-    /// A new watchdog, told the tree, the session and the last heartbeat.
+    /// A new watchdog, born knowing the tree, the session and the last heartbeat.
     fn respawn(&self, held: &mut Held) -> bool {
         if held.closed {
             return false;
         }
-        let link = match self.spawn() {
+        let link = match self.spawn(held) {
             Ok(link) => link,
             Err(err) => {
                 warn!("cannot start the watchdog: {err}");
@@ -383,17 +400,10 @@ impl Watchdog {
                 return false;
             }
         };
-        let fd = link.fd.as_fd();
-        let ok = send_on(fd, Message::Tree(held.tree), None).is_ok()
-            && send_on(fd, Message::Beat(held.beat), None).is_ok()
-            && (!held.stopping || send_on(fd, Message::Stopping, None).is_ok())
-            && held.session.as_ref().map_or(true, |s| {
-                send_on(fd, Message::Session, Some(s.as_fd())).is_ok()
-            });
         held.link = Some(link);
         held.unanswered = 0;
         self.started.notify_one();
-        ok
+        true
     }
 
     /// Whether a watchdog runs now (starting a new one when it is gone): the spawn gate, so
@@ -744,8 +754,8 @@ fn say(level: &str, message: &str) {
 /// In the watchdog process: its lines are JSON (its fifth argument is `json`).
 static WATCHDOG_JSON: AtomicBool = AtomicBool::new(false);
 
-/// The watchdog process: `leaderrun-watchdog GRACE_MS STALL_MS STOP_SIGNAL CGROUP|- text|json`,
-/// its end of the pair on descriptor 3. Runs until leaderrun is gone.
+/// The watchdog process: `leaderrun-watchdog GRACE_MS STALL_MS STOP_SIGNAL CGROUP|- text|json
+/// LEADERRUN_PID`, its end of the pair on descriptor 3. Runs until leaderrun is gone.
 pub fn main() -> ExitCode {
     // Nothing but leaderrun's end of file or SIGKILL ends it: INT/TERM/HUP to a whole process
     // group or cgroup reach leaderrun too, whose exit is the watchdog's cue.
@@ -785,9 +795,22 @@ pub fn main() -> ExitCode {
         .get(3)
         .filter(|a| *a != "-")
         .and_then(|d| Cgroup::open(std::path::Path::new(d)));
+    // The tree is walked from leaderrun's children only while leaderrun is our parent: had it
+    // died before we got here, our parent would be init, whose children are not the tree's.
+    let root = args
+        .get(5)
+        .and_then(|a| a.parse::<i32>().ok())
+        .filter(|&pid| pid == nix::unistd::getppid().as_raw())
+        .unwrap_or(0);
     // SAFETY: leaderrun put our end of the pair on descriptor 3 before exec.
     let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
     let mut guard = Guard {
+        escaped: Escaped {
+            root,
+            me: std::process::id() as i32,
+            known: Vec::new(),
+            next_scan: 0,
+        },
         tree: 0,
         session: None,
         closed_at: None,
@@ -983,6 +1006,167 @@ struct Guard {
     grace: Duration,
     stop_signal: Signal,
     cgroup: Option<Cgroup>,
+    /// Descendants of leaderrun that left the tree's process group (no cgroup here).
+    escaped: Escaped,
+}
+
+/// How often, while a tree runs without a cgroup, the watchdog walks leaderrun's descendants
+/// for processes that left the tree's process group (`setsid`, `setpgid`): 25 ms.
+const ESCAPE_SCAN_NS: u64 = 25_000_000;
+
+/// Children of `pid`'s threads, read from `/proc/PID/task/*/children` (Linux 3.5 with
+/// `CONFIG_PROC_CHILDREN`); nothing when that cannot be read.
+fn children_of(pid: i32, out: &mut Vec<i32>) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(
+                list.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd is readable).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+/// Sends `sig` through a pidfd (Linux 5.1): never to a process that reused the pid.
+fn pidfd_signal(pidfd: &OwnedFd, sig: Signal) {
+    // SAFETY: pidfd_send_signal with a live pidfd, a valid signal, no siginfo, no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        );
+    }
+}
+
+/// The part of a tree that the process group does not reach, where there is no cgroup: a
+/// grandchild that called `setsid` is in a group of its own, and once leaderrun is killed its
+/// parent dies by `PR_SET_PDEATHSIG` and it is re-parented to init, out of every walk. So
+/// while the tree runs the watchdog walks leaderrun's descendants every [`ESCAPE_SCAN_NS`] and
+/// holds a pidfd of each one outside the group; when it has to kill the tree it stops these
+/// (SIGSTOP, so that they start nothing more), walks their own descendants, which are still
+/// linked beneath them, and kills all it found. Left out: a process that left the group in
+/// the last scan period before leaderrun was killed and whose parent died with it.
+struct Escaped {
+    /// leaderrun's pid (0: it was gone when the watchdog started; nothing is walked).
+    root: i32,
+    /// The watchdog's own pid, a child of leaderrun but not of the tree.
+    me: i32,
+    known: Vec<(i32, OwnedFd)>,
+    /// When the next walk is due (boottime nanoseconds).
+    next_scan: u64,
+}
+
+impl Escaped {
+    /// Time until the next walk (nanoseconds), while one is worth doing.
+    #[inline(always)]
+    fn scan_in(&self, tree: i32) -> Option<u64> {
+        (tree != 0 && self.root != 0).then(|| self.next_scan.saturating_sub(now_ns()))
+    }
+
+    /// Walks leaderrun's descendants, while leaderrun is our parent still, and adds every one
+    /// outside process group `tree`; forgets those that exited.
+    fn scan(&mut self, tree: i32) {
+        self.next_scan = now_ns().saturating_add(ESCAPE_SCAN_NS);
+        self.known.retain(|(_, pidfd)| !exited(pidfd));
+        if self.root == 0 || nix::unistd::getppid().as_raw() != self.root {
+            return;
+        }
+        let mut stack = vec![self.root];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(pid) = stack.pop() {
+            let mut children = Vec::new();
+            children_of(pid, &mut children);
+            for child in children {
+                if child == self.me || !seen.insert(child) {
+                    continue;
+                }
+                stack.push(child);
+                let outside = nix::unistd::getpgid(Some(Pid::from_raw(child)))
+                    .is_ok_and(|g| g.as_raw() != tree);
+                if outside {
+                    self.add(child);
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, pid: i32) -> bool {
+        if self.known.iter().any(|(p, _)| *p == pid) {
+            return false;
+        }
+        match pidfd_open(pid as u32) {
+            Some(pidfd) => {
+                self.known.push((pid, pidfd));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sends `sig` to every known one. Before SIGKILL, each is stopped first and its own
+    /// descendants are added, until no new one turns up: killed at once, their children
+    /// would be re-parented to init and escape.
+    fn signal(&mut self, sig: Signal) {
+        if sig == Signal::SIGKILL {
+            for _round in 0..16 {
+                for (_, pidfd) in &self.known {
+                    pidfd_signal(pidfd, Signal::SIGSTOP);
+                }
+                let mut below = Vec::new();
+                for (pid, _) in &self.known {
+                    children_of(*pid, &mut below);
+                }
+                let mut new = false;
+                for pid in below {
+                    if pid != self.me {
+                        new |= self.add(pid);
+                    }
+                }
+                if !new {
+                    break;
+                }
+            }
+        }
+        for (_, pidfd) in &self.known {
+            pidfd_signal(pidfd, sig);
+        }
+    }
+
+    /// Waits until every known one has exited, at most until `deadline` (boottime).
+    fn gone_by(&mut self, deadline: Duration) -> bool {
+        loop {
+            self.known.retain(|(_, pidfd)| !exited(pidfd));
+            if self.known.is_empty() {
+                return true;
+            }
+            let left = deadline.saturating_sub(boottime());
+            if left.is_zero() {
+                return false;
+            }
+            let mut fds: Vec<PollFd<'_>> = self
+                .known
+                .iter()
+                .map(|(_, fd)| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+                .collect();
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            let _ = poll(
+                &mut fds,
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+            );
+        }
+    }
 }
 
 impl Guard {
@@ -997,6 +1181,14 @@ impl Guard {
             }
             if !unmapped {
                 wait = wait.min(QUIET_NS);
+            }
+            if self.cgroup.is_none() {
+                if let Some(scan) = self.escaped.scan_in(self.tree) {
+                    if scan == 0 {
+                        self.escaped.scan(self.tree);
+                    }
+                    wait = wait.min(ESCAPE_SCAN_NS.min(scan.max(1)));
+                }
             }
             // The session is watched while a tree runs that leaderrun is not stopping.
             let watched = match &self.session {
@@ -1084,6 +1276,7 @@ impl Guard {
                 // A tree was just reported: leaderrun is alive now. Heartbeats come only while
                 // a tree runs, so the freeze clock starts here.
                 self.tree = pgid;
+                self.escaped.next_scan = 0;
                 self.stopping = false;
                 self.closed_at = None;
                 self.last_beat = now_ns();
@@ -1121,10 +1314,11 @@ impl Guard {
         }
     }
 
-    fn signal(&self, sig: Signal) {
+    fn signal(&mut self, sig: Signal) {
         if self.tree != 0 {
             let _ = killpg(Pid::from_raw(self.tree), sig);
         }
+        self.escaped.signal(sig);
         if let Some(cgroup) = &self.cgroup {
             if sig == Signal::SIGKILL {
                 cgroup.kill();
@@ -1138,12 +1332,16 @@ impl Guard {
 
     /// Waits until the tree is gone or `within` passed; true when it is gone. `killed`: the
     /// tree was sent SIGKILL (so it starts nothing new).
-    fn gone_within(&self, within: Duration, killed: bool) -> bool {
+    fn gone_within(&mut self, within: Duration, killed: bool) -> bool {
         let deadline = boottime() + within;
+        if !self.escaped.gone_by(deadline) {
+            return false;
+        }
         // Without a cgroup: wake at the members' exits instead of polling (with a thousand
         // standbys on the machine one scan of `/proc` takes milliseconds).
         if self.cgroup.is_none() && self.tree != 0 {
-            if let Some(gone) = wait_group_exit(self.tree, within, killed) {
+            let left = deadline.saturating_sub(boottime());
+            if let Some(gone) = wait_group_exit(self.tree, left, killed) {
                 return gone;
             }
         }
@@ -1174,6 +1372,9 @@ impl Guard {
 
     /// leaderrun froze: stop the tree as a demotion would.
     fn stop_tree(&mut self) {
+        if self.cgroup.is_none() {
+            self.escaped.scan(self.tree);
+        }
         self.signal(self.stop_signal);
         self.signal(Signal::SIGCONT);
         if !self.gone_within(self.grace, false) {

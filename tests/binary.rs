@@ -503,7 +503,13 @@ fn child_sees_only_stdio_descriptors() {
     // SAFETY: dup2 between fork and exec; gives leaderrun an inherited fd 7 without CLOEXEC.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(raw, 7) < 0 {
+            // dup2 of a descriptor onto itself keeps its close-on-exec flag: clear it then.
+            let done = if raw == 7 {
+                libc::fcntl(7, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, 7)
+            };
+            if done < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -7,12 +7,25 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::support::{alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+use crate::support::{
+    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+};
 
 const INTERVAL: &str = "200ms";
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
+}
+
+/// Whether process `holder` has a pidfd of `pid` open (`Pid:` in its fdinfo, Linux 5.10).
+fn holds_pidfd_of(holder: i32, pid: i32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{holder}/fdinfo")) else {
+        return false;
+    };
+    let line = format!("Pid:\t{pid}");
+    fds.flatten().any(|fd| {
+        std::fs::read_to_string(fd.path()).is_ok_and(|info| info.lines().any(|l| l == line))
+    })
 }
 
 #[test]
@@ -25,7 +38,7 @@ fn a_grandchild_that_called_setsid_is_stopped_on_demotion() {
         "child.sh",
         "setsid sleep 600 &\necho \"escaped $!\" >> \"$EVENTS\"\nexec sleep 600",
     );
-    let replica = Replica::start(
+    let mut replica = Replica::start(
         cluster,
         unique_lock_id(),
         INTERVAL,
@@ -50,6 +63,66 @@ fn a_grandchild_that_called_setsid_is_stopped_on_demotion() {
     // And the replica campaigns on, leading again in a new term.
     let second = scratch.wait_starts(2, secs(5.0))[1].clone();
     assert_eq!((second.ppid, second.term), (replica.pid(), 2));
+    // A shutdown right after the new term's child started stops its escaped grandchild too.
+    let again = wait_for("the second term's escaped grandchild", secs(5.0), || {
+        scratch
+            .events()
+            .iter()
+            .filter_map(|l| l.strip_prefix("escaped ")?.trim().parse::<i32>().ok())
+            .nth(1)
+    });
+    replica.signal(Signal::SIGTERM);
+    let _ = replica.wait_exit(secs(10.0));
+    assert!(
+        !alive(second.pid) && !alive(again),
+        "the second term's tree outlived leaderrun"
+    );
+}
+
+#[test]
+fn kill_9_of_leaderrun_also_ends_a_grandchild_that_called_setsid() {
+    // Without a cgroup the process group does not reach it, and its parent dies with
+    // leaderrun (PDEATHSIG): the watchdog must have found it while the tree ran. Its own child
+    // (started after setsid, in its group) must die too.
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "setsid sh -c 'sleep 600 & echo \"below $!\" >> \"$0\"; exec sleep 600' \"$EVENTS\" &\n\
+         echo \"escaped $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let mut replica = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &["--", script.to_str().unwrap()],
+    );
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let escaped = scratch.recorded_pid("escaped ");
+    let below = scratch.recorded_pid("below ");
+    wait_for(
+        "the escaped grandchild to be in its own session",
+        secs(2.0),
+        || {
+            let sid = nix::unistd::getsid(Some(Pid::from_raw(escaped))).ok()?;
+            (sid.as_raw() == escaped).then_some(())
+        },
+    );
+    // The watchdog walks the tree every 25 ms; it holds a pidfd of the escaped grandchild once
+    // it found it (a pidfd's fdinfo names its pid).
+    let watchdog = wait_for("the watchdog", secs(5.0), || watchdog_of(replica.pid()));
+    wait_for(
+        "the watchdog to hold the escaped grandchild",
+        secs(2.0),
+        || holds_pidfd_of(watchdog, escaped).then_some(()),
+    );
+    replica.signal(Signal::SIGKILL);
+    let _ = replica.wait_exit(secs(10.0));
+    wait_for(
+        "the child, the escaped grandchild and its child to die",
+        secs(3.0),
+        || (!alive(start.pid) && !alive(escaped) && !alive(below)).then_some(()),
+    );
 }
 
 #[test]
