@@ -38,37 +38,21 @@
 //! over them, and the product's three rules are written once each: COMMAND starts or continues
 //! only while its [`Term`] is proven (the safe window of the last check that proved the lock is
 //! open, [`Term::hold`]), the lock is released on purpose only after every [`TermHold`], and so
-//! COMMAND's whole tree, is gone, and no INT/TERM is lost. [`child`] knows processes (own
-//! process group, one reaper, leftovers found among leaderrun's own children), [`signals`]
+//! COMMAND's whole tree, is gone, and no INT/TERM is lost. [`process::child`] knows processes (own
+//! process group, one reaper, leftovers found among leaderrun's own children), [`process::signals`]
 //! takes in the signals leaderrun acts on, [`timing`] is the timing model as one checked value,
 //! [`watchdog`] is the helper process that kills the tree and holds the lock session until it
-//! is dead when leaderrun itself dies or freezes, [`cgroup`] gives COMMAND a cgroup of its own
-//! where that is cheap or asked for, [`runner`] builds the real parts, [`cli`] is the command line and [`conninfo`] resolves
+//! is dead when leaderrun itself dies or freezes, [`process::cgroup`] gives COMMAND a cgroup of its own
+//! where that is cheap or asked for, [`cli::runner`] builds the real parts, [`cli`] is the command line and [`pg::conninfo`] resolves
 //! connection settings the way psql does.
 
-pub mod cgroup;
-pub mod child;
 pub mod cli;
-pub mod conninfo;
-pub mod docs;
 pub mod elector;
 pub mod error;
-pub mod exit_codes;
-pub mod health;
-pub mod holder;
-pub mod http;
-pub mod lock;
-pub mod logging;
-pub mod memory;
-pub mod metrics;
-pub mod notify;
-pub mod runner;
-pub mod signals;
-pub mod status;
+pub mod pg;
+pub mod process;
 pub mod supervisor;
-pub mod terminal;
 pub mod timing;
-pub mod tls;
 pub mod watchdog;
 
 pub use elector::{

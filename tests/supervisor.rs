@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leaderrun::child::{ExitStatus, SpawnError, Spawner, Tree, TreeState};
+use leaderrun::cli::health::Health;
+use leaderrun::cli::metrics::Metrics;
 use leaderrun::elector::{boottime, Checks};
-use leaderrun::health::Health;
-use leaderrun::metrics::Metrics;
-use leaderrun::signals::{SignalSender, SignalStream};
+use leaderrun::process::child::{ExitStatus, SpawnError, Spawner, Tree, TreeState};
+use leaderrun::process::signals::{SignalSender, SignalStream};
 use leaderrun::supervisor::{Election, Exit, Mode, Plan, Restart, Supervisor};
 use leaderrun::{Term, TermControl, TermEnd, Timing};
 use nix::sys::signal::Signal;

@@ -15,7 +15,7 @@ use super::session::{
 use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
-use crate::lock::LockKey;
+use crate::pg::lock::LockKey;
 
 /// Whether a failed try met a server that is momentarily full (53300) or starting up (57P03).
 fn is_transient(err: &Error) -> bool {
@@ -359,7 +359,7 @@ impl Campaign<'_> {
         let sql = format!(
             "{} {} {HOLDER_SQL}",
             standby_comment(lock),
-            crate::holder::identity_comment()
+            crate::pg::holder::identity_comment()
         );
         let rows = match session.client.as_ref() {
             Some(client) => {
@@ -395,8 +395,9 @@ impl Campaign<'_> {
             let application_name: Option<String> = row.get(1);
             let backend_start: Option<String> = row.get(3);
             let query: Option<String> = row.get(4);
-            let (_, since, _) = crate::holder::parse_check_comment(query.as_deref().unwrap_or(""));
-            let who = crate::holder::Who {
+            let (_, since, _) =
+                crate::pg::holder::parse_check_comment(query.as_deref().unwrap_or(""));
+            let who = crate::pg::holder::Who {
                 application_name: application_name.as_deref(),
                 query: query.as_deref(),
             };
@@ -654,7 +655,7 @@ impl Campaign<'_> {
             "/* leaderrun term={number} since={} fencing_token={} */ {} {LOCK_ROW_SQL}",
             humantime::format_rfc3339_seconds(lease.granted_at),
             lease.fencing_token,
-            crate::holder::identity_comment()
+            crate::pg::holder::identity_comment()
         );
         // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
         // before anything can run under the term. A first grant before the watchdog is up
@@ -697,7 +698,7 @@ impl Campaign<'_> {
             term = number,
             backend_pid = lease.backend_pid,
             database = %lease.database,
-            server = %crate::conninfo::endpoint(&self.shared.config.connect),
+            server = %crate::pg::conninfo::endpoint(&self.shared.config.connect),
             lock = %lease.lock,
             fencing_token = lease.fencing_token,
             idle_session_timeout_ms = idle.as_millis() as u64,

@@ -59,10 +59,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, Instrument};
 
 use crate::error::Error;
+use crate::pg::tls::TlsSettings;
 use crate::timing::Timing;
-use crate::tls::TlsSettings;
 
-pub use crate::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
 pub use session::{boottime, connect, Connected};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
@@ -116,7 +116,7 @@ pub struct Config {
     /// is longer than one interval (contract §3). Rounded up to whole milliseconds.
     pub idle_session_timeout: Option<Duration>,
     /// A released lock, whether unlocked or freed by a dying session, is granted to a standby
-    /// at once. Per slot a line of two ([`crate::lock::QUEUE_PLACES`]) waits in the server's
+    /// at once. Per slot a line of two ([`crate::pg::lock::QUEUE_PLACES`]) waits in the server's
     /// queues (`pg_advisory_lock` bounded by `lock_timeout` = one check interval): the queue
     /// head for the lock, the second for the head's place ([`LockKey::queue_key`]), so two
     /// hand-overs in a row both reach a waiting standby. Every other standby tries the lock
@@ -327,7 +327,7 @@ impl Elector {
         Ok(Elector {
             shared: Arc::new(Shared {
                 checks,
-                target: crate::conninfo::describe(&config.connect),
+                target: crate::pg::conninfo::describe(&config.connect),
                 config,
                 leader: AtomicBool::new(false),
                 running: AtomicBool::new(false),

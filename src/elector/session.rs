@@ -12,10 +12,10 @@ use tokio_postgres::{Client, NoTls, Statement, ToStatement};
 use tracing::warn;
 
 use super::Config;
-use crate::conninfo::{Address, ConnectPlan, HostTarget, SessionAttrs};
 use crate::error::Error;
-use crate::lock::{LockKey, QUEUE_PLACES};
-use crate::tls::TlsSettings;
+use crate::pg::conninfo::{Address, ConnectPlan, HostTarget, SessionAttrs};
+use crate::pg::lock::{LockKey, QUEUE_PLACES};
+use crate::pg::tls::TlsSettings;
 
 /// Client-side TCP timers (FIELD-NOTES PostgreSQL 5): keepalives so a vanished server is
 /// noticed between checks, and `TCP_USER_TIMEOUT` so a check stuck in retransmission fails
@@ -205,7 +205,7 @@ fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str) -> String 
          FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{cases} ELSE {otherwise} END \
          AS r OFFSET 0) AS t",
         standby_comment(lock),
-        crate::holder::identity_comment(),
+        crate::pg::holder::identity_comment(),
         slots - 1
     )
 }
@@ -226,7 +226,7 @@ pub type Connected = (
 );
 
 /// Connects with `config` and `tls`, as libpq does: the hosts of the plan
-/// ([`crate::conninfo::ConnectPlan`]) one after the other (shuffled with
+/// ([`crate::pg::conninfo::ConnectPlan`]) one after the other (shuffled with
 /// `load_balance_hosts=random`), each attempt with its own timeout (`connect_timeout`, else
 /// `bound`), its own password and its own TLS decision (none on a Unix socket); a host whose
 /// socket does not connect in time, or that does not suit `target_session_attrs`, passes the
@@ -365,7 +365,7 @@ pub(crate) async fn connect_socket(
 async fn attempt(
     config: &tokio_postgres::Config,
     tls: &TlsSettings,
-    connector: Option<&crate::tls::MakeRustlsConnect>,
+    connector: Option<&crate::pg::tls::MakeRustlsConnect>,
     host: &HostTarget,
     wanted: SessionAttrs,
     per_host: Duration,
@@ -483,7 +483,7 @@ async fn attempt(
             // libpq's sslmode=prefer: a server that refused the session over TLS (a
             // `hostnossl` line in pg_hba.conf) is asked once more in plaintext.
             Err(Attempt::Stop(Error::Connect { source, .. }))
-                if tls.mode == crate::tls::SslMode::Prefer
+                if tls.mode == crate::pg::tls::SslMode::Prefer
                     && over_tls.load(std::sync::atomic::Ordering::Acquire)
                     && source.as_db_error().is_some() =>
             {
@@ -541,7 +541,7 @@ fn set_tcp_timers(stream: &tokio::net::TcpStream, config: &tokio_postgres::Confi
 async fn handshake<S>(
     config: &tokio_postgres::Config,
     stream: S,
-    tls: Option<crate::tls::RustlsConnect>,
+    tls: Option<crate::pg::tls::RustlsConnect>,
     wanted: SessionAttrs,
     deadline: tokio::time::Instant,
     target: &str,

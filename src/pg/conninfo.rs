@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tokio_postgres::config::{ChannelBinding, Host};
 
-use crate::tls::{SslMode, TlsSettings};
+use crate::pg::tls::{SslMode, TlsSettings};
 
 /// Environment variables consulted for the DSN, in order, when `--dsn` is not given
 /// (`LEADERRUN_DSN` is read by the command line parser itself).

@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::{debug, warn};
 
-use crate::cgroup::Cgroup;
+use crate::process::cgroup::Cgroup;
 
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -437,7 +437,7 @@ impl Child {
             .env_remove("LISTEN_PID")
             .env_remove("LISTEN_FDNAMES");
         let parent = nix::unistd::getpid().as_raw();
-        let keep_ignored = crate::signals::ignored_at_entry();
+        let keep_ignored = crate::process::signals::ignored_at_entry();
         let tty = foreground.unwrap_or(-1);
         let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
         // SAFETY: the closure runs between fork and exec and only makes raw syscalls

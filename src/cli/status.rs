@@ -16,11 +16,11 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::conninfo::describe;
+use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
 use crate::elector::session::{within, CLIENT_CONNECTION_CHECK};
 use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
-use crate::exit_codes::FAILURE as EXIT_FAILURE;
+use crate::pg::conninfo::describe;
 
 /// The leader as `status` sees it. Field names are stable (`--json`, documented in README).
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -192,12 +192,12 @@ const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, host(a.client_addr
        AND starts_with(a.query, $1) \
      ORDER BY a.pid";
 
-use crate::holder::parse_check_comment;
+use crate::pg::holder::parse_check_comment;
 
 /// The host and pid of a leaderrun session: from `leaderrun@HOST:PID`, else from the
-/// identity comment of its last statement ([`crate::holder::identify`]).
+/// identity comment of its last statement ([`crate::pg::holder::identify`]).
 fn who(application_name: Option<&str>, query: Option<&str>) -> (Option<String>, Option<u32>) {
-    match crate::holder::identify(application_name, query) {
+    match crate::pg::holder::identify(application_name, query) {
         Some((host, pid)) => (Some(host), Some(pid)),
         None => (None, None),
     }
@@ -215,7 +215,7 @@ pub async fn report(
     slots: u32,
     bound: Duration,
 ) -> Result<Report, Error> {
-    use crate::lock::QUEUE_PLACES;
+    use crate::pg::lock::QUEUE_PLACES;
     let slots = slots.max(1);
     // pg_locks shows the int4 halves as oid, i.e. unsigned.
     let slot_classes: Vec<u32> = (0..slots).map(|k| lock.slot(k).class as u32).collect();
@@ -371,7 +371,7 @@ fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
 impl Leader {
     /// The leader's lines of the table.
     fn lines(&self, out: &mut String) {
-        let who = crate::holder::Who {
+        let who = crate::pg::holder::Who {
             application_name: self.application_name.as_deref(),
             query: None,
         };
@@ -464,7 +464,7 @@ impl Report {
         for w in &self.standbys {
             let who = match (&w.host, w.leaderrun_pid) {
                 (Some(host), Some(pid)) => format!("{host}, leaderrun pid {pid}"),
-                _ => crate::holder::Who {
+                _ => crate::pg::holder::Who {
                     application_name: w.application_name.as_deref(),
                     query: None,
                 }
@@ -516,7 +516,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 /// `leaderrun status`: prints the report; exit 0 with a leader, 1 without, 125 on error.
 pub fn status_main(
     connect_config: &tokio_postgres::Config,
-    tls: &crate::tls::TlsSettings,
+    tls: &crate::pg::tls::TlsSettings,
     lock: LockKey,
     slots: u32,
     bound: Duration,
@@ -558,7 +558,7 @@ pub const STEP_DOWN_WAIT: Duration = Duration::from_secs(60);
 /// (a slot outside 0 … N−1 included).
 pub fn step_down_main(
     connect_config: &tokio_postgres::Config,
-    tls: &crate::tls::TlsSettings,
+    tls: &crate::pg::tls::TlsSettings,
     lock: LockKey,
     slots: u32,
     slot: u32,
@@ -975,7 +975,7 @@ pub async fn findings(
                     l.pid,
                     match (&l.host, l.leaderrun_pid) {
                         (Some(host), Some(pid)) => format!("leaderrun on {host} (pid {pid})"),
-                        _ => crate::holder::Who {
+                        _ => crate::pg::holder::Who {
                             application_name: l.application_name.as_deref(),
                             query: None,
                         }
@@ -996,7 +996,7 @@ pub async fn findings(
 
 /// The finding about the database the lock lives in: advisory locks are per database, and a
 /// database nobody named is the user's name, so copies connecting as different users would
-/// elect a leader each. `database_from` is [`crate::conninfo::ConnSettings::database_from`].
+/// elect a leader each. `database_from` is [`crate::pg::conninfo::ConnSettings::database_from`].
 pub fn database_finding(database: &str, database_from: &str) -> Finding {
     if database_from == "default" {
         Finding {
@@ -1024,11 +1024,11 @@ pub fn database_finding(database: &str, database_from: &str) -> Finding {
 /// `leaderrun doctor`: prints each finding; exit 0 when all hold, 1 when one fails, 125 when
 /// it cannot connect. A finding that holds but comes with a hint is printed as `warn` and does
 /// not change the exit status. `database_from` says where the database name came from
-/// ([`crate::conninfo::ConnSettings::database_from`]); `scratch_id` is `--scratch-id`, the id
+/// ([`crate::pg::conninfo::ConnSettings::database_from`]); `scratch_id` is `--scratch-id`, the id
 /// of the scratch key in the lock's class (default: derived from this process).
 pub fn doctor_main(
     connect_config: &tokio_postgres::Config,
-    tls: &crate::tls::TlsSettings,
+    tls: &crate::pg::tls::TlsSettings,
     lock: LockKey,
     slots: u32,
     bound: Duration,
@@ -1042,7 +1042,7 @@ pub fn doctor_main(
     // A scratch id of the same class that no replica uses: --scratch-id, or derived from this
     // process.
     let scratch = scratch_id.unwrap_or_else(|| {
-        crate::lock::lock_id_for_name(&format!(
+        crate::pg::lock::lock_id_for_name(&format!(
             "leaderrun doctor {} {}",
             std::process::id(),
             lock.id

@@ -39,14 +39,14 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tracing::{debug, error, info, warn};
 
-use crate::child::{ExitStatus, Spawner, Tree};
+use crate::cli::exit_codes;
+use crate::cli::health::Health;
+use crate::cli::metrics::{self, ChildExit, Metrics};
 use crate::elector::{CheckOutcome, Checks, Term, TermEnd, TermHold};
 use crate::error::Chain;
-use crate::exit_codes;
-use crate::health::Health;
-use crate::metrics::{self, ChildExit, Metrics};
-use crate::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
-use crate::terminal::Terminal;
+use crate::process::child::{ExitStatus, Spawner, Tree};
+use crate::process::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
+use crate::process::terminal::Terminal;
 
 /// `--restart`: what the default mode does when COMMAND exits while leading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

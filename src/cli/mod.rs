@@ -3,15 +3,25 @@
 //!
 //! Every usage error exits 125 (contract §6), not clap's default 2: [`parse`] does that.
 
+pub mod docs;
+pub mod exit_codes;
+pub mod health;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod notify;
+pub mod runner;
+pub mod status;
+
 use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::Parser;
 use nix::sys::signal::Signal;
 
-use crate::lock::{lock_id_for_name, LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+use crate::pg::lock::{lock_id_for_name, LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
 
-use crate::exit_codes::FAILURE as EXIT_FAILURE;
+use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
 
 const ABOUT: &str =
     "Run COMMAND on exactly one machine of many, elected by a PostgreSQL advisory lock";
@@ -578,7 +588,7 @@ pub struct Settings {
     /// Resolved connection settings.
     pub connect: tokio_postgres::Config,
     /// `sslmode` and certificates.
-    pub tls: crate::tls::TlsSettings,
+    pub tls: crate::pg::tls::TlsSettings,
     /// The advisory lock key.
     pub lock: LockKey,
     /// `--slots` (1 … 1024).
@@ -723,7 +733,7 @@ impl Cli {
         else {
             return Ok(());
         };
-        if crate::child::Command::resolve(vec![word.into()], path).is_ok() {
+        if crate::process::child::Command::resolve(vec![word.into()], path).is_ok() {
             return Ok(());
         }
         Err(Cli::command().error(
@@ -782,17 +792,17 @@ impl Cli {
     /// Checks the options and resolves the connection settings.
     ///
     /// # Errors
-    /// [`crate::conninfo::ConnInfoError`] for a DSN that does not parse.
+    /// [`crate::pg::conninfo::ConnInfoError`] for a DSN that does not parse.
     pub fn settings(
         &self,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Settings, crate::conninfo::ConnInfoError> {
-        let resolved = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
+    ) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
+        let resolved = crate::pg::conninfo::resolve(self.dsn.as_deref(), env)?;
         // `doctor` diagnoses it instead (a finding).
         if resolved.database_from == "default"
             && !matches!(self.action, Some(Action::Doctor { .. }))
         {
-            return Err(crate::conninfo::ConnInfoError::NoDatabase);
+            return Err(crate::pg::conninfo::ConnInfoError::NoDatabase);
         }
         if resolved.password_from.as_deref() == Some("--dsn") {
             tracing::warn!(

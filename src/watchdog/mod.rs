@@ -51,9 +51,9 @@ use nix::sys::socket::{
 use nix::unistd::Pid;
 use tracing::{debug, warn};
 
-use crate::cgroup::Cgroup;
-use crate::child::{SpawnError, Spawner, Tree, TreeState};
 use crate::elector::{boottime, SessionKeeper};
+use crate::process::cgroup::Cgroup;
+use crate::process::child::{SpawnError, Spawner, Tree, TreeState};
 
 /// `argv[0]` of the watchdog process: how `main` recognises it, and how `ps` shows it.
 pub const ARGV0: &str = "leaderrun-watchdog";
@@ -362,7 +362,7 @@ impl Watchdog {
         let pid = child.id();
         // Dropping std's handle neither waits nor kills; leaderrun's reaper reaps it.
         drop(child);
-        crate::child::set_helper(Some(pid));
+        crate::process::child::set_helper(Some(pid));
         debug!(pid, "watchdog started");
         Ok(Link {
             fd: ours,
@@ -396,7 +396,7 @@ impl Watchdog {
             Ok(link) => link,
             Err(err) => {
                 warn!("cannot start the watchdog: {err}");
-                crate::child::set_helper(None);
+                crate::process::child::set_helper(None);
                 return false;
             }
         };
@@ -637,7 +637,7 @@ impl Watchdog {
         }
         // ECHILD: reaped already (above, or by leaderrun's reaper).
         while let Err(Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
-        crate::child::set_helper(None);
+        crate::process::child::set_helper(None);
     }
 }
 
@@ -1206,7 +1206,7 @@ impl Guard {
                 }
                 Step::Nothing => {
                     if !unmapped {
-                        crate::memory::drop_start_up_pages();
+                        crate::process::memory::drop_start_up_pages();
                         unmapped = true;
                     }
                 }
