@@ -34,88 +34,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use nix::unistd::Pid;
 use tokio::sync::watch;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tracing::{debug, error, info, warn};
 
 use crate::cli::exit_codes;
 use crate::cli::health::Health;
-use crate::cli::metrics::{self, ChildExit, Metrics};
-use crate::elector::{CheckOutcome, Checks, Term, TermEnd, TermHold};
-use crate::error::Chain;
+use crate::cli::metrics::Metrics;
+use crate::elector::{Checks, Term, TermEnd, TermHold};
 use crate::process::child::{ExitStatus, Spawner, Tree};
 use crate::process::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
 use crate::process::terminal::Terminal;
 
-/// `--restart`: what the default mode does when COMMAND exits while leading.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Restart {
-    /// Release the lock and exit with COMMAND's status.
-    Never,
-    /// Restart after a non-zero exit, a death by signal or a timeout.
-    OnFailure,
-    /// Restart after every exit.
-    Always,
-}
+mod modes;
+mod report;
+mod rules;
 
-impl Restart {
-    /// Whether a run that ended with `status` (or timed out: `None`) is started again.
-    pub fn restarts(self, status: Option<ExitStatus>) -> bool {
-        match self {
-            Restart::Never => false,
-            Restart::Always => true,
-            Restart::OnFailure => !status.is_some_and(ExitStatus::success),
-        }
-    }
-}
-
-/// How COMMAND is run (contract §4).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Default: run COMMAND while leading; start it afresh in every term.
-    WhileLeader {
-        /// What to do when it exits on its own.
-        restart: Restart,
-    },
-    /// `--once` (`wait: None`) or `--wait DUR`: run at most once.
-    OneShot {
-        /// How long to campaign; `None` is a single check.
-        wait: Option<Duration>,
-        /// `--min-hold`: keep the lock at least this long after the grant.
-        min_hold: Duration,
-    },
-    /// `--every DUR`: run once per period while leading.
-    Every {
-        /// The ticker period.
-        period: Duration,
-    },
-}
-
-/// What the supervisor does, independent of how it connects: the run-time half of the
-/// settings.
-#[derive(Clone, Copy, Debug)]
-pub struct Plan {
-    /// The mode.
-    pub mode: Mode,
-    /// Grace between the stop signal (or a passed-on INT/TERM) and SIGKILL.
-    pub grace: Duration,
-    /// First signal of a stop for demotion, `--timeout` and leftovers of a COMMAND that exited.
-    /// INT/TERM received are passed on as they are instead (contract §5).
-    pub stop_signal: Signal,
-    /// `--takeover-delay` (zero: none).
-    pub takeover_delay: Duration,
-    /// `--timeout`.
-    pub timeout: Option<Duration>,
-    /// `--conflict-exit-code`.
-    pub conflict_exit_code: u8,
-    /// `--tick-at-grant`: with `--every`, run COMMAND as soon as a term begins (after the
-    /// takeover delay) instead of at the next tick; the ticker keeps its cadence, and a tick
-    /// that falls due while that run goes on is skipped as usual.
-    pub tick_at_grant: bool,
-    /// The check interval: how long a one-shot keeps trying a server that is momentarily full.
-    pub check_interval: Duration,
-}
+pub use modes::{Backoff, Mode, Plan, Restart, BACKOFF_CAP, BACKOFF_INITIAL, BACKOFF_RESET_AFTER};
+pub use report::child_env;
 
 /// How leaderrun ends; [`Exit::finish`] turns it into the process exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,12 +79,6 @@ impl Exit {
     }
 }
 
-/// First delay of the `--restart` back-off.
-pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
-/// Longest delay of the `--restart` back-off.
-pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
-/// A run that lasts at least this long starts the back-off over.
-pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(10);
 /// How long a stop waits for the tree after SIGKILL before it gives up on what it cannot
 /// find or kill (a process in uninterruptible sleep; without `/proc`, an orphan that left the
 /// group): every stop is bounded by grace + this.
@@ -158,33 +88,6 @@ pub const KILL_WAIT: Duration = Duration::from_secs(5);
 pub const STOP_POLL: Duration = Duration::from_millis(25);
 /// How often the reaper runs without a SIGCHLD (SIGCHLD coalesces, FIELD-NOTES child 6).
 pub const REAP_POLL: Duration = Duration::from_secs(1);
-
-/// The `--restart` back-off: [`BACKOFF_INITIAL`], doubling up to [`BACKOFF_CAP`], back to the
-/// start after a run of at least [`BACKOFF_RESET_AFTER`].
-#[derive(Debug)]
-pub struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            next: BACKOFF_INITIAL,
-        }
-    }
-}
-
-impl Backoff {
-    /// The delay before the next start, given how long the run that just ended lasted.
-    pub fn after_run(&mut self, lasted: Duration) -> Duration {
-        if lasted >= BACKOFF_RESET_AFTER {
-            self.next = BACKOFF_INITIAL;
-        }
-        let delay = self.next;
-        self.next = (self.next * 2).min(BACKOFF_CAP);
-        delay
-    }
-}
 
 /// Where the supervisor gets its terms from: the running [`crate::Elector`] in the binary, a
 /// fake in tests.
@@ -373,19 +276,6 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
     }
 
-    /// The rule before every event: a term whose proof lapsed is as good as ended, whatever
-    /// fired first on a resume.
-    fn enforce(&mut self) {
-        let lapsed = match &self.state {
-            State::Leading { term, .. } => !term.is_proven(),
-            State::Running { hold, .. } => !hold.term().is_proven(),
-            _ => false,
-        };
-        if lapsed {
-            self.term_ended(TermEnd::LeadershipLost);
-        }
-    }
-
     /// Waits for the next event the current state listens to.
     async fn next_event(&mut self) -> Event {
         let one_shot_first_check = matches!(
@@ -468,65 +358,6 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
     }
 
-    /// INT/TERM: remembered first (never lost), then acted on in whatever state.
-    fn shutdown_signal(&mut self, sig: Signal) {
-        let second = self.shutdown.is_some();
-        self.shutdown.get_or_insert(sig);
-        match &mut self.state {
-            State::Running { tree, .. } => {
-                info!(
-                    signal = sig.as_str(),
-                    pid = tree.pid(),
-                    "received {}; stopping the child",
-                    sig.as_str()
-                );
-                self.shutdown_reached_child = true;
-                self.stop(Why::Shutdown, sig);
-            }
-            State::Stopping {
-                tree,
-                kill_at,
-                status,
-                ..
-            } => {
-                if second {
-                    info!(
-                        signal = sig.as_str(),
-                        "second {} while stopping the child; sending SIGKILL now",
-                        sig.as_str()
-                    );
-                    *kill_at = Instant::now();
-                } else {
-                    info!(
-                        signal = sig.as_str(),
-                        "received {}; passing it on and exiting once the child is stopped",
-                        sig.as_str()
-                    );
-                    if status.is_none() {
-                        self.shutdown_reached_child = true;
-                    }
-                    tree.signal_group(sig);
-                }
-            }
-            State::Standby { .. } | State::Leading { .. } => {
-                info!(
-                    signal = sig.as_str(),
-                    "received {}; shutting down",
-                    sig.as_str()
-                );
-                let exit = match &self.state {
-                    State::Leading {
-                        then: Then::Exit(exit),
-                        ..
-                    } => *exit,
-                    _ => Exit::Code(0),
-                };
-                self.state = State::Done(exit);
-            }
-            State::Done(_) => {}
-        }
-    }
-
     fn term_began(&mut self, term: Term) {
         if !matches!(self.state, State::Standby { .. }) || term.number() <= self.last_term {
             return;
@@ -560,51 +391,6 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
     }
 
-    /// The one way COMMAND starts: only on a term that is proven now, and with a hold on it.
-    fn start(&mut self, term: Term) {
-        if self.shutdown.is_some() {
-            self.state = State::Done(Exit::Code(0));
-            return;
-        }
-        let Some(hold) = term.hold() else {
-            self.state = State::Leading {
-                term,
-                until: None,
-                then: Then::Start,
-            };
-            return self.term_ended(TermEnd::LeadershipLost);
-        };
-        match self.spawner.spawn(&child_env(&term)) {
-            Ok(tree) => {
-                info!(pid = tree.pid(), term = term.number(), "child started");
-                self.metrics.child_started();
-                self.state = State::Running {
-                    tree,
-                    hold,
-                    started: Instant::now(),
-                    timeout_at: self.plan.timeout.map(|t| Instant::now() + t),
-                };
-            }
-            Err(err) => {
-                drop(hold);
-                self.health
-                    .run_failed(term.number(), Chain(&err).to_string());
-                if let Mode::Every { .. } = self.plan.mode {
-                    warn!(term = term.number(), "tick failed: {}", Chain(&err));
-                    self.metrics.tick(metrics::Tick::Failure);
-                    self.state = State::Leading {
-                        term,
-                        until: None,
-                        then: Then::Start,
-                    };
-                } else {
-                    error!("{}", Chain(&err));
-                    self.state = State::Done(Exit::Code(err.exit_code()));
-                }
-            }
-        }
-    }
-
     /// The term ended (or its proof lapsed).
     fn term_ended(&mut self, cause: TermEnd) {
         match &self.state {
@@ -633,32 +419,6 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             }
             _ => {}
         }
-    }
-
-    /// `--once`: the first check decides.
-    fn first_check(&mut self) {
-        let seen = self.checks.borrow_and_update().clone();
-        if seen.total == 0 || seen.last == Some(CheckOutcome::Granted) {
-            return;
-        }
-        // A server that is momentarily full or starting up is not an answer: the elector tries
-        // again soon, for up to one interval (contract §4).
-        if seen.last == Some(CheckOutcome::Failed)
-            && seen.last_transient
-            && self.started.elapsed() < self.plan.check_interval
-        {
-            return;
-        }
-        self.state = if seen.refused > 0 {
-            debug!("another session holds the lock; COMMAND does not run");
-            State::Done(Exit::Code(self.plan.conflict_exit_code))
-        } else {
-            error!(
-                "could not check the lock: {}",
-                seen.last_error.unwrap_or_default()
-            );
-            State::Done(Exit::Code(exit_codes::FAILURE))
-        };
     }
 
     fn deadline(&mut self) {
@@ -745,31 +505,6 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
     }
 
-    fn tick(&mut self) {
-        match &mut self.state {
-            State::Standby { .. } => {
-                debug!("tick: standby, nothing to run");
-                self.metrics.tick(metrics::Tick::Standby);
-            }
-            State::Leading {
-                term,
-                until: None,
-                then: Then::Start,
-            } => {
-                let term = term.clone();
-                self.start(term);
-            }
-            State::Running { tree, .. } | State::Stopping { tree, .. } => {
-                info!(
-                    pid = tree.pid(),
-                    "tick skipped: the previous run is still going"
-                );
-                self.metrics.tick(metrics::Tick::Skipped);
-            }
-            _ => {}
-        }
-    }
-
     /// Reaps and looks at the tree: a child that exited or stopped, leftovers gone.
     fn poll(&mut self) {
         match &mut self.state {
@@ -805,282 +540,6 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             _ => self.spawner.reap_strays(),
         }
     }
-
-    /// Starts stopping the running tree: `first` and SIGCONT to the group and every adopted
-    /// orphan (a stopped job cannot act on a signal), SIGKILL after the grace.
-    fn stop(&mut self, why: Why, first: Signal) {
-        let state = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)));
-        let State::Running {
-            mut tree,
-            hold,
-            started,
-            ..
-        } = state
-        else {
-            self.state = state;
-            return;
-        };
-        tree.signal_all(first);
-        tree.signal_all(Signal::SIGCONT);
-        self.state = State::Stopping {
-            tree,
-            hold,
-            why,
-            status: None,
-            started,
-            kill_at: Instant::now() + self.plan.grace,
-            give_up_at: None,
-        };
-        self.poll();
-    }
-
-    /// The main child exited and nothing of its tree is left.
-    fn stopped_as(&mut self, why: Why, status: ExitStatus) {
-        if let State::Running {
-            tree,
-            hold,
-            started,
-            ..
-        } = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)))
-        {
-            self.state = State::Stopping {
-                tree,
-                hold,
-                why,
-                status: Some(status),
-                started,
-                kill_at: Instant::now(),
-                give_up_at: None,
-            };
-            self.stopped(status);
-        }
-    }
-
-    /// The stop is over: drop the tree, then its hold (the elector may release now), and let
-    /// the mode decide what comes next.
-    fn stopped(&mut self, status: ExitStatus) {
-        let State::Stopping {
-            tree,
-            hold,
-            why,
-            started,
-            ..
-        } = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)))
-        else {
-            return;
-        };
-        let pid = tree.pid();
-        let term = hold.term().clone();
-        drop(tree);
-        drop(hold);
-        if let Some(terminal) = &self.terminal {
-            terminal.take_back(Pid::from_raw(pid as i32));
-        }
-        match why {
-            Why::Exited => {}
-            Why::Demoted => {
-                info!(pid, status = %status, term = term.number(), "child stopped after demotion")
-            }
-            Why::TimedOut => info!(pid, status = %status, "child stopped after the timeout"),
-            Why::Shutdown => info!(pid, status = %status, "child stopped"),
-        }
-        self.record(&term, why, status);
-        let next = self.after_stop(&term, why, status, started.elapsed());
-        self.state = match next {
-            State::Done(exit)
-            | State::Leading {
-                then: Then::Exit(exit),
-                ..
-            } if self.shutdown.is_some() => State::Done(exit),
-            State::Done(exit) => State::Done(exit),
-            _ if self.fatal => State::Done(Exit::Code(exit_codes::FAILURE)),
-            _ if self.shutdown.is_some() => State::Done(if self.shutdown_reached_child {
-                Exit::Child(status)
-            } else {
-                Exit::Code(0)
-            }),
-            next => next,
-        };
-    }
-
-    /// The modes (contract §4): what follows a run that ended for `why` with `status`.
-    fn after_stop(&mut self, term: &Term, why: Why, status: ExitStatus, lasted: Duration) -> State {
-        let conflict = Exit::Code(self.plan.conflict_exit_code);
-        if why == Why::Shutdown {
-            return State::Done(Exit::Child(status));
-        }
-        let leading = |then| State::Leading {
-            term: term.clone(),
-            until: None,
-            then,
-        };
-        match self.plan.mode {
-            Mode::OneShot { min_hold, .. } => match why {
-                Why::Demoted => {
-                    info!(status = %status, "leadership lost while COMMAND ran; it was stopped");
-                    State::Done(conflict)
-                }
-                Why::TimedOut => State::Done(Exit::Code(exit_codes::TIMEOUT)),
-                _ => {
-                    let hold_until = self.granted_at.map(|g| g + min_hold);
-                    match hold_until {
-                        Some(until) if Instant::now() < until && !term.is_ended() => {
-                            debug!(min_hold = %humantime::format_duration(min_hold), "keeping the lock for --min-hold");
-                            State::Leading {
-                                term: term.clone(),
-                                until: Some(until),
-                                then: Then::Exit(Exit::Child(status)),
-                            }
-                        }
-                        _ => State::Done(Exit::Child(status)),
-                    }
-                }
-            },
-            Mode::Every { .. } => {
-                match why {
-                    Why::Demoted => {
-                        info!(term = term.number(), status = %status, "tick stopped: leadership lost (not a failure)");
-                        self.metrics.tick(metrics::Tick::Interrupted);
-                        return State::Standby { deadline: None };
-                    }
-                    Why::TimedOut => {
-                        warn!(term = term.number(), status = %status, "tick failed: COMMAND ran longer than --timeout");
-                        self.metrics.tick(metrics::Tick::Failure);
-                    }
-                    _ if status.success() => {
-                        debug!(term = term.number(), "tick succeeded");
-                        self.metrics.tick(metrics::Tick::Success);
-                    }
-                    _ => {
-                        warn!(term = term.number(), status = %status, "tick failed: COMMAND exited with {status}");
-                        self.metrics.tick(metrics::Tick::Failure);
-                    }
-                }
-                leading(Then::Start)
-            }
-            Mode::WhileLeader { restart } => {
-                let (restarts, otherwise) = match why {
-                    Why::Demoted => return State::Standby { deadline: None },
-                    Why::TimedOut => (restart.restarts(None), Exit::Code(exit_codes::TIMEOUT)),
-                    _ => (restart.restarts(Some(status)), Exit::Child(status)),
-                };
-                if !restarts {
-                    return State::Done(otherwise);
-                }
-                let delay = self.backoff.after_run(lasted);
-                // A crash loop is worth a WARN (as a failed tick is): visible at -q.
-                if matches!(why, Why::TimedOut) || !status.success() {
-                    warn!(term = term.number(), delay = %humantime::format_duration(delay), "COMMAND failed ({status}); restarting COMMAND after the back-off");
-                } else {
-                    info!(term = term.number(), last = %status, delay = %humantime::format_duration(delay), "restarting COMMAND after the back-off");
-                }
-                State::Leading {
-                    term: term.clone(),
-                    until: Some(Instant::now() + delay),
-                    then: Then::Start,
-                }
-            }
-        }
-    }
-
-    /// Counts a run's end and keeps readiness (the seed's table) up to date.
-    fn record(&self, term: &Term, why: Why, status: ExitStatus) {
-        match why {
-            Why::Exited if status.success() => {
-                self.metrics.child_exited(ChildExit::Success);
-                self.health.run_succeeded();
-            }
-            Why::Exited => {
-                self.metrics.child_exited(ChildExit::Failure);
-                self.health
-                    .run_failed(term.number(), format!("COMMAND exited with {status}"));
-            }
-            Why::TimedOut => {
-                self.metrics.child_exited(ChildExit::Stopped);
-                let limit = humantime::format_duration(self.plan.timeout.unwrap_or_default());
-                self.health.run_failed(
-                    term.number(),
-                    format!("COMMAND ran longer than --timeout {limit}"),
-                );
-            }
-            Why::Demoted | Why::Shutdown => self.metrics.child_exited(ChildExit::Stopped),
-        }
-    }
-
-    /// Job control: a child stopped by Ctrl-Z (or by reading or writing the terminal it was
-    /// given) suspends leaderrun too, so the calling shell sees the job stopped; `fg`
-    /// continues leaderrun, which continues the child through [`Self::resume_child`]. A
-    /// SIGSTOP from someone else is not ours to act on.
-    fn job_control(&mut self, sig: Signal) {
-        let State::Running { tree, .. } = &mut self.state else {
-            return;
-        };
-        let pid = tree.pid();
-        match sig {
-            Signal::SIGTSTP => {}
-            Signal::SIGTTIN | Signal::SIGTTOU if self.terminal.is_some() => {}
-            Signal::SIGTTIN | Signal::SIGTTOU => {
-                if !self.warned_background_read {
-                    self.warned_background_read = true;
-                    warn!(
-                        pid,
-                        signal = sig.as_str(),
-                        "the child stopped on {}: it used the terminal from the background \
-                         (leaderrun was not started in the foreground); `kill -CONT {pid}` \
-                         continues it",
-                        sig.as_str()
-                    );
-                }
-                return;
-            }
-            _ => return,
-        }
-        info!(
-            pid,
-            signal = sig.as_str(),
-            "child suspended; suspending leaderrun"
-        );
-        if let Some(terminal) = &self.terminal {
-            terminal.take_back(Pid::from_raw(pid as i32));
-        }
-        suspend_self();
-        self.resume_child();
-    }
-
-    /// The one way a suspended child continues: only while the term is proven; otherwise it is
-    /// stopped as on demotion (contract §8, FIELD-NOTES child 14).
-    fn resume_child(&mut self) {
-        let State::Running { tree, hold, .. } = &mut self.state else {
-            return;
-        };
-        if !hold.term().is_proven() {
-            info!(
-                pid = tree.pid(),
-                "resumed, but the lock is no longer proven; stopping the child"
-            );
-            return self.stop(Why::Demoted, self.plan.stop_signal);
-        }
-        // `fg` gave the terminal back to our group: pass it on. After `bg` the shell keeps it.
-        if let Some(terminal) = &self.terminal {
-            if terminal.owns_foreground() {
-                terminal.give_to(Pid::from_raw(tree.pid() as i32));
-            }
-        }
-        tree.signal_group(Signal::SIGCONT);
-        info!(pid = tree.pid(), "resumed; child continued");
-    }
-}
-
-/// The environment COMMAND gets on top of the inherited one (contract §5).
-pub fn child_env(term: &Term) -> Vec<(&'static str, String)> {
-    let mut env = vec![("LEADERRUN_TERM", term.number().to_string())];
-    if let Some(lease) = term.lease() {
-        env.push(("LEADERRUN_LOCK", lease.lock.to_string()));
-        env.push(("LEADERRUN_SLOT", lease.slot.to_string()));
-        env.push(("LEADERRUN_FENCING_TOKEN", lease.fencing_token.to_string()));
-        env.push(("LEADERRUN_BACKEND_PID", lease.backend_pid.to_string()));
-    }
-    env
 }
 
 /// Resolves with the first live term numbered above `after`.
@@ -1122,33 +581,4 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_the_cap_and_resets_after_a_long_run() {
-        let mut backoff = Backoff::default();
-        let short = Duration::from_millis(10);
-        let delays: Vec<Duration> = (0..9).map(|_| backoff.after_run(short)).collect();
-        let ms: Vec<u128> = delays.iter().map(Duration::as_millis).collect();
-        assert_eq!(
-            ms,
-            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
-        );
-        assert_eq!(backoff.after_run(BACKOFF_RESET_AFTER), BACKOFF_INITIAL);
-        assert_eq!(backoff.after_run(short), BACKOFF_INITIAL * 2);
-    }
-
-    #[test]
-    fn restart_policies() {
-        let ok = Some(ExitStatus::Code(0));
-        let failed = Some(ExitStatus::Code(1));
-        let killed = Some(ExitStatus::Signal(Signal::SIGKILL));
-        assert!(!Restart::Never.restarts(failed));
-        assert!(Restart::Always.restarts(ok));
-        assert!(!Restart::OnFailure.restarts(ok));
-        assert!(Restart::OnFailure.restarts(failed));
-        assert!(Restart::OnFailure.restarts(killed));
-        assert!(Restart::OnFailure.restarts(None), "a timeout is a failure");
-    }
-}
+mod tests;
