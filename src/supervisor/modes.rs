@@ -15,7 +15,7 @@ use crate::elector::{CheckOutcome, Term};
 use crate::process::child::{ExitStatus, Spawner};
 
 /// `--restart`: what the default mode does when COMMAND exits while leading.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Restart {
     /// Release the lock and exit with COMMAND's status.
     Never,

@@ -1,0 +1,706 @@
+//! The clap definition of leaderrun's command line ([`Cli`], [`Action`]) and the parsers of its
+//! values (durations, signals, addresses). Long because it is the help text: every option's
+//! documentation is the `--help`, man page and completion text generated from it.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::Parser;
+use nix::sys::signal::Signal;
+
+use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
+use crate::pg::lock::{DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+use crate::supervisor::Restart;
+
+const ABOUT: &str =
+    "Run COMMAND on exactly one machine of many, elected by a PostgreSQL advisory lock";
+
+const LONG_ABOUT: &str = "\
+Run COMMAND on exactly one machine of many.
+
+Every copy of leaderrun campaigns for the same PostgreSQL session advisory lock on (CLASS, ID). \
+The copy that holds it is the leader and runs COMMAND for as long as it leads; when it loses the \
+lock it stops COMMAND (stop signal, then SIGKILL after the grace period) and goes back to standby, \
+and COMMAND starts afresh in its next term. When COMMAND exits on its own, leaderrun releases the \
+lock and exits with COMMAND's status.
+
+How the lock is taken: --once tries it once with pg_try_advisory_lock(CLASS, ID) and never waits. \
+Standbys of the other modes (default, --every, --wait) wait for it in the server's lock queue with \
+pg_advisory_lock(CLASS, ID), bounded by lock_timeout = one check interval: when the holder \
+releases the lock or its session ends, the server grants it to the first waiter at once; when the \
+wait times out, that check counts as refused and the standby queues again. In pg_stat_activity a \
+waiting standby is an active session waiting on an advisory Lock; that is by design.";
+
+const AFTER_LONG_HELP: &str = "\
+Examples:
+  leaderrun --dsn postgres://app@db.internal/plexsphere --lock-name reconcile -- ./reconcile-loop
+  LEADERRUN_DSN='host=db user=app dbname=plexsphere' leaderrun --lock-id 7 -- sh -c 'exec worker'
+  leaderrun --once --min-hold 5m --lock-name nightly-report -- /usr/local/bin/nightly-report
+                                                                   (crontab on every host)
+  leaderrun --every 5m --tick-at-grant --timeout 4m --lock-name sweep -- /app/sweep
+                                                                   (container entrypoint)
+  leaderrun -n -w 30s -E 75 --lock-name backup -c 'pg_dump app | gzip > /backup/app.gz'
+                                                                   (flock(1) habits)
+
+Without --lock-id or --lock-name the key is the plexsphere background leader lock, the plexsphere \
+API's own: give every job of yours a key of its own.
+
+Short forms: -n --once, -w --wait, -E --conflict-exit-code, -c 'STRING' (COMMAND is sh -c STRING), as flock(1); -s --stop-signal, -k --grace, as timeout(1). Durations take a unit (30s, not 30); --takeover-delay and --min-hold, whose default is zero, also take a bare 0.
+
+Advisory locks are per database: copies connected to different databases do not exclude each other. leaderrun refuses to run (exit 125) unless a setting names the database: dbname in the DSN, PGDATABASE, or a service.
+
+The child gets LEADERRUN_TERM, LEADERRUN_LOCK (class:id), LEADERRUN_SLOT, LEADERRUN_FENCING_TOKEN and \
+LEADERRUN_BACKEND_PID in its environment. LEADERRUN_TERM counts the terms of one leaderrun process \
+(every new leader process says term 1); LEADERRUN_FENCING_TOKEN is the number that grows across \
+all replicas (txid_current() at the grant): compare that one, never the term, to reject a stale \
+leader's writes.
+
+Logging: INFO by default, WARN with --once/--wait, so a one-shot that led prints only what COMMAND \
+prints plus WARN/ERROR lines when something is wrong (cron mails nothing); -v shows the rest. A \
+standby says at INFO who holds the lock (host, pid, since when), once and, while it is one of the \
+two standbys in line, again when the holder changes.
+
+Exit status: COMMAND's status; 128+N when it died of signal N (143 for a leader stopped by \
+SIGTERM: a systemd unit needs SuccessExitStatus=143); the conflict code when \
+--once/--wait did not lead or lost leadership mid-run; 0 when stopped by INT/TERM while standby; \
+124 when --timeout stopped COMMAND; 125 when leaderrun itself failed (usage, bad DSN, database \
+unreachable in --once/--wait); 126 COMMAND not executable; 127 COMMAND not found.
+
+Pass passwords through PGPASSWORD or ~/.pgpass: a password in --dsn is visible in ps.";
+
+/// The forms of the command line, one a line: `--help`'s usage and the man page's SYNOPSIS.
+/// A subcommand never follows COMMAND: everything after `--` is COMMAND's.
+pub const USAGE: &str = "leaderrun [OPTIONS] -- COMMAND [ARG...]
+       leaderrun [OPTIONS] -c STRING
+       leaderrun status [--json] [OPTIONS]
+       leaderrun doctor [OPTIONS]
+       leaderrun step-down [OPTIONS]";
+
+/// `leaderrun [OPTIONS] -- COMMAND [ARG...]`
+#[derive(Debug, Parser)]
+#[command(
+    name = "leaderrun",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_long_help = AFTER_LONG_HELP,
+    allow_negative_numbers = true,
+    subcommand_negates_reqs = true,
+    subcommand_value_name = "SUBCOMMAND",
+    override_usage = USAGE
+)]
+pub struct Cli {
+    /// PostgreSQL connection string (URL or keyword/value); the lock is per database
+    ///
+    /// `postgres://user@host:5432/dbname?sslmode=disable` or
+    /// `host=db user=app dbname=plexsphere`. When absent, LEADERRUN_DSN, then PLEXSPHERE_DSN,
+    /// then DATABASE_URL, then PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME,
+    /// PGCONNECT_TIMEOUT and PGSSLMODE are used, with psql's defaults (Unix socket, OS user). Fields the DSN leaves out are taken
+    /// from the PG* variables too.
+    ///
+    /// Advisory locks are per database: copies connected to different databases of one server
+    /// do not exclude each other, so every copy must name the same database: leaderrun refuses
+    /// to run (exit 125) when no setting names it (dbname in the DSN, PGDATABASE, or a service).
+    ///
+    /// Example: --dsn 'host=127.0.0.1 user=postgres dbname=plexsphere'
+    #[arg(
+        long,
+        value_name = "DSN",
+        env = "LEADERRUN_DSN",
+        global = true,
+        hide_env_values = true,
+        help_heading = "Connection"
+    )]
+    pub dsn: Option<String>,
+
+    /// First int4 of the advisory lock key
+    ///
+    /// Default 1886156915 (0x706C7873, ASCII "plxs"), the plexsphere leader lock.
+    ///
+    /// Example: --lock-class 42
+    #[arg(
+        long,
+        value_name = "INT4",
+        env = "LEADERRUN_LOCK_CLASS",
+        global = true,
+        default_value_t = DEFAULT_LOCK_CLASS,
+        allow_negative_numbers = true,
+        help_heading = "Lock"
+    )]
+    pub lock_class: i32,
+
+    /// Second int4 of the advisory lock key
+    ///
+    /// Copies that share class and id (and database) elect one leader among them. Any int4,
+    /// negative ones too, in every form after status and doctor as well.
+    ///
+    /// Example: --lock-id 7, --lock-id -5
+    #[arg(
+        long,
+        value_name = "INT4",
+        env = "LEADERRUN_LOCK_ID",
+        global = true,
+        default_value_t = DEFAULT_LOCK_ID,
+        allow_negative_numbers = true,
+        help_heading = "Lock"
+    )]
+    pub lock_id: i32,
+
+    /// Derive the lock id from NAME instead of giving --lock-id
+    ///
+    /// The id is the first 4 bytes of SHA-256 of the UTF-8 NAME, read as a big-endian int4 (a
+    /// fixed mapping that never changes between builds or servers); the class stays --lock-class.
+    /// The id in use is logged and shown in LEADERRUN_LOCK.
+    ///
+    /// Example: --lock-name nightly-report   (id 1732491792)
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "LEADERRUN_LOCK_NAME",
+        global = true,
+        value_parser = clap::builder::NonEmptyStringValueParser::new(),
+        allow_negative_numbers = true,
+        conflicts_with = "lock_id",
+        help_heading = "Lock"
+    )]
+    pub lock_name: Option<String>,
+
+    /// At most N replicas lead at once, each on a slot of its own
+    ///
+    /// Slot k (0 … N-1) is the key (CLASS + k, ID): slot 0 is the key itself. Each leader gets
+    /// LEADERRUN_SLOT; every rule of the single lock holds per slot. All replicas of one lock
+    /// must give the same N, and so must status and step-down.
+    ///
+    /// Example: --slots 3
+    #[arg(
+        long,
+        value_name = "N",
+        env = "LEADERRUN_SLOTS",
+        global = true,
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..=1024),
+        help_heading = "Lock"
+    )]
+    pub slots: u32,
+
+    /// Standby retry period, leader verification period, and timeout of one verification
+    ///
+    /// A duration with a unit: 500ms, 5s, 2m.
+    ///
+    /// Example: --check-interval 1s
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_CHECK_INTERVAL",
+        global = true,
+        default_value = "5s",
+        value_parser = parse_duration,
+        allow_hyphen_values = true,
+        help_heading = "Timing"
+    )]
+    pub check_interval: Duration,
+
+    /// Time between the stop signal and SIGKILL [default: the check interval]
+    ///
+    /// -k as in timeout(1), but with a unit.
+    ///
+    /// Example: --grace 30s, -k 30s
+    #[arg(
+        short = 'k',
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_GRACE",
+        value_parser = parse_duration,
+        allow_hyphen_values = true,
+        help_heading = "Timing"
+    )]
+    pub grace: Option<Duration>,
+
+    /// First signal sent to COMMAND's process group on demotion, on --timeout, and to helpers
+    /// left behind when COMMAND exits
+    ///
+    /// On shutdown the INT or TERM that leaderrun received is passed on instead. SIGKILL
+    /// follows after the grace period. A name with or without SIG (TERM, SIGINT, hup) or a
+    /// number.
+    ///
+    /// -s as in timeout(1).
+    ///
+    /// Example: --stop-signal INT, -s INT
+    #[arg(
+        short = 's',
+        long,
+        value_name = "SIG",
+        env = "LEADERRUN_STOP_SIGNAL",
+        default_value = "TERM",
+        value_parser = parse_signal,
+        help_heading = "Timing"
+    )]
+    pub stop_signal: Signal,
+
+    /// A new leader verifies its lock this long before it starts COMMAND [default: 0s]
+    ///
+    /// Gives a demoted leader elsewhere time to stop its child first. A bare 0 (or 0s) is the default: none.
+    ///
+    /// Example: --takeover-delay 10s
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_TAKEOVER_DELAY",
+        value_parser = parse_duration_or_zero,
+        allow_hyphen_values = true,
+        help_heading = "Timing"
+    )]
+    pub takeover_delay: Option<Duration>,
+
+    /// Longest one run of COMMAND may take; then it is stopped like on demotion
+    ///
+    /// Exit 124 with --once/--wait and in the default mode (unless --restart restarts it); a
+    /// failed tick under --every.
+    ///
+    /// Example: --timeout 15m
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_TIMEOUT",
+        value_parser = parse_duration,
+        allow_hyphen_values = true,
+        help_heading = "Timing"
+    )]
+    pub timeout: Option<Duration>,
+
+    /// Run COMMAND in a cgroup v2 group of its own, so that a descendant that left its
+    /// process group (setsid) is stopped with the rest
+    ///
+    /// Needs a cgroup v2 hierarchy where leaderrun may create a group next to its own (root,
+    /// or a delegated subtree); without one, COMMAND runs as without the flag. Moving a process
+    /// into a cgroup can cost the first start of a term about 10 ms on kernels whose cgroup2
+    /// mount lacks favordynmods; where it has them, leaderrun uses a group of its own even
+    /// without the flag. Without a group, a descendant that left the process group is stopped
+    /// only once it has been re-parented to leaderrun.
+    #[arg(long, env = "LEADERRUN_CGROUP", help_heading = "Timing")]
+    pub cgroup: bool,
+
+    /// With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]
+    ///
+    /// Even when COMMAND ends sooner, so a host whose cron fires a little later finds the lock
+    /// held and skips instead of running the job twice. A bare 0 (or 0s) is the default: none.
+    ///
+    /// Example: --once --min-hold 1m
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_MIN_HOLD",
+        value_parser = parse_duration_or_zero,
+        allow_hyphen_values = true,
+        help_heading = "Timing"
+    )]
+    pub min_hold: Option<Duration>,
+
+    /// One check, then run COMMAND (leading) or exit with the conflict code (not leading)
+    ///
+    /// Nothing is printed when another host leads, so a cron job on every host mails nothing
+    /// from the hosts that skip. A database that cannot be reached exits 125. -n as in flock(1).
+    ///
+    /// Example: leaderrun --once -- /usr/local/bin/nightly-report, leaderrun -n -c 'make report'
+    #[arg(
+        short = 'n',
+        long,
+        env = "LEADERRUN_ONCE",
+        // The environment form takes 1/0, true/false, yes/no, on/off; anything else is an error.
+        value_parser = clap::builder::BoolishValueParser::new(),
+        conflicts_with_all = ["wait", "every"],
+        help_heading = "Modes"
+    )]
+    pub once: bool,
+
+    /// Like --once, but campaign for at most DUR before giving up with the conflict code
+    ///
+    /// Wall-clock time across reconnects; 125 when the database could not be reached at all.
+    /// -w as in flock(1), but with a unit.
+    ///
+    /// Example: --wait 30s, -w 30s
+    #[arg(
+        short = 'w',
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_WAIT",
+        value_parser = parse_duration,
+        allow_hyphen_values = true,
+        conflicts_with = "every",
+        help_heading = "Modes"
+    )]
+    pub wait: Option<Duration>,
+
+    /// Ticker: while leading, run COMMAND once per period
+    ///
+    /// Runs never overlap (a tick that falls due while the last run goes on is skipped and
+    /// logged); a non-zero exit is a failed tick (WARN) and ticking goes on, until signalled.
+    ///
+    /// Example: --every 5m
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_EVERY",
+        value_parser = parse_duration,
+        allow_hyphen_values = true,
+        help_heading = "Modes"
+    )]
+    pub every: Option<Duration>,
+
+    /// With --every: also run COMMAND at once when this copy becomes leader, then on the cadence
+    ///
+    /// Without it a new leader runs COMMAND at the next tick after its grant (up to one period
+    /// later). With it the grant is the term's first run (after --takeover-delay, if any); the
+    /// ticker keeps its cadence from start, and a tick that falls due while that run goes on
+    /// is skipped, as always (runs never overlap).
+    ///
+    /// Example: --every 5m --tick-at-grant
+    #[arg(
+        long,
+        env = "LEADERRUN_TICK_AT_GRANT",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        help_heading = "Modes"
+    )]
+    pub tick_at_grant: bool,
+
+    /// Default mode: what to do when COMMAND exits while leading
+    ///
+    /// never: release the lock and exit with its status. on-failure: restart it after a
+    /// non-zero exit, a death by signal or a --timeout. always: restart it after every exit.
+    /// Restarts stay in the same term, after a back-off that starts at 500ms, doubles up to 30s,
+    /// and starts over after a run that lasted 10s or more.
+    ///
+    /// Example: --restart on-failure
+    #[arg(
+        long,
+        value_name = "POLICY",
+        env = "LEADERRUN_RESTART",
+        value_enum,
+        conflicts_with_all = ["once", "wait", "every"],
+        help_heading = "Modes"
+    )]
+    pub restart: Option<RestartPolicy>,
+
+    /// Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)
+    ///
+    /// -E as in flock(1).
+    ///
+    /// Example: --conflict-exit-code 75, -E 75
+    #[arg(
+        short = 'E',
+        long,
+        value_name = "N",
+        env = "LEADERRUN_CONFLICT_EXIT_CODE",
+        default_value_t = 0,
+        help_heading = "Modes"
+    )]
+    pub conflict_exit_code: u8,
+
+    /// Log more: one level per -v (INFO → DEBUG → TRACE)
+    ///
+    /// The default level is INFO, and WARN with --once/--wait, so that a one-shot that led
+    /// prints only what COMMAND prints plus WARN/ERROR lines when something is wrong (cron mails
+    /// nothing on a good night); -v shows the INFO lines there. RUST_LOG decides when neither
+    /// -v nor -q is given.
+    #[arg(
+        short,
+        long,
+        action = clap::ArgAction::Count,
+        conflicts_with = "quiet",
+        global = true,
+        help_heading = "Logging"
+    )]
+    pub verbose: u8,
+
+    /// Log less: one level per -q (INFO → WARN → ERROR)
+    ///
+    /// -q shows warnings and errors only, -qq errors only (with --once/--wait, whose default is
+    /// already WARN, -q shows errors only).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Logging")]
+    pub quiet: u8,
+
+    /// Log line format on stderr: text, or json (one object per line with timestamp, level,
+    /// message and fields)
+    ///
+    /// Example: --log-format json
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "LEADERRUN_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text,
+        global = true,
+        help_heading = "Logging"
+    )]
+    pub log_format: LogFormat,
+
+    /// Serve /metrics, /healthz and /readyz on this address (off by default)
+    ///
+    /// HOST:PORT or IP:PORT. :PORT means every interface (0.0.0.0:PORT, all IPv4 addresses):
+    /// whoever can reach the machine can read the metrics and probes; give 127.0.0.1:PORT or
+    /// the pod's address to keep it local.
+    ///
+    /// Clients cannot hold the port up: at most 32 connections at once (a new one closes the
+    /// oldest), 2 s for a request's head, 5 s and 100 requests per connection, request bodies
+    /// never read.
+    ///
+    /// /healthz is a liveness probe: 200 while leaderrun's check loop runs (within 3 check
+    /// intervals), also while the database is down for many intervals, since restarting
+    /// leaderrun would not bring the database back. To alert on an unreachable database, use
+    /// the gauge leaderrun_seconds_since_last_successful_check, e.g. a Prometheus rule with
+    /// expr: leaderrun_seconds_since_last_successful_check > 60.
+    ///
+    /// /readyz is 503 with the error until a check has reached the server and while checks
+    /// fail to reach it (wrong password, missing database, nothing listening), so a bad
+    /// secret never turns a replica Ready.
+    ///
+    /// Example: --http-addr 0.0.0.0:9464
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "LEADERRUN_HTTP_ADDR",
+        value_parser = parse_http_addr,
+        help_heading = "Observing"
+    )]
+    pub http_addr: Option<std::net::SocketAddr>,
+
+    /// Who leads right now, or whether the lock works through these settings
+    #[command(subcommand)]
+    pub action: Option<Action>,
+
+    /// Run `sh -c STRING` as COMMAND (instead of COMMAND after --)
+    ///
+    /// As flock(1) -c: for a shell command line in a crontab. The shell's whole tree is stopped
+    /// on demotion like any COMMAND's.
+    ///
+    /// Example: leaderrun -n -c 'pg_dump app | gzip > /backup/app.gz'
+    #[arg(
+        short = 'c',
+        value_name = "STRING",
+        // The word after -c is the script, whatever it starts with (getopt, flock).
+        allow_hyphen_values = true,
+        conflicts_with = "command",
+        help_heading = "Modes"
+    )]
+    pub shell_command: Option<OsString>,
+
+    /// The command to run while this copy leads, and its arguments (no shell)
+    #[arg(
+        value_name = "COMMAND",
+        required_unless_present = "shell_command",
+        num_args = 1..,
+        trailing_var_arg = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// `leaderrun status` and `leaderrun doctor`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// Who leads right now: the leader's host, pid and backend, since when, and the standbys
+    ///
+    /// Runs the pg_locks query for the lock key joined to pg_stat_activity: the leader's host and
+    /// leaderrun pid (from its application_name, leaderrun@HOST:PID) beside its backend pid,
+    /// client address, since when it leads, its term and its fencing token (which grows across
+    /// all replicas), and each waiting standby with its host, pid and backend pid. A holder
+    /// that is not leaderrun (a psql session, the plexsphere API's own Elector) is the leader
+    /// too, shown as "not leaderrun: application_name=...". Exit 0 when a leader holds the lock,
+    /// 1 when none does, 125 on error.
+    ///
+    /// Example: leaderrun status --json --lock-id 7
+    Status {
+        /// Print one JSON object (stable field names, listed in the README) instead of a table
+        ///
+        /// lock, lock_class, lock_id, database, server; leader (null, or pid, leaderrun, host,
+        /// leaderrun_pid, application_name, client_addr, client_port, backend_start, term,
+        /// since, leading_seconds, fencing_token); waiters (backend pids); standbys (backend_pid,
+        /// leaderrun, host, leaderrun_pid, application_name, client_addr, waiting_since).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prove that the lock excludes through these connection settings
+    ///
+    /// Opens two sessions and checks that the second cannot take a lock the first holds (on a
+    /// scratch id of the same class, so a running leader is not disturbed), that the server is
+    /// not in recovery, that a session keeps its backend (no transaction-mode pooler), that
+    /// the server's major is supported (14 to 18) and idle_session_timeout can be set (a
+    /// warning each on PostgreSQL 13, which runs with a weaker bound), and shows the database the lock lives in (a warning
+    /// when no setting named it, so it is the user's name), TLS and who holds the real key.
+    /// Exit 0 when all hold (warnings included), 1 when one fails, 125 when it cannot connect.
+    ///
+    /// The scratch key is CLASS:ID with an id derived from this process unless --scratch-id
+    /// names one; doctor says which it took. On a server where ids are allotted, pick one that
+    /// is yours and free.
+    ///
+    /// Example: leaderrun doctor --dsn postgres://app@pgbouncer.internal:6432/plexsphere
+    Doctor {
+        /// The id (int4) of the scratch key doctor takes and releases, in the lock's class
+        /// (default: one derived from doctor's pid)
+        #[arg(long, value_name = "ID", allow_negative_numbers = true)]
+        scratch_id: Option<i32>,
+    },
+    /// Ask the current leader to hand over (a planned switchover, e.g. to drain a host)
+    ///
+    /// Takes the step-down request: the bigint advisory lock whose halves are the lock key
+    /// (CLASS << 32 | ID, objsubid 1 in pg_locks, which never collides with the two-int4 leader
+    /// lock). The leader sees it at its next check, stops its child (stop signal, grace),
+    /// releases the lock and stays out of the campaign for one check interval, so a waiting
+    /// standby takes over within milliseconds. Exit 0 when another replica leads afterwards,
+    /// 1 when none took over within a minute (or none leads, or the holder is not leaderrun,
+    /// which cannot be asked, or no standby is there to take over, and the leader is not
+    /// asked), 125 on error. Only a live standby counts: a queued wait whose process has
+    /// exited is dropped by the server within 250 ms (PostgreSQL 14 and later), and step-down
+    /// looks twice.
+    ///
+    /// Example: leaderrun step-down --lock-id 7
+    StepDown {
+        /// With --slots N: the slot whose leader is asked (0 … N-1)
+        #[arg(long, value_name = "K", default_value_t = 0)]
+        slot: u32,
+    },
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `--restart`'s values, as clap knows them; [`Restart`] is the supervisor's own. The doc
+/// comments are the help text of each value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartPolicy {
+    /// Release the lock and exit with COMMAND's status.
+    Never,
+    /// Restart after a non-zero exit, a death by signal or a timeout.
+    OnFailure,
+    /// Restart after every exit.
+    Always,
+}
+
+impl From<RestartPolicy> for Restart {
+    fn from(policy: RestartPolicy) -> Restart {
+        match policy {
+            RestartPolicy::Never => Restart::Never,
+            RestartPolicy::OnFailure => Restart::OnFailure,
+            RestartPolicy::Always => Restart::Always,
+        }
+    }
+}
+
+/// The command-line definition as `--help` shows it: [`Cli`]'s, with the values of the
+/// environment variables hidden, so that `-h` shows `[env: LEADERRUN_LOCK_CLASS]`, not a
+/// dangling `[env: LEADERRUN_LOCK_CLASS=]` (or a value from the environment, maybe a secret).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().mut_args(|arg| arg.hide_env_values(true))
+}
+
+/// Parses the process arguments; prints help/version and exits 0, or prints the usage error
+/// and exits 125 (contract §6).
+pub fn parse() -> Cli {
+    let raw: Vec<OsString> = std::env::args_os().collect();
+    let checked = command()
+        .try_get_matches_from(&raw)
+        .and_then(|matches| <Cli as clap::FromArgMatches>::from_arg_matches(&matches))
+        .and_then(|cli| {
+            cli.validate()?;
+            cli.check_mistyped_subcommand(&raw, std::env::var_os("PATH").as_deref())?;
+            Ok(cli)
+        });
+    match checked {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            let code = if err.use_stderr() {
+                i32::from(EXIT_FAILURE)
+            } else {
+                0
+            };
+            std::process::exit(code);
+        }
+    }
+}
+
+/// The longest duration any option takes: one year.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses a positive duration with a unit (`500ms`, `5s`, `2m`); zero, negative, unit-less and
+/// longer-than-a-year values are refused (contract §3).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    if trimmed.starts_with('-') {
+        return Err("must not be negative".into());
+    }
+    if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!("needs a unit, e.g. {trimmed}s or {trimmed}ms"));
+    }
+    let duration = humantime::parse_duration(trimmed).map_err(|e| e.to_string())?;
+    if duration.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    if duration > MAX_DURATION {
+        return Err("must be at most a year".into());
+    }
+    Ok(duration)
+}
+
+/// Parses `--http-addr`: `IP:PORT`, `HOST:PORT` (the first address the name resolves to) or
+/// `:PORT` (every interface: `0.0.0.0:PORT`, all IPv4 addresses).
+pub fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let text = text.trim();
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_owned(),
+    };
+    full.to_socket_addrs()
+        .map_err(|e| format!("{e}; expected HOST:PORT, IP:PORT or :PORT"))?
+        .next()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
+}
+
+/// Like [`parse_duration`], but zero is allowed, with or without a unit (`--takeover-delay 0`,
+/// `--min-hold 0s`: their defaults). Other unit-less values are still refused.
+pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    match parse_duration(text) {
+        Err(e) if e.contains("zero") => Ok(Duration::ZERO),
+        other => other,
+    }
+}
+
+/// Parses a stop signal given as `TERM`, `SIGTERM`, `term` or a number. Signals that cannot
+/// end a process (job-control stops, SIGCONT, and those ignored by default: CHLD, URG, WINCH)
+/// are refused, since the first step of every stop would then do nothing. SIGKILL is accepted.
+pub fn parse_signal(text: &str) -> Result<Signal, String> {
+    let trimmed = text.trim();
+    let signal = if let Ok(number) = trimmed.parse::<i32>() {
+        Signal::try_from(number).map_err(|_| format!("no signal number {number}"))?
+    } else {
+        let upper = trimmed.to_ascii_uppercase();
+        let name = if upper.starts_with("SIG") {
+            upper
+        } else {
+            format!("SIG{upper}")
+        };
+        name.parse::<Signal>()
+            .map_err(|_| format!("unknown signal {trimmed:?}"))?
+    };
+    use Signal::*;
+    if matches!(
+        signal,
+        SIGSTOP | SIGTSTP | SIGTTIN | SIGTTOU | SIGCONT | SIGCHLD | SIGURG | SIGWINCH
+    ) {
+        return Err(format!(
+            "{} does not end a process; use TERM, INT, HUP, QUIT, USR1, USR2 or KILL",
+            signal.as_str()
+        ));
+    }
+    Ok(signal)
+}
