@@ -46,13 +46,17 @@
 //! where that is cheap or asked for, [`cli::runner`] builds the real parts, [`cli`] is the command line and [`pg::conninfo`] resolves
 //! connection settings the way psql does.
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod elector;
 pub mod error;
 pub mod pg;
+#[cfg(feature = "cli")]
 pub mod process;
+#[cfg(feature = "cli")]
 pub mod supervisor;
 pub mod timing;
+#[cfg(feature = "cli")]
 pub mod watchdog;
 
 pub use elector::{
