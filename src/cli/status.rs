@@ -17,10 +17,11 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
-use crate::elector::session::{within, CLIENT_CONNECTION_CHECK};
 use crate::elector::{connect, LockKey};
+use crate::elector::{standby_comment, CLIENT_CONNECTION_CHECK};
 use crate::error::{Chain, Error};
 use crate::pg::conninfo::describe;
+use crate::pg::within;
 
 /// The leader as `status` sees it. Field names are stable (`--json`, documented in README).
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -185,7 +186,7 @@ const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
      ORDER BY l.granted DESC, l.pid";
 
 /// Standby sessions between their checks: their last statement carries
-/// [`standby_comment`](crate::elector::session::standby_comment). `$1`: the comment.
+/// [`standby_comment`]. `$1`: the comment.
 const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, host(a.client_addr), a.query \
      FROM pg_stat_activity a \
      WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() \
@@ -229,7 +230,7 @@ pub async fn report(
         }
     }
     let id = lock.id as u32;
-    let comment = crate::elector::session::standby_comment(lock);
+    let comment = standby_comment(lock);
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&slot_classes, &place_classes, &id];
     let comment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&comment];

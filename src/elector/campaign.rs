@@ -10,12 +10,13 @@ use tracing::{debug, error, info, warn};
 
 use super::metrics::demotion_cause;
 use super::session::{
-    boottime, connect, session_closed, socket_of, standby_comment, wait_sql, within, Session,
+    boottime, connect, session_closed, socket_of, standby_comment, wait_sql, Session,
 };
 use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
 use crate::pg::lock::LockKey;
+use crate::pg::within;
 
 /// Whether a failed try met a server that is momentarily full (53300) or starting up (57P03).
 fn is_transient(err: &Error) -> bool {

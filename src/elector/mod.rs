@@ -42,7 +42,7 @@
 
 mod campaign;
 mod metrics;
-pub mod session;
+mod session;
 pub mod term;
 
 use std::future::Future;
@@ -63,7 +63,7 @@ use crate::pg::tls::TlsSettings;
 use crate::timing::Timing;
 
 pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
-pub use session::{boottime, connect, Connected};
+pub use session::{boottime, connect, standby_comment, Connected, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
 use campaign::Campaign;

@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::pg::conninfo::{Address, ConnectPlan, HostTarget, SessionAttrs};
 use crate::pg::lock::{LockKey, QUEUE_PLACES};
 use crate::pg::tls::TlsSettings;
+use crate::pg::within;
 
 /// Client-side TCP timers (FIELD-NOTES PostgreSQL 5): keepalives so a vanished server is
 /// noticed between checks, and `TCP_USER_TIMEOUT` so a check stuck in retransmission fails
@@ -869,23 +870,6 @@ pub fn boottime() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
         .map(Duration::from)
         .unwrap_or_default()
-}
-
-/// Runs one statement (any tokio-postgres future) bounded by `bound`: the one place a query
-/// error becomes [`Error::Query`] and a missed deadline [`Error::Timeout`], both naming `what`.
-///
-/// # Errors
-/// [`Error::Query`] when the statement fails; [`Error::Timeout`] after `bound`.
-pub async fn within<T>(
-    what: &'static str,
-    bound: Duration,
-    statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, Error> {
-    match timeout(bound, statement).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) => Err(Error::Query { what, source }),
-        Err(_) => Err(Error::Timeout { what, after: bound }),
-    }
 }
 
 /// A descriptor of this process found to be a session's socket.
