@@ -210,6 +210,7 @@ pub async fn run(
         command,
         foreground: terminal.as_ref().map(Terminal::fd),
         cgroup,
+        helper: watchdog.helper_pid(),
     };
     let plan = plan(&settings);
     let spawner = WatchedSpawner {

@@ -285,24 +285,36 @@ pub fn reap(main: Option<Pid>) -> Reaped {
 }
 
 /// The pid of leaderrun's own helper process (the watchdog), which is a child of leaderrun but
-/// never part of COMMAND's tree; 0: none.
-static HELPER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// never part of COMMAND's tree: one shared cell, set by whoever starts helpers (the watchdog's
+/// handle, at every start, since a helper that died is replaced while a tree runs) and read by
+/// the trees it is given to, which leave that pid out of their orphans. The default: none.
+#[derive(Clone, Debug, Default)]
+pub struct HelperPid(Arc<std::sync::atomic::AtomicI32>);
 
-/// Records `pid` as leaderrun's helper: [`own_children`] leaves it out, so no stop signals it
-/// and no tree waits for it.
-pub fn set_helper(pid: Option<u32>) {
-    HELPER.store(
-        pid.map_or(0, |p| p as i32),
-        std::sync::atomic::Ordering::Release,
-    );
+impl HelperPid {
+    /// Records `pid` as the running helper (`None`: none runs).
+    pub fn set(&self, pid: Option<u32>) {
+        self.0.store(
+            pid.map_or(0, |p| p as i32),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+
+    /// The running helper's pid, if one was recorded.
+    pub fn get(&self) -> Option<Pid> {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            0 => None,
+            pid => Some(Pid::from_raw(pid)),
+        }
+    }
 }
 
-/// Pids whose parent is this process (the main child and every adopted orphan, not the
-/// helper), read from
+/// Pids whose parent is this process (the main child and every adopted orphan, not `helper`),
+/// read from
 /// `/proc/self/task/*/children`: a subreaper's orphans are re-parented to one of its threads.
 /// `None` when that cannot be read (no `/proc`); then only the process group can be reached.
-pub fn own_children() -> Option<Vec<Pid>> {
-    let helper = HELPER.load(std::sync::atomic::Ordering::Acquire);
+pub fn own_children(helper: Option<Pid>) -> Option<Vec<Pid>> {
+    let helper = helper.map_or(0, Pid::as_raw);
     let tasks = std::fs::read_dir("/proc/self/task").ok()?;
     let mut out = Vec::new();
     let mut read_any = false;
@@ -373,6 +385,8 @@ pub struct ProcessSpawner {
     pub foreground: Option<RawFd>,
     /// COMMAND's cgroup, where leaderrun could make one.
     pub cgroup: Option<Arc<Cgroup>>,
+    /// leaderrun's helper process, never counted as part of a tree.
+    pub helper: HelperPid,
 }
 
 impl Spawner for ProcessSpawner {
@@ -382,6 +396,7 @@ impl Spawner for ProcessSpawner {
             env,
             self.foreground,
             self.cgroup.clone(),
+            self.helper.clone(),
         )?))
     }
 
@@ -402,6 +417,8 @@ pub struct Child {
     stopping: Option<Signal>,
     signalled: HashSet<Pid>,
     cgroup: Option<Arc<Cgroup>>,
+    /// leaderrun's helper, left out of the orphans.
+    helper: HelperPid,
 }
 
 impl Child {
@@ -420,6 +437,7 @@ impl Child {
         env: &[(&str, String)],
         foreground: Option<RawFd>,
         cgroup: Option<Arc<Cgroup>>,
+        helper: HelperPid,
     ) -> Result<Child, SpawnError> {
         let mut cmd = std::process::Command::new(&command.program);
         cmd.arg0(&command.argv[0])
@@ -467,6 +485,7 @@ impl Child {
             stopping: None,
             signalled: HashSet::new(),
             cgroup,
+            helper,
         })
     }
 
@@ -483,7 +502,7 @@ impl Child {
     fn orphans(&self) -> Option<Vec<Pid>> {
         let all = match &self.cgroup {
             Some(cgroup) => Some(cgroup.pids()),
-            None if is_reaper() => own_children(),
+            None if is_reaper() => own_children(self.helper.get()),
             None => Some(Vec::new()),
         };
         all.map(|all| all.into_iter().filter(|&p| p != self.pid).collect())

@@ -18,7 +18,7 @@ use nix::unistd::Pid;
 use tracing::{debug, warn};
 
 use crate::elector::{boottime, SessionKeeper};
-use crate::process::child::{SpawnError, Spawner, Tree, TreeState};
+use crate::process::child::{HelperPid, SpawnError, Spawner, Tree, TreeState};
 
 use super::protocol::*;
 use super::{pidfd_open, ARGV0, KILL_WAIT, RELEASE_WAIT};
@@ -64,6 +64,8 @@ pub struct Watchdog {
     held: Mutex<Held>,
     /// Woken at every start of a watchdog process, for [`Watchdog::watch`].
     started: tokio::sync::Notify,
+    /// The running watchdog's pid, for the trees to leave out ([`Watchdog::helper_pid`]).
+    helper: HelperPid,
 }
 
 impl std::fmt::Debug for Watchdog {
@@ -84,7 +86,16 @@ impl Watchdog {
             plan,
             held: Mutex::new(Held::default()),
             started: tokio::sync::Notify::new(),
+            helper: HelperPid::default(),
         }
+    }
+
+    /// The cell that holds the running watchdog's pid: give it to the [`ProcessSpawner`] whose
+    /// trees this watchdog guards, so that no stop signals it and no tree waits for it.
+    ///
+    /// [`ProcessSpawner`]: crate::process::child::ProcessSpawner
+    pub fn helper_pid(&self) -> HelperPid {
+        self.helper.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -157,7 +168,7 @@ impl Watchdog {
         let pid = child.id();
         // Dropping std's handle neither waits nor kills; leaderrun's reaper reaps it.
         drop(child);
-        crate::process::child::set_helper(Some(pid));
+        self.helper.set(Some(pid));
         debug!(pid, "watchdog started");
         Ok(Link {
             fd: ours,
@@ -191,7 +202,7 @@ impl Watchdog {
             Ok(link) => link,
             Err(err) => {
                 warn!("cannot start the watchdog: {err}");
-                crate::process::child::set_helper(None);
+                self.helper.set(None);
                 return false;
             }
         };
@@ -432,7 +443,7 @@ impl Watchdog {
         }
         // ECHILD: reaped already (above, or by leaderrun's reaper).
         while let Err(Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
-        crate::process::child::set_helper(None);
+        self.helper.set(None);
     }
 }
 
