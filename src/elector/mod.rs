@@ -35,8 +35,8 @@
 //! * this module: [`Config`], the [`Elector`] API (the seed's `Run`, `Term`, `Do`, `IsLeader`)
 //!   and the tally of checks;
 //! * [`term`]: a term, its proof and its holds;
-//! * [`session`]: connecting, the pinned timers and bounded statements (shared with `status`
-//!   and `doctor`);
+//! * `session`: connecting, the pinned timers and the prepared statements ([`connect`] and
+//!   [`standby_comment`] are shared with `status` and `doctor`);
 //! * `campaign`: one call of [`Elector::run`]: checks, grants, demotion, release;
 //! * `metrics`: the election's Prometheus metrics.
 
@@ -78,8 +78,8 @@ pub const UNLOCK_BOUND: Duration = Duration::from_secs(2);
 pub const GAUGE_NAME: &str = "plexsphere_background_leader";
 
 /// Keeps a copy of the lock session's socket, so that the session, and the lock, outlive this
-/// process until the work under the term is dead: the binary's watchdog
-/// ([`crate::watchdog`]). The elector hands it the socket at every grant and takes it back
+/// process until the work under the term is dead: the binary's watchdog (`watchdog::Watchdog`,
+/// feature `cli`). The elector hands it the socket at every grant and takes it back
 /// before it closes the session on purpose.
 pub trait SessionKeeper: Send + Sync + std::fmt::Debug {
     /// The lock was granted on the session whose socket is `socket`: keep a duplicate.

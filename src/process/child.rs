@@ -347,10 +347,10 @@ pub struct TreeState {
 }
 
 /// COMMAND's process tree as the supervisor drives it: the main child, its process group, and
-/// the orphans adopted from it. Dropping a tree that may still run kills it (SIGKILL): the
-/// supervisor always stops a tree first, so this only happens when a panic unwinds it, and
-/// then nothing of COMMAND may outlive the process (issue: only a panic that ends the process
-/// ends the tree without its grace).
+/// the orphans adopted from it. Dropping a tree that may still run kills it (SIGKILL, without
+/// the grace): the supervisor always stops a tree first, so a live tree is dropped only when a
+/// panic unwinds the supervisor, and then nothing of COMMAND may outlive leaderrun. A panic
+/// that is caught elsewhere unwinds no tree and leaves it running.
 pub trait Tree: std::fmt::Debug {
     /// The main child's pid, which is also its process group id.
     fn pid(&self) -> u32;
