@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use leaderrun::cli::exit_codes::FAILURE;
 use leaderrun::cli::Action;
-use leaderrun::cli::{runner, status};
+use leaderrun::cli::{doctor, runner, status};
 use leaderrun::supervisor::Exit;
 use leaderrun::Chain;
 
@@ -55,7 +55,7 @@ fn run(cli: leaderrun::cli::Cli, signals: leaderrun::process::signals::SignalStr
         Some(Action::StepDown { slot }) => Exit::Code(status::step_down_main(
             connect, tls, lock, slots, slot, bound,
         )),
-        Some(Action::Doctor { scratch_id }) => Exit::Code(status::doctor_main(
+        Some(Action::Doctor { scratch_id }) => Exit::Code(doctor::doctor_main(
             connect,
             tls,
             lock,

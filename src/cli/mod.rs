@@ -4,6 +4,7 @@
 //! Every usage error exits 125 (contract §6), not clap's default 2: [`parse`] does that.
 
 pub mod docs;
+pub mod doctor;
 pub mod exit_codes;
 pub mod health;
 pub mod http;
