@@ -8,10 +8,9 @@ use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::connecting::connect;
 use super::metrics::demotion_cause;
-use super::session::{
-    boottime, connect, session_closed, socket_of, standby_comment, wait_sql, Session,
-};
+use super::session::{boottime, session_closed, socket_of, standby_comment, wait_sql, Session};
 use super::term::{Lease, Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared, UNLOCK_BOUND};
 use crate::error::{Chain, Error};

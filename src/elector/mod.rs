@@ -35,12 +35,15 @@
 //! * this module: [`Config`], the [`Elector`] API (the seed's `Run`, `Term`, `Do`, `IsLeader`)
 //!   and the tally of checks;
 //! * [`term`]: a term, its proof and its holds;
-//! * `session`: connecting, the pinned timers and the prepared statements ([`connect`] and
-//!   [`standby_comment`] are shared with `status` and `doctor`);
+//! * `connecting`: connecting as libpq does, host by host ([`connect`], shared with `status`
+//!   and `doctor`);
+//! * `session`: the lock session: the pinned timers, the lock statements ([`standby_comment`])
+//!   and the prepared, bounded statements;
 //! * `campaign`: one call of [`Elector::run`]: checks, grants, demotion, release;
 //! * `metrics`: the election's Prometheus metrics.
 
 mod campaign;
+mod connecting;
 mod metrics;
 mod session;
 pub mod term;
@@ -63,7 +66,8 @@ use crate::pg::tls::TlsSettings;
 use crate::timing::Timing;
 
 pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
-pub use session::{boottime, connect, standby_comment, Connected, CLIENT_CONNECTION_CHECK};
+pub use connecting::{connect, Connected};
+pub use session::{boottime, standby_comment, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
 use campaign::Campaign;
