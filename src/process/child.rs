@@ -25,6 +25,11 @@
 //!
 //! What cannot be guaranteed without cgroups: a descendant that double-forks *and* whose
 //! parent outlives it in another session is not ours until it is re-parented.
+//!
+//! One file, although long: the items above are one set of invariants, each a few functions
+//! that lean on the others (the reaper recognises the main child, a tree reads what the reaper
+//! left, the spawn's pre-exec half sets up what the tree's stop relies on), and a split would
+//! scatter them.
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};

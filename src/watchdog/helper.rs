@@ -1,6 +1,10 @@
 //! The watchdog process itself ([`main`]): its loop ([`Guard`]) over the pair's messages, the
 //! tree's process group and the escape tracking of descendants that left it, written to touch
 //! few pages ([`write_now`], no tracing subscriber).
+//!
+//! One file, although long: the loop, the scans of the tree's group and the escape tracking are
+//! one state machine over one state ([`Guard`]), and none of it runs outside the watchdog
+//! process.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::process::ExitCode;
