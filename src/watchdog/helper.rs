@@ -222,7 +222,8 @@ pub fn main() -> ExitCode {
 
 /// The boottime clock ([`boottime`]) in nanoseconds, for the watchdog's loop. This and
 /// [`next_message`] call libc directly and are inlined into [`Guard::run`], so the loop that
-/// runs between heartbeats touches few pages of the binary (see [`unmap_start_up_pages`]).
+/// runs between heartbeats touches few pages of the binary (see
+/// [`crate::process::memory::drop_start_up_pages`]).
 #[inline(always)]
 pub(super) fn now_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -18,7 +18,7 @@ use crate::pg::within;
 
 impl Campaign<'_> {
     /// Slot `slot` was granted on the current session in the check whose answer is `row`
-    /// ([`try_sql`]'s columns): make it the lock session and start a term.
+    /// ([`try_sql`](crate::elector::session::try_sql)'s columns): make it the lock session and start a term.
     ///
     /// `started` and `sent` are the check's start (monotonic) and send time (boottime): the
     /// check is recorded and the safe window set before the term is published, so nobody
@@ -232,7 +232,7 @@ impl Campaign<'_> {
     }
 
     /// The seed's demotion, with the release after the work: end the term (every holder sees
-    /// it at once), log the cause, and close the session only once every [`TermHold`] is
+    /// it at once), log the cause, and close the session only once every [`TermHold`](crate::TermHold) is
     /// dropped, since a session that is still open may still hold the lock (FIELD-NOTES
     /// PostgreSQL 13). Nothing is sent on the session meanwhile, so the server's
     /// `idle_session_timeout` bounds the wait; so does this one.

@@ -48,7 +48,7 @@ pub(crate) enum Phase {
     Cancelled,
 }
 
-/// One call of [`Elector::run`]: the state that must be cleaned up however the call ends.
+/// One call of [`Elector::run`](crate::Elector::run): the state that must be cleaned up however the call ends.
 pub(crate) struct Campaign<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) session: Option<Session>,
@@ -279,7 +279,7 @@ impl Campaign<'_> {
         }
     }
 
-    /// Publishes one check's outcome in [`Checks`].
+    /// Publishes one check's outcome in [`Checks`](crate::Checks).
     pub(crate) fn record(&self, outcome: CheckOutcome, started: Instant, error: Option<&Error>) {
         let now = Instant::now();
         if let Some(metrics) = &self.shared.metrics {
