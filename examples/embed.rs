@@ -51,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // on purpose before it returned.
                 match elector.do_as_leader(work).await {
                     Done::Ran(()) => println!("term {}: work finished", term.number()),
-                    Done::Lost => println!("term {}: leadership lost during the work", term.number()),
+                    Done::Lost => println!("term {}: lost during the work", term.number()),
                     // The proof lapsed before the work could start: the term is about to
                     // end (within a check interval); wait for that, not for the same term.
                     Done::Standby => {
