@@ -37,8 +37,8 @@
 //! * [`term`]: a term, its proof and its holds;
 //! * `connecting`: connecting as libpq does, host by host ([`connect`], shared with `status`
 //!   and `doctor`);
-//! * `session`: the lock session: the pinned timers, the lock statements ([`standby_comment`])
-//!   and the prepared, bounded statements;
+//! * `session`: the lock session: the pinned timers and the prepared, bounded statements (their
+//!   text is [`crate::pg::lock`]'s, e.g. [`standby_comment`]);
 //! * `campaign`: one call of [`Elector::run`]: checks, grants, demotion, release;
 //! * `metrics`: the election's Prometheus metrics.
 
@@ -65,9 +65,10 @@ use crate::error::Error;
 use crate::pg::tls::TlsSettings;
 use crate::timing::Timing;
 
+pub use crate::pg::lock::standby_comment;
 pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
 pub use connecting::{connect, Connected};
-pub use session::{boottime, standby_comment, CLIENT_CONNECTION_CHECK};
+pub use session::{boottime, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
 use campaign::Campaign;

@@ -18,7 +18,7 @@ use crate::pg::within;
 
 impl Campaign<'_> {
     /// Slot `slot` was granted on the current session in the check whose answer is `row`
-    /// ([`try_sql`](crate::elector::session::try_sql)'s columns): make it the lock session and start a term.
+    /// ([`try_sql`](crate::pg::lock::try_sql)'s columns): make it the lock session and start a term.
     ///
     /// `started` and `sent` are the check's start (monotonic) and send time (boottime): the
     /// check is recorded and the safe window set before the term is published, so nobody

@@ -9,10 +9,10 @@ use tracing::{debug, error, info, warn};
 
 use super::{is_transient, Campaign, HOLDER_SQL};
 use crate::elector::connecting::connect;
-use crate::elector::session::{boottime, standby_comment, wait_sql, Session};
+use crate::elector::session::{boottime, Session};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
-use crate::pg::lock::LockKey;
+use crate::pg::lock::{standby_comment, wait_sql, LockKey};
 use crate::pg::within;
 
 impl Campaign<'_> {
