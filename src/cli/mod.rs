@@ -1,7 +1,13 @@
-//! The command line (contract §1–3): one clap definition, and the checks that turn it into
-//! [`Settings`].
+//! The binary's own parts (feature `cli`). The command line (contract §1–3): one clap
+//! definition ([`Cli`], in `args`), and the checks that turn it into [`Settings`] (in
+//! `settings`). Every usage error exits 125 (contract §6), not clap's default 2: [`parse`] does
+//! that.
 //!
-//! Every usage error exits 125 (contract §6), not clap's default 2: [`parse`] does that.
+//! Beside it: [`runner`] builds the real parts of a run (elector, watchdog, supervisor) and
+//! runs it; [`status`] (`status`, `step-down`) and [`doctor`] are the operator's subcommands;
+//! [`http`] with [`health`] and [`metrics`] serves the endpoints, [`notify`] tells systemd,
+//! [`logging`] sets up the log, [`docs`] generates the man page and completions, and
+//! [`exit_codes`] names the statuses.
 
 pub mod docs;
 pub mod doctor;
