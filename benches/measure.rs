@@ -585,8 +585,7 @@ fn wait_progress(
 /// Sessions of lock `id` whose last statement is a standby's (`/* leaderrun standby lock=…`):
 /// standbys that have made at least one check, queued or between checks.
 fn standby_sessions(cluster: &Cluster, id: i32) -> usize {
-    let comment =
-        leaderrun::elector::session::standby_comment(leaderrun::LockKey { class: CLASS, id });
+    let comment = leaderrun::elector::standby_comment(leaderrun::LockKey { class: CLASS, id });
     assert!(!comment.contains('\''));
     cluster.sql(&format!(
         "SELECT count(*) FROM pg_stat_activity WHERE starts_with(query, '{comment}')"

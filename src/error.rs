@@ -58,7 +58,7 @@ pub enum Error {
 
     /// The TLS settings cannot be used (a certificate file missing or malformed).
     #[error("TLS settings")]
-    Tls(#[source] crate::tls::TlsError),
+    Tls(#[source] crate::pg::tls::TlsError),
 
     /// A statement failed on the server or the connection broke while it ran.
     #[error("{what}")]

@@ -33,47 +33,71 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The binary builds on it. [`supervisor`] is one loop that owns COMMAND's life: every input
-//! (signals, terms, deadlines, ticks, the child's exit) is one event, each mode a small policy
-//! over them, and the product's three rules are written once each: COMMAND starts or continues
-//! only while its [`Term`] is proven (the safe window of the last check that proved the lock is
-//! open, [`Term::hold`]), the lock is released on purpose only after every [`TermHold`], and so
-//! COMMAND's whole tree, is gone, and no INT/TERM is lost. [`child`] knows processes (own
-//! process group, one reaper, leftovers found among leaderrun's own children), [`signals`]
-//! takes in the signals leaderrun acts on, [`timing`] is the timing model as one checked value,
-//! [`watchdog`] is the helper process that kills the tree and holds the lock session until it
-//! is dead when leaderrun itself dies or freezes, [`cgroup`] gives COMMAND a cgroup of its own
-//! where that is cheap or asked for, [`runner`] builds the real parts, [`cli`] is the command line and [`conninfo`] resolves
-//! connection settings the way psql does.
+//! # The seed
+//!
+//! "The seed" in this crate's comments is the design it renders: the background leader of
+//! plexsphere (the team's platform, and its database), whose API is `Run` (campaign until
+//! cancelled), `Term` (one tenure, ended by demotion or resignation), `Do` (run work only while
+//! leading) and `IsLeader`. [`Elector::run`], [`Term`], [`Elector::do_as_leader`] and
+//! [`Elector::is_leader`] are those four; the seed's defaults (the lock key `(1886156915, 1)`,
+//! the 5-second check interval, the 2-second unlock bound, the leadership gauge) are kept.
+//!
+//! # The library
+//!
+//! Built with `--no-default-features` the crate is this part alone, with none of the binary's
+//! dependencies (clap, hyper, tracing-subscriber, signal-hook, sd-notify):
+//!
+//! * [`elector`]: the election ([`Elector`], [`Config`], [`Term`] and its holds, [`Checks`]);
+//! * [`pg`]: connection settings resolved the way psql does ([`pg::conninfo`]), TLS
+//!   ([`pg::tls`]), the lock key and its SQL ([`pg::lock`]), the holder query ([`pg::holder`]);
+//! * [`error`]: [`Error`] and [`Chain`], one line per cause;
+//! * [`timing`]: the timing model as one checked value ([`Timing`]).
+//!
+//! `examples/embed.rs` is a small program that embeds the election.
+//!
+//! # The binary's layers (feature `cli`, on by default)
+//!
+//! The `leaderrun` binary builds on the library. These modules are public so that the binary
+//! and the integration tests reach them, not as an API for other programs: they may change
+//! with the binary.
+//!
+//! * `supervisor`: one loop owns COMMAND's life: every input (signals, terms, deadlines,
+//!   ticks, the child's exit) is one event, each mode a small policy over them, and the
+//!   product's three rules are written once each: COMMAND starts or continues only while its
+//!   [`Term`] is proven (the safe window of the last check that proved the lock is open,
+//!   [`Term::hold`]), the lock is released on purpose only after every [`TermHold`], and so
+//!   COMMAND's whole tree, is gone, and no INT/TERM is lost.
+//! * `process`: COMMAND as a process tree (own process group, one reaper, leftovers found
+//!   among leaderrun's own children), its cgroup where that is cheap or asked for, the signals
+//!   leaderrun acts on, the terminal.
+//! * `watchdog`: the helper process that kills the tree and holds the lock session until it is
+//!   dead when leaderrun itself dies or freezes.
+//! * `cli`: the command line, the run that builds the real parts (`cli::runner`), `status`,
+//!   `step-down` and `doctor`, the HTTP endpoints, systemd notification, logging, metrics and
+//!   the man page and completions.
 
-pub mod cgroup;
-pub mod child;
-pub mod cli;
-pub mod conninfo;
-pub mod docs;
+// The library.
 pub mod elector;
 pub mod error;
-pub mod exit_codes;
-pub mod health;
-pub mod holder;
-pub mod http;
-pub mod lock;
-pub mod logging;
-pub mod memory;
-pub mod metrics;
-pub mod notify;
-pub mod runner;
-pub mod signals;
-pub mod status;
-pub mod supervisor;
-pub mod terminal;
+pub mod pg;
 pub mod timing;
-pub mod tls;
-pub mod watchdog;
 
+#[doc(inline)]
 pub use elector::{
     CheckOutcome, Checks, Config, Done, Elector, Lease, LockKey, Term, TermControl, TermEnd,
     TermHold,
 };
+#[doc(inline)]
 pub use error::{Chain, Error};
+#[doc(inline)]
 pub use timing::Timing;
+
+// The binary's layers.
+#[cfg(feature = "cli")]
+pub mod cli;
+#[cfg(feature = "cli")]
+pub mod process;
+#[cfg(feature = "cli")]
+pub mod supervisor;
+#[cfg(feature = "cli")]
+pub mod watchdog;

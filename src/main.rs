@@ -3,10 +3,11 @@
 
 use std::process::ExitCode;
 
+use leaderrun::cli::exit_codes::FAILURE;
 use leaderrun::cli::Action;
-use leaderrun::exit_codes::FAILURE;
+use leaderrun::cli::{doctor, runner, status};
 use leaderrun::supervisor::Exit;
-use leaderrun::{runner, status, Chain};
+use leaderrun::Chain;
 
 fn main() -> ExitCode {
     // The same binary is leaderrun's watchdog process, started by leaderrun itself.
@@ -14,7 +15,7 @@ fn main() -> ExitCode {
         return leaderrun::watchdog::main();
     }
     // Handlers first: a signal that arrives during start-up waits in the stream.
-    let signals = match leaderrun::signals::install() {
+    let signals = match leaderrun::process::signals::install() {
         Ok(signals) => signals,
         Err(err) => {
             eprintln!("leaderrun: cannot install signal handlers: {err}");
@@ -23,16 +24,16 @@ fn main() -> ExitCode {
     };
     let cli = leaderrun::cli::parse();
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
-    leaderrun::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
+    leaderrun::cli::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
     let exit = run(cli, signals);
     // Queued log lines get a bounded moment to reach stderr; the exit never waits on them.
-    leaderrun::logging::finish();
+    leaderrun::cli::logging::finish();
     exit.finish()
 }
 
 /// Everything after the log is set up: the exit to make.
-fn run(cli: leaderrun::cli::Cli, signals: leaderrun::signals::SignalStream) -> Exit {
+fn run(cli: leaderrun::cli::Cli, signals: leaderrun::process::signals::SignalStream) -> Exit {
     let settings = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => settings,
         Err(err) => {
@@ -54,7 +55,7 @@ fn run(cli: leaderrun::cli::Cli, signals: leaderrun::signals::SignalStream) -> E
         Some(Action::StepDown { slot }) => Exit::Code(status::step_down_main(
             connect, tls, lock, slots, slot, bound,
         )),
-        Some(Action::Doctor { scratch_id }) => Exit::Code(status::doctor_main(
+        Some(Action::Doctor { scratch_id }) => Exit::Code(doctor::doctor_main(
             connect,
             tls,
             lock,

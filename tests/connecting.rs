@@ -70,7 +70,7 @@ fn target_session_attrs_have_libpq_14_meanings() {
             "{} options='-c default_transaction_read_only=on' target_session_attrs={attrs}",
             cluster.dsn()
         );
-        let settings = leaderrun::conninfo::resolve(Some(&dsn), &|_| None).unwrap();
+        let settings = leaderrun::pg::conninfo::resolve(Some(&dsn), &|_| None).unwrap();
         let result = rt.block_on(leaderrun::elector::connect(
             &settings.config,
             &settings.tls,

@@ -7,9 +7,9 @@ fn generated_docs_are_fresh() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let regenerate = std::env::var_os("LEADERRUN_REGENERATE").is_some();
     let mut stale = Vec::new();
-    for (what, file) in leaderrun::docs::FILES {
+    for (what, file) in leaderrun::cli::docs::FILES {
         let path = root.join(file);
-        let fresh = leaderrun::docs::render(what);
+        let fresh = leaderrun::cli::docs::render(what);
         if regenerate {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(&path, &fresh).unwrap();
@@ -26,7 +26,7 @@ fn generated_docs_are_fresh() {
 
 #[test]
 fn the_man_page_has_the_contract_sections() {
-    let man = String::from_utf8(leaderrun::docs::man_page()).unwrap();
+    let man = String::from_utf8(leaderrun::cli::docs::man_page()).unwrap();
     for section in [
         "EXIT STATUS",
         "ENVIRONMENT",
@@ -52,7 +52,7 @@ fn the_man_page_has_the_contract_sections() {
 
 #[test]
 fn the_synopsis_puts_no_subcommand_after_command() {
-    let man = String::from_utf8(leaderrun::docs::man_page()).unwrap();
+    let man = String::from_utf8(leaderrun::cli::docs::man_page()).unwrap();
     let synopsis = man
         .split(".SH SYNOPSIS")
         .nth(1)
@@ -87,7 +87,7 @@ fn help_shows_env_names_without_values_and_the_dsn_fallbacks_in_order() {
         assert!(help.contains("[env: LEADERRUN_LOCK_ID]"), "{help}");
         assert!(!help.contains("=]"), "{help}");
     }
-    let man = String::from_utf8(leaderrun::docs::man_page()).unwrap();
+    let man = String::from_utf8(leaderrun::cli::docs::man_page()).unwrap();
     assert!(
         man.contains("When absent, LEADERRUN_DSN, then PLEXSPHERE_DSN, then DATABASE_URL"),
         "the --dsn fallbacks"

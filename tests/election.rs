@@ -276,7 +276,7 @@ async fn a_panic_in_run_ends_the_term_and_abandons_the_lock() {
 async fn a_demoted_leaders_failure_no_longer_fails_readiness() {
     let cluster = Cluster::shared();
     let elector = Elector::new(config(unique_lock_id(), None)).unwrap();
-    let health = leaderrun::health::Health::new(&leaderrun::Timing::new(
+    let health = leaderrun::cli::health::Health::new(&leaderrun::Timing::new(
         Duration::from_millis(200),
         Duration::from_millis(200),
     ));

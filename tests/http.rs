@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
-use leaderrun::http::{
+use leaderrun::cli::http::{
     CONNECTION_LIFETIME, HEAD_TIMEOUT, MAX_CONNECTIONS, MAX_REQUESTS_PER_CONNECTION,
 };
 

@@ -419,7 +419,7 @@ fn through_leaderrun(
     let env: BTreeMap<String, String> = environment(fake, case).into_iter().collect();
     let lookup = |k: &str| env.get(k).cloned();
     let dsn = case.dsn.as_ref().map(|d| fake.expand(d));
-    let settings = match leaderrun::conninfo::resolve(dsn.as_deref(), &lookup) {
+    let settings = match leaderrun::pg::conninfo::resolve(dsn.as_deref(), &lookup) {
         Ok(settings) => settings,
         Err(err) => return (settle(fake), Some(leaderrun::Chain(&err).to_string())),
     };

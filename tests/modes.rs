@@ -451,7 +451,7 @@ fn lock_name_derives_a_fixed_id_that_excludes_by_name() {
     let job = scratch.child_script("job.sh", "exec sleep 600");
     let job = job.to_str().unwrap();
     let name = format!("nightly-report-{}", unique_lock_id());
-    let id = leaderrun::lock::lock_id_for_name(&name);
+    let id = leaderrun::pg::lock::lock_id_for_name(&name);
     let start_with = |name: &str| {
         let mut cmd = leaderrun();
         cmd.args(["--dsn", &cluster.dsn(), "--lock-name", name])

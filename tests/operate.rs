@@ -919,7 +919,7 @@ fn status_and_doctor_take_negative_lock_keys_in_every_form() {
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(
         report["lock"],
-        format!("{CLASS}:{}", leaderrun::lock::lock_id_for_name("-5"))
+        format!("{CLASS}:{}", leaderrun::pg::lock::lock_id_for_name("-5"))
     );
 }
 

@@ -1,6 +1,6 @@
 //! The three rules of the product, end to end: the real binary against a real PostgreSQL
 //! (contract §5 and §8; issue 10's classes). The supervisor's state machine is tested
-//! in-process in `supervisor.rs`; these show the same classes from outside.
+//! in-process in `src/supervisor/tests.rs`; these show the same classes from outside.
 
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant, SystemTime};

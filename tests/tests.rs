@@ -17,7 +17,6 @@ mod operator;
 mod rules;
 mod safety;
 mod scale;
-mod supervisor;
 mod terminal;
 mod tls;
 

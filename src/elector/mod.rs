@@ -35,14 +35,17 @@
 //! * this module: [`Config`], the [`Elector`] API (the seed's `Run`, `Term`, `Do`, `IsLeader`)
 //!   and the tally of checks;
 //! * [`term`]: a term, its proof and its holds;
-//! * [`session`]: connecting, the pinned timers and bounded statements (shared with `status`
+//! * `connecting`: connecting as libpq does, host by host ([`connect`], shared with `status`
 //!   and `doctor`);
+//! * `session`: the lock session: the pinned timers and the prepared, bounded statements (their
+//!   text is [`crate::pg::lock`]'s, e.g. [`standby_comment`]);
 //! * `campaign`: one call of [`Elector::run`]: checks, grants, demotion, release;
 //! * `metrics`: the election's Prometheus metrics.
 
 mod campaign;
+mod connecting;
 mod metrics;
-pub mod session;
+mod session;
 pub mod term;
 
 use std::future::Future;
@@ -59,11 +62,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, Instrument};
 
 use crate::error::Error;
+use crate::pg::tls::TlsSettings;
 use crate::timing::Timing;
-use crate::tls::TlsSettings;
 
-pub use crate::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
-pub use session::{boottime, connect, Connected};
+pub use crate::pg::lock::standby_comment;
+pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+pub use connecting::{connect, Connected};
+pub use session::{boottime, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
 use campaign::Campaign;
@@ -78,8 +83,8 @@ pub const UNLOCK_BOUND: Duration = Duration::from_secs(2);
 pub const GAUGE_NAME: &str = "plexsphere_background_leader";
 
 /// Keeps a copy of the lock session's socket, so that the session, and the lock, outlive this
-/// process until the work under the term is dead: the binary's watchdog
-/// ([`crate::watchdog`]). The elector hands it the socket at every grant and takes it back
+/// process until the work under the term is dead: the binary's watchdog (`watchdog::Watchdog`,
+/// feature `cli`). The elector hands it the socket at every grant and takes it back
 /// before it closes the session on purpose.
 pub trait SessionKeeper: Send + Sync + std::fmt::Debug {
     /// The lock was granted on the session whose socket is `socket`: keep a duplicate.
@@ -116,7 +121,7 @@ pub struct Config {
     /// is longer than one interval (contract §3). Rounded up to whole milliseconds.
     pub idle_session_timeout: Option<Duration>,
     /// A released lock, whether unlocked or freed by a dying session, is granted to a standby
-    /// at once. Per slot a line of two ([`crate::lock::QUEUE_PLACES`]) waits in the server's
+    /// at once. Per slot a line of two ([`crate::pg::lock::QUEUE_PLACES`]) waits in the server's
     /// queues (`pg_advisory_lock` bounded by `lock_timeout` = one check interval): the queue
     /// head for the lock, the second for the head's place ([`LockKey::queue_key`]), so two
     /// hand-overs in a row both reach a waiting standby. Every other standby tries the lock
@@ -327,7 +332,7 @@ impl Elector {
         Ok(Elector {
             shared: Arc::new(Shared {
                 checks,
-                target: crate::conninfo::describe(&config.connect),
+                target: crate::pg::conninfo::describe(&config.connect),
                 config,
                 leader: AtomicBool::new(false),
                 running: AtomicBool::new(false),

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::boottime;
 
-use crate::lock::LockKey;
+use crate::pg::lock::LockKey;
 
 /// Why a [`Term`] ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -716,7 +716,7 @@ impl Cluster {
             class: crate::support::CLASS,
             id,
         };
-        let places: Vec<String> = (1..=leaderrun::lock::QUEUE_PLACES)
+        let places: Vec<String> = (1..=leaderrun::pg::lock::QUEUE_PLACES)
             .map(|p| ((key.queue_key(p) >> 32) as u32).to_string())
             .collect();
         self.sql(&format!(

@@ -1,7 +1,7 @@
 //! Who holds a lock, as `pg_stat_activity` shows the session: shared by `leaderrun status` and
 //! by a standby's INFO line about the holder.
 //!
-//! A leaderrun session is named `leaderrun@HOST:PID` ([`crate::conninfo::default_application_name`])
+//! A leaderrun session is named `leaderrun@HOST:PID` ([`crate::pg::conninfo::default_application_name`])
 //! unless its settings name it otherwise (`PGAPPNAME`, `application_name`), and every statement
 //! it sends on its lock session carries `/* by=HOST:PID */` ([`identity_comment`]) after its
 //! leading comment (while it leads: `/* leaderrun term=N since=TS fencing_token=T */`), so it is
@@ -20,9 +20,9 @@ pub fn parse_application_name(name: &str) -> Option<(String, u32)> {
 }
 
 /// The comment that names this process in every statement of its lock session:
-/// `/* by=HOST:PID */` (the host cut as in [`crate::conninfo::default_application_name`]).
+/// `/* by=HOST:PID */` (the host cut as in [`crate::pg::conninfo::default_application_name`]).
 pub fn identity_comment() -> String {
-    let name = crate::conninfo::default_application_name();
+    let name = crate::pg::conninfo::default_application_name();
     format!(
         "/* by={} */",
         name.strip_prefix("leaderrun@").unwrap_or(&name)

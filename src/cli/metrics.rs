@@ -169,7 +169,7 @@ impl Metrics {
             None => self.started.elapsed(),
         };
         self.since_success.set(since.as_secs_f64());
-        let dropped = crate::logging::dropped_lines();
+        let dropped = crate::cli::logging::dropped_lines();
         self.log_dropped
             .inc_by(dropped.saturating_sub(self.log_dropped.get()));
         let mut out = Vec::new();

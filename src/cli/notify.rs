@@ -10,8 +10,8 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tracing::debug;
 
+use crate::cli::health::Health;
 use crate::elector::{CheckOutcome, Elector};
-use crate::health::Health;
 
 fn send(states: &[NotifyState]) {
     if let Err(err) = sd_notify::notify(false, states) {

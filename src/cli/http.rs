@@ -43,9 +43,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::cli::health::Health;
+use crate::cli::metrics::Metrics;
 use crate::elector::Elector;
-use crate::health::Health;
-use crate::metrics::Metrics;
 
 /// Connections open at once, at most (fewer under a low descriptor limit, see
 /// [`connection_limit`]); a new one closes the oldest.
@@ -324,7 +324,7 @@ mod tests {
         use clap::CommandFactory;
         let help = crate::cli::Cli::command().render_long_help().to_string();
         let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../../README.md");
         let figures = [
             format!("at most {MAX_CONNECTIONS} connections"),
             format!("{} s for a request's head", HEAD_TIMEOUT.as_secs()),

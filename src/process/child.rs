@@ -25,6 +25,11 @@
 //!
 //! What cannot be guaranteed without cgroups: a descendant that double-forks *and* whose
 //! parent outlives it in another session is not ours until it is re-parented.
+//!
+//! One file, although long: the items above are one set of invariants, each a few functions
+//! that lean on the others (the reaper recognises the main child, a tree reads what the reaper
+//! left, the spawn's pre-exec half sets up what the tree's stop relies on), and a split would
+//! scatter them.
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -40,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::{debug, warn};
 
-use crate::cgroup::Cgroup;
+use crate::process::cgroup::Cgroup;
 
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -285,24 +290,36 @@ pub fn reap(main: Option<Pid>) -> Reaped {
 }
 
 /// The pid of leaderrun's own helper process (the watchdog), which is a child of leaderrun but
-/// never part of COMMAND's tree; 0: none.
-static HELPER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// never part of COMMAND's tree: one shared cell, set by whoever starts helpers (the watchdog's
+/// handle, at every start, since a helper that died is replaced while a tree runs) and read by
+/// the trees it is given to, which leave that pid out of their orphans. The default: none.
+#[derive(Clone, Debug, Default)]
+pub struct HelperPid(Arc<std::sync::atomic::AtomicI32>);
 
-/// Records `pid` as leaderrun's helper: [`own_children`] leaves it out, so no stop signals it
-/// and no tree waits for it.
-pub fn set_helper(pid: Option<u32>) {
-    HELPER.store(
-        pid.map_or(0, |p| p as i32),
-        std::sync::atomic::Ordering::Release,
-    );
+impl HelperPid {
+    /// Records `pid` as the running helper (`None`: none runs).
+    pub fn set(&self, pid: Option<u32>) {
+        self.0.store(
+            pid.map_or(0, |p| p as i32),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+
+    /// The running helper's pid, if one was recorded.
+    pub fn get(&self) -> Option<Pid> {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            0 => None,
+            pid => Some(Pid::from_raw(pid)),
+        }
+    }
 }
 
-/// Pids whose parent is this process (the main child and every adopted orphan, not the
-/// helper), read from
+/// Pids whose parent is this process (the main child and every adopted orphan, not `helper`),
+/// read from
 /// `/proc/self/task/*/children`: a subreaper's orphans are re-parented to one of its threads.
 /// `None` when that cannot be read (no `/proc`); then only the process group can be reached.
-pub fn own_children() -> Option<Vec<Pid>> {
-    let helper = HELPER.load(std::sync::atomic::Ordering::Acquire);
+pub fn own_children(helper: Option<Pid>) -> Option<Vec<Pid>> {
+    let helper = helper.map_or(0, Pid::as_raw);
     let tasks = std::fs::read_dir("/proc/self/task").ok()?;
     let mut out = Vec::new();
     let mut read_any = false;
@@ -335,10 +352,10 @@ pub struct TreeState {
 }
 
 /// COMMAND's process tree as the supervisor drives it: the main child, its process group, and
-/// the orphans adopted from it. Dropping a tree that may still run kills it (SIGKILL): the
-/// supervisor always stops a tree first, so this only happens when a panic unwinds it, and
-/// then nothing of COMMAND may outlive the process (issue: only a panic that ends the process
-/// ends the tree without its grace).
+/// the orphans adopted from it. Dropping a tree that may still run kills it (SIGKILL, without
+/// the grace): the supervisor always stops a tree first, so a live tree is dropped only when a
+/// panic unwinds the supervisor, and then nothing of COMMAND may outlive leaderrun. A panic
+/// that is caught elsewhere unwinds no tree and leaves it running.
 pub trait Tree: std::fmt::Debug {
     /// The main child's pid, which is also its process group id.
     fn pid(&self) -> u32;
@@ -373,6 +390,8 @@ pub struct ProcessSpawner {
     pub foreground: Option<RawFd>,
     /// COMMAND's cgroup, where leaderrun could make one.
     pub cgroup: Option<Arc<Cgroup>>,
+    /// leaderrun's helper process, never counted as part of a tree.
+    pub helper: HelperPid,
 }
 
 impl Spawner for ProcessSpawner {
@@ -382,6 +401,7 @@ impl Spawner for ProcessSpawner {
             env,
             self.foreground,
             self.cgroup.clone(),
+            self.helper.clone(),
         )?))
     }
 
@@ -402,6 +422,8 @@ pub struct Child {
     stopping: Option<Signal>,
     signalled: HashSet<Pid>,
     cgroup: Option<Arc<Cgroup>>,
+    /// leaderrun's helper, left out of the orphans.
+    helper: HelperPid,
 }
 
 impl Child {
@@ -420,6 +442,7 @@ impl Child {
         env: &[(&str, String)],
         foreground: Option<RawFd>,
         cgroup: Option<Arc<Cgroup>>,
+        helper: HelperPid,
     ) -> Result<Child, SpawnError> {
         let mut cmd = std::process::Command::new(&command.program);
         cmd.arg0(&command.argv[0])
@@ -437,7 +460,7 @@ impl Child {
             .env_remove("LISTEN_PID")
             .env_remove("LISTEN_FDNAMES");
         let parent = nix::unistd::getpid().as_raw();
-        let keep_ignored = crate::signals::ignored_at_entry();
+        let keep_ignored = crate::process::signals::ignored_at_entry();
         let tty = foreground.unwrap_or(-1);
         let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
         // SAFETY: the closure runs between fork and exec and only makes raw syscalls
@@ -467,6 +490,7 @@ impl Child {
             stopping: None,
             signalled: HashSet::new(),
             cgroup,
+            helper,
         })
     }
 
@@ -483,7 +507,7 @@ impl Child {
     fn orphans(&self) -> Option<Vec<Pid>> {
         let all = match &self.cgroup {
             Some(cgroup) => Some(cgroup.pids()),
-            None if is_reaper() => own_children(),
+            None if is_reaper() => own_children(self.helper.get()),
             None => Some(Vec::new()),
         };
         all.map(|all| all.into_iter().filter(|&p| p != self.pid).collect())

@@ -1,7 +1,6 @@
-//! The command line (contract §1–3): one clap definition, and the checks that turn it into
-//! [`Settings`].
-//!
-//! Every usage error exits 125 (contract §6), not clap's default 2: [`parse`] does that.
+//! The clap definition of leaderrun's command line ([`Cli`], [`Action`]) and the parsers of its
+//! values (durations, signals, addresses). Long because it is the help text: every option's
+//! documentation is the `--help`, man page and completion text generated from it.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -9,9 +8,9 @@ use std::time::Duration;
 use clap::Parser;
 use nix::sys::signal::Signal;
 
-use crate::lock::{lock_id_for_name, LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
-
-use crate::exit_codes::FAILURE as EXIT_FAILURE;
+use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
+use crate::pg::lock::{DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+use crate::supervisor::Restart;
 
 const ABOUT: &str =
     "Run COMMAND on exactly one machine of many, elected by a PostgreSQL advisory lock";
@@ -380,7 +379,7 @@ pub struct Cli {
         conflicts_with_all = ["once", "wait", "every"],
         help_heading = "Modes"
     )]
-    pub restart: Option<Restart>,
+    pub restart: Option<RestartPolicy>,
 
     /// Exit status when --once/--wait did not lead, or lost leadership mid-run (0-255)
     ///
@@ -570,45 +569,26 @@ pub enum LogFormat {
     Json,
 }
 
-pub use crate::supervisor::{Mode, Restart};
+/// `--restart`'s values, as clap knows them; [`Restart`] is the supervisor's own. The doc
+/// comments are the help text of each value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartPolicy {
+    /// Release the lock and exit with COMMAND's status.
+    Never,
+    /// Restart after a non-zero exit, a death by signal or a timeout.
+    OnFailure,
+    /// Restart after every exit.
+    Always,
+}
 
-/// The checked settings of a run.
-#[derive(Debug)]
-pub struct Settings {
-    /// Resolved connection settings.
-    pub connect: tokio_postgres::Config,
-    /// `sslmode` and certificates.
-    pub tls: crate::tls::TlsSettings,
-    /// The advisory lock key.
-    pub lock: LockKey,
-    /// `--slots` (1 … 1024).
-    pub slots: u32,
-    /// Check interval, grace and the lock session's `idle_session_timeout`: the timing model,
-    /// checked.
-    pub timing: crate::timing::Timing,
-    /// First signal of a stop for demotion, `--timeout` and leftovers.
-    pub stop_signal: Signal,
-    /// COMMAND and its arguments, as given (`sh -c STRING` for `-c STRING`).
-    pub command: Vec<OsString>,
-    /// The mode.
-    pub mode: Mode,
-    /// `--takeover-delay` (zero when not given).
-    pub takeover_delay: Duration,
-    /// `--timeout`.
-    pub timeout: Option<Duration>,
-    /// `--cgroup`: run COMMAND in a cgroup of its own even where moving it there is slow.
-    pub cgroup: bool,
-    /// `--conflict-exit-code`.
-    pub conflict_exit_code: u8,
-    /// `--http-addr`.
-    pub http_addr: Option<std::net::SocketAddr>,
-    /// Where the database name came from (`default`: none was given; it is the user's name).
-    pub database_from: &'static str,
-    /// Which setting gave the DSN: `--dsn`, `LEADERRUN_DSN`, `PLEXSPHERE_DSN`, `DATABASE_URL`,
-    /// or `PG*` when none did (the `PG*` variables and a service alone).
-    pub dsn_from: String,
-    /// `--tick-at-grant`.
-    pub tick_at_grant: bool,
+impl From<RestartPolicy> for Restart {
+    fn from(policy: RestartPolicy) -> Restart {
+        match policy {
+            RestartPolicy::Never => Restart::Never,
+            RestartPolicy::OnFailure => Restart::OnFailure,
+            RestartPolicy::Always => Restart::Always,
+        }
+    }
 }
 
 /// The command-line definition as `--help` shows it: [`Cli`]'s, with the values of the
@@ -642,205 +622,6 @@ pub fn parse() -> Cli {
             };
             std::process::exit(code);
         }
-    }
-}
-
-impl Cli {
-    /// Checks what clap's attributes cannot say.
-    ///
-    /// # Errors
-    /// A clap error (printed like clap's own) for `--min-hold` without `--once`/`--wait`.
-    pub fn validate(&self) -> Result<(), clap::Error> {
-        use clap::CommandFactory;
-        let run_only = self.once
-            || self.wait.is_some()
-            || self.every.is_some()
-            || self.tick_at_grant
-            || self.restart.is_some()
-            || self.timeout.is_some()
-            || self.min_hold.is_some()
-            || self.takeover_delay.is_some()
-            || self.grace.is_some()
-            || self.http_addr.is_some()
-            || self.cgroup
-            || self.shell_command.is_some()
-            || !self.command.is_empty();
-        if self.action.is_some() && run_only {
-            return Err(Cli::command().error(
-                clap::error::ErrorKind::ArgumentConflict,
-                "status, doctor and step-down take only connection, lock and logging options \
-                 (to run a program named status or doctor: leaderrun [OPTIONS] -- status)",
-            ));
-        }
-        if let Err(err) = self.timing().check() {
-            return Err(Cli::command().error(
-                clap::error::ErrorKind::ValueValidation,
-                format!("--check-interval/--grace: {err}"),
-            ));
-        }
-        if self.tick_at_grant && self.every.is_none() {
-            return Err(Cli::command().error(
-                clap::error::ErrorKind::MissingRequiredArgument,
-                "--tick-at-grant only applies with --every",
-            ));
-        }
-        if self.min_hold.is_some() && !self.once && self.wait.is_none() {
-            return Err(Cli::command().error(
-                clap::error::ErrorKind::ArgumentConflict,
-                "--min-hold only applies with --once or --wait",
-            ));
-        }
-        Ok(())
-    }
-
-    /// A COMMAND that is a near miss of a subcommand (`leaderrun statsu`), not found on
-    /// `path`, and not written after `--`, is a typo of the subcommand, not a program to run
-    /// (which would exit 127 after a moment): a usage error that names the subcommand. `raw`
-    /// is the whole command line, program name first.
-    ///
-    /// # Errors
-    /// A clap error (exit 125) with "did you mean …?".
-    pub fn check_mistyped_subcommand(
-        &self,
-        raw: &[OsString],
-        path: Option<&std::ffi::OsStr>,
-    ) -> Result<(), clap::Error> {
-        use clap::CommandFactory;
-        let Some(word) = self.command.first().and_then(|w| w.to_str()) else {
-            return Ok(());
-        };
-        if self.action.is_some() || word.contains('/') {
-            return Ok(());
-        }
-        // After `--` it is COMMAND, whatever it looks like.
-        if raw.windows(2).any(|w| w[0] == "--" && w[1] == *word) {
-            return Ok(());
-        }
-        let Some(meant) = ["status", "doctor", "step-down"]
-            .into_iter()
-            .filter(|name| *name != word && strsim::damerau_levenshtein(name, word) <= 2)
-            .min_by_key(|name| strsim::damerau_levenshtein(name, word))
-        else {
-            return Ok(());
-        };
-        if crate::child::Command::resolve(vec![word.into()], path).is_ok() {
-            return Ok(());
-        }
-        Err(Cli::command().error(
-            clap::error::ErrorKind::InvalidSubcommand,
-            format!(
-                "unrecognized subcommand '{word}': did you mean {meant}? (to run a program \
-                 named {word}: leaderrun [OPTIONS] -- {word})"
-            ),
-        ))
-    }
-
-    /// The lock key in use: `--lock-class` with `--lock-id`, or the id derived from
-    /// `--lock-name` ([`lock_id_for_name`]).
-    pub fn lock(&self) -> LockKey {
-        LockKey {
-            class: self.lock_class,
-            id: self
-                .lock_name
-                .as_deref()
-                .map_or(self.lock_id, lock_id_for_name),
-        }
-    }
-
-    /// The timing model for `--check-interval` and `--grace` (default: one interval).
-    pub fn timing(&self) -> crate::timing::Timing {
-        crate::timing::Timing::new(
-            self.check_interval,
-            self.grace.unwrap_or(self.check_interval),
-        )
-    }
-
-    /// The mode the flags select.
-    pub fn mode(&self) -> Mode {
-        if let Some(period) = self.every {
-            Mode::Every { period }
-        } else if self.once || self.wait.is_some() {
-            Mode::OneShot {
-                wait: self.wait,
-                min_hold: self.min_hold.unwrap_or(Duration::ZERO),
-            }
-        } else {
-            Mode::WhileLeader {
-                restart: self.restart.unwrap_or(Restart::Never),
-            }
-        }
-    }
-
-    /// COMMAND and its arguments: the words after `--`, or `sh -c STRING` for `-c STRING`.
-    pub fn command_line(&self) -> Vec<OsString> {
-        match &self.shell_command {
-            Some(script) => vec!["sh".into(), "-c".into(), script.clone()],
-            None => self.command.clone(),
-        }
-    }
-
-    /// Checks the options and resolves the connection settings.
-    ///
-    /// # Errors
-    /// [`crate::conninfo::ConnInfoError`] for a DSN that does not parse.
-    pub fn settings(
-        &self,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Settings, crate::conninfo::ConnInfoError> {
-        let resolved = crate::conninfo::resolve(self.dsn.as_deref(), env)?;
-        // `doctor` diagnoses it instead (a finding).
-        if resolved.database_from == "default"
-            && !matches!(self.action, Some(Action::Doctor { .. }))
-        {
-            return Err(crate::conninfo::ConnInfoError::NoDatabase);
-        }
-        if resolved.password_from.as_deref() == Some("--dsn") {
-            tracing::warn!(
-                "the password is written into --dsn, so every user of this machine can read it \
-                 in ps; pass it in PGPASSWORD or ~/.pgpass (or the whole DSN in LEADERRUN_DSN) \
-                 instead"
-            );
-        }
-        Ok(Settings {
-            database_from: resolved.database_from,
-            dsn_from: resolved.dsn_from.unwrap_or_else(|| "PG*".to_owned()),
-            tick_at_grant: self.tick_at_grant,
-            connect: resolved.config,
-            tls: resolved.tls,
-            lock: self.lock(),
-            slots: self.slots,
-            timing: self.timing(),
-            stop_signal: self.stop_signal,
-            command: self.command_line(),
-            mode: self.mode(),
-            takeover_delay: self.takeover_delay.unwrap_or(Duration::ZERO),
-            timeout: self.timeout,
-            conflict_exit_code: self.conflict_exit_code,
-            http_addr: self.http_addr,
-            cgroup: self.cgroup,
-        })
-    }
-
-    /// The tracing level: the default level of the mode, moved one step per -v (more) or -q
-    /// (less).
-    ///
-    /// The default is INFO, except for the one-shot modes (`--once`, `--wait`), whose default
-    /// is WARN: a cron job that led prints only what COMMAND prints, plus WARN/ERROR lines when
-    /// something is wrong (contract §4), and `-v` shows the INFO lines. This is the one place
-    /// that decides it.
-    pub fn log_level(&self) -> tracing::Level {
-        use tracing::Level;
-        const LADDER: [Level; 5] = [
-            Level::ERROR,
-            Level::WARN,
-            Level::INFO,
-            Level::DEBUG,
-            Level::TRACE,
-        ];
-        let one_shot = self.action.is_none() && matches!(self.mode(), Mode::OneShot { .. });
-        let base: i32 = if one_shot { 1 } else { 2 };
-        let step = base + i32::from(self.verbose) - i32::from(self.quiet);
-        LADDER[step.clamp(0, LADDER.len() as i32 - 1) as usize]
     }
 }
 
@@ -922,325 +703,4 @@ pub fn parse_signal(text: &str) -> Result<Signal, String> {
         ));
     }
     Ok(signal)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn clap_definition_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("5").unwrap_err().contains("unit"));
-        assert!(parse_duration("0s").unwrap_err().contains("zero"));
-        assert!(parse_duration("-1s").unwrap_err().contains("negative"));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("2years").unwrap_err().contains("a year"));
-    }
-
-    #[test]
-    fn mode_selection_and_conflicts() {
-        let parse = |args: &[&str]| {
-            let mut all = vec!["leaderrun"];
-            all.extend_from_slice(args);
-            all.extend_from_slice(&["--", "true"]);
-            Cli::try_parse_from(all).and_then(|c| c.validate().map(|()| c))
-        };
-        assert_eq!(
-            parse(&[]).unwrap().mode(),
-            Mode::WhileLeader {
-                restart: Restart::Never
-            }
-        );
-        assert_eq!(
-            parse(&["-n", "--min-hold", "10s"]).unwrap().mode(),
-            Mode::OneShot {
-                wait: None,
-                min_hold: Duration::from_secs(10)
-            }
-        );
-        assert_eq!(
-            parse(&["--every", "1m"]).unwrap().mode(),
-            Mode::Every {
-                period: Duration::from_secs(60)
-            }
-        );
-        for bad in [
-            &["--once", "--every", "1m"][..],
-            &["--once", "--wait", "1m"],
-            &["--wait", "1m", "--every", "1m"],
-            &["--min-hold", "10s"],
-            &["--every", "1m", "--min-hold", "10s"],
-            &["--tick-at-grant"],
-            &["--once", "--tick-at-grant"],
-            &["--restart", "always", "--once"],
-            &["--restart", "sometimes"],
-            &["--lock-name", "x", "--lock-id", "3"],
-            &["--conflict-exit-code", "256"],
-            &["--conflict-exit-code", "-1"],
-            &["--every", "0s"],
-            &["--timeout", "0s"],
-            &["--wait", "-5s"],
-            &["--check-interval", "10days"],
-            &["--check-interval", "1s", "--grace", "30days"],
-            &["--lock-name", ""],
-        ] {
-            assert!(parse(bad).is_err(), "{bad:?} was accepted");
-        }
-        let cli = parse(&["--lock-name", "nightly-report", "--lock-class", "7"]).unwrap();
-        assert_eq!(
-            cli.lock(),
-            LockKey {
-                class: 7,
-                id: 1_732_491_792
-            }
-        );
-        assert_eq!(
-            parse(&["--takeover-delay", "0s"]).unwrap().takeover_delay,
-            Some(Duration::ZERO)
-        );
-    }
-
-    #[test]
-    fn one_shots_log_one_step_quieter() {
-        use tracing::Level;
-        let level = |args: &[&str]| parse_checked(args).unwrap().log_level();
-        assert_eq!(level(&["--", "t"]), Level::INFO);
-        assert_eq!(level(&["-q", "--", "t"]), Level::WARN);
-        assert_eq!(level(&["-qq", "--", "t"]), Level::ERROR);
-        assert_eq!(level(&["-v", "--", "t"]), Level::DEBUG);
-        assert_eq!(level(&["--every", "1m", "--", "t"]), Level::INFO);
-        assert_eq!(level(&["-n", "--", "t"]), Level::WARN);
-        assert_eq!(level(&["-w", "5s", "--", "t"]), Level::WARN);
-        assert_eq!(level(&["-n", "-v", "--", "t"]), Level::INFO);
-        assert_eq!(level(&["-n", "-vv", "--", "t"]), Level::DEBUG);
-        assert_eq!(level(&["-n", "-q", "--", "t"]), Level::ERROR);
-        assert_eq!(level(&["status"]), Level::INFO);
-    }
-
-    #[test]
-    fn http_addresses() {
-        assert_eq!(parse_http_addr("127.0.0.1:9464").unwrap().port(), 9464);
-        assert_eq!(
-            parse_http_addr(":9464").unwrap().to_string(),
-            "0.0.0.0:9464"
-        );
-        assert!(parse_http_addr("localhost:9464")
-            .unwrap()
-            .ip()
-            .is_loopback());
-        assert!(parse_http_addr("9464").is_err());
-    }
-
-    #[test]
-    fn signals() {
-        assert_eq!(parse_signal("TERM"), Ok(Signal::SIGTERM));
-        assert_eq!(parse_signal("sigint"), Ok(Signal::SIGINT));
-        assert_eq!(parse_signal("hup"), Ok(Signal::SIGHUP));
-        assert_eq!(parse_signal("15"), Ok(Signal::SIGTERM));
-        assert!(parse_signal("NOPE").is_err());
-        assert!(parse_signal("STOP").is_err());
-        assert!(parse_signal("chld").is_err());
-        assert_eq!(parse_signal("KILL"), Ok(Signal::SIGKILL));
-        assert!(parse_signal("99").is_err());
-    }
-
-    fn parse_checked(args: &[&str]) -> Result<Cli, clap::Error> {
-        let mut all = vec!["leaderrun"];
-        all.extend_from_slice(args);
-        Cli::try_parse_from(all).and_then(|c| c.validate().map(|()| c))
-    }
-
-    #[test]
-    fn short_forms_mean_the_long_ones() {
-        let short =
-            parse_checked(&["-w", "30s", "-E", "75", "-s", "INT", "-k", "3s", "--", "t"]).unwrap();
-        let long = parse_checked(&[
-            "--wait",
-            "30s",
-            "--conflict-exit-code",
-            "75",
-            "--stop-signal",
-            "INT",
-            "--grace",
-            "3s",
-            "--",
-            "t",
-        ])
-        .unwrap();
-        for cli in [&short, &long] {
-            assert_eq!(cli.wait, Some(Duration::from_secs(30)));
-            assert_eq!(cli.conflict_exit_code, 75);
-            assert_eq!(cli.stop_signal, Signal::SIGINT);
-            assert_eq!(cli.grace, Some(Duration::from_secs(3)));
-            assert_eq!(cli.command, ["t"]);
-        }
-        // Attached values and bundling, as getopt users type them.
-        let cli = parse_checked(&["-nE75", "-sKILL", "-k1s", "--", "t"]).unwrap();
-        assert!(cli.once);
-        assert_eq!(cli.conflict_exit_code, 75);
-        assert_eq!(cli.stop_signal, Signal::SIGKILL);
-        assert_eq!(cli.grace, Some(Duration::from_secs(1)));
-        // The short forms check their values like the long ones.
-        for bad in [
-            &["-w", "30", "--", "t"][..],
-            &["-w", "0s", "--", "t"],
-            &["-E", "256", "--", "t"],
-            &["-s", "STOP", "--", "t"],
-            &["-k", "0s", "--", "t"],
-            &["-k", "5", "--", "t"],
-            &["-n", "-w", "5s", "--", "t"],
-        ] {
-            assert!(parse_checked(bad).is_err(), "{bad:?} was accepted");
-        }
-        // No short letter is used twice (clap's debug_assert checks that too) and -v/-q/-h/-V
-        // keep their meaning.
-        let cli = parse_checked(&["-v", "-n", "--", "t"]).unwrap();
-        assert_eq!(cli.verbose, 1);
-        let shorts: Vec<char> = Cli::command()
-            .get_arguments()
-            .filter_map(clap::Arg::get_short)
-            .collect();
-        for letter in ['n', 'w', 'E', 'c', 's', 'k', 'v', 'q'] {
-            assert_eq!(
-                shorts.iter().filter(|&&c| c == letter).count(),
-                1,
-                "-{letter} in {shorts:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn dash_c_runs_its_string_with_sh() {
-        let cli = parse_checked(&["-n", "-c", "echo a | tr a b; exit 3"]).unwrap();
-        assert!(cli.command.is_empty());
-        assert_eq!(cli.command_line(), ["sh", "-c", "echo a | tr a b; exit 3"]);
-        let settings = cli
-            .settings(&|name| (name == "PGDATABASE").then(|| "d".into()))
-            .unwrap();
-        assert_eq!(settings.command, ["sh", "-c", "echo a | tr a b; exit 3"]);
-        // A string that looks like an option is still the script.
-        let cli = parse_checked(&["-c", "--help"]).unwrap();
-        assert_eq!(cli.command_line(), ["sh", "-c", "--help"]);
-        // Without -c, COMMAND is the words after --, untouched.
-        let cli = parse_checked(&["--", "sh", "-c", "exit 3"]).unwrap();
-        assert_eq!(cli.command_line(), ["sh", "-c", "exit 3"]);
-        for bad in [
-            &["-c", "true", "--", "false"][..],
-            &["-c", "true", "false"],
-            &["-c"],
-            &["-c", "true", "status"],
-            &["status", "-c", "true"],
-        ] {
-            assert!(parse_checked(bad).is_err(), "{bad:?} was accepted");
-        }
-    }
-
-    #[test]
-    fn a_bare_zero_only_where_the_default_is_zero() {
-        for zero in ["0", "0s", "0ms", " 0 "] {
-            let cli = parse_checked(&["--takeover-delay", zero, "--", "t"]).unwrap();
-            assert_eq!(cli.takeover_delay, Some(Duration::ZERO), "{zero:?}");
-            let cli = parse_checked(&["-n", "--min-hold", zero, "--", "t"]).unwrap();
-            assert_eq!(
-                cli.mode(),
-                Mode::OneShot {
-                    wait: None,
-                    min_hold: Duration::ZERO
-                },
-                "{zero:?}"
-            );
-        }
-        assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
-        assert!(parse_duration_or_zero("5").unwrap_err().contains("unit"));
-        assert!(parse_duration_or_zero("00").unwrap_err().contains("unit"));
-        assert!(parse_duration_or_zero("-0").is_err());
-        for option in ["--takeover-delay", "--min-hold"] {
-            assert!(parse_checked(&["-n", option, "5", "--", "t"]).is_err());
-        }
-        for option in [
-            "--check-interval",
-            "--grace",
-            "-k",
-            "--timeout",
-            "--wait",
-            "-w",
-            "--every",
-        ] {
-            for zero in ["0", "0s"] {
-                assert!(
-                    parse_checked(&[option, zero, "--", "t"]).is_err(),
-                    "{option} {zero} was accepted"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn lock_options_parse_alike_in_every_subcommand() {
-        let key = |class, id| LockKey { class, id };
-        let forms: [(&[&str], LockKey); 6] = [
-            (&["--lock-id", "-5"], key(DEFAULT_LOCK_CLASS, -5)),
-            (&["--lock-id=-5"], key(DEFAULT_LOCK_CLASS, -5)),
-            (
-                &["--lock-class", "-7", "--lock-id", "-2147483648"],
-                key(-7, i32::MIN),
-            ),
-            (&["--lock-class=-1", "--lock-id", "3"], key(-1, 3)),
-            (
-                &["--lock-name", "-5", "--lock-class", "-9"],
-                key(-9, lock_id_for_name("-5")),
-            ),
-            (
-                &["--lock-name=-x"],
-                key(DEFAULT_LOCK_CLASS, lock_id_for_name("-x")),
-            ),
-        ];
-        for (args, want) in forms {
-            let run = [args, &["--", "t"][..]].concat();
-            let status = [&["status"][..], args].concat();
-            let status_json = [&["status"][..], args, &["--json"]].concat();
-            let doctor = [&["doctor"][..], args].concat();
-            let before = [args, &["status"][..]].concat();
-            for line in [&run, &status, &status_json, &doctor, &before] {
-                let cli = parse_checked(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
-                assert_eq!(cli.lock(), want, "{line:?}");
-            }
-        }
-        for sub in [&[][..], &["status"], &["doctor"]] {
-            for bad in [
-                &["--lock-id", "2147483648"][..],
-                &["--lock-id", "-2147483649"],
-                &["--lock-class", "-x"],
-                &["--lock-id", "--lock-class"],
-                &["--lock-name", "-5", "--lock-id", "-5"],
-            ] {
-                let mut line = sub.to_vec();
-                line.extend_from_slice(bad);
-                if sub.is_empty() {
-                    line.extend_from_slice(&["--", "t"]);
-                }
-                assert!(parse_checked(&line).is_err(), "{line:?} was accepted");
-            }
-        }
-    }
-
-    #[test]
-    fn command_after_double_dash_keeps_its_flags() {
-        let cli = Cli::try_parse_from(["leaderrun", "--lock-id", "-5", "--", "sh", "-c", "exit 3"])
-            .unwrap();
-        assert_eq!(cli.lock_id, -5);
-        assert_eq!(cli.command, ["sh", "-c", "exit 3"]);
-        assert!(
-            Cli::try_parse_from(["leaderrun", "--lock-id", "2147483648", "--", "true"]).is_err()
-        );
-        assert!(Cli::try_parse_from(["leaderrun"]).is_err());
-    }
 }

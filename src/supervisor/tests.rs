@@ -1,18 +1,21 @@
 //! The supervisor's state machine in-process and deterministic: fake terms (issued with
 //! `Term::issue`), fake process trees, signals fed by hand, and tokio's paused clock. Each test
-//! is one class of issue 10's faults; the binary's end-to-end tests are in `rules.rs`.
+//! is one class of issue 10's faults; the binary's end-to-end tests are in `tests/rules.rs`. Runs
+//! with `cargo test --lib`: no PostgreSQL, no processes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leaderrun::child::{ExitStatus, SpawnError, Spawner, Tree, TreeState};
-use leaderrun::elector::{boottime, Checks};
-use leaderrun::health::Health;
-use leaderrun::metrics::Metrics;
-use leaderrun::signals::{SignalSender, SignalStream};
-use leaderrun::supervisor::{Election, Exit, Mode, Plan, Restart, Supervisor};
-use leaderrun::{Term, TermControl, TermEnd, Timing};
+use crate::cli::health::Health;
+use crate::cli::metrics::Metrics;
+use crate::elector::{boottime, Checks};
+use crate::process::child::{ExitStatus, SpawnError, Spawner, Tree, TreeState};
+use crate::process::signals::{SignalSender, SignalStream};
+use crate::supervisor::{
+    Backoff, Election, Exit, Mode, Plan, Restart, Supervisor, BACKOFF_INITIAL, BACKOFF_RESET_AFTER,
+};
+use crate::{Term, TermControl, TermEnd, Timing};
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -76,25 +79,43 @@ struct Proc {
     helper: Option<Life>,
 }
 
+/// One thing the fakes did. Not every field is asserted on; all show in a failing test's
+/// `{world:?}`.
+#[derive(Debug)]
+#[allow(dead_code)]
+enum Did {
+    /// A tree was started; `term` is its `LEADERRUN_TERM`.
+    Spawn { pid: u32, term: String },
+    /// A signal went to the tree of `pid`.
+    Signal { pid: u32, sig: Signal },
+    /// The main process of `pid` exited.
+    Exit { pid: u32 },
+}
+
 /// Everything the fakes did, for the tests to look at.
 #[derive(Debug, Default)]
 struct World {
     procs: HashMap<u32, Proc>,
-    /// `spawn PID TERM`, `signal PID SIG`, `exit PID`.
-    log: Vec<String>,
+    /// What happened, in order.
+    log: Vec<Did>,
     next_pid: u32,
 }
 
 impl World {
-    fn spawns(&self) -> Vec<&String> {
-        self.log.iter().filter(|l| l.starts_with("spawn")).collect()
-    }
-
-    fn signals_to(&self, pid: u32) -> Vec<String> {
-        let prefix = format!("signal {pid} ");
+    fn spawns(&self) -> Vec<&Did> {
         self.log
             .iter()
-            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+            .filter(|d| matches!(d, Did::Spawn { .. }))
+            .collect()
+    }
+
+    fn signals_to(&self, pid: u32) -> Vec<&'static str> {
+        self.log
+            .iter()
+            .filter_map(|d| match *d {
+                Did::Signal { pid: to, sig } if to == pid => Some(sig.as_str()),
+                _ => None,
+            })
             .collect()
     }
 
@@ -119,9 +140,7 @@ impl Tree for FakeTree {
 
     fn signal_group(&mut self, sig: Signal) {
         let mut world = self.world.lock().unwrap();
-        world
-            .log
-            .push(format!("signal {} {}", self.pid, sig.as_str()));
+        world.log.push(Did::Signal { pid: self.pid, sig });
         let p = world.procs.get_mut(&self.pid).unwrap();
         p.main.signal(sig);
         if let Some(h) = p.helper.as_mut() {
@@ -167,7 +186,7 @@ impl Spawner for FakeSpawner {
             .find(|(k, _)| *k == "LEADERRUN_TERM")
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
-        world.log.push(format!("spawn {pid} {term}"));
+        world.log.push(Did::Spawn { pid, term });
         world.procs.insert(pid, self.template.clone());
         Ok(Box::new(FakeTree {
             pid,
@@ -285,7 +304,7 @@ impl Harness {
     /// The main process of `pid` exits with `code`; SIGCHLD follows.
     fn exit(&self, pid: u32, code: i32) {
         let mut world = self.world.lock().unwrap();
-        world.log.push(format!("exit {pid}"));
+        world.log.push(Did::Exit { pid });
         world.procs.get_mut(&pid).unwrap().main.status = Some(ExitStatus::Code(code));
         drop(world);
         self.signal(Signal::SIGCHLD);
@@ -303,7 +322,7 @@ impl Harness {
         self.world.lock().unwrap().alive(pid)
     }
 
-    fn signals_to(&self, pid: u32) -> Vec<String> {
+    fn signals_to(&self, pid: u32) -> Vec<&'static str> {
         self.world.lock().unwrap().signals_to(pid)
     }
 
@@ -673,7 +692,7 @@ fn a_stop_is_bounded_even_when_the_tree_never_empties() {
         let exit = task.await.unwrap();
         let took = started.elapsed();
         assert!(
-            took <= GRACE + leaderrun::supervisor::KILL_WAIT + ms(100),
+            took <= GRACE + crate::supervisor::KILL_WAIT + ms(100),
             "{took:?}"
         );
         assert_eq!(exit, Exit::Child(ExitStatus::Signal(Signal::SIGKILL)));
@@ -694,7 +713,7 @@ fn once_exits_with_the_conflict_code_when_refused_and_with_125_when_unreachable(
         h.election.checks.send_modify(|c| {
             c.total = 1;
             c.refused = 1;
-            c.last = Some(leaderrun::CheckOutcome::Refused);
+            c.last = Some(crate::CheckOutcome::Refused);
         });
         assert_eq!(h.exit_status().await, Exit::Code(3));
     });
@@ -709,7 +728,7 @@ fn once_exits_with_the_conflict_code_when_refused_and_with_125_when_unreachable(
         h.election.checks.send_modify(|c| {
             c.total = 1;
             c.failed = 1;
-            c.last = Some(leaderrun::CheckOutcome::Failed);
+            c.last = Some(crate::CheckOutcome::Failed);
         });
         assert_eq!(h.exit_status().await, Exit::Code(125));
     });
@@ -794,4 +813,33 @@ fn a_child_exit_seen_after_a_freeze_counts_as_a_demotion() {
         h.exit(h.last_pid(), 0);
         assert_eq!(h.exit_status().await, Exit::Code(3));
     });
+}
+
+// The policies alone.
+
+#[test]
+fn backoff_doubles_to_the_cap_and_resets_after_a_long_run() {
+    let mut backoff = Backoff::default();
+    let short = Duration::from_millis(10);
+    let delays: Vec<Duration> = (0..9).map(|_| backoff.after_run(short)).collect();
+    let ms: Vec<u128> = delays.iter().map(Duration::as_millis).collect();
+    assert_eq!(
+        ms,
+        [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+    );
+    assert_eq!(backoff.after_run(BACKOFF_RESET_AFTER), BACKOFF_INITIAL);
+    assert_eq!(backoff.after_run(short), BACKOFF_INITIAL * 2);
+}
+
+#[test]
+fn restart_policies() {
+    let ok = Some(ExitStatus::Code(0));
+    let failed = Some(ExitStatus::Code(1));
+    let killed = Some(ExitStatus::Signal(Signal::SIGKILL));
+    assert!(!Restart::Never.restarts(failed));
+    assert!(Restart::Always.restarts(ok));
+    assert!(!Restart::OnFailure.restarts(ok));
+    assert!(Restart::OnFailure.restarts(failed));
+    assert!(Restart::OnFailure.restarts(killed));
+    assert!(Restart::OnFailure.restarts(None), "a timeout is a failure");
 }

@@ -1,5 +1,6 @@
 //! The lock key (contract §2): the seed's two-int4 session advisory lock, and the stable
-//! mapping from a lock name to an id.
+//! mapping from a lock name to an id; the text of the standby statements that take the key or
+//! wait for it (`try_sql`, `wait_sql`; crate-internal).
 
 /// Default lock class: `1886156915` = `0x706C7873`, ASCII `plxs` (the seed's leader lock).
 pub const DEFAULT_LOCK_CLASS: i32 = 1_886_156_915;
@@ -82,6 +83,101 @@ pub fn lock_id_for_name(name: &str) -> i32 {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(name.as_bytes());
     i32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
+}
+
+/// Text of the standby's try, for a lock of `slots` slots (contract §2), one round trip: every
+/// slot's key with `pg_try_advisory_lock`, in slot order, then, with `line`, every place in
+/// the line of standbys ([`LockKey::queue_key`]), place by place. `CASE` stops at the first
+/// that is granted, so a session takes at most one of them. A hot standby grants advisory
+/// locks of its own, so nothing is tried there (FIELD-NOTES PostgreSQL 7). `OFFSET 0` keeps
+/// the planner from evaluating the `CASE` (and its locks) more than once.
+///
+/// One row: `r` (int4: the slot granted, 0 … N−1; p·N + k: place p in the line of slot k;
+/// −1: refused; NULL: in recovery), the fencing token (int8, `txid_current()` taken after the
+/// grant, in the same statement; NULL unless a slot was granted), `current_database()`,
+/// `host(inet_client_addr())`, `inet_client_port()`. The leading comment is how `leaderrun
+/// status` finds standbys in `pg_stat_activity`.
+pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool) -> String {
+    let mut cases = String::new();
+    for slot in 0..slots {
+        cases.push_str(&try_case(lock.slot(slot), slot));
+    }
+    if line {
+        for place in 1..=QUEUE_PLACES {
+            for slot in 0..slots {
+                cases.push_str(&format!(
+                    " WHEN pg_try_advisory_lock(({})::int8) THEN {}",
+                    lock.slot(slot).queue_key(place),
+                    place * slots + slot
+                ));
+            }
+        }
+    }
+    statement(lock, slots, &cases, "-1")
+}
+
+/// Text of the wait of the standby at place `place` in the line of slot `slot`: it waits in
+/// the server's queue with `pg_advisory_lock`, bounded by `lock_timeout` (one check
+/// interval), for the slot's key (place 1, the queue head; the other slots are tried first)
+/// or for the place ahead of it, so a release, or the holder's session dying, reaches it at
+/// once. Once granted, the same statement gives its old place back, so the one behind moves
+/// up at once too. The row is [`try_sql`]'s, with `r` the slot granted or the new code of
+/// this session (place − 1).
+pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32) -> String {
+    let key = lock.slot(slot);
+    let mut cases = String::new();
+    let target = if place <= 1 {
+        if slots > 1 {
+            // A free slot is taken at once; the place is given back with it.
+            for other in 0..slots {
+                let other_key = lock.slot(other);
+                cases.push_str(&format!(
+                    " WHEN pg_try_advisory_lock(({})::int4, ({})::int4) \
+                     THEN (SELECT {other} WHERE pg_advisory_unlock(({})::int8) IS NOT NULL)",
+                    other_key.class,
+                    other_key.id,
+                    key.queue_key(place)
+                ));
+            }
+        }
+        format!("({})::int4, ({})::int4", key.class, key.id)
+    } else {
+        format!("({})::int8", key.queue_key(place - 1))
+    };
+    let moved = (place.max(1) - 1) * slots + slot;
+    // CASE orders the two: the old place is given back only once the wait was granted.
+    let wait = format!(
+        "CASE WHEN (SELECT true FROM (SELECT pg_advisory_lock({target})) AS waited) \
+         THEN (SELECT {moved} WHERE pg_advisory_unlock(({})::int8) IS NOT NULL) END",
+        key.queue_key(place)
+    );
+    statement(lock, slots, &cases, &wait)
+}
+
+fn try_case(key: LockKey, code: u32) -> String {
+    format!(
+        " WHEN pg_try_advisory_lock(({})::int4, ({})::int4) THEN {code}",
+        key.class, key.id
+    )
+}
+
+fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str) -> String {
+    format!(
+        "{} {} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN txid_current() END, \
+         current_database(), host(inet_client_addr()), inet_client_port() \
+         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{cases} ELSE {otherwise} END \
+         AS r OFFSET 0) AS t",
+        standby_comment(lock),
+        super::holder::identity_comment(),
+        slots - 1
+    )
+}
+
+/// The comment that starts every standby statement of `lock`: `pg_stat_activity.query`
+/// shows it for a standby between its checks and while it waits, which is how `leaderrun
+/// status` lists standbys that are not in the lock queue.
+pub fn standby_comment(lock: LockKey) -> String {
+    format!("/* leaderrun standby lock={lock} */")
 }
 
 #[cfg(test)]

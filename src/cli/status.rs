@@ -1,26 +1,25 @@
-//! `leaderrun status` and `leaderrun doctor` (contract §7).
+//! `leaderrun status` and `leaderrun step-down` (contract §7); `doctor` is in
+//! [`super::doctor`].
 //!
 //! `status` runs the seed's `pg_locks` query for the key in use, joined to `pg_stat_activity`:
 //! the leader's backend pid, application name (`leaderrun@HOST:PID`), client address and port,
 //! backend start, and, read back from the text of the leader's check statement, its term, the
 //! time it began leading and its fencing token. Waiters are sessions queued on the key.
 //!
-//! `doctor` proves, through exactly the connection settings a replica would use, what the
-//! election relies on: two sessions exclude each other on a scratch id of the same class (a
-//! running leader is not disturbed), the server is not in recovery, a session keeps its backend
-//! (no transaction-mode pooler), `idle_session_timeout` can be set; it also shows the TLS state
-//! and who holds the real key.
+//! Long because `status` is one report (the queries, their rows, and two renderings: text and
+//! JSON) and `step-down` is one careful sequence over it (see its doc); they share every query.
 
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::conninfo::describe;
-use crate::elector::session::{within, CLIENT_CONNECTION_CHECK};
+use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
 use crate::elector::{connect, LockKey};
+use crate::elector::{standby_comment, CLIENT_CONNECTION_CHECK};
 use crate::error::{Chain, Error};
-use crate::exit_codes::FAILURE as EXIT_FAILURE;
+use crate::pg::conninfo::describe;
+use crate::pg::within;
 
 /// The leader as `status` sees it. Field names are stable (`--json`, documented in README).
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -185,19 +184,19 @@ const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
      ORDER BY l.granted DESC, l.pid";
 
 /// Standby sessions between their checks: their last statement carries
-/// [`standby_comment`](crate::elector::session::standby_comment). `$1`: the comment.
+/// [`standby_comment`]. `$1`: the comment.
 const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, host(a.client_addr), a.query \
      FROM pg_stat_activity a \
      WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() \
        AND starts_with(a.query, $1) \
      ORDER BY a.pid";
 
-use crate::holder::parse_check_comment;
+use crate::pg::holder::parse_check_comment;
 
 /// The host and pid of a leaderrun session: from `leaderrun@HOST:PID`, else from the
-/// identity comment of its last statement ([`crate::holder::identify`]).
+/// identity comment of its last statement ([`crate::pg::holder::identify`]).
 fn who(application_name: Option<&str>, query: Option<&str>) -> (Option<String>, Option<u32>) {
-    match crate::holder::identify(application_name, query) {
+    match crate::pg::holder::identify(application_name, query) {
         Some((host, pid)) => (Some(host), Some(pid)),
         None => (None, None),
     }
@@ -215,7 +214,7 @@ pub async fn report(
     slots: u32,
     bound: Duration,
 ) -> Result<Report, Error> {
-    use crate::lock::QUEUE_PLACES;
+    use crate::pg::lock::QUEUE_PLACES;
     let slots = slots.max(1);
     // pg_locks shows the int4 halves as oid, i.e. unsigned.
     let slot_classes: Vec<u32> = (0..slots).map(|k| lock.slot(k).class as u32).collect();
@@ -229,7 +228,7 @@ pub async fn report(
         }
     }
     let id = lock.id as u32;
-    let comment = crate::elector::session::standby_comment(lock);
+    let comment = standby_comment(lock);
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&slot_classes, &place_classes, &id];
     let comment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&comment];
@@ -371,7 +370,7 @@ fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
 impl Leader {
     /// The leader's lines of the table.
     fn lines(&self, out: &mut String) {
-        let who = crate::holder::Who {
+        let who = crate::pg::holder::Who {
             application_name: self.application_name.as_deref(),
             query: None,
         };
@@ -464,7 +463,7 @@ impl Report {
         for w in &self.standbys {
             let who = match (&w.host, w.leaderrun_pid) {
                 (Some(host), Some(pid)) => format!("{host}, leaderrun pid {pid}"),
-                _ => crate::holder::Who {
+                _ => crate::pg::holder::Who {
                     application_name: w.application_name.as_deref(),
                     query: None,
                 }
@@ -495,12 +494,12 @@ impl Report {
 }
 
 /// Writes to stdout; a closed stdout (`| head`) is not an error worth a panic.
-fn out(text: &str) {
+pub(super) fn out(text: &str) {
     use std::io::Write;
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
-fn runtime() -> Option<tokio::runtime::Runtime> {
+pub(super) fn runtime() -> Option<tokio::runtime::Runtime> {
     match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -516,7 +515,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 /// `leaderrun status`: prints the report; exit 0 with a leader, 1 without, 125 on error.
 pub fn status_main(
     connect_config: &tokio_postgres::Config,
-    tls: &crate::tls::TlsSettings,
+    tls: &crate::pg::tls::TlsSettings,
     lock: LockKey,
     slots: u32,
     bound: Duration,
@@ -558,7 +557,7 @@ pub const STEP_DOWN_WAIT: Duration = Duration::from_secs(60);
 /// (a slot outside 0 … N−1 included).
 pub fn step_down_main(
     connect_config: &tokio_postgres::Config,
-    tls: &crate::tls::TlsSettings,
+    tls: &crate::pg::tls::TlsSettings,
     lock: LockKey,
     slots: u32,
     slot: u32,
@@ -672,412 +671,4 @@ pub fn step_down_main(
         tracing::error!("step-down: {}", Chain(&err));
         EXIT_FAILURE
     })
-}
-
-/// One line of `doctor`'s output: `ok`, `FAIL` (with a hint), or `warn` (holds, with a hint).
-#[derive(Debug)]
-pub struct Finding {
-    /// Short name of the check.
-    pub check: &'static str,
-    /// Whether it holds.
-    pub ok: bool,
-    /// What was found.
-    pub detail: String,
-    /// What to do about it, when it does not hold.
-    pub hint: Option<String>,
-}
-
-impl Finding {
-    fn pass(check: &'static str, detail: impl Into<String>) -> Finding {
-        Finding {
-            check,
-            ok: true,
-            detail: detail.into(),
-            hint: None,
-        }
-    }
-
-    fn fail(check: &'static str, detail: impl Into<String>, hint: impl Into<String>) -> Finding {
-        Finding {
-            check,
-            ok: false,
-            detail: detail.into(),
-            hint: Some(hint.into()),
-        }
-    }
-}
-
-async fn one<T>(client: &Client, sql: &str, bound: Duration) -> Result<T, Error>
-where
-    T: for<'a> tokio_postgres::types::FromSql<'a>,
-{
-    Ok(within("doctor query", bound, client.query_one(sql, &[]))
-        .await?
-        .get(0))
-}
-
-/// What to check when `doctor` cannot connect, by the kind of failure (as psql would say it):
-/// pg_hba.conf only for an authentication failure.
-fn connect_hint(err: &Error) -> &'static str {
-    use tokio_postgres::error::SqlState;
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = source {
-        if let Some(db) = e.downcast_ref::<tokio_postgres::error::DbError>() {
-            let code = db.code();
-            if *code == SqlState::UNDEFINED_DATABASE {
-                return "check the database name (dbname= in --dsn, or PGDATABASE)";
-            }
-            if *code == SqlState::INVALID_PASSWORD
-                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
-            {
-                return "check the role, its password (PGPASSWORD, ~/.pgpass) and the server's \
-                        pg_hba.conf";
-            }
-        }
-        if e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-        {
-            return "check the host and port (--dsn, PGHOST, PGPORT) and that the server runs there";
-        }
-        source = e.source();
-    }
-    "check the DSN and the PG* variables"
-}
-
-fn permission_hint(err: &Error) -> String {
-    let denied = matches!(err, Error::Query { source, .. }
-        if source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE));
-    if denied {
-        "the role lacks a permission this check needs; grant it or use the role the replicas use"
-            .to_owned()
-    } else {
-        "see the error; the replicas would meet it too".to_owned()
-    }
-}
-
-/// The majors leaderrun is tested on and supports (the README's "PostgreSQL versions").
-pub const SUPPORTED_MAJORS: std::ops::RangeInclusive<u32> = 14..=18;
-
-/// `doctor`'s finding on the server's major version: inside [`SUPPORTED_MAJORS`] it holds;
-/// 13 and others outside hold with a warning (13 runs, with the weaker bound the
-/// `idle timeout` finding gives).
-fn version_finding(major: u32) -> Finding {
-    let range = format!("{}–{}", SUPPORTED_MAJORS.start(), SUPPORTED_MAJORS.end());
-    if SUPPORTED_MAJORS.contains(&major) {
-        return Finding::pass(
-            "version",
-            format!("PostgreSQL {major}, in the supported range {range}"),
-        );
-    }
-    let (detail, hint) = if major == 13 {
-        (
-            format!(
-                "PostgreSQL 13 is past its end of life and outside the supported range {range}"
-            ),
-            "it works, with the weaker bound the idle timeout line gives; upgrade".to_owned(),
-        )
-    } else if major < 13 {
-        (
-            format!("PostgreSQL {major} is outside the supported range {range} and untested"),
-            "upgrade to a supported major".to_owned(),
-        )
-    } else {
-        (
-            format!("PostgreSQL {major} is newer than the supported range {range} and untested"),
-            format!("run the test suite against {major} (README: PostgreSQL versions)"),
-        )
-    };
-    Finding {
-        check: "version",
-        ok: true,
-        detail,
-        hint: Some(hint),
-    }
-}
-
-/// Runs every check through two sessions `a` and `b` for `lock` of `slots` slots; `scratch`
-/// is an id of the lock's class no replica uses.
-pub async fn findings(
-    a: &Client,
-    b: &Client,
-    server: &str,
-    lock: LockKey,
-    slots: u32,
-    scratch: i32,
-    bound: Duration,
-) -> Vec<Finding> {
-    let mut out = Vec::new();
-    match one::<String>(a, "SHOW server_version", bound).await {
-        Ok(version) => out.push(Finding::pass(
-            "connect",
-            format!("two sessions to {server} (PostgreSQL {version})"),
-        )),
-        Err(err) => out.push(Finding::fail(
-            "connect",
-            Chain(&err).to_string(),
-            permission_hint(&err),
-        )),
-    }
-
-    if let Ok(num) = one::<String>(a, "SHOW server_version_num", bound).await {
-        out.extend(num.parse::<u32>().ok().map(|n| version_finding(n / 10_000)));
-    }
-
-    match one::<bool>(a, "SELECT pg_is_in_recovery()", bound).await {
-        Ok(false) => out.push(Finding::pass("primary", "the server is not in recovery")),
-        Ok(true) => out.push(Finding::fail(
-            "primary",
-            "the server is in recovery (a hot standby): it grants advisory locks of its own, \
-             so a replica here would be a second leader; leaderrun refuses to lead on it",
-            "point the DSN at the primary, e.g. with several hosts and target_session_attrs=read-write",
-        )),
-        Err(err) => out.push(Finding::fail("primary", Chain(&err).to_string(), permission_hint(&err))),
-    }
-
-    // Exclusion on a scratch id: a takes it, b must be refused, then b gets it once a lets go.
-    let try_sql = format!("SELECT pg_try_advisory_lock({}, {scratch})", lock.class);
-    let unlock_sql = format!("SELECT pg_advisory_unlock({}, {scratch})", lock.class);
-    let exclusion = async {
-        let first: bool = one(a, &try_sql, bound).await?;
-        let second: bool = one(b, &try_sql, bound).await?;
-        let _: bool = one(a, &unlock_sql, bound).await?;
-        let after_release: bool = one(b, &try_sql, bound).await?;
-        if after_release {
-            let _: bool = one(b, &unlock_sql, bound).await?;
-        }
-        Ok::<_, Error>((first, second, after_release))
-    };
-    match exclusion.await {
-        Ok((true, false, true)) => out.push(Finding::pass(
-            "exclusion",
-            format!(
-                "a second session cannot take a lock the first holds, and gets it once \
-                 released (scratch key {}:{scratch}; --scratch-id picks the id)",
-                lock.class
-            ),
-        )),
-        Ok((false, _, _)) => out.push(Finding::fail(
-            "exclusion",
-            format!(
-                "the scratch key {}:{scratch} is held by another session",
-                lock.class
-            ),
-            "pick a free id of the class with --scratch-id",
-        )),
-        Ok((first, second, after)) => out.push(Finding::fail(
-            "exclusion",
-            format!("first session granted: {first}, second while held: {second}, second after release: {after}"),
-            "both sessions reached one backend or the lock did not hold: a transaction-mode \
-             pooler (PgBouncer pool_mode=transaction) cannot carry session locks; connect directly \
-             or through a session-mode pooler",
-        )),
-        Err(err) => out.push(Finding::fail("exclusion", Chain(&err).to_string(), permission_hint(&err))),
-    }
-
-    // The session keeps its backend and its session state between statements.
-    let sticky = async {
-        let pid1: i32 = one(a, "SELECT pg_backend_pid()", bound).await?;
-        let _: String = one(
-            a,
-            "SELECT set_config('leaderrun.doctor_marker', 'marked', false)",
-            bound,
-        )
-        .await?;
-        let pid2: i32 = one(a, "SELECT pg_backend_pid()", bound).await?;
-        let marker: Option<String> = one(
-            a,
-            "SELECT current_setting('leaderrun.doctor_marker', true)",
-            bound,
-        )
-        .await?;
-        Ok::<_, Error>((pid1, pid2, marker))
-    };
-    match sticky.await {
-        Ok((p1, p2, Some(m))) if p1 == p2 && m == "marked" => out.push(Finding::pass(
-            "session",
-            format!("the session keeps its backend ({p1}) and its settings between statements"),
-        )),
-        Ok((p1, p2, marker)) => out.push(Finding::fail(
-            "session",
-            format!("backend {p1} then {p2}; session marker {marker:?}"),
-            "the session moved between statements: a transaction-mode pooler (PgBouncer \
-             pool_mode=transaction, or a hosted pooler) strands or doubles session locks; \
-             use a direct connection or a session-mode pooler",
-        )),
-        Err(err) => out.push(Finding::fail(
-            "session",
-            Chain(&err).to_string(),
-            permission_hint(&err),
-        )),
-    }
-
-    match one::<String>(
-        a,
-        "SELECT set_config('idle_session_timeout', '60000', false)",
-        bound,
-    )
-    .await
-    {
-        Ok(_) => out.push(Finding::pass(
-            "idle timeout",
-            "idle_session_timeout can be set on the lock session",
-        )),
-        Err(Error::Query { source, .. })
-            if source.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) =>
-        {
-            // Holds, weaker: the lock session's TCP timers still free the lock of a leader
-            // cut off by the network within about idle_session_timeout.
-            out.push(Finding {
-                check: "idle timeout",
-                ok: true,
-                detail: "the server has no idle_session_timeout (PostgreSQL before 14): the lock \
-                         session's TCP keepalives and tcp_user_timeout free the lock of a leader \
-                         cut off by the network within about idle_session_timeout (20s by \
-                         default), but a leader frozen with its connection open (a stopped process, a paused VM) keeps the \
-                         lock until it wakes"
-                    .into(),
-                hint: Some("upgrade to PostgreSQL 14 or later for that bound too".into()),
-            })
-        }
-        Err(err) => out.push(Finding::fail(
-            "idle timeout",
-            Chain(&err).to_string(),
-            permission_hint(&err),
-        )),
-    }
-
-    match one::<Option<bool>>(
-        a,
-        "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-        bound,
-    )
-    .await
-    {
-        Ok(Some(true)) => out.push(Finding::pass("tls", "the session is encrypted (TLS)")),
-        Ok(_) => out.push(Finding::pass(
-            "tls",
-            "the session is not encrypted (fine on a trusted network or a Unix socket)",
-        )),
-        Err(err) => out.push(Finding::fail(
-            "tls",
-            Chain(&err).to_string(),
-            permission_hint(&err),
-        )),
-    }
-
-    match report(a, server, lock, slots, bound).await {
-        Ok(r) => out.push(Finding::pass(
-            "leader",
-            match &r.leader {
-                Some(l) => format!(
-                    "{} is held by backend {} ({})",
-                    r.lock,
-                    l.pid,
-                    match (&l.host, l.leaderrun_pid) {
-                        (Some(host), Some(pid)) => format!("leaderrun on {host} (pid {pid})"),
-                        _ => crate::holder::Who {
-                            application_name: l.application_name.as_deref(),
-                            query: None,
-                        }
-                        .to_string(),
-                    }
-                ),
-                None => format!("nobody holds {} right now", r.lock),
-            },
-        )),
-        Err(err) => out.push(Finding::fail(
-            "leader",
-            Chain(&err).to_string(),
-            permission_hint(&err),
-        )),
-    }
-    out
-}
-
-/// The finding about the database the lock lives in: advisory locks are per database, and a
-/// database nobody named is the user's name, so copies connecting as different users would
-/// elect a leader each. `database_from` is [`crate::conninfo::ConnSettings::database_from`].
-pub fn database_finding(database: &str, database_from: &str) -> Finding {
-    if database_from == "default" {
-        Finding {
-            check: "database",
-            ok: true,
-            detail: format!(
-                "the lock lives in database {database}, which no setting named: it is the \
-                 user's name (psql's default)"
-            ),
-            hint: Some(
-                "advisory locks are per database: copies that connect as different users \
-                 without naming a database elect a leader each; name the database in the DSN \
-                 (dbname=, /DB in a URL) or PGDATABASE"
-                    .to_owned(),
-            ),
-        }
-    } else {
-        Finding::pass(
-            "database",
-            format!("the lock lives in database {database} (from {database_from})"),
-        )
-    }
-}
-
-/// `leaderrun doctor`: prints each finding; exit 0 when all hold, 1 when one fails, 125 when
-/// it cannot connect. A finding that holds but comes with a hint is printed as `warn` and does
-/// not change the exit status. `database_from` says where the database name came from
-/// ([`crate::conninfo::ConnSettings::database_from`]); `scratch_id` is `--scratch-id`, the id
-/// of the scratch key in the lock's class (default: derived from this process).
-pub fn doctor_main(
-    connect_config: &tokio_postgres::Config,
-    tls: &crate::tls::TlsSettings,
-    lock: LockKey,
-    slots: u32,
-    bound: Duration,
-    database_from: &str,
-    scratch_id: Option<i32>,
-) -> u8 {
-    let Some(rt) = runtime() else {
-        return EXIT_FAILURE;
-    };
-    let server = describe(connect_config);
-    // A scratch id of the same class that no replica uses: --scratch-id, or derived from this
-    // process.
-    let scratch = scratch_id.unwrap_or_else(|| {
-        crate::lock::lock_id_for_name(&format!(
-            "leaderrun doctor {} {}",
-            std::process::id(),
-            lock.id
-        ))
-    });
-    let result = rt.block_on(async {
-        let (a, _ca, _ta) = connect(connect_config, tls, &server, bound).await?;
-        let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;
-        Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, bound).await)
-    });
-    let database = connect_config.get_dbname().unwrap_or("");
-    match result {
-        Ok(mut findings) => {
-            findings.insert(1, database_finding(database, database_from));
-            for f in &findings {
-                let label = match (f.ok, &f.hint) {
-                    (false, _) => "FAIL",
-                    (true, Some(_)) => "warn",
-                    (true, None) => "ok",
-                };
-                out(&format!("{:<4}  {:<12}  {}\n", label, f.check, f.detail));
-                if let Some(hint) = &f.hint {
-                    out(&format!("{:<4}  {:<12}  hint: {hint}\n", "", ""));
-                }
-            }
-            u8::from(findings.iter().any(|f| !f.ok))
-        }
-        Err(err) => {
-            out(&format!("FAIL  connect       {}\n", Chain(&err)));
-            out(&format!(
-                "      {:<12}  hint: {}; leaderrun connects exactly like this\n",
-                "",
-                connect_hint(&err)
-            ));
-            EXIT_FAILURE
-        }
-    }
 }

@@ -75,7 +75,7 @@ pub struct TlsSettings {
     pub client_key: Option<PathBuf>,
     /// Where to connect, host by host, with each host's password: TLS is decided per host
     /// (never on a Unix socket), so the plan travels with the TLS settings.
-    pub plan: crate::conninfo::ConnectPlan,
+    pub plan: crate::pg::conninfo::ConnectPlan,
 }
 
 /// Why a TLS configuration could not be built.

@@ -13,17 +13,17 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::child::{self, Command, ProcessSpawner};
+use crate::cli::exit_codes;
+use crate::cli::health::Health;
+use crate::cli::http::Observed;
+use crate::cli::metrics::Metrics;
 use crate::cli::{Mode, Settings};
 use crate::elector::{Checks, Config, Elector, Term};
 use crate::error::Chain;
-use crate::exit_codes;
-use crate::health::Health;
-use crate::http::Observed;
-use crate::metrics::Metrics;
-use crate::signals::SignalStream;
+use crate::process::child::{self, Command, ProcessSpawner};
+use crate::process::signals::SignalStream;
+use crate::process::terminal::Terminal;
 use crate::supervisor::{Election, Exit, Plan, Supervisor};
-use crate::terminal::Terminal;
 use crate::watchdog::{Watchdog, WatchdogPlan, WatchedSpawner};
 
 /// Runs the default command from checked settings and the signal handlers `main` installed
@@ -76,7 +76,7 @@ fn lock_file_hint(command: &[std::ffi::OsString], err: &child::SpawnError) -> &'
 }
 
 /// How long after the first check start-up's code pages are dropped
-/// ([`crate::memory::drop_start_up_pages`]): past a grant's COMMAND start.
+/// ([`crate::process::memory::drop_start_up_pages`]): past a grant's COMMAND start.
 const TRIM_AFTER_FIRST_CHECK: Duration = Duration::from_millis(500);
 
 /// Upper bound of the random delay before a replica's first check ([`Config::first_check_spread`]).
@@ -131,7 +131,7 @@ pub async fn run(
     let mut config = elector_config(&settings);
     config.registry = Some(metrics.registry().clone());
     // COMMAND's own cgroup where one can be made, and the watchdog, before anything runs.
-    let cgroup = crate::cgroup::Cgroup::create(settings.cgroup).map(Arc::new);
+    let cgroup = crate::process::cgroup::Cgroup::create(settings.cgroup).map(Arc::new);
     let watchdog = Arc::new(Watchdog::new(WatchdogPlan {
         grace: settings.timing.grace,
         stall: settings.timing.watchdog_stall(),
@@ -182,7 +182,7 @@ pub async fn run(
             metrics: metrics.clone(),
             health: health.clone(),
         };
-        match crate::http::serve(addr, observed) {
+        match crate::cli::http::serve(addr, observed) {
             Ok(bound) => info!(addr = %bound, "serving /metrics, /healthz and /readyz"),
             Err(err) => {
                 error!("{}", Chain(&err));
@@ -190,7 +190,7 @@ pub async fn run(
             }
         }
     }
-    let notifier = tokio::spawn(crate::notify::follow(elector.clone(), health.clone()));
+    let notifier = tokio::spawn(crate::cli::notify::follow(elector.clone(), health.clone()));
     let watching = tokio::spawn(watchdog.clone().watch());
     let heartbeat = tokio::spawn(heartbeat(
         elector.clone(),
@@ -203,13 +203,14 @@ pub async fn run(
     let trim = tokio::spawn(async move {
         if checks.wait_for(|c| c.total > 0).await.is_ok() {
             tokio::time::sleep(TRIM_AFTER_FIRST_CHECK).await;
-            crate::memory::drop_start_up_pages();
+            crate::process::memory::drop_start_up_pages();
         }
     });
     let spawner = ProcessSpawner {
         command,
         foreground: terminal.as_ref().map(Terminal::fd),
         cgroup,
+        helper: watchdog.helper_pid(),
     };
     let plan = plan(&settings);
     let spawner = WatchedSpawner {
@@ -230,7 +231,7 @@ pub async fn run(
     trim.abort();
     heartbeat.abort();
     watching.abort();
-    crate::notify::stopping();
+    crate::cli::notify::stopping();
     notifier.abort();
     election.stop().await;
     exit
@@ -277,7 +278,7 @@ fn log_settings(settings: &Settings, command: &Command) {
         Mode::Every { period } => format!("every {}", humantime::format_duration(period)),
     };
     let dur = |d: Duration| humantime::format_duration(d).to_string();
-    let server = crate::conninfo::endpoint(&settings.connect);
+    let server = crate::pg::conninfo::endpoint(&settings.connect);
     let app = settings.connect.get_application_name().unwrap_or("");
     let timeout = settings.timeout.map(dur).unwrap_or_else(|| "none".into());
     let http = settings
@@ -309,8 +310,8 @@ fn log_settings(settings: &Settings, command: &Command) {
 
 /// The lock key in words for the start line: the default key is the plexsphere API's own
 /// background leader lock, which a job of its own should not compete for by accident.
-fn lock_words(lock: crate::lock::LockKey) -> &'static str {
-    if lock == crate::lock::LockKey::default() {
+fn lock_words(lock: crate::pg::lock::LockKey) -> &'static str {
+    if lock == crate::pg::lock::LockKey::default() {
         "the plexsphere background leader lock (the default key; a job of its own takes \
          --lock-id or --lock-name)"
     } else {

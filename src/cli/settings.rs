@@ -1,0 +1,249 @@
+//! From parsed arguments to checked [`Settings`]: what clap's attributes cannot say (conflicts
+//! across sources, the DSN's sources in order, the mode and the log level).
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use super::args::{Action, Cli};
+use crate::pg::lock::{lock_id_for_name, LockKey};
+use crate::supervisor::{Mode, Restart};
+
+/// The checked settings of a run.
+#[derive(Debug)]
+pub struct Settings {
+    /// Resolved connection settings.
+    pub connect: tokio_postgres::Config,
+    /// `sslmode` and certificates.
+    pub tls: crate::pg::tls::TlsSettings,
+    /// The advisory lock key.
+    pub lock: LockKey,
+    /// `--slots` (1 … 1024).
+    pub slots: u32,
+    /// Check interval, grace and the lock session's `idle_session_timeout`: the timing model,
+    /// checked.
+    pub timing: crate::timing::Timing,
+    /// First signal of a stop for demotion, `--timeout` and leftovers.
+    pub stop_signal: Signal,
+    /// COMMAND and its arguments, as given (`sh -c STRING` for `-c STRING`).
+    pub command: Vec<OsString>,
+    /// The mode.
+    pub mode: Mode,
+    /// `--takeover-delay` (zero when not given).
+    pub takeover_delay: Duration,
+    /// `--timeout`.
+    pub timeout: Option<Duration>,
+    /// `--cgroup`: run COMMAND in a cgroup of its own even where moving it there is slow.
+    pub cgroup: bool,
+    /// `--conflict-exit-code`.
+    pub conflict_exit_code: u8,
+    /// `--http-addr`.
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// Where the database name came from (`default`: none was given; it is the user's name).
+    pub database_from: &'static str,
+    /// Which setting gave the DSN: `--dsn`, `LEADERRUN_DSN`, `PLEXSPHERE_DSN`, `DATABASE_URL`,
+    /// or `PG*` when none did (the `PG*` variables and a service alone).
+    pub dsn_from: String,
+    /// `--tick-at-grant`.
+    pub tick_at_grant: bool,
+}
+
+impl Cli {
+    /// Checks what clap's attributes cannot say.
+    ///
+    /// # Errors
+    /// A clap error (printed like clap's own) for `--min-hold` without `--once`/`--wait`.
+    pub fn validate(&self) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        let run_only = self.once
+            || self.wait.is_some()
+            || self.every.is_some()
+            || self.tick_at_grant
+            || self.restart.is_some()
+            || self.timeout.is_some()
+            || self.min_hold.is_some()
+            || self.takeover_delay.is_some()
+            || self.grace.is_some()
+            || self.http_addr.is_some()
+            || self.cgroup
+            || self.shell_command.is_some()
+            || !self.command.is_empty();
+        if self.action.is_some() && run_only {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "status, doctor and step-down take only connection, lock and logging options \
+                 (to run a program named status or doctor: leaderrun [OPTIONS] -- status)",
+            ));
+        }
+        if let Err(err) = self.timing().check() {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("--check-interval/--grace: {err}"),
+            ));
+        }
+        if self.tick_at_grant && self.every.is_none() {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "--tick-at-grant only applies with --every",
+            ));
+        }
+        if self.min_hold.is_some() && !self.once && self.wait.is_none() {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--min-hold only applies with --once or --wait",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A COMMAND that is a near miss of a subcommand (`leaderrun statsu`), not found on
+    /// `path`, and not written after `--`, is a typo of the subcommand, not a program to run
+    /// (which would exit 127 after a moment): a usage error that names the subcommand. `raw`
+    /// is the whole command line, program name first.
+    ///
+    /// # Errors
+    /// A clap error (exit 125) with "did you mean …?".
+    pub fn check_mistyped_subcommand(
+        &self,
+        raw: &[OsString],
+        path: Option<&std::ffi::OsStr>,
+    ) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        let Some(word) = self.command.first().and_then(|w| w.to_str()) else {
+            return Ok(());
+        };
+        if self.action.is_some() || word.contains('/') {
+            return Ok(());
+        }
+        // After `--` it is COMMAND, whatever it looks like.
+        if raw.windows(2).any(|w| w[0] == "--" && w[1] == *word) {
+            return Ok(());
+        }
+        let Some(meant) = ["status", "doctor", "step-down"]
+            .into_iter()
+            .filter(|name| *name != word && strsim::damerau_levenshtein(name, word) <= 2)
+            .min_by_key(|name| strsim::damerau_levenshtein(name, word))
+        else {
+            return Ok(());
+        };
+        if crate::process::child::Command::resolve(vec![word.into()], path).is_ok() {
+            return Ok(());
+        }
+        Err(Cli::command().error(
+            clap::error::ErrorKind::InvalidSubcommand,
+            format!(
+                "unrecognized subcommand '{word}': did you mean {meant}? (to run a program \
+                 named {word}: leaderrun [OPTIONS] -- {word})"
+            ),
+        ))
+    }
+
+    /// The lock key in use: `--lock-class` with `--lock-id`, or the id derived from
+    /// `--lock-name` ([`lock_id_for_name`]).
+    pub fn lock(&self) -> LockKey {
+        LockKey {
+            class: self.lock_class,
+            id: self
+                .lock_name
+                .as_deref()
+                .map_or(self.lock_id, lock_id_for_name),
+        }
+    }
+
+    /// The timing model for `--check-interval` and `--grace` (default: one interval).
+    pub fn timing(&self) -> crate::timing::Timing {
+        crate::timing::Timing::new(
+            self.check_interval,
+            self.grace.unwrap_or(self.check_interval),
+        )
+    }
+
+    /// The mode the flags select.
+    pub fn mode(&self) -> Mode {
+        if let Some(period) = self.every {
+            Mode::Every { period }
+        } else if self.once || self.wait.is_some() {
+            Mode::OneShot {
+                wait: self.wait,
+                min_hold: self.min_hold.unwrap_or(Duration::ZERO),
+            }
+        } else {
+            Mode::WhileLeader {
+                restart: self.restart.map_or(Restart::Never, Restart::from),
+            }
+        }
+    }
+
+    /// COMMAND and its arguments: the words after `--`, or `sh -c STRING` for `-c STRING`.
+    pub fn command_line(&self) -> Vec<OsString> {
+        match &self.shell_command {
+            Some(script) => vec!["sh".into(), "-c".into(), script.clone()],
+            None => self.command.clone(),
+        }
+    }
+
+    /// Checks the options and resolves the connection settings.
+    ///
+    /// # Errors
+    /// [`crate::pg::conninfo::ConnInfoError`] for a DSN that does not parse.
+    pub fn settings(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
+        let resolved = crate::pg::conninfo::resolve(self.dsn.as_deref(), env)?;
+        // `doctor` diagnoses it instead (a finding).
+        if resolved.database_from == "default"
+            && !matches!(self.action, Some(Action::Doctor { .. }))
+        {
+            return Err(crate::pg::conninfo::ConnInfoError::NoDatabase);
+        }
+        if resolved.password_from.as_deref() == Some("--dsn") {
+            tracing::warn!(
+                "the password is written into --dsn, so every user of this machine can read it \
+                 in ps; pass it in PGPASSWORD or ~/.pgpass (or the whole DSN in LEADERRUN_DSN) \
+                 instead"
+            );
+        }
+        Ok(Settings {
+            database_from: resolved.database_from,
+            dsn_from: resolved.dsn_from.unwrap_or_else(|| "PG*".to_owned()),
+            tick_at_grant: self.tick_at_grant,
+            connect: resolved.config,
+            tls: resolved.tls,
+            lock: self.lock(),
+            slots: self.slots,
+            timing: self.timing(),
+            stop_signal: self.stop_signal,
+            command: self.command_line(),
+            mode: self.mode(),
+            takeover_delay: self.takeover_delay.unwrap_or(Duration::ZERO),
+            timeout: self.timeout,
+            conflict_exit_code: self.conflict_exit_code,
+            http_addr: self.http_addr,
+            cgroup: self.cgroup,
+        })
+    }
+
+    /// The tracing level: the default level of the mode, moved one step per -v (more) or -q
+    /// (less).
+    ///
+    /// The default is INFO, except for the one-shot modes (`--once`, `--wait`), whose default
+    /// is WARN: a cron job that led prints only what COMMAND prints, plus WARN/ERROR lines when
+    /// something is wrong (contract §4), and `-v` shows the INFO lines. This is the one place
+    /// that decides it.
+    pub fn log_level(&self) -> tracing::Level {
+        use tracing::Level;
+        const LADDER: [Level; 5] = [
+            Level::ERROR,
+            Level::WARN,
+            Level::INFO,
+            Level::DEBUG,
+            Level::TRACE,
+        ];
+        let one_shot = self.action.is_none() && matches!(self.mode(), Mode::OneShot { .. });
+        let base: i32 = if one_shot { 1 } else { 2 };
+        let step = base + i32::from(self.verbose) - i32::from(self.quiet);
+        LADDER[step.clamp(0, LADDER.len() as i32 - 1) as usize]
+    }
+}

@@ -1,0 +1,356 @@
+//! The leader's side of a campaign: the grant (`begin_term`), the check that proves the lock
+//! (`verify`), demotion, the release after every hold, and resignation.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+use tracing::{debug, error, info, warn};
+
+use super::{Campaign, LOCK_ROW_SQL};
+use crate::elector::metrics::demotion_cause;
+use crate::elector::session::{boottime, socket_of, Session};
+use crate::elector::term::{Lease, Term, TermControl, TermEnd};
+use crate::elector::{CheckOutcome, UNLOCK_BOUND};
+use crate::error::{Chain, Error};
+use crate::pg::within;
+
+impl Campaign<'_> {
+    /// Slot `slot` was granted on the current session in the check whose answer is `row`
+    /// ([`try_sql`](crate::pg::lock::try_sql)'s columns): make it the lock session and start a term.
+    ///
+    /// `started` and `sent` are the check's start (monotonic) and send time (boottime): the
+    /// check is recorded and the safe window set before the term is published, so nobody
+    /// observes a term without the check that granted it.
+    pub(crate) async fn begin_term(
+        &mut self,
+        started: Instant,
+        sent: Duration,
+        slot: u32,
+        row: &tokio_postgres::Row,
+    ) -> Result<(), Error> {
+        let config = &self.shared.config;
+        let key = config.lock.slot(slot);
+        if let Some(session) = self.session.as_mut() {
+            session.granted = Some(key);
+        } else {
+            return Ok(());
+        }
+        let idle = config.effective_idle_session_timeout();
+        // The address the server sees us at (NULL over a Unix socket).
+        let seen: Option<(String, i32)> = row
+            .get::<_, Option<String>>(3)
+            .zip(row.get::<_, Option<i32>>(4));
+        let socket = self
+            .session
+            .as_ref()
+            .map(|s| socket_of(s.fd, seen.as_ref()));
+        // Behind a transaction-mode pooler two client sessions can share one server backend,
+        // and a session lock then excludes nothing (FIELD-NOTES PostgreSQL 8). A direct TCP
+        // connection, whose local address and port are the ones the server sees, cannot be a
+        // pooler's; anything else is proven with a second session, whose failure to connect
+        // costs a WARN, not the election (contract §8).
+        if !socket.is_some_and(|s| s.direct) {
+            match self.probe_exclusion(key).await {
+                Err(err @ Error::SharedBackend) => return Err(err),
+                Err(err) => warn!(
+                    target: "leaderrun::elector",
+                    "leader: cannot open a second session to rule out a transaction-mode \
+                     pooler; leading on the one session: {}",
+                    Chain(&err)
+                ),
+                Ok(()) => {}
+            }
+        }
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
+        let number = self.shared.terms.load(Ordering::Acquire) + 1;
+        let lease = Lease {
+            lock: key,
+            slot,
+            backend_pid: session.backend_pid,
+            fencing_token: row.get::<_, Option<i64>>(1).unwrap_or_default(),
+            database: row.get(2),
+            granted_at: SystemTime::now(),
+        };
+        // The comment is what `leaderrun status` reads back from pg_stat_activity.query; every
+        // value in it is a number or a timestamp we formatted.
+        let check_sql = format!(
+            "/* leaderrun term={number} since={} fencing_token={} */ {} {LOCK_ROW_SQL}",
+            humantime::format_rfc3339_seconds(lease.granted_at),
+            lease.fencing_token,
+            crate::pg::holder::identity_comment()
+        );
+        // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
+        // before anything can run under the term. A first grant before the watchdog is up
+        // waits here for its start (see `runner`).
+        if let Some(keeper) = &config.keeper {
+            match socket {
+                // SAFETY: the descriptor belongs to the session's connection, alive here.
+                Some(found) => {
+                    keeper.keep(unsafe { std::os::fd::BorrowedFd::borrow_raw(found.fd) })
+                }
+                None => warn!(
+                    target: "leaderrun::elector",
+                    "leader: cannot tell which descriptor is the lock session's socket; if \
+                     leaderrun is killed, the lock may move before COMMAND's tree is dead"
+                ),
+            }
+        }
+        // From here on the keeper may hold a copy: every way out that drops the session goes
+        // through `drop_session`, which takes the copy back first. The check is sent with its
+        // text each time (one round trip, no PREPARE at the grant, which would delay COMMAND).
+        if let Some(session) = self.session.as_mut() {
+            session.socket = socket.map(|s| s.fd);
+            session.check = Some(check_sql);
+        }
+        self.first_check = true;
+        self.shared.terms.store(number, Ordering::Release);
+        // The grant is the term's first proof: its window counts from the try's send time.
+        let (term, control) = Term::issue(number, Some(lease.clone()), sent + config.safe_window());
+        self.term = Some(control);
+        self.shared.leader.store(true, Ordering::Release);
+        if let Some(metrics) = &self.shared.metrics {
+            metrics.leader.set(1);
+            metrics.slot.set(i64::from(slot));
+            metrics.terms.inc();
+        }
+        self.record(CheckOutcome::Granted, started, None);
+        self.shared.current.send_replace(term);
+        info!(
+            target: "leaderrun::elector",
+            term = number,
+            backend_pid = lease.backend_pid,
+            database = %lease.database,
+            server = %crate::pg::conninfo::endpoint(&self.shared.config.connect),
+            lock = %lease.lock,
+            fencing_token = lease.fencing_token,
+            idle_session_timeout_ms = idle.as_millis() as u64,
+            "background leader lock acquired"
+        );
+        Ok(())
+    }
+
+    /// The leader's check: proves in one round trip that this session still holds the lock.
+    /// `Err` is the cause to demote with; the session is left as it is for [`Self::demote`].
+    pub(crate) async fn verify(&mut self) -> Result<(), Error> {
+        let Some(session) = self.session.as_ref() else {
+            return Ok(());
+        };
+        let Some(check_sql) = session.check.as_deref() else {
+            return Ok(());
+        };
+        // After a suspend or a SIGSTOP: no round trip once the safe window has passed.
+        if self.window_passed() {
+            let until = self
+                .term
+                .as_ref()
+                .and_then(|t| t.term().proven_until())
+                .unwrap_or_default();
+            let window = self.shared.config.safe_window();
+            return Err(Error::SafeWindowPassed {
+                since: boottime().saturating_sub(until) + window,
+            });
+        }
+        let sent = boottime();
+        let config = &self.shared.config;
+        let bound = config.effective_check_interval().min(config.io_bound());
+        let lock = session.granted.unwrap_or(config.lock);
+        // pg_locks shows the int4 halves as oid, i.e. unsigned.
+        let (class, id) = (lock.class as u32, lock.id as u32);
+        let started = Instant::now();
+        self.waited = Duration::ZERO;
+        self.wait_only = false;
+        let first = std::mem::take(&mut self.first_check);
+        let result = session
+            .bounded_typed(
+                "leader check",
+                bound,
+                check_sql,
+                &[(&class, Type::OID), (&id, Type::OID)],
+            )
+            .await
+            .and_then(|row| {
+                let pid: i32 = row.get(0);
+                let held: bool = row.get(1);
+                let in_recovery: bool = row.get(2);
+                // `leaderrun step-down` holds the bigint lock whose halves are our key.
+                let step_down: bool = row.get(3);
+                if pid != session.backend_pid {
+                    Err(Error::BackendChanged {
+                        granted_to: session.backend_pid,
+                        now: pid,
+                    })
+                } else if in_recovery {
+                    Err(Error::InRecovery {
+                        server: self.shared.target.clone(),
+                    })
+                } else if !held {
+                    Err(Error::LockNotHeld {
+                        lock,
+                        backend_pid: pid,
+                    })
+                } else if step_down && !first {
+                    Err(Error::StepDownRequested)
+                } else {
+                    Ok(())
+                }
+            });
+        let window = config.safe_window();
+        // An answer that arrives after the window closed proves nothing any more.
+        let result = result.and_then(|()| match &self.term {
+            Some(control) if !control.prove(sent + window) => Err(Error::SafeWindowPassed {
+                since: boottime().saturating_sub(sent),
+            }),
+            _ => Ok(()),
+        });
+        match result {
+            Ok(()) => {
+                self.record(CheckOutcome::Verified, started, None);
+                debug!(target: "leaderrun::elector", latency_ms = started.elapsed().as_millis() as u64, "leader check ok");
+                Ok(())
+            }
+            Err(err) => {
+                if matches!(err, Error::BackendChanged { .. } | Error::InRecovery { .. }) {
+                    error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                }
+                self.record(CheckOutcome::Lost, started, Some(&err));
+                Err(err)
+            }
+        }
+    }
+
+    pub(crate) fn count_demotion(&self, cause: &Error) {
+        if let Some(metrics) = &self.shared.metrics {
+            metrics
+                .demotions
+                .with_label_values(&[demotion_cause(cause)])
+                .inc();
+        }
+    }
+
+    /// The seed's demotion, with the release after the work: end the term (every holder sees
+    /// it at once), log the cause, and close the session only once every [`TermHold`](crate::TermHold) is
+    /// dropped, since a session that is still open may still hold the lock (FIELD-NOTES
+    /// PostgreSQL 13). Nothing is sent on the session meanwhile, so the server's
+    /// `idle_session_timeout` bounds the wait; so does this one.
+    pub(crate) async fn demote(&mut self, cause: &Error) {
+        let Some(control) = self.end_term(TermEnd::LeadershipLost) else {
+            return;
+        };
+        self.count_demotion(cause);
+        if matches!(cause, Error::StepDownRequested) {
+            info!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "stepping down on request: stopping the child, then releasing the lock and \
+                 staying out for one check interval"
+            );
+        } else {
+            warn!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "background leader lock lost: {}",
+                Chain(cause)
+            );
+        }
+        let session = self.session.take();
+        self.release_after_holds(&control, session.is_some()).await;
+        self.drop_session(session);
+    }
+
+    /// Closes a session on purpose: whoever keeps a copy of its socket drops it first, or the
+    /// session (and the lock) would outlive the close.
+    pub(crate) fn drop_session(&self, session: Option<Session>) {
+        if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
+            if session.socket.is_some() {
+                keeper.release(true);
+            }
+        }
+        drop(session);
+    }
+
+    /// Waits for the holds of `control`'s term, bounded by `idle_session_timeout`.
+    pub(crate) async fn release_after_holds(&self, control: &TermControl, may_hold_lock: bool) {
+        if control.holds() == 0 || !may_hold_lock {
+            return;
+        }
+        debug!(
+            target: "leaderrun::elector",
+            term = control.term().number(),
+            "keeping the lock session until the term's work has stopped"
+        );
+        let bound = self.shared.config.effective_idle_session_timeout();
+        if !control.released(bound).await {
+            warn!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "the work of the term still runs after idle_session_timeout ({}); \
+                 releasing the lock session anyway",
+                humantime::format_duration(bound)
+            );
+        }
+    }
+
+    /// Ends the current term, if any: IsLeader false, gauge 0, standby placeholder published.
+    pub(crate) fn end_term(&mut self, cause: TermEnd) -> Option<TermControl> {
+        let control = self.term.take()?;
+        self.shared.leader.store(false, Ordering::Release);
+        if let Some(metrics) = &self.shared.metrics {
+            metrics.leader.set(0);
+            metrics.slot.set(-1);
+        }
+        self.shared.current.send_replace(Term::standby());
+        control.end(cause);
+        Some(control)
+    }
+
+    /// After cancellation: end the term, unlock under the 2-second bound, close.
+    pub(crate) async fn resign(&mut self) {
+        let control = self.end_term(TermEnd::Resigned);
+        if let Some(control) = &control {
+            self.release_after_holds(control, self.session.is_some())
+                .await;
+        }
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let mut unlock_failed = false;
+        if let Some(control) = control {
+            let term = control.term();
+            let lock = session.granted.unwrap_or(self.shared.config.lock);
+            // One round trip: the simple protocol, with the key written out.
+            let unlock = format!(
+                "SELECT pg_advisory_unlock(({})::int4, ({})::int4)",
+                lock.class, lock.id
+            );
+            let unlocked = match session.client.as_ref() {
+                Some(client) => within("unlock", UNLOCK_BOUND, client.simple_query(&unlock))
+                    .await
+                    .map(|_| ()),
+                None => Err(Error::SessionClosed(None)),
+            };
+            unlock_failed = unlocked.is_err();
+            match unlocked {
+                Ok(_) => info!(
+                    target: "leaderrun::elector",
+                    term = term.number(),
+                    lock = %lock,
+                    "background leader lock released"
+                ),
+                Err(err) => warn!(
+                    target: "leaderrun::elector",
+                    term = term.number(),
+                    "leader: unlock failed; the server frees the lock when the session closes: {}",
+                    Chain(&err)
+                ),
+            }
+        }
+        if let (Some(keeper), Some(_)) = (&self.shared.config.keeper, session.socket) {
+            keeper.release(true);
+        }
+        session.close(unlock_failed).await;
+    }
+}

@@ -1,0 +1,372 @@
+//! One call of [`super::Elector::run`]: the checks, the grant, demotion and release. This
+//! module is the loop and its state (`Campaign`); `standby` is the try and the wait in line,
+//! `leader` the term: grant, verification, demotion, release.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::session::{boottime, session_closed, Session};
+use super::term::{TermControl, TermEnd};
+use super::{CheckOutcome, Shared};
+use crate::error::{Chain, Error};
+
+mod leader;
+mod standby;
+
+/// Whether a failed try met a server that is momentarily full (53300) or starting up (57P03).
+fn is_transient(err: &Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    let source = match err {
+        Error::Connect { source, .. } | Error::Query { source, .. } => source,
+        _ => return false,
+    };
+    matches!(
+        source.code(),
+        Some(&SqlState::TOO_MANY_CONNECTIONS) | Some(&SqlState::CANNOT_CONNECT_NOW)
+    )
+}
+
+/// A pseudo-random delay in [5 ms, `max`]: enough to spread a herd, no cryptography needed.
+fn jitter(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(boottime().as_nanos() as u64);
+    hasher.write_u32(std::process::id());
+    let floor = Duration::from_millis(5);
+    let span = max.saturating_sub(floor).as_nanos().max(1) as u64;
+    floor + Duration::from_nanos(hasher.finish() % span)
+}
+
+/// How one check phase of the campaign ended.
+pub(crate) enum Phase {
+    Checked(Result<(), Error>),
+    Unsafe,
+    Cancelled,
+}
+
+/// One call of [`Elector::run`](crate::Elector::run): the state that must be cleaned up however the call ends.
+pub(crate) struct Campaign<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) session: Option<Session>,
+    /// The term while leading. Its proof ends 2 check intervals after the send time of the
+    /// last check that proved the lock (or of the grant); past it the server may already have
+    /// given the lock away (contract §8), so the leader demotes without asking.
+    pub(crate) term: Option<TermControl>,
+    /// Set when `run` returns normally; a `Campaign` dropped without it was unwound by a panic
+    /// or dropped mid-await.
+    pub(crate) finished: bool,
+    /// Backend pid of the holder the last INFO line about the holder named, so that a standby
+    /// says who holds the lock once, and again only when the holder changes.
+    pub(crate) holder_seen: Vec<i32>,
+    /// Since when tries fail on a momentarily full or starting server, in a row.
+    pub(crate) transient_since: Option<Instant>,
+    /// The term's first check is still to come. It runs soon after the grant, while the
+    /// `leaderrun step-down` that made the previous leader go may still hold its request, so
+    /// it does not act on one; a request for this term is seen at the next check.
+    pub(crate) first_check: bool,
+    /// Time the current check spent waiting in the server's lock queue: not part of the
+    /// check's own duration (`leaderrun_lock_wait_seconds` has it).
+    pub(crate) waited: Duration,
+    /// The current check is only a wait in line (the standby already held its place): its
+    /// duration is the queue's, and `leaderrun_check_duration_seconds` does not observe it.
+    pub(crate) wait_only: bool,
+}
+
+/// Who holds the lock, for a standby whose check was refused: one row whatever is found (the
+/// holder's fields are NULL when the lock was released meanwhile). The activity is read for
+/// the holder's pid only.
+const HOLDER_SQL: &str = "SELECT l.pid, a.application_name, host(a.client_addr), \
+       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), a.query \
+     FROM (SELECT 1) AS one \
+     LEFT JOIN pg_locks l ON l.locktype = 'advisory' \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND l.classid = ANY($1) AND l.objid = $2 AND l.objsubid = 2 AND l.granted \
+     LEFT JOIN LATERAL (SELECT * FROM pg_stat_get_activity(l.pid) WHERE l.pid IS NOT NULL) a \
+       ON true \
+     ORDER BY array_position($1, l.classid)";
+
+/// How soon after a grant the term's first check runs (at most a quarter interval).
+const FIRST_CHECK_AFTER_GRANT: Duration = Duration::from_millis(50);
+
+pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
+     EXISTS (SELECT 1 FROM pg_locks \
+             WHERE locktype = 'advisory' \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND classid = $1 AND objid = $2 AND objsubid = 2 \
+               AND pid = pg_backend_pid() AND granted), \
+     pg_is_in_recovery(), \
+     EXISTS (SELECT 1 FROM pg_locks \
+             WHERE locktype = 'advisory' \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND classid = $1 AND objid = $2 AND objsubid = 1 AND granted)";
+
+impl Campaign<'_> {
+    pub(crate) async fn run(&mut self, cancel: &CancellationToken) {
+        let interval = self.shared.config.effective_check_interval();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Compares the safe window with CLOCK_BOOTTIME often, so a resume after a suspend or a
+        // SIGSTOP is noticed even before the (monotonic) check timer fires.
+        let mut safety = tokio::time::interval(
+            (interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(250)),
+        );
+        safety.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Spread a fleet's first connects (FIELD-NOTES PostgreSQL 15): nothing is held yet,
+        // so waiting here costs only the delay.
+        let spread = self.shared.config.first_check_spread;
+        if !spread.is_zero() {
+            let delay = jitter(spread).saturating_sub(Duration::from_millis(5));
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+        // The first check runs at once, not at the ticker's first tick: tokio rounds a timer's
+        // deadline up to its next millisecond, which every one-shot would pay.
+        let mut due_now = true;
+        loop {
+            if std::mem::take(&mut due_now) {
+                if cancel.is_cancelled() {
+                    return;
+                }
+                ticker.reset();
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    // Only a leader has a window to watch; a standby sleeps until its next check.
+                    _ = safety.tick(), if self.term.is_some() => {
+                        if self.window_passed() {
+                            self.demote_unsafe().await;
+                            ticker.reset();
+                        }
+                        continue;
+                    }
+                    closed = session_closed(&mut self.session) => {
+                        let led = self.term.is_some();
+                        self.on_session_closed(closed);
+                        if led {
+                            ticker.reset();
+                        }
+                        continue;
+                    }
+                    _ = ticker.tick() => {}
+                }
+            }
+            let leading = self.term.is_some();
+            let proven_until = self.term.as_ref().and_then(|t| t.term().proven_until());
+            let phase = {
+                let check = async {
+                    if self.term.is_some() {
+                        self.verify().await
+                    } else {
+                        self.try_acquire().await;
+                        Ok(())
+                    }
+                };
+                tokio::pin!(check);
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break Phase::Cancelled,
+                        _ = safety.tick(), if leading => {
+                            if proven_until.is_some_and(|until| boottime() >= until) {
+                                break Phase::Unsafe;
+                            }
+                        }
+                        result = &mut check => break Phase::Checked(result),
+                    }
+                }
+            };
+            match phase {
+                Phase::Checked(Ok(())) if !leading && self.term.is_some() => {
+                    // Just granted: the first leader check follows soon, once COMMAND has
+                    // started (on a small machine the check's server work would compete with
+                    // its fork and exec). Its text, with the term in it, is what `leaderrun
+                    // status` reads from pg_stat_activity.
+                    self.transient_since = None;
+                    ticker.reset_after(FIRST_CHECK_AFTER_GRANT.min(interval / 4));
+                }
+                Phase::Checked(Ok(())) => {
+                    // A server that is momentarily full or starting up (53300, 57P03) is tried
+                    // again soon, with jitter, for up to one interval (FIELD-NOTES PostgreSQL
+                    // 15): a fleet whose cron fires the same minute gets through.
+                    let transient = !leading
+                        && self.term.is_none()
+                        && self.shared.checks.borrow().last == Some(CheckOutcome::Failed)
+                        && self.shared.checks.borrow().last_transient;
+                    if transient {
+                        let since = *self.transient_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() < interval {
+                            ticker.reset_after(jitter(interval / 8));
+                        }
+                    } else {
+                        self.transient_since = None;
+                    }
+                }
+                Phase::Checked(Err(err)) => {
+                    // The check failed on a live session: the lock may still be held, so the
+                    // work stops before it is released (FIELD-NOTES PostgreSQL 13).
+                    self.demote(&err).await;
+                    // The next try is one full interval away.
+                    ticker.reset();
+                }
+                Phase::Unsafe => {
+                    // The check in flight is abandoned; the session goes once the work is dead.
+                    self.demote_unsafe().await;
+                    ticker.reset();
+                }
+                Phase::Cancelled => {
+                    // A try that was in flight may have been granted on the server: a standby
+                    // drops its session (closing it frees any such grant). A leader keeps its
+                    // session so that `resign` can unlock it.
+                    if self.term.is_none() {
+                        self.session = None;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether the leader's safe window (2 check intervals from the send time of its last good
+    /// check, on CLOCK_BOOTTIME) has passed.
+    pub(crate) fn window_passed(&self) -> bool {
+        self.term
+            .as_ref()
+            .is_some_and(|t| t.term().proven_until().is_some_and(|u| boottime() >= u))
+    }
+
+    /// Demotes because the safe window passed, without a round trip.
+    pub(crate) async fn demote_unsafe(&mut self) {
+        let Some(until) = self.term.as_ref().and_then(|t| t.term().proven_until()) else {
+            return;
+        };
+        let window = self.shared.config.safe_window();
+        let since = boottime().saturating_sub(until) + window;
+        self.demote(&Error::SafeWindowPassed { since }).await;
+    }
+
+    /// The server ended the session: the lock is gone with it, so there is nothing to hold
+    /// back; the term ends at once (FIELD-NOTES PostgreSQL 4).
+    pub(crate) fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
+        // Nothing to wait for: the session, and its lock, are gone already. The term ends
+        // first, so the child's stop starts without delay.
+        let session = self.session.take();
+        let ended = self.end_term(TermEnd::LeadershipLost);
+        if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
+            if session.socket.is_some() {
+                keeper.release(false);
+            }
+        }
+        drop(session);
+        if let Some(control) = ended {
+            let cause = Error::SessionClosed(cause);
+            self.count_demotion(&cause);
+            warn!(
+                target: "leaderrun::elector",
+                term = control.term().number(),
+                "background leader lock lost: {}",
+                Chain(&cause)
+            );
+        } else {
+            debug!(target: "leaderrun::elector", "standby session closed by the server; reconnecting at the next check");
+        }
+    }
+
+    /// Publishes one check's outcome in [`Checks`](crate::Checks).
+    pub(crate) fn record(&self, outcome: CheckOutcome, started: Instant, error: Option<&Error>) {
+        let now = Instant::now();
+        if let Some(metrics) = &self.shared.metrics {
+            let label = match outcome {
+                CheckOutcome::Granted => "granted",
+                CheckOutcome::Refused => "refused",
+                CheckOutcome::Verified => "verified",
+                CheckOutcome::Lost => "lost",
+                CheckOutcome::Failed => "failed",
+            };
+            metrics.checks.with_label_values(&[label]).inc();
+            if !self.wait_only {
+                let own = (now - started).saturating_sub(self.waited);
+                metrics.check_seconds.observe(own.as_secs_f64());
+            }
+        }
+        let own = (now - started).saturating_sub(self.waited);
+        self.shared.checks.send_modify(|checks| {
+            checks.total += 1;
+            match outcome {
+                CheckOutcome::Refused => checks.refused += 1,
+                CheckOutcome::Failed => checks.failed += 1,
+                _ => {}
+            }
+            checks.last = Some(outcome);
+            checks.waiting = false;
+            checks.last_at = Some(now);
+            checks.last_latency = own;
+            if !matches!(outcome, CheckOutcome::Failed | CheckOutcome::Lost) {
+                checks.last_success_at = Some(now);
+            }
+            if let Some(err) = error {
+                checks.last_error = Some(Chain(err).to_string());
+            }
+        });
+    }
+}
+
+impl Campaign<'_> {
+    /// Leaves the election without unlocking: after a panic, or when `run`'s future is dropped
+    /// mid-await. The session may be mid-statement, so it is closed instead; the server frees
+    /// the lock when the socket closes.
+    pub(crate) fn abandon(&mut self, panicked: bool) {
+        let led = self.end_term(TermEnd::LeadershipLost);
+        let mut session = self.session.take();
+        if let (Some(control), Some(_)) = (&led, &session) {
+            // Work may still run under the term: the session (and maybe the lock) stays until
+            // it is dead, as in every other demotion, on a task of its own since this runs in
+            // a drop. Nothing is sent on it: it may be mid-statement.
+            if control.holds() > 0 {
+                if let (Ok(runtime), Some(session)) =
+                    (tokio::runtime::Handle::try_current(), session.take())
+                {
+                    let held = TermControl {
+                        term: control.term().clone(),
+                    };
+                    let bound = self.shared.config.effective_idle_session_timeout();
+                    let keeper = self.shared.config.keeper.clone();
+                    runtime.spawn(async move {
+                        held.released(bound).await;
+                        if let (Some(keeper), Some(_)) = (keeper, session.socket) {
+                            keeper.release(true);
+                        }
+                        drop(session);
+                    });
+                }
+            }
+        }
+        self.drop_session(session);
+        if led.is_some() {
+            if let Some(metrics) = &self.shared.metrics {
+                metrics.demotions.with_label_values(&["abandoned"]).inc();
+            }
+            if panicked {
+                warn!(target: "leaderrun::elector", "background leader lock abandoned after a panic");
+            } else {
+                warn!(target: "leaderrun::elector", "background leader lock abandoned: the election was dropped mid-run");
+            }
+        }
+    }
+}
+
+impl Drop for Campaign<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.abandon(std::thread::panicking());
+        }
+        self.shared.running.store(false, Ordering::Release);
+    }
+}

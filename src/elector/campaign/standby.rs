@@ -1,0 +1,317 @@
+//! The standby's side of a campaign: the try (`try_acquire`), the wait in the server's lock
+//! queue (`wait_in_line`), naming the holder a standby sees, and the probe that proves two
+//! sessions exclude each other.
+
+use std::time::Duration;
+
+use tokio::time::{timeout, Instant};
+use tracing::{debug, error, info, warn};
+
+use super::{is_transient, Campaign, HOLDER_SQL};
+use crate::elector::connecting::connect;
+use crate::elector::session::{boottime, Session};
+use crate::elector::{CheckOutcome, UNLOCK_BOUND};
+use crate::error::{Chain, Error};
+use crate::pg::lock::{standby_comment, wait_sql, LockKey};
+use crate::pg::within;
+
+impl Campaign<'_> {
+    pub(crate) async fn try_acquire(&mut self) {
+        self.waited = Duration::ZERO;
+        self.wait_only = self.session.as_ref().is_some_and(|s| s.place.is_some());
+        let started = Instant::now();
+        let sent = boottime();
+        match self.try_acquire_inner(started, sent).await {
+            // begin_term recorded it, before publishing the term.
+            Ok(CheckOutcome::Granted) => self.holder_seen.clear(),
+            Ok(CheckOutcome::Refused) => {
+                self.record(CheckOutcome::Refused, started, None);
+                // Who holds it costs the server a pg_locks scan: asked at the first refusal,
+                // then only by the standbys in line, so a fleet of pollers does not pay it at
+                // every check (a thousand of them would keep a core busy).
+                let in_line = self.session.as_ref().is_some_and(|s| s.place.is_some());
+                if self.holder_seen.is_empty() || in_line {
+                    self.note_holder().await;
+                }
+            }
+            Ok(outcome) => self.record(outcome, started, None),
+            Err(err @ Error::InRecovery { .. }) => {
+                error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                self.record(CheckOutcome::Failed, started, Some(&err));
+            }
+            Err(err @ Error::SharedBackend) => {
+                error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                // Closing the client does not end a pooled server session: give the lock back.
+                if let Some(session) = self.session.take() {
+                    let lock = session.granted.unwrap_or(self.shared.config.lock);
+                    let _ = session
+                        .bounded(
+                            "unlock",
+                            UNLOCK_BOUND,
+                            "SELECT pg_advisory_unlock($1, $2)",
+                            &[&lock.class, &lock.id],
+                        )
+                        .await;
+                }
+                self.record(CheckOutcome::Failed, started, Some(&err));
+            }
+            Err(err) => {
+                // FIELD-NOTES PostgreSQL 3: whatever failed, the session may hold a grant we
+                // never saw; never reuse it.
+                let session = self.session.take();
+                self.drop_session(session);
+                if self.shared.config.warn_failed_tries {
+                    warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
+                } else {
+                    debug!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
+                }
+                self.record(CheckOutcome::Failed, started, Some(&err));
+                let transient = is_transient(&err);
+                self.shared
+                    .checks
+                    .send_modify(|c| c.last_transient = transient);
+            }
+        }
+    }
+
+    /// After a refused check: says at INFO who holds the lock (host, pid, since when), the
+    /// first time and, for a standby in line, whenever the holder's backend changes. One extra
+    /// statement per such check, and none when INFO lines are not shown (a one-shot's default
+    /// level).
+    pub(crate) async fn note_holder(&mut self) {
+        if !tracing::enabled!(target: "leaderrun::elector", tracing::Level::INFO) {
+            return;
+        }
+        let Some(session) = self.session.as_ref() else {
+            return;
+        };
+        let config = &self.shared.config;
+        let lock = config.lock;
+        let slots = config.effective_slots();
+        // pg_locks shows the int4 halves as oid, i.e. unsigned.
+        let classes: Vec<u32> = (0..slots).map(|k| lock.slot(k).class as u32).collect();
+        let id = lock.id as u32;
+        // The standby comment first: this is the session's last statement until its next
+        // check, and `leaderrun status` finds standbys by it.
+        let sql = format!(
+            "{} {} {HOLDER_SQL}",
+            standby_comment(lock),
+            crate::pg::holder::identity_comment()
+        );
+        let rows = match session.client.as_ref() {
+            Some(client) => {
+                within(
+                    "who holds the lock",
+                    config.io_bound(),
+                    client.query(&sql, &[&classes, &id]),
+                )
+                .await
+            }
+            None => return,
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(err) => {
+                debug!(target: "leaderrun::elector", "cannot tell who holds the lock: {}", Chain(&err));
+                return;
+            }
+        };
+        let pids: Vec<i32> = rows
+            .iter()
+            .filter_map(|r| r.get::<_, Option<i32>>(0))
+            .collect();
+        if pids.is_empty() || self.holder_seen == pids {
+            return;
+        }
+        self.holder_seen = pids;
+        let mut holders = Vec::new();
+        for row in &rows {
+            let Some(pid) = row.get::<_, Option<i32>>(0) else {
+                continue;
+            };
+            let application_name: Option<String> = row.get(1);
+            let backend_start: Option<String> = row.get(3);
+            let query: Option<String> = row.get(4);
+            let (_, since, _) =
+                crate::pg::holder::parse_check_comment(query.as_deref().unwrap_or(""));
+            let who = crate::pg::holder::Who {
+                application_name: application_name.as_deref(),
+                query: query.as_deref(),
+            };
+            let since = match (since, backend_start) {
+                (Some(since), _) => format!("leading since {since}"),
+                (None, Some(start)) => format!("session started {start}"),
+                (None, None) => "since an unknown time".to_owned(),
+            };
+            holders.push(format!("{who}, backend {pid}, {since}"));
+        }
+        let first = &rows[0];
+        let pid: Option<i32> = first.get(0);
+        let client: Option<String> = first.get(2);
+        if slots == 1 {
+            info!(
+                target: "leaderrun::elector",
+                lock = %lock,
+                holder_backend_pid = pid,
+                holder_client_addr = client.as_deref().unwrap_or("local"),
+                "the lock is held by {}; standing by",
+                holders.join("")
+            );
+        } else {
+            info!(
+                target: "leaderrun::elector",
+                lock = %lock,
+                slots,
+                "{} of {slots} slots are held (by {}); standing by",
+                holders.len(),
+                holders.join("; ")
+            );
+        }
+    }
+
+    pub(crate) async fn try_acquire_inner(
+        &mut self,
+        started: Instant,
+        sent: Duration,
+    ) -> Result<CheckOutcome, Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let slots = config.effective_slots();
+        if self.session.is_none() {
+            self.session = Some(Session::open(config, &self.shared.target).await?);
+            self.shared.checks.send_modify(|c| c.sessions_opened += 1);
+        }
+        let Some(session) = self.session.as_ref() else {
+            return Ok(CheckOutcome::Failed);
+        };
+        let mut row = match session.place {
+            Some(place) => self.wait_in_line(place).await?,
+            None => {
+                let Some(statement) = session.try_lock.as_ref() else {
+                    return Ok(CheckOutcome::Failed);
+                };
+                Some(
+                    session
+                        .bounded("try advisory lock", bound, statement, &[])
+                        .await?,
+                )
+            }
+        };
+        // A place in the line (p·N + k): wait for what is ahead, in this same check, and
+        // move up as long as the waits are granted.
+        loop {
+            let Some(answer) = &row else {
+                debug!(target: "leaderrun::elector", lock = %self.shared.config.lock, "lock held by another session for a whole interval; standing by");
+                return Ok(CheckOutcome::Refused);
+            };
+            match answer.get::<_, Option<i32>>(0) {
+                None => {
+                    return Err(Error::InRecovery {
+                        server: self.shared.target.clone(),
+                    })
+                }
+                Some(code) if code < 0 => {
+                    debug!(target: "leaderrun::elector", lock = %self.shared.config.lock, "lock held by another session; standing by");
+                    return Ok(CheckOutcome::Refused);
+                }
+                Some(code) if (code as u32) < slots => {
+                    if let Some(session) = self.session.as_mut() {
+                        session.place = None;
+                    }
+                    let answer = answer.clone();
+                    return self
+                        .begin_term(started, sent, code as u32, &answer)
+                        .await
+                        .map(|()| CheckOutcome::Granted);
+                }
+                Some(code) => {
+                    let place = (code as u32 % slots, code as u32 / slots);
+                    if let Some(session) = self.session.as_mut() {
+                        session.place = Some(place);
+                    }
+                    debug!(target: "leaderrun::elector", lock = %self.shared.config.lock.slot(place.0), place = place.1, "in line: waiting in the server's queue");
+                    row = self.wait_in_line(place).await?;
+                }
+            }
+        }
+    }
+
+    /// The wait of the standby at `place` (slot, place) in the line ([`wait_sql`]), bounded
+    /// on the server by `lock_timeout` (one interval); only a client-side timeout means
+    /// "unknown outcome" (FIELD-NOTES PostgreSQL 3). `None` when the wait timed out on the
+    /// server: what is ahead is still held, and this session keeps its place.
+    pub(crate) async fn wait_in_line(
+        &mut self,
+        place: (u32, u32),
+    ) -> Result<Option<tokio_postgres::Row>, Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let Some(session) = self.session.as_mut() else {
+            return Err(Error::SessionClosed(None));
+        };
+        if !session.waits.iter().any(|(p, _)| *p == place) {
+            let sql = wait_sql(config.lock, config.effective_slots(), place.0, place.1);
+            let statement = session
+                .prepare("prepare the wait in line", bound, &sql)
+                .await?;
+            session.waits.push((place, statement));
+        }
+        let Some((_, statement)) = session.waits.iter().find(|(p, _)| *p == place) else {
+            return Err(Error::SessionClosed(None));
+        };
+        // The wait is queued on the server as soon as it is sent: a standby is ready from
+        // then on (contract §7), not only once its wait times out.
+        self.shared.checks.send_modify(|c| c.waiting = true);
+        let wait_started = Instant::now();
+        let result = session
+            .bounded(
+                "wait for the advisory lock",
+                config.effective_check_interval() + bound,
+                statement,
+                &[],
+            )
+            .await;
+        // `waiting` stays set until this check's outcome is recorded ([`Self::record`] clears
+        // both at once): clearing it here would show a queued standby as "no check yet" for
+        // the moment between the wait's end and its record.
+        let waited = wait_started.elapsed();
+        self.waited += waited;
+        if let Some(metrics) = &self.shared.metrics {
+            metrics.wait_seconds.observe(waited.as_secs_f64());
+        }
+        match result {
+            Err(Error::Query { source, .. })
+                if source.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+            {
+                Ok(None)
+            }
+            Err(err) => Err(err),
+            Ok(row) => Ok(Some(row)),
+        }
+    }
+
+    /// Opens a second session and tries the lock this session was just granted: it must be
+    /// refused. Granted means both sessions reached one server backend (a transaction-mode
+    /// pooler); the probe's extra hold is released again.
+    pub(crate) async fn probe_exclusion(&self, lock: LockKey) -> Result<(), Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let (client, _closed, _task) =
+            connect(&config.connect, &config.tls, &self.shared.target, bound).await?;
+        // The simple protocol: no named prepared statement that a pooler could mix up; the
+        // key is two integers.
+        let try_sql = format!("SELECT pg_try_advisory_lock({}, {})", lock.class, lock.id);
+        let unlock_sql = format!("SELECT pg_advisory_unlock({}, {})", lock.class, lock.id);
+        let granted = within("probe exclusion", bound, client.simple_query(&try_sql))
+            .await?
+            .iter()
+            .any(|m| {
+                matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
+            });
+        if granted {
+            let _ = timeout(bound, client.simple_query(&unlock_sql)).await;
+            return Err(Error::SharedBackend);
+        }
+        Ok(())
+    }
+}

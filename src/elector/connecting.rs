@@ -1,0 +1,425 @@
+//! Connecting as libpq does: the hosts of a [`ConnectPlan`] one after the other, each with its
+//! own timeout, password and TLS decision, `target_session_attrs` checked on each, the
+//! connection driven on its own task. `status` and `doctor` connect through here too.
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_postgres::{Client, NoTls};
+
+use crate::error::Error;
+use crate::pg::conninfo::{Address, ConnectPlan, HostTarget, SessionAttrs};
+use crate::pg::tls::TlsSettings;
+
+/// A connected client, a receiver that resolves when the connection ends (with its error, if
+/// any), and the task that drives the connection (abort it to close the socket at once).
+pub type Connected = (
+    Client,
+    oneshot::Receiver<Option<tokio_postgres::Error>>,
+    JoinHandle<()>,
+);
+
+/// Connects with `config` and `tls`, as libpq does: the hosts of the plan
+/// ([`crate::pg::conninfo::ConnectPlan`]) one after the other (shuffled with
+/// `load_balance_hosts=random`), each attempt with its own timeout (`connect_timeout`, else
+/// `bound`), its own password and its own TLS decision (none on a Unix socket); a host whose
+/// socket does not connect in time, or that does not suit `target_session_attrs`, passes the
+/// turn to the next; a server's refusal (authentication, unknown database, TLS) ends the
+/// attempt, as with libpq. The connection is driven on its own task. `target` is the redacted
+/// description used when no host was tried.
+///
+/// # Errors
+/// [`Error::Connect`] when the server refuses, TLS verification fails or authentication
+/// fails; [`Error::Socket`] when no host's socket connected; [`Error::NotSuitable`];
+/// [`Error::Tls`] when the TLS settings cannot be used; [`Error::Timeout`].
+pub async fn connect(
+    config: &tokio_postgres::Config,
+    tls: &TlsSettings,
+    target: &str,
+    bound: Duration,
+) -> Result<Connected, Error> {
+    connect_socket(config, tls, target, bound)
+        .await
+        .map(|(connected, _)| connected)
+}
+
+/// The plan of a configuration built without the resolver (tests, embedders): its hosts and
+/// ports, one password for all.
+pub(super) fn plan_of(config: &tokio_postgres::Config) -> ConnectPlan {
+    use tokio_postgres::config::Host;
+    let ports = config.get_ports();
+    let addrs = config.get_hostaddrs();
+    let hosts = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| HostTarget {
+            address: match h {
+                Host::Unix(dir) => Address::Unix(dir.clone()),
+                Host::Tcp(name) => Address::Tcp {
+                    name: name.clone(),
+                    addr: addrs.get(i).copied(),
+                },
+            },
+            port: ports.get(i).or(ports.first()).copied().unwrap_or(5432),
+            password: config.get_password().map(<[u8]>::to_vec),
+        })
+        .collect();
+    ConnectPlan {
+        hosts,
+        connect_timeout: config.get_connect_timeout().copied(),
+        ..ConnectPlan::default()
+    }
+}
+
+/// One host, redacted: `host=H port=P dbname=D user=U` (with `hostaddr=` when given).
+pub(super) fn host_description(config: &tokio_postgres::Config, host: &HostTarget) -> String {
+    let mut out = match &host.address {
+        Address::Unix(dir) => format!("host={}", dir.display()),
+        Address::Tcp { name, addr: None } => format!("host={name}"),
+        Address::Tcp {
+            name,
+            addr: Some(addr),
+        } if name.is_empty() => format!("hostaddr={addr}"),
+        Address::Tcp {
+            name,
+            addr: Some(addr),
+        } => format!("host={name} hostaddr={addr}"),
+    };
+    out.push_str(&format!(" port={}", host.port));
+    if let Some(db) = config.get_dbname() {
+        out.push_str(&format!(" dbname={db}"));
+    }
+    if let Some(user) = config.get_user() {
+        out.push_str(&format!(" user={user}"));
+    }
+    out
+}
+
+/// Why one host's attempt ended: try the next host, or stop (the server refused).
+pub(super) enum Attempt {
+    Next(Error),
+    Stop(Error),
+}
+
+/// [`connect`], and the connection's socket (owned by the connection's task: valid while it
+/// runs). The socket is the lock session's by construction.
+pub(crate) async fn connect_socket(
+    config: &tokio_postgres::Config,
+    tls: &TlsSettings,
+    target: &str,
+    bound: Duration,
+) -> Result<(Connected, RawFd), Error> {
+    let plan = if tls.plan.hosts.is_empty() {
+        plan_of(config)
+    } else {
+        tls.plan.clone()
+    };
+    let mut order: Vec<usize> = (0..plan.hosts.len()).collect();
+    if plan.random_order {
+        use std::hash::{BuildHasher, Hasher};
+        for i in (1..order.len()).rev() {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_usize(i);
+            order.swap(i, hasher.finish() as usize % (i + 1));
+        }
+    }
+    let per_host = plan.connect_timeout.unwrap_or(bound);
+    let any_tcp = plan
+        .hosts
+        .iter()
+        .any(|h| matches!(h.address, Address::Tcp { .. }));
+    let connector = if tls.enabled() && any_tcp {
+        Some(tls.connector().map_err(Error::Tls)?)
+    } else {
+        None
+    };
+    let passes: &[SessionAttrs] = match plan.attrs {
+        SessionAttrs::PreferStandby => &[SessionAttrs::Standby, SessionAttrs::Any],
+        ref other => std::slice::from_ref(other),
+    };
+    let mut last = None;
+    for wanted in passes {
+        for &i in &order {
+            let host = &plan.hosts[i];
+            match attempt(config, tls, connector.as_ref(), host, *wanted, per_host).await {
+                Ok(found) => return Ok(found),
+                Err(Attempt::Next(err)) => last = Some(err),
+                Err(Attempt::Stop(err)) => return Err(err),
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::Socket {
+        target: target.to_owned(),
+        source: std::io::Error::other("no host to connect to"),
+    }))
+}
+
+/// One host: each of its addresses in turn, each within `per_host`.
+pub(super) async fn attempt(
+    config: &tokio_postgres::Config,
+    tls: &TlsSettings,
+    connector: Option<&crate::pg::tls::MakeRustlsConnect>,
+    host: &HostTarget,
+    wanted: SessionAttrs,
+    per_host: Duration,
+) -> Result<(Connected, RawFd), Attempt> {
+    use tokio_postgres::tls::MakeTlsConnect;
+    let target = host_description(config, host);
+    let mut config = config.clone();
+    if let Some(password) = &host.password {
+        config.password(password.clone());
+    }
+    let timed_out = |target: &str| {
+        Attempt::Next(Error::Socket {
+            target: target.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "timed out after {} (connect_timeout, per host)",
+                    humantime::format_duration(per_host)
+                ),
+            ),
+        })
+    };
+    let socket_err = |source: std::io::Error| {
+        Attempt::Next(Error::Socket {
+            target: target.clone(),
+            source,
+        })
+    };
+    let (name, addrs) = match &host.address {
+        Address::Unix(dir) => {
+            let path = dir.join(format!(".s.PGSQL.{}", host.port));
+            let deadline = tokio::time::Instant::now() + per_host;
+            let stream =
+                match tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(&path))
+                    .await
+                {
+                    Err(_) => return Err(timed_out(&target)),
+                    Ok(Err(err)) => return Err(socket_err(err)),
+                    Ok(Ok(stream)) => stream,
+                };
+            // libpq never uses TLS over a Unix socket, whatever sslmode says.
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            return handshake(&config, stream, None, wanted, deadline, &target).await;
+        }
+        Address::Tcp {
+            name,
+            addr: Some(addr),
+        } => (
+            name.clone(),
+            vec![std::net::SocketAddr::new(*addr, host.port)],
+        ),
+        Address::Tcp { name, addr: None } => {
+            match timeout(
+                per_host,
+                tokio::net::lookup_host((name.as_str(), host.port)),
+            )
+            .await
+            {
+                Err(_) => return Err(timed_out(&target)),
+                Ok(Err(err)) => return Err(socket_err(err)),
+                Ok(Ok(addrs)) => (name.clone(), addrs.collect()),
+            }
+        }
+    };
+    // The name a verify-full certificate must carry: the host name, else the address.
+    let server_name = if name.is_empty() {
+        addrs
+            .first()
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default()
+    } else {
+        name
+    };
+    config.ssl_mode(if tls.enabled() {
+        tls.driver_mode()
+    } else {
+        tokio_postgres::config::SslMode::Disable
+    });
+    let mut last = None;
+    for addr in addrs {
+        let deadline = tokio::time::Instant::now() + per_host;
+        let stream =
+            match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await {
+                Err(_) => {
+                    last = Some(timed_out(&target));
+                    continue;
+                }
+                Ok(Err(err)) => {
+                    last = Some(socket_err(err));
+                    continue;
+                }
+                Ok(Ok(stream)) => stream,
+            };
+        let _ = stream.set_nodelay(true);
+        set_tcp_timers(&stream, &config);
+        let over_tls = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tls_connect = match connector {
+            Some(c) if tls.enabled() => Some(
+                MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(
+                    &mut c.clone(),
+                    &server_name,
+                )
+                .map_err(|e| {
+                    Attempt::Stop(Error::Socket {
+                        target: target.clone(),
+                        source: std::io::Error::other(e.to_string()),
+                    })
+                })?
+                .noting_start(over_tls.clone()),
+            ),
+            _ => None,
+        };
+        match handshake(&config, stream, tls_connect, wanted, deadline, &target).await {
+            Err(Attempt::Next(err)) => last = Some(Attempt::Next(err)),
+            // libpq's sslmode=prefer: a server that refused the session over TLS (a
+            // `hostnossl` line in pg_hba.conf) is asked once more in plaintext.
+            Err(Attempt::Stop(Error::Connect { source, .. }))
+                if tls.mode == crate::pg::tls::SslMode::Prefer
+                    && over_tls.load(std::sync::atomic::Ordering::Acquire)
+                    && source.as_db_error().is_some() =>
+            {
+                let deadline = tokio::time::Instant::now() + per_host;
+                let stream =
+                    match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr))
+                        .await
+                    {
+                        Err(_) => return Err(timed_out(&target)),
+                        Ok(Err(err)) => return Err(socket_err(err)),
+                        Ok(Ok(stream)) => stream,
+                    };
+                let _ = stream.set_nodelay(true);
+                set_tcp_timers(&stream, &config);
+                let mut plain = config.clone();
+                plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                match handshake(&plain, stream, None, wanted, deadline, &target).await {
+                    Err(Attempt::Next(err)) => last = Some(Attempt::Next(err)),
+                    other => return other,
+                }
+            }
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| socket_err(std::io::Error::other("the name has no address"))))
+}
+
+/// The client-side TCP timers of `config` (keepalives, `TCP_USER_TIMEOUT`) on a socket this
+/// module opened (tokio-postgres sets them only on sockets it opens itself).
+pub(super) fn set_tcp_timers(stream: &tokio::net::TcpStream, config: &tokio_postgres::Config) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let secs = |d: Duration| d.as_secs().clamp(1, 32_767) as u32;
+    if config.get_keepalives() {
+        let _ = setsockopt(stream, sockopt::KeepAlive, &true);
+        let _ = setsockopt(
+            stream,
+            sockopt::TcpKeepIdle,
+            &secs(config.get_keepalives_idle()),
+        );
+        if let Some(interval) = config.get_keepalives_interval() {
+            let _ = setsockopt(stream, sockopt::TcpKeepInterval, &secs(interval));
+        }
+        if let Some(count) = config.get_keepalives_retries() {
+            let _ = setsockopt(stream, sockopt::TcpKeepCount, &count);
+        }
+    }
+    if let Some(t) = config.get_tcp_user_timeout() {
+        let ms = t.as_millis().min(u128::from(u32::MAX)) as u32;
+        let _ = setsockopt(stream, sockopt::TcpUserTimeout, &ms);
+    }
+}
+
+/// The startup and authentication on a connected socket, then the `target_session_attrs`
+/// check, all by `deadline`.
+pub(super) async fn handshake<S>(
+    config: &tokio_postgres::Config,
+    stream: S,
+    tls: Option<crate::pg::tls::RustlsConnect>,
+    wanted: SessionAttrs,
+    deadline: tokio::time::Instant,
+    target: &str,
+) -> Result<(Connected, RawFd), Attempt>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + std::os::fd::AsRawFd + 'static,
+{
+    let fd = stream.as_raw_fd();
+    let timed_out = || {
+        Attempt::Next(Error::Socket {
+            target: target.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the server did not answer in time (connect_timeout, per host)",
+            ),
+        })
+    };
+    let refused = |source| {
+        Attempt::Stop(Error::Connect {
+            target: target.to_owned(),
+            source,
+        })
+    };
+    let connected = match tls {
+        Some(tls) => {
+            match tokio::time::timeout_at(deadline, config.connect_raw(stream, tls)).await {
+                Err(_) => return Err(timed_out()),
+                Ok(Err(source)) => return Err(refused(source)),
+                Ok(Ok((client, connection))) => spawned(client, connection),
+            }
+        }
+        None => match tokio::time::timeout_at(deadline, config.connect_raw(stream, NoTls)).await {
+            Err(_) => return Err(timed_out()),
+            Ok(Err(source)) => return Err(refused(source)),
+            Ok(Ok((client, connection))) => spawned(client, connection),
+        },
+    };
+    let (query, needs_on, name) = match wanted {
+        SessionAttrs::Any | SessionAttrs::PreferStandby => return Ok((connected, fd)),
+        SessionAttrs::ReadWrite => ("SHOW transaction_read_only", "off", "read-write"),
+        SessionAttrs::ReadOnly => ("SHOW transaction_read_only", "on", "read-only"),
+        SessionAttrs::Primary => ("SELECT pg_catalog.pg_is_in_recovery()", "f", "primary"),
+        SessionAttrs::Standby => ("SELECT pg_catalog.pg_is_in_recovery()", "t", "standby"),
+    };
+    let answer = tokio::time::timeout_at(deadline, connected.0.simple_query(query)).await;
+    let value = match answer {
+        Err(_) => return Err(timed_out()),
+        Ok(Err(source)) => {
+            return Err(Attempt::Next(Error::Query {
+                what: "check target_session_attrs",
+                source,
+            }))
+        }
+        Ok(Ok(messages)) => messages.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        }),
+    };
+    if value.as_deref() == Some(needs_on) {
+        Ok((connected, fd))
+    } else {
+        connected.2.abort();
+        Err(Attempt::Next(Error::NotSuitable {
+            target: target.to_owned(),
+            wanted: name,
+        }))
+    }
+}
+
+/// Drives a connection on its own task.
+pub(super) fn spawned<S, T>(
+    client: Client,
+    connection: tokio_postgres::Connection<S, T>,
+) -> Connected
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, closed) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let _ = tx.send(connection.await.err());
+    });
+    (client, closed, task)
+}

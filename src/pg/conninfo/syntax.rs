@@ -1,0 +1,192 @@
+//! The DSN's two syntaxes, as libpq reads them: a `postgres://` / `postgresql://` URL
+//! (percent-decoded) and keyword/value pairs (`host=db user='a b'`).
+
+use super::ConnInfoError;
+
+pub(super) fn syntax(origin: &str, reason: impl Into<String>) -> ConnInfoError {
+    ConnInfoError::Syntax {
+        origin: origin.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+pub(super) fn percent_decode(text: &str, origin: &str) -> Result<String, ConnInfoError> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| syntax(origin, "invalid percent-encoding"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| syntax(origin, "percent-encoding is not UTF-8"))
+}
+
+/// `postgres[ql]://[user[:password]@][host[:port][,...]][/dbname][?key=value&...]`, read as
+/// libpq reads it: the user part ends at the first `@` that comes before any `/` (so a
+/// password may hold `?`, `:` or `#`); an empty password is no password; an empty query
+/// parameter (`?&&`) is refused.
+pub(super) fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
+    let rest = url
+        .strip_prefix("postgresql://")
+        .or_else(|| url.strip_prefix("postgres://"))
+        .unwrap_or(url);
+    let mut out = Vec::new();
+    let rest = match rest.find(['@', '/']) {
+        Some(i) if rest.as_bytes()[i] == b'@' => {
+            let userinfo = &rest[..i];
+            let (user, password) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            if !user.is_empty() {
+                out.push(("user".into(), percent_decode(user, origin)?));
+            }
+            if let Some(p) = password.filter(|p| !p.is_empty()) {
+                out.push(("password".into(), percent_decode(p, origin)?));
+            }
+            &rest[i + 1..]
+        }
+        _ => rest,
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (hostspec, rest) = rest.split_at(end);
+    if !hostspec.is_empty() {
+        let (mut hosts, mut ports) = (Vec::new(), Vec::new());
+        for spec in hostspec.split(',') {
+            let (host, port) = if let Some(v6) = spec.strip_prefix('[') {
+                let (h, after) = v6
+                    .split_once(']')
+                    .ok_or_else(|| syntax(origin, "unterminated [IPv6 address]"))?;
+                let port = match after.strip_prefix(':') {
+                    Some(p) => p,
+                    None if after.is_empty() => "",
+                    None => return Err(syntax(origin, "unexpected text after [IPv6 address]")),
+                };
+                (h.to_owned(), port)
+            } else {
+                match spec.split_once(':') {
+                    Some((h, p)) => (percent_decode(h, origin)?, p),
+                    None => (percent_decode(spec, origin)?, ""),
+                }
+            };
+            hosts.push(host);
+            ports.push(percent_decode(port, origin)?);
+        }
+        if hosts.iter().any(|h| !h.is_empty()) {
+            out.push(("host".into(), hosts.join(",")));
+        }
+        if ports.iter().any(|p| !p.is_empty()) {
+            out.push(("port".into(), ports.join(",")));
+        }
+    }
+    let (path, query) = if let Some(r) = rest.strip_prefix('/') {
+        match r.split_once('?') {
+            Some((d, q)) => (Some(d), Some(q)),
+            None => (Some(r), None),
+        }
+    } else {
+        (None, rest.strip_prefix('?'))
+    };
+    if let Some(db) = path.filter(|p| !p.is_empty()) {
+        out.push(("dbname".into(), percent_decode(db, origin)?));
+    }
+    if let Some(query) = query.filter(|q| !q.is_empty()) {
+        let pairs: Vec<&str> = query.split('&').collect();
+        for (i, pair) in pairs.iter().enumerate() {
+            if pair.is_empty() {
+                if i + 1 == pairs.len() {
+                    continue;
+                }
+                return Err(syntax(origin, "empty query parameter ('&&')"));
+            }
+            // Neither part is shown: a malformed URL may carry a password here.
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| syntax(origin, "a query parameter without '='"))?;
+            if k.is_empty() {
+                return Err(syntax(origin, "a query parameter without a name"));
+            }
+            out.push((percent_decode(k, origin)?, percent_decode(v, origin)?));
+        }
+    }
+    Ok(out)
+}
+
+/// `key=value key='quoted \' value'`. `shown` says whether a keyword may be quoted in an
+/// error (not when the text may hold a password).
+pub(super) fn parse_keywords(
+    text: &str,
+    origin: &str,
+    shown: bool,
+) -> Result<Vec<(String, String)>, ConnInfoError> {
+    let mut out = Vec::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return Ok(out);
+        }
+        let mut key = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' || c.is_whitespace() {
+                break;
+            }
+            key.push(c);
+            chars.next();
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.next() != Some('=') {
+            return Err(syntax(
+                origin,
+                if shown {
+                    format!("missing \"=\" after {key:?}")
+                } else {
+                    "missing \"=\" after a keyword (not shown: the DSN holds a password)".to_owned()
+                },
+            ));
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'\'') {
+            chars.next();
+            loop {
+                match chars.next() {
+                    Some('\\') => value.extend(chars.next()),
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                    None => return Err(syntax(origin, "unterminated quoted string")),
+                }
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                if c == '\\' {
+                    chars.next();
+                    value.extend(chars.next());
+                } else {
+                    value.push(c);
+                    chars.next();
+                }
+            }
+        }
+        out.push((key, value));
+    }
+}

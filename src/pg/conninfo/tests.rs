@@ -1,0 +1,294 @@
+//! The resolution rules one case each: precedence of DSN, service, `PG*` and defaults, the
+//! two syntaxes, `.pgpass` matching and permissions, host lists, refused keywords.
+
+use super::*;
+use std::collections::HashMap;
+
+fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |k| map.get(k).cloned()
+}
+
+fn no_home() -> Vec<(&'static str, &'static str)> {
+    // No ~/.pgpass, ~/.pg_service.conf or ~/.postgresql of the machine running the tests.
+    vec![
+        ("PGSERVICEFILE", "/nonexistent"),
+        ("PGSYSCONFDIR", "/nonexistent"),
+    ]
+}
+
+/// The first host's password.
+fn password(c: &ConnSettings) -> Option<&str> {
+    c.tls.plan.hosts[0]
+        .password
+        .as_deref()
+        .map(|p| std::str::from_utf8(p).unwrap())
+}
+
+fn resolve_with(dsn: Option<&str>, vars: &[(&str, &str)]) -> Result<ConnSettings, ConnInfoError> {
+    let mut all = no_home();
+    all.extend_from_slice(vars);
+    let e = env(&all);
+    resolve(dsn, &e)
+}
+
+/// psql's documented behaviour, one row per case: DSN, environment, expected description.
+#[test]
+fn resolution_table() {
+    type Case<'a> = (Option<&'a str>, &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        (
+            Some("postgres://app@db.example:6543/plexsphere"),
+            &[],
+            "host=db.example port=6543 dbname=plexsphere user=app",
+        ),
+        (
+            Some("postgresql://db/x"),
+            &[("PGUSER", "u")],
+            "host=db port=5432 dbname=x user=u",
+        ),
+        (
+            Some("postgresql:///x?host=%2Fvar%2Frun%2Fpostgresql"),
+            &[("PGUSER", "u")],
+            "host=/var/run/postgresql port=5432 dbname=x user=u",
+        ),
+        (
+            Some("postgresql://%2Ftmp:5433/x"),
+            &[("PGUSER", "u")],
+            "host=/tmp port=5433 dbname=x user=u",
+        ),
+        (
+            Some("postgresql://a:5432,b:5433/x?user=u"),
+            &[],
+            "host=a,b port=5432,5433 dbname=x user=u",
+        ),
+        (
+            Some("postgresql://[::1]:5433/x?user=u"),
+            &[],
+            "host=::1 port=5433 dbname=x user=u",
+        ),
+        (
+            Some("host=h dbname='my db' user=u"),
+            &[],
+            "host=h port=5432 dbname=my db user=u",
+        ),
+        (
+            Some("host = h  user=u"),
+            &[("PGDATABASE", "envdb"), ("PGPORT", "7777")],
+            "host=h port=7777 dbname=envdb user=u",
+        ),
+        (
+            None,
+            &[("PGHOST", "envhost"), ("PGUSER", "alice")],
+            "host=envhost port=5432 dbname=alice user=alice",
+        ),
+        (
+            None,
+            &[
+                ("PLEXSPHERE_DSN", "host=plex user=u"),
+                ("DATABASE_URL", "host=url user=u"),
+            ],
+            "host=plex port=5432 dbname=u user=u",
+        ),
+        (
+            None,
+            &[("PLEXSPHERE_DSN", ""), ("DATABASE_URL", "host=url user=u")],
+            "host=url port=5432 dbname=u user=u",
+        ),
+    ];
+    for (dsn, vars, expected) in cases {
+        let got = resolve_with(*dsn, vars).unwrap_or_else(|e| panic!("{dsn:?}: {e}"));
+        assert_eq!(describe(&got.config), *expected, "{dsn:?} {vars:?}");
+    }
+}
+
+#[test]
+fn dsn_fields_win_and_the_environment_fills_the_rest() {
+    let c = resolve_with(
+        Some("postgres://app@db/x"),
+        &[("PGUSER", "envuser"), ("PGPASSWORD", "s3cret")],
+    )
+    .unwrap();
+    assert_eq!(c.config.get_user(), Some("app"));
+    assert_eq!(password(&c), Some("s3cret"));
+    let c = resolve_with(Some("postgres://u:p%40ss@db/x"), &[]).unwrap();
+    assert_eq!(password(&c), Some("p@ss"));
+}
+
+#[test]
+fn defaults_like_psql() {
+    let c = resolve_with(None, &[("PGUSER", "alice")]).unwrap();
+    let d = describe(&c.config);
+    assert!(d.starts_with("host=/"), "{d}");
+    assert!(c
+        .config
+        .get_application_name()
+        .is_some_and(|a| a.starts_with("leaderrun@")));
+    assert_eq!(c.tls.mode, SslMode::Prefer);
+    let c = resolve_with(Some("host=h user=u application_name=mine"), &[]).unwrap();
+    assert_eq!(c.config.get_application_name(), Some("mine"));
+}
+
+#[test]
+fn ssl_settings() {
+    let c = resolve_with(
+        Some("postgresql://h/x?user=u&sslmode=verify-full&sslrootcert=/r.pem&sslcert=/c.pem&sslkey=/k.pem"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.tls,
+        TlsSettings {
+            mode: SslMode::VerifyFull,
+            root_cert: Some("/r.pem".into()),
+            client_cert: Some("/c.pem".into()),
+            client_key: Some("/k.pem".into()),
+            plan: c.tls.plan.clone(),
+        }
+    );
+    assert_eq!(
+        c.config.get_ssl_mode(),
+        tokio_postgres::config::SslMode::Require
+    );
+    let c = resolve_with(Some("host=h user=u"), &[("PGSSLMODE", "verify-ca")]).unwrap();
+    assert_eq!(c.tls.mode, SslMode::VerifyCa);
+    assert!(resolve_with(Some("host=h sslmode=sometimes"), &[]).is_err());
+}
+
+#[test]
+fn service_file_fills_what_the_dsn_leaves_out() {
+    let dir = std::env::temp_dir().join(format!("leaderrun-svc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("services.conf");
+    std::fs::write(&file, "# comment\n[other]\nhost=nope\n[plex]\nhost=svc-host\nport=6000\ndbname=svcdb\nuser=svcuser\n").unwrap();
+    let f = file.to_str().unwrap();
+    let c = resolve_with(Some("service=plex dbname=mine"), &[("PGSERVICEFILE", f)]).unwrap();
+    assert_eq!(
+        describe(&c.config),
+        "host=svc-host port=6000 dbname=mine user=svcuser"
+    );
+    let c = resolve_with(None, &[("PGSERVICEFILE", f), ("PGSERVICE", "plex")]).unwrap();
+    assert_eq!(
+        describe(&c.config),
+        "host=svc-host port=6000 dbname=svcdb user=svcuser"
+    );
+    let err = resolve_with(Some("service=missing"), &[("PGSERVICEFILE", f)]).unwrap_err();
+    assert!(err.to_string().contains("service \"missing\" not found"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn where_the_database_and_the_password_came_from() {
+    let c = resolve_with(Some("host=h user=u"), &[]).unwrap();
+    assert_eq!((c.database_from, c.password_from), ("default", None));
+    let c = resolve_with(Some("host=h user=u dbname=d password=p"), &[]).unwrap();
+    assert_eq!(c.database_from, "dsn");
+    assert_eq!(c.password_from.as_deref(), Some("--dsn"));
+    let c = resolve_with(Some("postgres://u:p@h/d"), &[]).unwrap();
+    assert_eq!(c.password_from.as_deref(), Some("--dsn"));
+    // The same value in LEADERRUN_DSN came from the environment, not from argv.
+    let c = resolve_with(
+        Some("host=h user=u password=p"),
+        &[("LEADERRUN_DSN", "host=h user=u password=p")],
+    )
+    .unwrap();
+    assert_eq!(c.password_from.as_deref(), Some("LEADERRUN_DSN"));
+    let c = resolve_with(
+        Some("host=h user=u"),
+        &[("PGDATABASE", "d"), ("PGPASSWORD", "p")],
+    )
+    .unwrap();
+    assert_eq!(c.database_from, "PGDATABASE");
+    assert_eq!(c.password_from.as_deref(), Some("PGPASSWORD"));
+}
+
+#[test]
+fn pgpass_rules() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("leaderrun-pgpass-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("pgpass");
+    std::fs::write(
+        &file,
+        "# comment\nother:*:*:*:wrong\ndb:5432:app:u:first\ndb:*:*:u:second\nlocalhost:*:*:*:sock\\:et\n*:*:*:*:any\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let look = |h: &str, p: &str, d: &str, u: &str| pgpass_lookup(&file, h, p, d, u);
+    assert_eq!(look("db", "5432", "app", "u").as_deref(), Some("first"));
+    assert_eq!(look("db", "6000", "x", "u").as_deref(), Some("second"));
+    assert_eq!(
+        look("/var/run/postgresql", "5432", "x", "v").as_deref(),
+        Some("sock:et")
+    );
+    assert_eq!(look("elsewhere", "1", "x", "v").as_deref(), Some("any"));
+    // Through the resolver, with passfile= and with PGPASSFILE.
+    let f = file.to_str().unwrap();
+    let c = resolve_with(
+        Some(&format!("host=db user=u dbname=app passfile={f}")),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(password(&c), Some("first"));
+    let c = resolve_with(Some("host=db user=u dbname=app"), &[("PGPASSFILE", f)]).unwrap();
+    assert_eq!(password(&c), Some("first"));
+    // An explicit password wins over the file.
+    let c = resolve_with(
+        Some("host=db user=u dbname=app password=given"),
+        &[("PGPASSFILE", f)],
+    )
+    .unwrap();
+    assert_eq!(password(&c), Some("given"));
+    // Readable by others: ignored.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(look("db", "5432", "app", "u"), None);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn errors_never_echo_the_dsn() {
+    for bad in [
+        "nonsense",
+        "mysql://u:hunter2@h/db",
+        "postgres://u:hunter2@h:notaport/db",
+        "postgres://postgres:hun/ter2@127.0.0.1/postgres",
+        "postgres://u:hunter2@127.0.0.1/d?&&",
+        "postgres://u:hunter2@127.0.0.1/d?hunter2",
+        "host=h password=hunter2 hunter2",
+        "host=h password=hunter 2=x",
+        "host=h password=hunter2 sslmode=hunter2",
+        "host=h password=hunter2 connect_timeout=hunter2",
+        "host=h password=hunter2 target_session_attrs=hunter2",
+        "host=h password=hunter2 frobnicate=1",
+        "host=h password='hunter2",
+    ] {
+        let err = resolve_with(Some(bad), &[]).unwrap_err();
+        let shown = crate::error::Chain(&err).to_string();
+        assert!(shown.starts_with("invalid"), "{shown}");
+        assert!(!shown.contains("hunter"), "{shown}");
+    }
+    // libpq takes a '?' in a URL's password as part of it.
+    let c = resolve_with(Some("postgres://u:hun?ter2@127.0.0.1/d"), &[]).unwrap();
+    assert_eq!(password(&c), Some("hun?ter2"));
+}
+
+#[test]
+fn endpoint_is_one_word() {
+    let c = resolve_with(Some("postgresql://app:secret@db:6543/plexsphere"), &[]).unwrap();
+    assert_eq!(endpoint(&c.config), "app@db:6543/plexsphere");
+}
+
+#[test]
+fn application_name_fits_namedatalen() {
+    assert_eq!(application_name("web-1", 42), "leaderrun@web-1:42");
+    let long = "h".repeat(100);
+    let name = application_name(&long, 4_194_304);
+    assert_eq!(name.len(), 63);
+    assert!(name.ends_with(":4194304"));
+    let multibyte = "ü".repeat(40);
+    let name = application_name(&multibyte, 1);
+    assert!(name.len() <= 63);
+}

@@ -1,0 +1,33 @@
+//! The PostgreSQL layer of the library: connection settings resolved the way libpq and psql
+//! resolve them ([`conninfo`]), TLS for those connections ([`tls`]), the advisory lock's key and
+//! the SQL that takes and releases it ([`lock`]), and the query that names the lock's holder
+//! ([`holder`]), and [`within`], the bound every statement runs under. The elector builds on
+//! these; nothing here knows about COMMAND or the binary.
+
+pub mod conninfo;
+pub mod holder;
+pub mod lock;
+pub mod tls;
+
+use std::time::Duration;
+
+use tokio::time::timeout;
+
+use crate::error::Error;
+
+/// Runs one statement (any tokio-postgres future) bounded by `bound`: the one place a query
+/// error becomes [`Error::Query`] and a missed deadline [`Error::Timeout`], both naming `what`.
+///
+/// # Errors
+/// [`Error::Query`] when the statement fails; [`Error::Timeout`] after `bound`.
+pub async fn within<T>(
+    what: &'static str,
+    bound: Duration,
+    statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, Error> {
+    match timeout(bound, statement).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(Error::Query { what, source }),
+        Err(_) => Err(Error::Timeout { what, after: bound }),
+    }
+}

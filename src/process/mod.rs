@@ -1,0 +1,11 @@
+//! The process layer of the binary: COMMAND as a child in a process group of its own and its one
+//! reaper ([`child`]), an optional cgroup for its tree ([`cgroup`]), the signals leaderrun acts on
+//! ([`signals`]), the controlling terminal handed to COMMAND's group ([`terminal`]), and the
+//! memory settings leaderrun applies to itself ([`memory`]). Nothing here knows about the
+//! election: the supervisor and the watchdog tie the two together.
+
+pub mod cgroup;
+pub mod child;
+pub mod memory;
+pub mod signals;
+pub mod terminal;

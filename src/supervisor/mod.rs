@@ -1,0 +1,584 @@
+//! The supervisor: one loop owns COMMAND's life (contract §4, §5, §8).
+//!
+//! # Theory of operation
+//!
+//! [`Supervisor::run`] is a loop over one event type, [`Event`]: a signal, a term that began,
+//! the end of the term, a change of the check tally, the state's deadline, a tick of
+//! `--every`, a poll of the child's tree, the election failing. Each event is handled by one
+//! function, which moves the one `State` value on; each mode (contract §4) is a small policy
+//! over those events (`Supervisor::after_stop` and friends). A stop is a state the loop
+//! drives (signal, grace, SIGKILL, a bound), not a function that swallows events, so nothing
+//! that arrives meanwhile is lost.
+//!
+//! The three rules of the product are written once each:
+//!
+//! * **Start or continue only on a proven lock.** Every spawn goes through
+//!   `Supervisor::start`, every SIGCONT after job control through
+//!   `Supervisor::resume_child`; both require [`Term::hold`] / [`Term::is_proven`], which
+//!   are refused once the safe window of the last check that proved the lock has passed.
+//!   Before every event and again before it is handled, `Supervisor::enforce` treats a term whose proof lapsed
+//!   (a resume after SIGSTOP) as ended, so a timer that fires first on resume finds no term to
+//!   start anything on.
+//! * **Release only after the tree is dead.** The child's [`TermHold`] lives in the state next
+//!   to its tree and is dropped with it once the tree is empty; the elector releases a lock
+//!   that may still be held only when every hold is gone (see [`Term`]).
+//! * **No stop request is lost.** INT/TERM sets `Supervisor::shutdown` whatever the state;
+//!   every transition that would start something consults it first.
+//!
+//! The supervisor takes its signals ([`SignalStream`]), its terms ([`Election`]) and its
+//! processes ([`Spawner`]) from injected sources, so its tests drive every mode in-process
+//! with fake terms and fake children under `tokio::time::pause`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tracing::{debug, error, info, warn};
+
+use crate::cli::exit_codes;
+use crate::cli::health::Health;
+use crate::cli::metrics::Metrics;
+use crate::elector::{Checks, Term, TermEnd, TermHold};
+use crate::process::child::{ExitStatus, Spawner, Tree};
+use crate::process::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
+use crate::process::terminal::Terminal;
+
+mod modes;
+mod report;
+mod rules;
+
+pub use modes::{Backoff, Mode, Plan, Restart, BACKOFF_CAP, BACKOFF_INITIAL, BACKOFF_RESET_AFTER};
+pub use report::child_env;
+
+/// How leaderrun ends; [`Exit::finish`] turns it into the process exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// COMMAND's status is leaderrun's status (contract §6).
+    Child(ExitStatus),
+    /// A status of leaderrun's own: 0 (stopped while standby), the conflict code, 124
+    /// (`--timeout`), 125, 126, 127.
+    Code(u8),
+}
+
+impl Exit {
+    /// The process exit code. For a child that died of SIGINT, when leaderrun is not PID 1,
+    /// leaderrun first dies of SIGINT itself so a calling shell loop stops (FIELD-NOTES child 8);
+    /// should that return, 130 is the fallback.
+    pub fn finish(self) -> std::process::ExitCode {
+        match self {
+            Exit::Child(ExitStatus::Signal(Signal::SIGINT)) if std::process::id() != 1 => {
+                let _ = signal_hook::low_level::emulate_default_handler(libc::SIGINT);
+                std::process::ExitCode::from(130)
+            }
+            Exit::Child(status) => std::process::ExitCode::from(status.exit_code()),
+            Exit::Code(code) => std::process::ExitCode::from(code),
+        }
+    }
+}
+
+/// How long a stop waits for the tree after SIGKILL before it gives up on what it cannot
+/// find or kill (a process in uninterruptible sleep; without `/proc`, an orphan that left the
+/// group): every stop is bounded by grace + this.
+pub const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How often a stopping tree is looked at: members of the group that are not our children die
+/// without a SIGCHLD to us.
+pub const STOP_POLL: Duration = Duration::from_millis(25);
+/// How often the reaper runs without a SIGCHLD (SIGCHLD coalesces, FIELD-NOTES child 6).
+pub const REAP_POLL: Duration = Duration::from_secs(1);
+
+/// Where the supervisor gets its terms from: the running [`crate::Elector`] in the binary, a
+/// fake in tests.
+pub trait Election {
+    /// The current term: each term that begins, and the ended placeholder when it ends.
+    fn terms(&self) -> watch::Receiver<Term>;
+    /// The check tally (one-shot modes decide on it).
+    fn checks(&self) -> watch::Receiver<Checks>;
+    /// Resolves, with the reason, if the election ends by itself (a bug or a panic); pending
+    /// forever otherwise.
+    fn failed(&mut self) -> impl Future<Output = String>;
+}
+
+/// Every input of the loop.
+#[derive(Debug)]
+pub enum Event {
+    /// A signal leaderrun received.
+    Signal(Signal),
+    /// A term began (only awaited while standby).
+    TermBegan(Term),
+    /// The current term ended.
+    TermEnded(TermEnd),
+    /// The check tally changed (only awaited by a one-shot's first check).
+    Checked,
+    /// The state's deadline passed.
+    Deadline,
+    /// `--every` ticked.
+    Tick,
+    /// Time to look at the child's tree (reap, leftovers).
+    Poll,
+    /// The election ended by itself.
+    ElectionFailed(String),
+}
+
+/// Why a tree is being stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Why {
+    /// COMMAND exited on its own; what it left behind is stopped.
+    Exited,
+    /// The term ended, or its proof lapsed.
+    Demoted,
+    /// `--timeout`.
+    TimedOut,
+    /// INT/TERM.
+    Shutdown,
+}
+
+/// What a wait while leading without a child leads to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Then {
+    /// Start COMMAND (after a takeover delay, a back-off, or at the next tick).
+    Start,
+    /// `--every` after the takeover delay: wait for the next tick.
+    AwaitTick,
+    /// `--min-hold` is over: exit with this.
+    Exit(Exit),
+}
+
+/// The one state of the loop. Field order matters: a tree is dropped (killed, if it was not
+/// seen empty) before the hold next to it, so a lock is never released before its tree.
+enum State {
+    /// Waiting for a term; `deadline` ends a `--wait`.
+    Standby { deadline: Option<Instant> },
+    /// Leading without a child until `until` (or the next tick).
+    Leading {
+        term: Term,
+        until: Option<Instant>,
+        then: Then,
+    },
+    /// COMMAND runs.
+    Running {
+        tree: Box<dyn Tree>,
+        hold: TermHold,
+        started: Instant,
+        timeout_at: Option<Instant>,
+    },
+    /// COMMAND's tree is being stopped.
+    Stopping {
+        tree: Box<dyn Tree>,
+        hold: TermHold,
+        why: Why,
+        status: Option<ExitStatus>,
+        started: Instant,
+        kill_at: Instant,
+        give_up_at: Option<Instant>,
+    },
+    /// Finished.
+    Done(Exit),
+}
+
+/// The loop and what it owns.
+pub struct Supervisor<E: Election, S: Spawner> {
+    plan: Plan,
+    election: E,
+    spawner: S,
+    signals: SignalStream,
+    terminal: Option<Terminal>,
+    metrics: Metrics,
+    health: Arc<Health>,
+    state: State,
+    /// The INT/TERM that asked for shutdown, once one did: sticky, so no stop is lost.
+    shutdown: Option<Signal>,
+    /// Whether that signal reached a running main child (then the exit status is its own).
+    shutdown_reached_child: bool,
+    /// The election failed: stop and exit 125.
+    fatal: bool,
+    /// Number of the last term seen, so a term is never started twice.
+    last_term: u64,
+    /// The grant of the current one-shot term, for `--min-hold`.
+    granted_at: Option<Instant>,
+    backoff: Backoff,
+    ticker: Option<Interval>,
+    reap: Interval,
+    checks: watch::Receiver<Checks>,
+    terms: watch::Receiver<Term>,
+    warned_background_read: bool,
+    /// When the supervisor was made: a one-shot's retries count from here.
+    started: Instant,
+}
+
+impl<E: Election, S: Spawner> Supervisor<E, S> {
+    /// A supervisor for `plan`. Nothing runs before [`Supervisor::run`].
+    pub fn new(
+        plan: Plan,
+        election: E,
+        spawner: S,
+        signals: SignalStream,
+        terminal: Option<Terminal>,
+        metrics: Metrics,
+        health: Arc<Health>,
+    ) -> Self {
+        let deadline = match plan.mode {
+            Mode::OneShot {
+                wait: Some(wait), ..
+            } => Some(Instant::now() + wait),
+            _ => None,
+        };
+        let ticker = match plan.mode {
+            Mode::Every { period } => {
+                let mut ticker = tokio::time::interval(period);
+                ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+                Some(ticker)
+            }
+            _ => None,
+        };
+        let mut reap = tokio::time::interval(REAP_POLL);
+        reap.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let checks = election.checks();
+        let terms = election.terms();
+        Supervisor {
+            plan,
+            election,
+            spawner,
+            signals,
+            terminal,
+            metrics,
+            health,
+            state: State::Standby { deadline },
+            shutdown: None,
+            shutdown_reached_child: false,
+            fatal: false,
+            last_term: 0,
+            granted_at: None,
+            backoff: Backoff::default(),
+            ticker,
+            reap,
+            checks,
+            terms,
+            warned_background_read: false,
+            started: Instant::now(),
+        }
+    }
+
+    /// Runs until the mode is done; returns the exit status of contract §6.
+    pub async fn run(mut self) -> Exit {
+        loop {
+            self.enforce();
+            if let State::Done(exit) = self.state {
+                return exit;
+            }
+            let event = self.next_event().await;
+            // Again between the event and its handling: a resume after a freeze wakes with
+            // every event due, and the lapse must be seen before any of them is acted on.
+            self.enforce();
+            self.handle(event);
+        }
+    }
+
+    /// Waits for the next event the current state listens to.
+    async fn next_event(&mut self) -> Event {
+        let one_shot_first_check = matches!(
+            (self.plan.mode, &self.state),
+            (Mode::OneShot { wait: None, .. }, State::Standby { .. })
+        );
+        let standby = matches!(self.state, State::Standby { .. });
+        let term = match &self.state {
+            State::Leading { term, .. } => Some(term.clone()),
+            State::Running { hold, .. } => Some(hold.term().clone()),
+            _ => None,
+        };
+        let deadline = match &self.state {
+            State::Standby { deadline } => *deadline,
+            State::Leading { until, .. } => *until,
+            State::Running { timeout_at, .. } => *timeout_at,
+            State::Stopping {
+                kill_at,
+                give_up_at,
+                ..
+            } => Some(give_up_at.unwrap_or(*kill_at)),
+            State::Done(_) => None,
+        };
+        let stopping = matches!(self.state, State::Stopping { .. });
+        let after = self.last_term;
+        tokio::select! {
+            biased;
+            sig = self.signals.recv() => Event::Signal(sig),
+            reason = self.election.failed() => Event::ElectionFailed(reason),
+            cause = ended(term.as_ref()) => Event::TermEnded(cause),
+            term = next_term(&mut self.terms, after), if standby => Event::TermBegan(term),
+            _ = self.checks.changed(), if one_shot_first_check => Event::Checked,
+            () = sleep_until(deadline) => Event::Deadline,
+            () = tokio::time::sleep(STOP_POLL), if stopping => Event::Poll,
+            _ = self.reap.tick() => Event::Poll,
+            () = next_tick(self.ticker.as_mut()) => Event::Tick,
+        }
+    }
+
+    /// One event, one transition.
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Signal(sig) => self.signal(sig),
+            Event::TermBegan(term) => self.term_began(term),
+            Event::TermEnded(cause) => self.term_ended(cause),
+            Event::Checked => self.first_check(),
+            Event::Deadline => self.deadline(),
+            Event::Tick => self.tick(),
+            Event::Poll => self.poll(),
+            Event::ElectionFailed(reason) => {
+                error!("the election stopped unexpectedly: {reason}");
+                self.fatal = true;
+                match self.state {
+                    State::Running { .. } => self.stop(Why::Demoted, self.plan.stop_signal),
+                    State::Stopping { .. } => {}
+                    _ => self.state = State::Done(Exit::Code(exit_codes::FAILURE)),
+                }
+            }
+        }
+    }
+
+    fn signal(&mut self, sig: Signal) {
+        if is_shutdown(sig) {
+            return self.shutdown_signal(sig);
+        }
+        match (&mut self.state, sig) {
+            (_, Signal::SIGCHLD) => self.poll(),
+            (State::Running { tree, .. }, sig) if is_forwarded(sig) || sig == Signal::SIGTSTP => {
+                tree.signal_group(sig)
+            }
+            (State::Stopping { tree, .. }, sig) if is_forwarded(sig) => tree.signal_group(sig),
+            // A Ctrl-Z now would stop what we are stopping; SIGCONT keeps it going.
+            (State::Stopping { .. }, _) => {}
+            (_, Signal::SIGTSTP) => suspend_self(),
+            (_, sig) => debug!(
+                signal = sig.as_str(),
+                "no child to pass {} to",
+                sig.as_str()
+            ),
+        }
+    }
+
+    fn term_began(&mut self, term: Term) {
+        if !matches!(self.state, State::Standby { .. }) || term.number() <= self.last_term {
+            return;
+        }
+        self.last_term = term.number();
+        self.granted_at = Some(Instant::now());
+        self.backoff = Backoff::default();
+        let delay = self.plan.takeover_delay;
+        // `--tick-at-grant` makes the grant itself the first tick of the term.
+        let is_every = matches!(self.plan.mode, Mode::Every { .. }) && !self.plan.tick_at_grant;
+        if !delay.is_zero() {
+            info!(term = term.number(), delay = %humantime::format_duration(delay), "takeover delay: verifying the lock before COMMAND starts");
+            let then = if is_every {
+                Then::AwaitTick
+            } else {
+                Then::Start
+            };
+            self.state = State::Leading {
+                term,
+                until: Some(Instant::now() + delay),
+                then,
+            };
+        } else if is_every {
+            self.state = State::Leading {
+                term,
+                until: None,
+                then: Then::Start,
+            };
+        } else {
+            self.start(term);
+        }
+    }
+
+    /// The term ended (or its proof lapsed).
+    fn term_ended(&mut self, cause: TermEnd) {
+        match &self.state {
+            State::Running { tree, hold, .. } => {
+                let how = if cause == TermEnd::LeadershipLost {
+                    "leadership lost"
+                } else {
+                    "leadership released"
+                };
+                info!(
+                    pid = tree.pid(),
+                    term = hold.term().number(),
+                    "{how}; stopping the child"
+                );
+                self.stop(Why::Demoted, self.plan.stop_signal);
+            }
+            State::Leading { then, .. } => {
+                self.state = match (then, self.plan.mode) {
+                    (Then::Exit(exit), _) => State::Done(*exit),
+                    (_, Mode::OneShot { .. }) => {
+                        info!("leadership lost before COMMAND started; COMMAND does not run");
+                        State::Done(Exit::Code(self.plan.conflict_exit_code))
+                    }
+                    _ => State::Standby { deadline: None },
+                };
+            }
+            _ => {}
+        }
+    }
+
+    fn deadline(&mut self) {
+        let now = Instant::now();
+        match &mut self.state {
+            State::Standby { deadline: Some(_) } => {
+                // A standby may still be waiting in the lock queue when the wait is over: what
+                // counts is whether the server was reached at all (contract §4).
+                let seen = self.checks.borrow().clone();
+                self.state = if seen.sessions_opened == 0 {
+                    // Each failed try was a WARN line with its cause; the verdict does not
+                    // repeat it.
+                    match seen.last_error {
+                        Some(_) => error!(
+                            "could not check the lock: the database could not be reached within --wait (causes above)"
+                        ),
+                        None => error!("could not check the lock: could not connect within --wait"),
+                    }
+                    State::Done(Exit::Code(exit_codes::FAILURE))
+                } else {
+                    debug!("another session holds the lock; COMMAND does not run");
+                    State::Done(Exit::Code(self.plan.conflict_exit_code))
+                };
+            }
+            State::Leading {
+                term, until, then, ..
+            } => match *then {
+                Then::Start => {
+                    let term = term.clone();
+                    self.start(term);
+                }
+                Then::AwaitTick => {
+                    *until = None;
+                    *then = Then::Start;
+                }
+                Then::Exit(exit) => self.state = State::Done(exit),
+            },
+            State::Running {
+                timeout_at: Some(at),
+                tree,
+                hold,
+                ..
+            } if *at <= now => {
+                let limit = humantime::format_duration(self.plan.timeout.unwrap_or_default());
+                warn!(
+                    pid = tree.pid(),
+                    term = hold.term().number(),
+                    "COMMAND ran longer than --timeout {limit}; stopping it"
+                );
+                self.stop(Why::TimedOut, self.plan.stop_signal);
+            }
+            State::Stopping {
+                tree,
+                kill_at,
+                give_up_at,
+                status,
+                ..
+            } => {
+                if give_up_at.is_none() && *kill_at <= now {
+                    let what = if status.is_some() {
+                        "processes COMMAND left behind are"
+                    } else {
+                        "child is"
+                    };
+                    warn!(
+                        pgid = tree.pid(),
+                        grace = %humantime::format_duration(self.plan.grace),
+                        "{what} still running after the grace period; sending SIGKILL"
+                    );
+                    tree.signal_all(Signal::SIGKILL);
+                    *give_up_at = Some(now + KILL_WAIT);
+                    self.poll();
+                } else if give_up_at.is_some_and(|at| at <= now) {
+                    warn!(
+                        pgid = tree.pid(),
+                        "processes of COMMAND are still there {} after SIGKILL; going on without them",
+                        humantime::format_duration(KILL_WAIT)
+                    );
+                    let status = status.unwrap_or(ExitStatus::Signal(Signal::SIGKILL));
+                    self.stopped(status);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Reaps and looks at the tree: a child that exited or stopped, leftovers gone.
+    fn poll(&mut self) {
+        match &mut self.state {
+            State::Running { tree, hold, .. } => {
+                let seen = tree.poll();
+                if let Some(status) = seen.main {
+                    info!(pid = tree.pid(), status = %status, term = hold.term().number(), "child exited");
+                    if seen.empty {
+                        self.stopped_as(Why::Exited, status);
+                    } else {
+                        // Helpers it left running are stopped before anything else happens.
+                        self.stop(Why::Exited, self.plan.stop_signal);
+                        if let State::Stopping { status: s, .. } = &mut self.state {
+                            *s = Some(status);
+                        }
+                    }
+                } else if let Some(sig) = seen.stopped {
+                    self.job_control(sig);
+                }
+            }
+            State::Stopping { tree, status, .. } => {
+                let seen = tree.poll();
+                if status.is_none() {
+                    *status = seen.main;
+                }
+                if seen.empty {
+                    let status = status
+                        .or(seen.main)
+                        .unwrap_or(ExitStatus::Signal(Signal::SIGKILL));
+                    self.stopped(status);
+                }
+            }
+            _ => self.spawner.reap_strays(),
+        }
+    }
+}
+
+/// Resolves with the first live term numbered above `after`.
+async fn next_term(terms: &mut watch::Receiver<Term>, after: u64) -> Term {
+    match terms
+        .wait_for(|t| !t.is_ended() && t.number() > after)
+        .await
+    {
+        Ok(term) => term.clone(),
+        // The election is gone; `Election::failed` reports that.
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Resolves when `term` ends; pending forever without one.
+async fn ended(term: Option<&Term>) -> TermEnd {
+    match term {
+        Some(term) => term.ended().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next tick of an optional ticker; pending forever without one.
+async fn next_tick(ticker: Option<&mut Interval>) {
+    match ticker {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`; pending forever without it.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests;

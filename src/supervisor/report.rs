@@ -1,0 +1,45 @@
+//! What the supervisor reports: a run's end counted and readiness kept up to date (`record`),
+//! and the environment COMMAND is given ([`child_env`]).
+
+use super::{Election, Supervisor, Why};
+use crate::cli::metrics::ChildExit;
+use crate::elector::Term;
+use crate::process::child::{ExitStatus, Spawner};
+
+/// The environment COMMAND gets on top of the inherited one (contract §5).
+pub fn child_env(term: &Term) -> Vec<(&'static str, String)> {
+    let mut env = vec![("LEADERRUN_TERM", term.number().to_string())];
+    if let Some(lease) = term.lease() {
+        env.push(("LEADERRUN_LOCK", lease.lock.to_string()));
+        env.push(("LEADERRUN_SLOT", lease.slot.to_string()));
+        env.push(("LEADERRUN_FENCING_TOKEN", lease.fencing_token.to_string()));
+        env.push(("LEADERRUN_BACKEND_PID", lease.backend_pid.to_string()));
+    }
+    env
+}
+
+impl<E: Election, S: Spawner> Supervisor<E, S> {
+    /// Counts a run's end and keeps readiness (the seed's table) up to date.
+    pub(super) fn record(&self, term: &Term, why: Why, status: ExitStatus) {
+        match why {
+            Why::Exited if status.success() => {
+                self.metrics.child_exited(ChildExit::Success);
+                self.health.run_succeeded();
+            }
+            Why::Exited => {
+                self.metrics.child_exited(ChildExit::Failure);
+                self.health
+                    .run_failed(term.number(), format!("COMMAND exited with {status}"));
+            }
+            Why::TimedOut => {
+                self.metrics.child_exited(ChildExit::Stopped);
+                let limit = humantime::format_duration(self.plan.timeout.unwrap_or_default());
+                self.health.run_failed(
+                    term.number(),
+                    format!("COMMAND ran longer than --timeout {limit}"),
+                );
+            }
+            Why::Demoted | Why::Shutdown => self.metrics.child_exited(ChildExit::Stopped),
+        }
+    }
+}

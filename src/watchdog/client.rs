@@ -1,0 +1,583 @@
+//! leaderrun's side of the watchdog: the [`Watchdog`] handle that starts the helper process,
+//! keeps it told (tree, heartbeat, session) and starts a new one if it dies, and the
+//! [`WatchedSpawner`] that starts no tree while no watchdog runs.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::Signal;
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::unistd::Pid;
+use tracing::{debug, warn};
+
+use crate::elector::{boottime, SessionKeeper};
+use crate::process::child::{HelperPid, SpawnError, Spawner, Tree, TreeState};
+
+use super::protocol::*;
+use super::{pidfd_open, ARGV0, KILL_WAIT, RELEASE_WAIT};
+
+/// What the watchdog needs to know at start.
+#[derive(Clone, Debug)]
+pub struct WatchdogPlan {
+    /// Grace between the stop signal and SIGKILL, for a freeze.
+    pub grace: Duration,
+    /// A freeze: no heartbeat for this long, and the proof ran out.
+    pub stall: Duration,
+    /// The stop signal, for a freeze.
+    pub stop_signal: Signal,
+    /// COMMAND's cgroup, where there is one.
+    pub cgroup: Option<PathBuf>,
+}
+
+pub(super) struct Link {
+    fd: OwnedFd,
+    pid: u32,
+    /// Its pidfd (Linux 5.3): its exit is seen at once, and it is reaped before leaderrun exits.
+    pidfd: Option<OwnedFd>,
+}
+
+#[derive(Default)]
+pub(super) struct Held {
+    link: Option<Link>,
+    tree: i32,
+    session: Option<OwnedFd>,
+    beat: u64,
+    /// Releases sent without waiting whose acknowledgements are still to come.
+    unanswered: usize,
+    /// [`Watchdog::shutdown`] ran: no new watchdog is started.
+    closed: bool,
+    /// leaderrun is stopping the reported tree.
+    stopping: bool,
+}
+
+/// leaderrun's handle on its watchdog process. Cheap to share; every call is a non-blocking
+/// send of a few bytes, except [`SessionKeeper::release`], which waits for the answer.
+pub struct Watchdog {
+    plan: WatchdogPlan,
+    held: Mutex<Held>,
+    /// Woken at every start of a watchdog process, for [`Watchdog::watch`].
+    started: tokio::sync::Notify,
+    /// The running watchdog's pid, for the trees to leave out ([`Watchdog::helper_pid`]).
+    helper: HelperPid,
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchdog")
+            .field("pid", &self.pid())
+            .finish()
+    }
+}
+
+impl Watchdog {
+    /// A handle; the process starts at the first [`Watchdog::ready`] (the binary calls it at
+    /// start, on a thread of its own beside the first connect), or else at the first grant
+    /// ([`SessionKeeper::keep`]) or spawn, whichever comes first. A grant or spawn that comes
+    /// while it starts waits for it.
+    pub fn new(plan: WatchdogPlan) -> Watchdog {
+        Watchdog {
+            plan,
+            held: Mutex::new(Held::default()),
+            started: tokio::sync::Notify::new(),
+            helper: HelperPid::default(),
+        }
+    }
+
+    /// The cell that holds the running watchdog's pid: give it to the [`ProcessSpawner`] whose
+    /// trees this watchdog guards, so that no stop signals it and no tree waits for it.
+    ///
+    /// [`ProcessSpawner`]: crate::process::child::ProcessSpawner
+    pub fn helper_pid(&self) -> HelperPid {
+        self.helper.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The watchdog's pid, while one runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock().link.as_ref().map(|l| l.pid)
+    }
+
+    /// Starts a watchdog process that finds what `held` holds (the tree, the last heartbeat,
+    /// a stop under way, the session) already queued on its end of the pair: it is queued
+    /// before the fork, so a leaderrun killed at any moment after the fork still leaves a
+    /// watchdog that knows the tree and kills it. Queued after the spawn, a kill -9 in between
+    /// left a watchdog that knew nothing and the tree running.
+    fn spawn(&self, held: &Held) -> std::io::Result<Link> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        {
+            let fd = ours.as_fd();
+            send_on(fd, Message::Tree(held.tree), None)?;
+            send_on(fd, Message::Beat(held.beat), None)?;
+            if held.stopping {
+                send_on(fd, Message::Stopping, None)?;
+            }
+            if let Some(session) = &held.session {
+                send_on(fd, Message::Session, Some(session.as_fd()))?;
+            }
+        }
+        let theirs_fd = theirs.as_raw_fd();
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.arg0(ARGV0)
+            .arg(self.plan.grace.as_millis().to_string())
+            .arg(self.plan.stall.as_millis().to_string())
+            .arg((self.plan.stop_signal as i32).to_string())
+            .arg(
+                self.plan
+                    .cgroup
+                    .as_ref()
+                    .map_or_else(|| OsString::from("-"), |d| d.as_os_str().to_owned()),
+            )
+            .arg(if JSON_LOGS.load(Ordering::Relaxed) {
+                "json"
+            } else {
+                "text"
+            })
+            .arg(std::process::id().to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null());
+        // SAFETY: raw syscalls only between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if theirs_fd == CONTROL_FD {
+                    libc::fcntl(CONTROL_FD, libc::F_SETFD, 0);
+                } else if libc::dup2(theirs_fd, CONTROL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // A session of its own: no terminal signals, no stop of leaderrun's group.
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        drop(theirs);
+        let pid = child.id();
+        // Dropping std's handle neither waits nor kills; leaderrun's reaper reaps it.
+        drop(child);
+        self.helper.set(Some(pid));
+        debug!(pid, "watchdog started");
+        Ok(Link {
+            fd: ours,
+            pid,
+            pidfd: pidfd_open(pid),
+        })
+    }
+
+    /// Sends `message` (with `fd` attached), starting a new watchdog and handing it what is
+    /// held when the current one is gone. Returns whether a watchdog has it.
+    fn send(&self, held: &mut Held, message: Message, fd: Option<BorrowedFd<'_>>) -> bool {
+        if let Some(link) = &held.link {
+            if send_on(link.fd.as_fd(), message, fd).is_ok() {
+                return true;
+            }
+            warn!(
+                pid = link.pid,
+                "the watchdog is gone; starting a new one (COMMAND's tree is not guarded meanwhile)"
+            );
+            held.link = None;
+        }
+        self.respawn(held)
+    }
+
+    /// A new watchdog, born knowing the tree, the session and the last heartbeat.
+    fn respawn(&self, held: &mut Held) -> bool {
+        if held.closed {
+            return false;
+        }
+        let link = match self.spawn(held) {
+            Ok(link) => link,
+            Err(err) => {
+                warn!("cannot start the watchdog: {err}");
+                self.helper.set(None);
+                return false;
+            }
+        };
+        held.link = Some(link);
+        held.unanswered = 0;
+        self.started.notify_one();
+        true
+    }
+
+    /// Whether a watchdog runs now (starting a new one when it is gone): the spawn gate, so
+    /// COMMAND never starts unguarded.
+    pub fn ready(&self) -> bool {
+        let mut held = self.lock();
+        let beat = held.beat;
+        self.send(&mut held, Message::Beat(beat), None)
+    }
+
+    /// A tree runs in process group `pgid` now (`None`: no tree any more).
+    pub fn tree(&self, pgid: Option<i32>) {
+        let mut held = self.lock();
+        held.tree = pgid.unwrap_or(0);
+        held.stopping = false;
+        let tree = held.tree;
+        self.send(&mut held, Message::Tree(tree), None);
+    }
+
+    /// leaderrun is stopping the reported tree: a lock session the server closes from now on
+    /// is left to leaderrun, which is acting on it.
+    pub fn stopping(&self) {
+        let mut held = self.lock();
+        if held.tree == 0 || held.stopping {
+            return;
+        }
+        held.stopping = true;
+        self.send(&mut held, Message::Stopping, None);
+    }
+
+    /// A duplicate of the current watchdog's pidfd (`None` while none runs, or without pidfds):
+    /// readable once it has exited, so its death is noticed at once.
+    pub fn pidfd(&self) -> Option<OwnedFd> {
+        let held = self.lock();
+        held.link.as_ref()?.pidfd.as_ref()?.try_clone().ok()
+    }
+
+    /// Notices the watchdog's death the moment it happens (its pidfd becomes readable) and
+    /// starts a new one at once, handing it the tree and the session: without it a dead
+    /// watchdog would be noticed only at the next message leaderrun sends it (up to a
+    /// heartbeat later), a window in which a `kill -9` of leaderrun would leave the tree's
+    /// helpers running. Runs until [`Watchdog::shutdown`]; without pidfds it returns at once
+    /// (the next message still notices).
+    pub async fn watch(self: std::sync::Arc<Self>) {
+        loop {
+            let started = self.started.notified();
+            if self.lock().closed {
+                return;
+            }
+            let Some(pidfd) = self.pidfd() else {
+                // None runs yet (it starts beside the first connect), or it could not start.
+                started.await;
+                continue;
+            };
+            // SAFETY: the AsyncFd owns the pidfd, which stays open (and the same) until it drops.
+            let Ok(exit) = (unsafe { tokio::io::unix::AsyncFd::register(pidfd) }) else {
+                return;
+            };
+            let Ok(mut ready) = exit.readable().await else {
+                return;
+            };
+            ready.retain_ready();
+            drop(exit);
+            let mut held = self.lock();
+            if held.closed {
+                return;
+            }
+            let pid = held.link.take().map(|l| l.pid);
+            warn!(pid, "the watchdog is gone; starting a new one");
+            self.respawn(&mut held);
+        }
+    }
+
+    /// Whether the watchdog said it stopped the tree itself since the last call (its messages
+    /// waiting on the pair are read without waiting).
+    fn stopped_the_tree(&self) -> bool {
+        let mut held = self.lock();
+        let mut stopped = false;
+        while let Some(link) = &held.link {
+            match receive(link.fd.as_fd(), Duration::ZERO) {
+                Ok(Some((Message::Stopped, _))) => stopped = true,
+                // The answer to a release that did not wait for it.
+                Ok(Some((Message::Released, _))) => {
+                    held.unanswered = held.unanswered.saturating_sub(1)
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        stopped
+    }
+
+    /// Whether a tree is reported (it runs, or is being stopped): heartbeats matter only then.
+    pub fn guards_tree(&self) -> bool {
+        self.lock().tree != 0
+    }
+
+    /// leaderrun is alive; the current proof ends at `proven_until` (boottime; `None`: no
+    /// term).
+    pub fn heartbeat(&self, proven_until: Option<Duration>) {
+        let mut held = self.lock();
+        held.beat = proven_until.map_or(0, |d| d.as_nanos() as u64);
+        // Before the first grant there is nothing to guard and no watchdog to tell.
+        if held.link.is_none() && held.session.is_none() && held.tree == 0 {
+            return;
+        }
+        let beat = held.beat;
+        self.send(&mut held, Message::Beat(beat), None);
+    }
+}
+
+impl SessionKeeper for Watchdog {
+    fn keep(&self, socket: BorrowedFd<'_>) {
+        let copy = match socket.try_clone_to_owned() {
+            Ok(copy) => copy,
+            Err(err) => {
+                warn!("cannot duplicate the lock session's socket for the watchdog: {err}");
+                return;
+            }
+        };
+        let mut held = self.lock();
+        let sent = held.link.as_ref().is_some_and(|link| {
+            send_on(link.fd.as_fd(), Message::Session, Some(copy.as_fd())).is_ok()
+        });
+        held.session = Some(copy);
+        if !sent {
+            // No watchdog yet (or it died): start one now; it gets the session as part of
+            // what is held.
+            if held.link.take().is_some() {
+                warn!("the watchdog is gone; starting a new one");
+            }
+            self.respawn(&mut held);
+        }
+    }
+
+    fn release(&self, wait: bool) {
+        let mut held = self.lock();
+        held.session = None;
+        let Some(link) = &held.link else {
+            return;
+        };
+        if send_on(link.fd.as_fd(), Message::Release, None).is_err() {
+            return;
+        }
+        if !wait {
+            // Its acknowledgement is skipped by the next release that waits.
+            held.unanswered += 1;
+            return;
+        }
+        let mut skip = std::mem::take(&mut held.unanswered);
+        let Some(link) = &held.link else {
+            return;
+        };
+        // Wait for the acknowledgement: until then the watchdog's copy keeps the session (and
+        // the lock) alive, and closing ours would release nothing.
+        let deadline = boottime() + RELEASE_WAIT;
+        loop {
+            let left = deadline.saturating_sub(boottime());
+            if left.is_zero() {
+                warn!(
+                    pid = link.pid,
+                    "the watchdog did not drop its copy of the lock session within {}",
+                    humantime::format_duration(RELEASE_WAIT)
+                );
+                return;
+            }
+            match receive(link.fd.as_fd(), left) {
+                Ok(Some((Message::Released, _))) if skip > 0 => skip -= 1,
+                Ok(Some((Message::Released, _))) => return,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+}
+
+impl Watchdog {
+    /// Ends the watchdog and reaps it, so that leaderrun leaves no zombie to a parent that does
+    /// not reap orphans (a container's PID 1 that is an application, a job scheduler, any
+    /// subreaper). Its end of the pair is closed (its cue to end: it kills a tree still
+    /// reported, closes its copy of the session and exits), then leaderrun waits for its exit
+    /// at most [`KILL_WAIT`] and a second, SIGKILLs it after that, and reaps it. No watchdog
+    /// is started after this. Call once, last, on every exit path after the first
+    /// [`Watchdog::ready`].
+    pub fn shutdown(&self) {
+        let link = {
+            let mut held = self.lock();
+            held.closed = true;
+            held.link.take()
+        };
+        let Some(Link { fd, pid, pidfd }) = link else {
+            return;
+        };
+        drop(fd);
+        let pid = Pid::from_raw(pid as i32);
+        let bound = KILL_WAIT + Duration::from_secs(1);
+        let exited = match &pidfd {
+            Some(pidfd) => {
+                let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+                let ms = bound.as_millis() as i32;
+                loop {
+                    match poll(
+                        &mut fds,
+                        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+                    ) {
+                        Err(Errno::EINTR) => continue,
+                        Ok(n) => break n > 0,
+                        Err(_) => break false,
+                    }
+                }
+            }
+            // Before Linux 5.3: look every few milliseconds.
+            None => {
+                let deadline = boottime() + bound;
+                loop {
+                    match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+                        Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(Errno::EINTR) => {}
+                        // Reaped here, or by leaderrun's reaper (ECHILD).
+                        _ => break true,
+                    }
+                    if boottime() >= deadline {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        };
+        if !exited {
+            warn!(pid = pid.as_raw(), "the watchdog did not exit; killing it");
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+        // ECHILD: reaped already (above, or by leaderrun's reaper).
+        while let Err(Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
+        self.helper.set(None);
+    }
+}
+
+/// Whether leaderrun logs JSON lines (`--log-format json`): the watchdog's own lines follow.
+pub(super) static JSON_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// Makes watchdogs started from now on write their lines as JSON objects, like leaderrun's
+/// `--log-format json`, instead of text lines.
+pub fn use_json_logs(json: bool) {
+    JSON_LOGS.store(json, Ordering::Relaxed);
+}
+
+/// A [`Spawner`] that keeps the watchdog told: the spawn gate checks that a watchdog runs
+/// (starting a new one if it died), and every tree's process group is reported while it runs.
+pub struct WatchedSpawner<S> {
+    /// The spawner that starts the processes.
+    pub inner: S,
+    /// The watchdog to tell.
+    pub watchdog: std::sync::Arc<Watchdog>,
+}
+
+impl<S: Spawner> Spawner for WatchedSpawner<S> {
+    fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError> {
+        if !self.watchdog.ready() {
+            warn!("no watchdog runs: if leaderrun is killed, COMMAND's helpers may outlive it");
+        }
+        // What the watchdog said of an earlier tree is no news of this one.
+        let _ = self.watchdog.stopped_the_tree();
+        let tree = self.inner.spawn(env)?;
+        self.watchdog.tree(Some(tree.pid() as i32));
+        Ok(Box::new(WatchedTree {
+            inner: tree,
+            watchdog: self.watchdog.clone(),
+            reported: true,
+            held_back: None,
+            stopping: false,
+        }))
+    }
+
+    fn reap_strays(&mut self) {
+        self.inner.reap_strays();
+    }
+}
+
+/// A [`Tree`] whose end is reported to the watchdog.
+#[derive(Debug)]
+pub(super) struct WatchedTree {
+    inner: Box<dyn Tree>,
+    watchdog: std::sync::Arc<Watchdog>,
+    reported: bool,
+    /// Since when the end of a tree the watchdog stopped is held back (see [`Tree::poll`]).
+    held_back: Option<std::time::Instant>,
+    /// A stop was asked for since the tree started.
+    stopping: bool,
+}
+
+/// How long the end of a tree the watchdog stopped is held back at most, waiting for the term's
+/// end that caused it.
+pub(super) const HOLD_BACK: Duration = Duration::from_secs(5);
+
+impl Tree for WatchedTree {
+    fn pid(&self) -> u32 {
+        self.inner.pid()
+    }
+
+    fn signal_group(&mut self, sig: Signal) {
+        self.inner.signal_group(sig);
+    }
+
+    fn signal_all(&mut self, sig: Signal) {
+        // Every stop goes through here: told first, so the watchdog leaves a session the
+        // server closes meanwhile to leaderrun.
+        if sig != Signal::SIGCONT {
+            self.watchdog.stopping();
+            self.stopping = true;
+        }
+        self.inner.signal_all(sig);
+    }
+
+    /// A tree the watchdog stopped while leaderrun was frozen did not exit on its own: its end
+    /// is held back (as still running) until the supervisor stops it for the term's end that
+    /// made the watchdog act, which leaderrun sees as soon as it runs again, so the exit is
+    /// not taken for COMMAND's own (which would end a `--restart never` leaderrun). At most
+    /// [`HOLD_BACK`].
+    fn poll(&mut self) -> TreeState {
+        let state = self.inner.poll();
+        if state.main.is_some() && !self.stopping {
+            let since = match self.held_back {
+                Some(since) => Some(since),
+                None if self.watchdog.stopped_the_tree() => Some(std::time::Instant::now()),
+                None => None,
+            };
+            self.held_back = since;
+            if since.is_some_and(|at| at.elapsed() < HOLD_BACK) {
+                return TreeState {
+                    main: None,
+                    stopped: None,
+                    empty: false,
+                };
+            }
+        }
+        if state.empty && self.reported {
+            self.reported = false;
+            self.watchdog.tree(None);
+        }
+        state
+    }
+}
+
+impl Drop for WatchedTree {
+    fn drop(&mut self) {
+        // The inner tree is killed (if it was not empty) when it drops, before we say so.
+        let inner = std::mem::replace(&mut self.inner, Box::new(Gone));
+        drop(inner);
+        if self.reported {
+            self.watchdog.tree(None);
+        }
+    }
+}
+
+/// What is left in a [`WatchedTree`] once its tree was dropped.
+#[derive(Debug)]
+pub(super) struct Gone;
+
+impl Tree for Gone {
+    fn pid(&self) -> u32 {
+        0
+    }
+    fn signal_group(&mut self, _: Signal) {}
+    fn signal_all(&mut self, _: Signal) {}
+    fn poll(&mut self) -> TreeState {
+        TreeState {
+            empty: true,
+            ..TreeState::default()
+        }
+    }
+}

@@ -1,0 +1,777 @@
+//! The watchdog process itself ([`main`]): its loop ([`Guard`]) over the pair's messages, the
+//! tree's process group and the escape tracking of descendants that left it, written to touch
+//! few pages ([`write_now`], no tracing subscriber).
+//!
+//! One file, although long: the loop, the scans of the tree's group and the escape tracking are
+//! one state machine over one state ([`Guard`]), and none of it runs outside the watchdog
+//! process.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::elector::boottime;
+use crate::process::cgroup::Cgroup;
+
+use super::protocol::*;
+use super::{pidfd_open, KILL_WAIT, SESSION_CLOSED_DEFER};
+
+/// The members of process group `pgid` that are not zombies (`None` without `/proc`: then
+/// every member counts). Once leaderrun is gone its tree's zombies belong to whoever
+/// inherited them, which may reap them late; they run nothing.
+pub(super) fn live_members(pgid: i32) -> Option<Vec<i32>> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    Some(
+        dir.flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| is_live_member(pid, pgid))
+            .collect(),
+    )
+}
+
+/// Whether `pid` is a member of process group `pgid` and not a zombie.
+pub(super) fn is_live_member(pid: i32, pgid: i32) -> bool {
+    // One system call rules out nearly every process (a machine with a thousand standbys has
+    // thousands); only members of the group have their state read.
+    if nix::unistd::getpgid(Some(Pid::from_raw(pid))) != Ok(Pid::from_raw(pgid)) {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    let mut fields = rest.split(' ');
+    let state = fields.next();
+    let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+    pgrp == Some(pgid) && !matches!(state, Some("Z") | Some("X"))
+}
+
+/// Waits until every live member of process group `pgid` has exited (a zombie counts), at
+/// most `within`: one scan of `/proc` finds them, then `poll` on their pidfds (Linux 5.3)
+/// wakes at each exit. A group that was sent SIGKILL gains no members (a fork under way gets
+/// the signal too), so the members found are all there is to wait for; after a stop signal
+/// (`killed` false) a member may still start others, so the group is scanned again once the
+/// known ones are gone. `Some(true)`: all are gone; `Some(false)`: some are left at the
+/// deadline; `None`: it cannot tell (no `/proc`, or no pidfds), and the caller polls.
+pub(super) fn wait_group_exit(pgid: i32, within: Duration, killed: bool) -> Option<bool> {
+    let deadline = boottime() + within;
+    loop {
+        if matches!(killpg(Pid::from_raw(pgid), None), Err(Errno::ESRCH)) {
+            return Some(true);
+        }
+        let members = live_members(pgid)?;
+        if members.is_empty() {
+            return Some(true);
+        }
+        if !wait_exits(pgid, &members, deadline)? {
+            return Some(false);
+        }
+        if killed {
+            return Some(true);
+        }
+    }
+}
+
+/// Waits until `members` of process group `pgid` have exited or `deadline` (boottime) passed;
+/// `Some(true)` when they have. `None`: no pidfds here.
+pub(super) fn wait_exits(pgid: i32, members: &[i32], deadline: Duration) -> Option<bool> {
+    let mut pidfds = Vec::new();
+    for &pid in members {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if raw < 0 {
+            match Errno::last() {
+                Errno::ESRCH => continue,
+                _ => return None,
+            }
+        }
+        // SAFETY: the kernel just gave us this descriptor.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+        // The pid may have been reused between the scan and the open.
+        if is_live_member(pid, pgid) {
+            pidfds.push(pidfd);
+        }
+    }
+    while !pidfds.is_empty() {
+        let left = deadline.saturating_sub(boottime());
+        if left.is_zero() {
+            return Some(false);
+        }
+        let mut fds: Vec<PollFd<'_>> = pidfds
+            .iter()
+            .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+            .collect();
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => return None,
+        }
+        let exited: Vec<bool> = fds
+            .iter()
+            .map(|fd| fd.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(fds);
+        let mut exited = exited.into_iter();
+        pidfds.retain(|_| !exited.next().unwrap_or(false));
+    }
+    Some(true)
+}
+
+/// One log line on stderr in leaderrun's format (`--log-format`): the watchdog has no tracing
+/// subscriber, so that its loop stays small; its lines are rare, and written without waiting
+/// ([`write_now`]).
+#[cold]
+pub(super) fn say(level: &str, message: &str) {
+    let timestamp = humantime::format_rfc3339_micros(std::time::SystemTime::now());
+    let line = if WATCHDOG_JSON.load(Ordering::Relaxed) {
+        format!(
+            "{{\"timestamp\":\"{timestamp}\",\"level\":\"{level}\",\"message\":{}}}\n",
+            serde_json::Value::from(message)
+        )
+    } else {
+        format!("{timestamp} {level:>5} {message}\n")
+    };
+    write_now(&line);
+}
+
+/// In the watchdog process: its lines are JSON (its fifth argument is `json`).
+pub(super) static WATCHDOG_JSON: AtomicBool = AtomicBool::new(false);
+
+/// The watchdog process: `leaderrun-watchdog GRACE_MS STALL_MS STOP_SIGNAL CGROUP|- text|json
+/// LEADERRUN_PID`, its end of the pair on descriptor 3. Runs until leaderrun is gone.
+pub fn main() -> ExitCode {
+    // Nothing but leaderrun's end of file or SIGKILL ends it: INT/TERM/HUP to a whole process
+    // group or cgroup reach leaderrun too, whose exit is the watchdog's cue.
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGPIPE,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
+        // SAFETY: SIG_IGN installs no handler code.
+        unsafe {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+    // `ps` and `/proc/PID/comm` show what it is, not "exe".
+    // SAFETY: PR_SET_NAME with a NUL-terminated name of at most 16 bytes.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"leaderrun-wd".as_ptr(), 0, 0, 0);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ms =
+        |i: usize| Duration::from_millis(args.get(i).and_then(|a| a.parse().ok()).unwrap_or(1000));
+    let (grace, stall) = (ms(0), ms(1));
+    let stop_signal = args
+        .get(2)
+        .and_then(|a| a.parse::<i32>().ok())
+        .and_then(|n| Signal::try_from(n).ok())
+        .unwrap_or(Signal::SIGTERM);
+    WATCHDOG_JSON.store(args.get(4).is_some_and(|f| f == "json"), Ordering::Relaxed);
+    let cgroup = args
+        .get(3)
+        .filter(|a| *a != "-")
+        .and_then(|d| Cgroup::open(std::path::Path::new(d)));
+    // The tree is walked from leaderrun's children only while leaderrun is our parent: had it
+    // died before we got here, our parent would be init, whose children are not the tree's.
+    let root = args
+        .get(5)
+        .and_then(|a| a.parse::<i32>().ok())
+        .filter(|&pid| pid == nix::unistd::getppid().as_raw())
+        .unwrap_or(0);
+    // SAFETY: leaderrun put our end of the pair on descriptor 3 before exec.
+    let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    let mut guard = Guard {
+        escaped: Escaped {
+            root,
+            me: std::process::id() as i32,
+            known: Vec::new(),
+            next_scan: 0,
+        },
+        tree: 0,
+        session: None,
+        closed_at: None,
+        stopping: false,
+        proof: 0,
+        last_beat: now_ns(),
+        stall: stall.as_nanos() as u64,
+        grace,
+        stop_signal,
+        cgroup,
+    };
+    guard.run(control.as_fd());
+    ExitCode::SUCCESS
+}
+
+/// The boottime clock ([`boottime`]) in nanoseconds, for the watchdog's loop. This and
+/// [`next_message`] call libc directly and are inlined into [`Guard::run`], so the loop that
+/// runs between heartbeats touches few pages of the binary (see
+/// [`crate::process::memory::drop_start_up_pages`]).
+#[inline(always)]
+pub(super) fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
+    }
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// Writes `line` to stderr without ever waiting and without any error ending the watchdog: the
+/// line is dropped when stderr cannot take it at once (a reader that stopped reading, a closed
+/// pipe, a closed descriptor). Its descriptor is shared with leaderrun and COMMAND, so its own
+/// flags are not touched: a pipe, FIFO or terminal is opened anew through `/proc/self/fd/2`
+/// with `O_NONBLOCK`, a socket is sent to with `MSG_DONTWAIT`, a regular file (which does not
+/// block) is written as it is; anything else is not written.
+pub(super) fn write_now(line: &str) {
+    let bytes = line.as_bytes();
+    // SAFETY: fstat into a zeroed stat; write/send/open/close on descriptors we own or on 2,
+    // with live buffers. SIGPIPE is ignored in the watchdog and MSG_NOSIGNAL is set.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(2, &mut st) != 0 {
+            return;
+        }
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                libc::write(2, bytes.as_ptr().cast(), bytes.len());
+            }
+            libc::S_IFSOCK => {
+                libc::send(
+                    2,
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                );
+            }
+            libc::S_IFIFO | libc::S_IFCHR => {
+                let fd = libc::open(
+                    c"/proc/self/fd/2".as_ptr(),
+                    libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+                );
+                if fd >= 0 {
+                    libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+                    libc::close(fd);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What one wait on the pair brought.
+pub(super) enum Step {
+    /// The server closed the lock session (end of file or an error on the watched copy).
+    SessionClosed,
+    /// A message, and the descriptor that came with it.
+    Message(Message, Option<OwnedFd>),
+    /// Nothing within the time (or a signal, or a message that is not one).
+    Nothing,
+    /// End of file: leaderrun is gone.
+    Eof,
+    /// The pair failed.
+    Failed,
+}
+
+/// Waits at most `within_ns` for one message on `fd`, or for the peer of `session` (-1:
+/// none) to close it: [`receive`] with raw calls and a buffer on the stack. Only `POLLRDHUP`
+/// is asked of the session's socket, which is never read here (its bytes are leaderrun's).
+#[inline(always)]
+pub(super) fn next_message(fd: RawFd, within_ns: u64, session: RawFd) -> Step {
+    let ms = within_ns.div_ceil(1_000_000).min(i32::MAX as u64) as i32;
+    let mut pollfds = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: session,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        },
+    ];
+    let n = if session >= 0 { 2 } else { 1 };
+    // SAFETY: `n` valid pollfds.
+    let ready = unsafe { libc::poll(pollfds.as_mut_ptr(), n, ms) };
+    let interrupted = || Errno::last() == Errno::EINTR;
+    if ready == 0 || (ready < 0 && interrupted()) {
+        return Step::Nothing;
+    }
+    if ready < 0 {
+        return Step::Failed;
+    }
+    if pollfds[0].revents == 0 {
+        return if pollfds[1].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            Step::SessionClosed
+        } else {
+            Step::Nothing
+        };
+    }
+    let mut buf = [0u8; 16];
+    // Room for a control message with one descriptor (as `cmsg_space!([RawFd; 1])`), aligned
+    // for `cmsghdr`; more descriptors than that are closed by the kernel.
+    let mut space = [0u64; 4];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&space) as _;
+    // SAFETY: msg points at live buffers of the sizes it names.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return if interrupted() {
+            Step::Nothing
+        } else {
+            Step::Failed
+        };
+    }
+    let mut attached = None;
+    // SAFETY: the CMSG macros walk the control buffer recvmsg filled; each SCM_RIGHTS entry
+    // holds descriptors the kernel just gave us.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / std::mem::size_of::<libc::c_int>() {
+                    let owned = OwnedFd::from_raw_fd(data.add(i).read_unaligned());
+                    attached.get_or_insert(owned);
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if n == 0 {
+        return Step::Eof;
+    }
+    match Message::decode(&buf[..n as usize]) {
+        Some(message) => Step::Message(message, attached),
+        None => Step::Nothing,
+    }
+}
+
+/// How long the watchdog's pair must be quiet before it gives back its start-up pages: 50 ms.
+pub(super) const QUIET_NS: u64 = 50_000_000;
+
+/// The watchdog's state (times in boottime nanoseconds).
+pub(super) struct Guard {
+    tree: i32,
+    session: Option<OwnedFd>,
+    /// When the server closed the session copy, while leaderrun had not said it is stopping.
+    closed_at: Option<u64>,
+    /// leaderrun said it is stopping the tree.
+    stopping: bool,
+    proof: u64,
+    last_beat: u64,
+    stall: u64,
+    grace: Duration,
+    stop_signal: Signal,
+    cgroup: Option<Cgroup>,
+    /// Descendants of leaderrun that left the tree's process group (no cgroup here).
+    escaped: Escaped,
+}
+
+/// How often, while a tree runs without a cgroup, the watchdog walks leaderrun's descendants
+/// for processes that left the tree's process group (`setsid`, `setpgid`): 25 ms.
+pub(super) const ESCAPE_SCAN_NS: u64 = 25_000_000;
+
+/// Children of `pid`'s threads, read from `/proc/PID/task/*/children` (Linux 3.5 with
+/// `CONFIG_PROC_CHILDREN`); nothing when that cannot be read.
+pub(super) fn children_of(pid: i32, out: &mut Vec<i32>) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(
+                list.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd is readable).
+pub(super) fn exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+/// Sends `sig` through a pidfd (Linux 5.1): never to a process that reused the pid.
+pub(super) fn pidfd_signal(pidfd: &OwnedFd, sig: Signal) {
+    // SAFETY: pidfd_send_signal with a live pidfd, a valid signal, no siginfo, no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        );
+    }
+}
+
+/// The part of a tree that the process group does not reach, where there is no cgroup: a
+/// grandchild that called `setsid` is in a group of its own, and once leaderrun is killed its
+/// parent dies by `PR_SET_PDEATHSIG` and it is re-parented to init, out of every walk. So
+/// while the tree runs the watchdog walks leaderrun's descendants every [`ESCAPE_SCAN_NS`] and
+/// holds a pidfd of each one outside the group; when it has to kill the tree it stops these
+/// (SIGSTOP, so that they start nothing more), walks their own descendants, which are still
+/// linked beneath them, and kills all it found. Left out: a process that left the group in
+/// the last scan period before leaderrun was killed and whose parent died with it.
+pub(super) struct Escaped {
+    /// leaderrun's pid (0: it was gone when the watchdog started; nothing is walked).
+    root: i32,
+    /// The watchdog's own pid, a child of leaderrun but not of the tree.
+    me: i32,
+    known: Vec<(i32, OwnedFd)>,
+    /// When the next walk is due (boottime nanoseconds).
+    next_scan: u64,
+}
+
+impl Escaped {
+    /// Time until the next walk (nanoseconds), while one is worth doing.
+    #[inline(always)]
+    fn scan_in(&self, tree: i32) -> Option<u64> {
+        (tree != 0 && self.root != 0).then(|| self.next_scan.saturating_sub(now_ns()))
+    }
+
+    /// Walks leaderrun's descendants, while leaderrun is our parent still, and adds every one
+    /// outside process group `tree`; forgets those that exited.
+    fn scan(&mut self, tree: i32) {
+        self.next_scan = now_ns().saturating_add(ESCAPE_SCAN_NS);
+        self.known.retain(|(_, pidfd)| !exited(pidfd));
+        if self.root == 0 || nix::unistd::getppid().as_raw() != self.root {
+            return;
+        }
+        let mut stack = vec![self.root];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(pid) = stack.pop() {
+            let mut children = Vec::new();
+            children_of(pid, &mut children);
+            for child in children {
+                if child == self.me || !seen.insert(child) {
+                    continue;
+                }
+                stack.push(child);
+                let outside = nix::unistd::getpgid(Some(Pid::from_raw(child)))
+                    .is_ok_and(|g| g.as_raw() != tree);
+                if outside {
+                    self.add(child);
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, pid: i32) -> bool {
+        if self.known.iter().any(|(p, _)| *p == pid) {
+            return false;
+        }
+        match pidfd_open(pid as u32) {
+            Some(pidfd) => {
+                self.known.push((pid, pidfd));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sends `sig` to every known one. Before SIGKILL, each is stopped first and its own
+    /// descendants are added, until no new one turns up: killed at once, their children
+    /// would be re-parented to init and escape.
+    fn signal(&mut self, sig: Signal) {
+        if sig == Signal::SIGKILL {
+            for _round in 0..16 {
+                for (_, pidfd) in &self.known {
+                    pidfd_signal(pidfd, Signal::SIGSTOP);
+                }
+                let mut below = Vec::new();
+                for (pid, _) in &self.known {
+                    children_of(*pid, &mut below);
+                }
+                let mut new = false;
+                for pid in below {
+                    if pid != self.me {
+                        new |= self.add(pid);
+                    }
+                }
+                if !new {
+                    break;
+                }
+            }
+        }
+        for (_, pidfd) in &self.known {
+            pidfd_signal(pidfd, sig);
+        }
+    }
+
+    /// Waits until every known one has exited, at most until `deadline` (boottime).
+    fn gone_by(&mut self, deadline: Duration) -> bool {
+        loop {
+            self.known.retain(|(_, pidfd)| !exited(pidfd));
+            if self.known.is_empty() {
+                return true;
+            }
+            let left = deadline.saturating_sub(boottime());
+            if left.is_zero() {
+                return false;
+            }
+            let mut fds: Vec<PollFd<'_>> = self
+                .known
+                .iter()
+                .map(|(_, fd)| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+                .collect();
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            let _ = poll(
+                &mut fds,
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+            );
+        }
+    }
+}
+
+impl Guard {
+    fn run(&mut self, control: BorrowedFd<'_>) {
+        // The start-up pages are given back at the first quiet moment, not before the first
+        // messages: leaderrun may be waiting for an answer (a short one-shot's release).
+        let mut unmapped = false;
+        loop {
+            let mut wait = self.freeze_in().unwrap_or(3600 * 1_000_000_000);
+            if let Some(closed) = self.closed_in() {
+                wait = wait.min(closed);
+            }
+            if !unmapped {
+                wait = wait.min(QUIET_NS);
+            }
+            if self.cgroup.is_none() {
+                if let Some(scan) = self.escaped.scan_in(self.tree) {
+                    if scan == 0 {
+                        self.escaped.scan(self.tree);
+                    }
+                    wait = wait.min(ESCAPE_SCAN_NS.min(scan.max(1)));
+                }
+            }
+            // The session is watched while a tree runs that leaderrun is not stopping.
+            let watched = match &self.session {
+                Some(session) if self.tree != 0 && !self.stopping && self.closed_at.is_none() => {
+                    session.as_raw_fd()
+                }
+                _ => -1,
+            };
+            match next_message(control.as_raw_fd(), wait, watched) {
+                Step::Message(message, fd) => self.handle(control, message, fd),
+                Step::SessionClosed => {
+                    // The lock is free already; the copy keeps nothing alive any more.
+                    drop(self.session.take());
+                    self.closed_at = Some(now_ns());
+                }
+                Step::Nothing => {
+                    if !unmapped {
+                        crate::process::memory::drop_start_up_pages();
+                        unmapped = true;
+                    }
+                }
+                Step::Eof => {
+                    // leaderrun is gone: the tree dies before our copy of the session closes.
+                    self.kill_tree();
+                    drop(self.session.take());
+                    return;
+                }
+                Step::Failed => {
+                    self.kill_tree();
+                    return;
+                }
+            }
+            if self.closed_in() == Some(0) {
+                // The server ended the session and leaderrun did not act on it: it is frozen
+                // (or its thread is held), and a standby may lead already. Act first.
+                self.closed_at = None;
+                self.stop_tree();
+                let _ = send_on(control, Message::Stopped, None);
+                say(
+                    "WARN",
+                    "watchdog: the server closed the lock session and leaderrun did not act; \
+                     stopped COMMAND's tree",
+                );
+            }
+            if self.freeze_in() == Some(0) {
+                // Act first: the line may not get out at all.
+                self.stop_tree();
+                let _ = send_on(control, Message::Stopped, None);
+                say(
+                    "WARN",
+                    "watchdog: leaderrun stopped answering while its lock was unproven; \
+                     stopped COMMAND's tree",
+                );
+            }
+        }
+    }
+
+    /// Time until the tree is stopped for a session the server closed: only while a tree runs
+    /// that leaderrun has not said it is stopping (nanoseconds).
+    #[inline(always)]
+    fn closed_in(&self) -> Option<u64> {
+        let closed = self.closed_at?;
+        if self.tree == 0 || self.stopping {
+            return None;
+        }
+        let defer = SESSION_CLOSED_DEFER.as_nanos() as u64;
+        Some(closed.saturating_add(defer).saturating_sub(now_ns()))
+    }
+
+    /// Time until a freeze is declared: only while a tree runs, once the proof has run out and
+    /// no heartbeat came for `stall` (nanoseconds).
+    #[inline(always)]
+    fn freeze_in(&self) -> Option<u64> {
+        if self.tree == 0 {
+            return None;
+        }
+        let beat_end = self.last_beat.saturating_add(self.stall);
+        Some(self.proof.max(beat_end).saturating_sub(now_ns()))
+    }
+
+    #[inline(always)]
+    fn handle(&mut self, control: BorrowedFd<'_>, message: Message, fd: Option<OwnedFd>) {
+        match message {
+            Message::Tree(pgid) => {
+                // A tree was just reported: leaderrun is alive now. Heartbeats come only while
+                // a tree runs, so the freeze clock starts here.
+                self.tree = pgid;
+                self.escaped.next_scan = 0;
+                self.stopping = false;
+                self.closed_at = None;
+                self.last_beat = now_ns();
+            }
+            Message::Stopping => self.stopping = true,
+            Message::Stopped => {}
+            Message::Beat(proof) => {
+                self.proof = proof;
+                self.last_beat = now_ns();
+            }
+            Message::Session => {
+                self.session = fd;
+                self.closed_at = None;
+            }
+            Message::Release => {
+                self.closed_at = None;
+                drop(self.session.take());
+                let _ = send_on(control, Message::Released, None);
+            }
+            Message::Released => {}
+        }
+    }
+
+    /// Whether anything of the tree is left. The cgroup knows exactly (a zombie is no longer
+    /// in it); without one, the process group counts, zombies included, until whoever
+    /// inherited them reaps them.
+    fn alive(&self) -> bool {
+        match &self.cgroup {
+            Some(cgroup) => cgroup.populated(),
+            None => {
+                self.tree != 0
+                    && !matches!(killpg(Pid::from_raw(self.tree), None), Err(Errno::ESRCH))
+                    && live_members(self.tree).map_or(true, |m| !m.is_empty())
+            }
+        }
+    }
+
+    fn signal(&mut self, sig: Signal) {
+        if self.tree != 0 {
+            let _ = killpg(Pid::from_raw(self.tree), sig);
+        }
+        self.escaped.signal(sig);
+        if let Some(cgroup) = &self.cgroup {
+            if sig == Signal::SIGKILL {
+                cgroup.kill();
+            } else {
+                for pid in cgroup.pids() {
+                    let _ = nix::sys::signal::kill(pid, sig);
+                }
+            }
+        }
+    }
+
+    /// Waits until the tree is gone or `within` passed; true when it is gone. `killed`: the
+    /// tree was sent SIGKILL (so it starts nothing new).
+    fn gone_within(&mut self, within: Duration, killed: bool) -> bool {
+        let deadline = boottime() + within;
+        if !self.escaped.gone_by(deadline) {
+            return false;
+        }
+        // Without a cgroup: wake at the members' exits instead of polling (with a thousand
+        // standbys on the machine one scan of `/proc` takes milliseconds).
+        if self.cgroup.is_none() && self.tree != 0 {
+            let left = deadline.saturating_sub(boottime());
+            if let Some(gone) = wait_group_exit(self.tree, left, killed) {
+                return gone;
+            }
+        }
+        // SIGKILLed processes are gone within a fraction of a millisecond as a rule: look
+        // again soon, then less often (the lock waits on this, after `kill -9` of leaderrun).
+        let mut pause = Duration::from_micros(100);
+        while self.alive() {
+            if boottime() >= deadline {
+                return false;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// leaderrun is gone: SIGKILL at once, wait until the tree is gone.
+    fn kill_tree(&mut self) {
+        self.signal(Signal::SIGKILL);
+        if !self.gone_within(KILL_WAIT, true) {
+            say(
+                "ERROR",
+                "watchdog: COMMAND's tree is still there after SIGKILL",
+            );
+        }
+        self.tree = 0;
+    }
+
+    /// leaderrun froze: stop the tree as a demotion would.
+    fn stop_tree(&mut self) {
+        if self.cgroup.is_none() {
+            self.escaped.scan(self.tree);
+        }
+        self.signal(self.stop_signal);
+        self.signal(Signal::SIGCONT);
+        if !self.gone_within(self.grace, false) {
+            self.signal(Signal::SIGKILL);
+        }
+        // The killed processes are leaderrun's children: they stay zombies until it reaps
+        // them, so only the cgroup can tell that they are gone.
+        self.tree = 0;
+    }
+}
