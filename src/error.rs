@@ -71,7 +71,7 @@ pub enum Error {
     },
 
     /// Connecting or a statement did not finish within its bound (the DSN's `connect_timeout`
-    /// when set, else the check interval; contract §8).
+    /// when set, else the check interval; docs/guarantees.md#safety-guarantees).
     #[error("{what} timed out after {}", humantime::format_duration(*.after))]
     Timeout {
         /// What was bounded, e.g. `connect` or `leader check`.
@@ -94,7 +94,7 @@ pub enum Error {
     SessionClosed(#[source] Option<tokio_postgres::Error>),
 
     /// The leader's check ran but its backend no longer holds the granted lock row
-    /// (FIELD-NOTES PostgreSQL 1).
+    /// (docs/field-notes.md#a-live-session-is-not-a-held-lock).
     #[error("advisory lock {lock} is no longer held by backend {backend_pid}")]
     LockNotHeld {
         /// The key, `class:id`.
@@ -104,7 +104,8 @@ pub enum Error {
     },
 
     /// The statement ran on a different backend than the one that took the lock: a
-    /// transaction-mode pooler moves sessions between clients (FIELD-NOTES PostgreSQL 8).
+    /// transaction-mode pooler moves sessions between clients
+    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session).
     #[error(
         "the lock session moved from backend {granted_to} to backend {now}: \
          a transaction-mode connection pooler (e.g. PgBouncer pool_mode=transaction) \
@@ -118,7 +119,8 @@ pub enum Error {
     },
 
     /// No check has proved the lock for 2 check intervals (a partition, a stuck check, or the
-    /// process was suspended): the server may already have given the lock away (contract §8).
+    /// process was suspended): the server may already have given the lock away
+    /// (docs/guarantees.md#safety-guarantees).
     #[error(
         "no check has proved the lock for {} (more than 2 check intervals): \
          the server may have given it away",
@@ -135,7 +137,8 @@ pub enum Error {
     StepDownRequested,
 
     /// A second session was granted the lock this session holds: both reached one server
-    /// backend, as behind a transaction-mode pooler (FIELD-NOTES PostgreSQL 8).
+    /// backend, as behind a transaction-mode pooler
+    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session).
     #[error(
         "a second session was granted the lock this session holds, so both share one server \
          backend: a transaction-mode connection pooler (e.g. PgBouncer pool_mode=transaction) \
@@ -144,7 +147,8 @@ pub enum Error {
     SharedBackend,
 
     /// The server is a hot standby: it grants advisory locks of its own, which would make a
-    /// second leader (contract §8, FIELD-NOTES PostgreSQL 7).
+    /// second leader (docs/guarantees.md#safety-guarantees,
+    /// docs/field-notes.md#a-hot-standby-grants-its-own-locks).
     #[error("server {server} is in recovery (a hot standby); refusing to lead on it")]
     InRecovery {
         /// The redacted connection target.
@@ -200,7 +204,8 @@ impl fmt::Display for Chain<'_> {
                     )?;
                 }
                 // Prepared statements that collide or vanish between statements: the session
-                // is being shared or swapped (FIELD-NOTES PostgreSQL 8).
+                // is being shared or swapped
+                // (docs/field-notes.md#transaction-mode-poolers-move-the-session).
                 let code = db.code();
                 if *code == tokio_postgres::error::SqlState::DUPLICATE_PSTATEMENT
                     || *code == tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME

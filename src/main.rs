@@ -1,5 +1,6 @@
-//! `leaderrun [OPTIONS] -- COMMAND [ARG...]`: parse, build, run, exit with the contract's
-//! status. Never returns a `Result`: errors are logged as one line each, not as a backtrace.
+//! `leaderrun [OPTIONS] -- COMMAND [ARG...]`: parse, build, run, exit with the status of
+//! docs/guarantees.md#exit-codes. Never returns a `Result`: errors are logged as one line each, not
+//! as a backtrace.
 
 use std::process::ExitCode;
 

@@ -1,4 +1,5 @@
-//! The timing model (FIELD-NOTES PostgreSQL 6, contract §3 and §8), as one value.
+//! The timing model (docs/field-notes.md#measuring-the-safe-window,
+//! docs/guarantees.md#the-timing-model), as one value.
 //!
 //! With i = check interval, g = grace and T = the lock session's `idle_session_timeout`:
 //!
@@ -61,8 +62,9 @@ pub enum TimingError {
 }
 
 impl Timing {
-    /// The timing for interval `check_interval` and grace `grace`, with T chosen as the
-    /// contract says (§3): 4i, or 3i + g when g > i. Not yet checked: see [`Timing::check`].
+    /// The timing for interval `check_interval` and grace `grace`, with T chosen as
+    /// docs/guarantees.md#timing-settings says: 4i, or 3i + g when g > i. Not yet checked: see
+    /// [`Timing::check`].
     pub fn new(check_interval: Duration, grace: Duration) -> Timing {
         let idle_session_timeout = if grace > check_interval {
             check_interval * 3 + grace
@@ -121,7 +123,7 @@ impl Timing {
         self.check_interval / 2
     }
 
-    /// `/healthz` limit: the check loop has run within 3i (contract §7).
+    /// `/healthz` limit: the check loop has run within 3i (docs/guarantees.md#observing-a-replica).
     pub fn liveness_limit(&self) -> Duration {
         self.check_interval * 3
     }

@@ -15,7 +15,7 @@ use leaderrun::cli::http::{
 
 use crate::support::{leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
 
-/// The contract's bound for a probe's answer while others misbehave.
+/// The bound (docs/guarantees.md#observing-a-replica) for a probe's answer while others misbehave.
 const PROBE_BOUND: Duration = Duration::from_millis(100);
 /// What a single probe may take on a loaded 2-core machine (other tests and builds running):
 /// the median must meet [`PROBE_BOUND`], the worst of several this.

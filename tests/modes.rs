@@ -1,5 +1,5 @@
-//! The modes of contract §4 with a real PostgreSQL and real processes: cron one-shots, --wait,
-//! the ticker, restarts, timeouts, takeover delay and name-derived lock ids.
+//! The modes of docs/guarantees.md#modes with a real PostgreSQL and real processes: cron one-shots,
+//! --wait, the ticker, restarts, timeouts, takeover delay and name-derived lock ids.
 
 use std::time::{Duration, Instant};
 
@@ -644,8 +644,8 @@ fn a_cron_herd_against_a_small_server_runs_the_job_once_without_errors() {
 
 #[test]
 fn a_role_with_connection_limit_1_leads_on_its_one_session() {
-    // Leading needs one session (contract §8): a direct TCP connection cannot be a pooler's, so
-    // no second session is opened to probe for one.
+    // Leading needs one session (docs/guarantees.md#safety-guarantees): a direct TCP connection
+    // cannot be a pooler's, so no second session is opened to probe for one.
     let cluster = Cluster::start_private();
     cluster.sql("CREATE ROLE lim LOGIN CONNECTION LIMIT 1");
     let id = unique_lock_id();

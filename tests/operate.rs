@@ -926,7 +926,8 @@ fn status_and_doctor_take_negative_lock_keys_in_every_form() {
 #[test]
 fn a_standby_waiting_in_the_lock_queue_is_ready_from_its_first_check() {
     // At the default 5 s interval a waiting standby's first check returns only when its wait
-    // times out; it is ready as soon as the wait is queued (contract §7).
+    // times out; it is ready as soon as the wait is queued
+    // (docs/guarantees.md#observing-a-replica).
     let cluster = Cluster::shared();
     let id = unique_lock_id();
     let scratch = Scratch::new();

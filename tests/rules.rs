@@ -1,6 +1,6 @@
 //! The three rules of the product, end to end: the real binary against a real PostgreSQL
-//! (contract §5 and §8; issue 10's classes). The supervisor's state machine is tested
-//! in-process in `src/supervisor/tests.rs`; these show the same classes from outside.
+//! (docs/guarantees.md#the-three-rules; issue 10's classes). The supervisor's state machine is
+//! tested in-process in `src/supervisor/tests.rs`; these show the same classes from outside.
 
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant, SystemTime};
@@ -434,6 +434,10 @@ fn a_watchdog_that_dies_is_replaced_and_still_guards_the_tree() {
     scratch.wait_starts(1, secs(10.0));
     let worker = scratch.recorded_pid("worker ");
     let first = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
+    // Its name is not matched by `pkill leaderrun` / `killall leaderrun`, which would take it
+    // down together with leaderrun.
+    let comm = std::fs::read_to_string(format!("/proc/{first}/comm")).unwrap();
+    assert!(!comm.contains("leaderrun"), "the watchdog's name {comm:?}");
     kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
     let second = wait_for("a new watchdog", secs(5.0), || {
         watchdog_of(leader.pid()).filter(|&p| p != first)

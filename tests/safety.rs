@@ -1,5 +1,5 @@
-//! Contract §8 with real components: partitions through a TCP proxy, a paused leaderrun,
-//! fencing tokens over forced terms.
+//! The guarantees of docs/guarantees.md#safety-guarantees with real components: partitions through
+//! a TCP proxy, a paused leaderrun, fencing tokens over forced terms.
 
 use std::time::{Duration, Instant};
 

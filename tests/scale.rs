@@ -1,6 +1,7 @@
 //! Many standbys and `--slots N` through the binary: only a line of two waits in the server's
-//! queues however many standbys there are (FIELD-NOTES PostgreSQL 16), hand-overs still reach a
-//! waiting standby at once, and with slots every rule of the single lock holds per slot.
+//! queues however many standbys there are
+//! (docs/field-notes.md#every-waiter-costs-a-deadlock-check), hand-overs still reach a waiting
+//! standby at once, and with slots every rule of the single lock holds per slot.
 
 use std::time::{Duration, Instant};
 

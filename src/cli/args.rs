@@ -95,8 +95,8 @@ pub struct Cli {
     /// `postgres://user@host:5432/dbname?sslmode=disable` or
     /// `host=db user=app dbname=plexsphere`. When absent, LEADERRUN_DSN, then PLEXSPHERE_DSN,
     /// then DATABASE_URL, then PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME,
-    /// PGCONNECT_TIMEOUT and PGSSLMODE are used, with psql's defaults (Unix socket, OS user). Fields the DSN leaves out are taken
-    /// from the PG* variables too.
+    /// PGCONNECT_TIMEOUT and PGSSLMODE are used, with psql's defaults (Unix socket, OS user).
+    /// Fields the DSN leaves out are taken from the PG* variables too.
     ///
     /// Advisory locks are per database: copies connected to different databases of one server
     /// do not exclude each other, so every copy must name the same database: leaderrun refuses
@@ -239,7 +239,8 @@ pub struct Cli {
 
     /// A new leader verifies its lock this long before it starts COMMAND [default: 0s]
     ///
-    /// Gives a demoted leader elsewhere time to stop its child first. A bare 0 (or 0s) is the default: none.
+    /// Gives a demoted leader elsewhere time to stop its child first. A bare 0 (or 0s) is the
+    /// default: none.
     ///
     /// Example: --takeover-delay 10s
     #[arg(
@@ -524,9 +525,10 @@ pub enum Action {
     /// scratch id of the same class, so a running leader is not disturbed), that the server is
     /// not in recovery, that a session keeps its backend (no transaction-mode pooler), that
     /// the server's major is supported (14 to 18) and idle_session_timeout can be set (a
-    /// warning each on PostgreSQL 13, which runs with a weaker bound), and shows the database the lock lives in (a warning
-    /// when no setting named it, so it is the user's name), TLS and who holds the real key.
-    /// Exit 0 when all hold (warnings included), 1 when one fails, 125 when it cannot connect.
+    /// warning each on PostgreSQL 13, which runs with a weaker bound), and shows the database the
+    /// lock lives in (a warning when no setting named it, so it is the user's name), TLS and who
+    /// holds the real key. Exit 0 when all hold (warnings included), 1 when one fails, 125 when it
+    /// cannot connect.
     ///
     /// The scratch key is CLASS:ID with an id derived from this process unless --scratch-id
     /// names one; doctor says which it took. On a server where ids are allotted, pick one that
@@ -600,7 +602,7 @@ pub fn command() -> clap::Command {
 }
 
 /// Parses the process arguments; prints help/version and exits 0, or prints the usage error
-/// and exits 125 (contract §6).
+/// and exits 125 (docs/guarantees.md#exit-codes).
 pub fn parse() -> Cli {
     let raw: Vec<OsString> = std::env::args_os().collect();
     let checked = command()
@@ -629,7 +631,7 @@ pub fn parse() -> Cli {
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Parses a positive duration with a unit (`500ms`, `5s`, `2m`); zero, negative, unit-less and
-/// longer-than-a-year values are refused (contract §3).
+/// longer-than-a-year values are refused (docs/guarantees.md#timing-settings).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
     if trimmed.starts_with('-') {

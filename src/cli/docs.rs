@@ -66,7 +66,8 @@ fn item(roff: &mut Roff, tag: &str, text: &str) {
 }
 
 /// The man page: clap_mangen's sections plus EXIT STATUS, ENVIRONMENT, SIGNALS and EXAMPLES,
-/// which follow the contract. The ENVIRONMENT list of options is read off the clap definition.
+/// which follow docs/guarantees.md. The ENVIRONMENT list of options is read off the clap
+/// definition.
 pub fn man_page() -> Vec<u8> {
     let command = Cli::command();
     let man = clap_mangen::Man::new(command.clone()).date("");
@@ -184,7 +185,7 @@ pub fn man_page() -> Vec<u8> {
         "A watchdog process (leaderrun-watchdog) holds a copy of the lock session's socket. When \
          leaderrun is killed, it SIGKILLs COMMAND's process group (and its cgroup, where leaderrun could \
          make one) and closes the socket only after the tree is dead; when leaderrun is stopped alone, \
-         it stops the tree within the safe window plus the grace, before the server's \
+         it stops the tree within 2.5 check intervals plus the grace after the last good check, before the server's \
          idle_session_timeout can free the lock; when the server ends the session of a stopped \
          leaderrun, it stops the tree 100 ms later. leaderrun sees a dead watchdog at once and starts \
          another. A session the server ends itself frees the lock within the old tree's stop time. \

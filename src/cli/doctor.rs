@@ -1,8 +1,8 @@
-//! `leaderrun doctor` (contract §7): proves, through exactly the connection settings a replica
-//! would use, what the election relies on: two sessions exclude each other on a scratch id of
-//! the same class (a running leader is not disturbed), the server is not in recovery, a session
-//! keeps its backend (no transaction-mode pooler), `idle_session_timeout` can be set; it also
-//! shows the TLS state and who holds the real key.
+//! `leaderrun doctor` (docs/guarantees.md#observing-a-replica): proves, through exactly the
+//! connection settings a replica would use, what the election relies on: two sessions exclude each
+//! other on a scratch id of the same class (a running leader is not disturbed), the server is not
+//! in recovery, a session keeps its backend (no transaction-mode pooler), `idle_session_timeout`
+//! can be set; it also shows the TLS state and who holds the real key.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
-//! leaderrun's own exit statuses (contract §6). COMMAND's status, 128 + N for a signal death
-//! and the conflict code (`--conflict-exit-code`, default 0) are the others.
+//! leaderrun's own exit statuses (docs/guarantees.md#exit-codes). COMMAND's status, 128 + N for a
+//! signal death and the conflict code (`--conflict-exit-code`, default 0) are the others.
 
 /// `--timeout` expired and COMMAND was stopped, as `timeout(1)` has it.
 pub const TIMEOUT: u8 = 124;

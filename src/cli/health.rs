@@ -1,4 +1,5 @@
-//! Liveness and readiness, as `/healthz` and `/readyz` report them (contract §7).
+//! Liveness and readiness, as `/healthz` and `/readyz` report them
+//! (docs/guarantees.md#observing-a-replica).
 //!
 //! Readiness follows the seed's readiness table:
 //!
@@ -9,7 +10,8 @@
 //! | standby before any check has reached the server | not ready |
 //! | leader, last run/tick succeeded (or none yet) | ready |
 //! | leader, last run/tick failed | not ready, with that run's error, until a later one succeeds |
-//! | standby whose latest check reached the server, or whose wait is queued on it | ready: a standby runs nothing and has no outcome of its own |
+//! | standby whose latest check reached the server, or whose wait is queued on it | ready: a
+//! standby runs nothing and has no outcome of its own |
 //!
 //! A replica that cannot reach the server (a wrong password, a missing role or database, a
 //! port where nothing listens) is therefore never ready: a rollout with a bad secret stops at

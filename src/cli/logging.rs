@@ -1,4 +1,5 @@
-//! Log lines to stderr (contract §7): the seed's wording, one line per event, fields appended.
+//! Log lines to stderr (docs/guarantees.md#observing-a-replica): the seed's wording, one line per
+//! event, fields appended.
 //!
 //! # Output never waits
 //!

@@ -1,4 +1,4 @@
-//! The binary's Prometheus registry (contract §7).
+//! The binary's Prometheus registry (docs/guarantees.md#observing-a-replica).
 //!
 //! The election's metrics (`plexsphere_background_leader`, checks, terms, demotions) are
 //! registered by the [`Elector`] itself on the same registry; this module adds what only the

@@ -1,7 +1,8 @@
-//! The binary's own parts (feature `cli`). The command line (contract §1–3): one clap
-//! definition ([`Cli`], in `args`), and the checks that turn it into [`Settings`] (in
-//! `settings`). Every usage error exits 125 (contract §6), not clap's default 2: [`parse`] does
-//! that.
+//! The binary's own parts (feature `cli`). The command line
+//! (docs/guarantees.md#database-and-connection-settings, #the-lock-key-and-slots,
+//! #timing-settings): one clap definition ([`Cli`], in `args`), and the checks that turn it into
+//! [`Settings`] (in `settings`). Every usage error exits 125 (docs/guarantees.md#exit-codes), not
+//! clap's default 2: [`parse`] does that.
 //!
 //! Beside it: [`runner`] builds the real parts of a run (elector, watchdog, supervisor) and
 //! runs it; [`status`] (`status`, `step-down`) and [`doctor`] are the operator's subcommands;

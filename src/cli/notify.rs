@@ -1,4 +1,4 @@
-//! systemd's notification protocol (`NOTIFY_SOCKET`), contract §7.
+//! systemd's notification protocol (`NOTIFY_SOCKET`), docs/guarantees.md#observing-a-replica.
 //!
 //! READY=1 after the first check; STATUS= on every change (`leader, term N`, `standby`,
 //! `database unreachable: <cause>`); STOPPING=1 on shutdown; WATCHDOG=1 every half
@@ -70,7 +70,8 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
                 continue;
             }
         }
-        // READY=1 after the first check, not the first connect (contract §7).
+        // READY=1 after the first check, not the first connect
+        // (docs/guarantees.md#observing-a-replica).
         if elector.checks().total == 0 {
             continue;
         }

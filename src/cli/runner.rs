@@ -27,7 +27,8 @@ use crate::supervisor::{Election, Exit, Plan, Supervisor};
 use crate::watchdog::{Watchdog, WatchdogPlan, WatchedSpawner};
 
 /// Runs the default command from checked settings and the signal handlers `main` installed
-/// first (FIELD-NOTES child 1). Errors are logged; the result is the exit status of contract §6.
+/// first (docs/field-notes.md#handlers-before-anything-else). Errors are logged; the result is the
+/// exit status of docs/guarantees.md#exit-codes.
 pub fn main(settings: Settings, signals: SignalStream) -> Exit {
     // COMMAND is looked up before campaigning: a typo must not wait silently as a standby.
     let path = std::env::var_os("PATH");
@@ -90,8 +91,8 @@ pub fn elector_config(settings: &Settings) -> Config {
     config.slots = settings.slots;
     config.check_interval = settings.timing.check_interval;
     config.idle_session_timeout = Some(settings.timing.idle_session_timeout);
-    // Standbys wait in the lock queue, so a release reaches them at once (contract §8); a
-    // `--once` check must not wait.
+    // Standbys wait in the lock queue, so a release reaches them at once
+    // (docs/guarantees.md#safety-guarantees); a `--once` check must not wait.
     config.wait_for_release = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
     // A fleet started together connects spread over up to a quarter interval (at most 1 s);
     // `--once` decides at once (its herd is handled by retrying 53300/57P03).
@@ -120,7 +121,7 @@ pub fn plan(settings: &Settings) -> Plan {
 }
 
 /// Runs the mode `settings` selects on the real election and real processes; returns the exit
-/// status of contract §6.
+/// status of docs/guarantees.md#exit-codes.
 pub async fn run(
     settings: Settings,
     command: Command,

@@ -230,8 +230,8 @@ impl Cli {
     ///
     /// The default is INFO, except for the one-shot modes (`--once`, `--wait`), whose default
     /// is WARN: a cron job that led prints only what COMMAND prints, plus WARN/ERROR lines when
-    /// something is wrong (contract §4), and `-v` shows the INFO lines. This is the one place
-    /// that decides it.
+    /// something is wrong (docs/guarantees.md#modes), and `-v` shows the INFO lines. This is the
+    /// one place that decides it.
     pub fn log_level(&self) -> tracing::Level {
         use tracing::Level;
         const LADDER: [Level; 5] = [

@@ -1,5 +1,5 @@
-//! `leaderrun status` and `leaderrun step-down` (contract §7); `doctor` is in
-//! [`super::doctor`].
+//! `leaderrun status` and `leaderrun step-down` (docs/guarantees.md#observing-a-replica); `doctor`
+//! is in [`super::doctor`].
 //!
 //! `status` runs the seed's `pg_locks` query for the key in use, joined to `pg_stat_activity`:
 //! the leader's backend pid, application name (`leaderrun@HOST:PID`), client address and port,
@@ -26,7 +26,8 @@ use crate::pg::within;
 pub struct Leader {
     /// The slot it holds, 0 … N−1 (`--slots N`; always 0 with one slot).
     pub slot: u32,
-    /// The key of that slot, `class:id` (contract §2: slot k is `class + k : id`).
+    /// The key of that slot, `class:id` (docs/guarantees.md#the-lock-key-and-slots: slot k is
+    /// `class + k : id`).
     pub lock: String,
     /// Backend pid of the lock session.
     pub pid: i32,

@@ -10,20 +10,23 @@
 //!   A refused try leaves the session as it was, so a standby costs the server one session and
 //!   one statement per interval. A failed connect or statement is logged at WARN as
 //!   `leader: acquire lock connection: <cause>`, the session is thrown away (a try that failed
-//!   or timed out on the client may still have been granted on the server, FIELD-NOTES
-//!   PostgreSQL 3) and the replica stays a standby.
-//! * **Grant.** The session becomes the lock session: `idle_session_timeout` is set on it (the
-//!   seed's bound on an orphaned lock session), a fencing token is read
-//!   (`txid_current()`, FIELD-NOTES PostgreSQL 12), and a new [`Term`] begins.
+//!   or timed out on the client may still have been granted on the server, see
+//!   docs/field-notes.md#a-timed-out-try-may-have-been-granted) and the replica stays a standby.
+//! * **Grant.** The session becomes the lock session. Its `idle_session_timeout` (the seed's
+//!   bound on an orphaned lock session) was pinned when it connected, before its first try, so
+//!   a grant never runs without it even for a moment. A fencing token is read
+//!   (`txid_current()`, docs/field-notes.md#the-fencing-number-comes-from-the-server), and a new
+//!   [`Term`] begins.
 //! * **Leader.** The check proves ownership in one round trip: the backend that answers is the
 //!   one the lock was granted to, it holds the granted `pg_locks` row for (current database,
-//!   class, id, objsubid 2), and the server is not in recovery (FIELD-NOTES PostgreSQL 1). A
-//!   check that fails or does not answer within one interval demotes. The session is also
-//!   watched between checks: when the server closes it (terminated backend, restart), the
-//!   leader demotes at once instead of at its next check (FIELD-NOTES PostgreSQL 4).
+//!   class, id, objsubid 2), and the server is not in recovery
+//!   (docs/field-notes.md#a-live-session-is-not-a-held-lock). A check that fails or does not answer
+//!   within one interval demotes. The session is also watched between checks: when the server
+//!   closes it (terminated backend, restart), the leader demotes at once instead of at its next
+//!   check (docs/field-notes.md#the-lock-goes-with-the-session).
 //! * **Demotion** ends the term with [`TermEnd::LeadershipLost`], turns [`Elector::is_leader`]
 //!   false, sets the gauge to 0, closes the session and logs a WARN line with the cause. The
-//!   lock is never tried again on that session (FIELD-NOTES PostgreSQL 2).
+//!   lock is never tried again on that session (docs/field-notes.md#try-lock-requests-stack).
 //! * **Cancel** ends the term with [`TermEnd::Resigned`], runs `pg_advisory_unlock` under a
 //!   2-second bound that outlives the cancellation, and closes the session.
 //! * **Panic or drop.** When `run` unwinds (or its future is dropped) the term ends with
@@ -101,24 +104,28 @@ pub trait SessionKeeper: Send + Sync + std::fmt::Debug {
 pub struct Config {
     /// Connection settings of the one session the lock is tried and held on (instead of the
     /// seed's pool). Its `connect_timeout`, when set, bounds each host's connect attempt and
-    /// every standby statement; otherwise the check interval does (contract §8). The hosts,
-    /// their passwords and `target_session_attrs` are in [`Config::tls`]'s plan.
+    /// every standby statement; otherwise the check interval does
+    /// (docs/guarantees.md#safety-guarantees). The hosts, their passwords and
+    /// `target_session_attrs` are in [`Config::tls`]'s plan.
     pub connect: tokio_postgres::Config,
     /// TLS: libpq's `sslmode` (including `verify-ca`/`verify-full`) and certificates. Default:
     /// `prefer`, as libpq.
     pub tls: TlsSettings,
     /// The advisory lock key; default [`LockKey::default`], the seed's `(1886156915, 1)`.
     pub lock: LockKey,
-    /// How many replicas may lead at once, each on a slot of its own (`--slots N`, contract
-    /// §2): slot k is the key [`LockKey::slot`]`(k)`. 0 and 1 both mean one slot, the seed's
-    /// single leader. Every replica of one lock must use the same number.
+    /// How many replicas may lead at once, each on a slot of its own (`--slots N`,
+    /// docs/guarantees.md#the-lock-key-and-slots): slot k is the key [`LockKey::slot`]`(k)`. 0 and
+    /// 1 both mean one slot, the seed's single leader. Every replica of one lock must use the same
+    /// number.
     pub slots: u32,
     /// How often a standby tries the lock and the leader verifies it, and how long the leader's
     /// check may take before it fails. Zero uses [`DEFAULT_CHECK_INTERVAL`], as the seed says.
     pub check_interval: Duration,
-    /// `idle_session_timeout` set on the lock session at the grant. `None` uses the seed's
+    /// `idle_session_timeout` pinned on every session when it connects, before its first try,
+    /// so it is in force from the grant on. `None` uses the seed's
     /// value, 4 × check interval. The binary raises it to 3 × interval + grace when the grace
-    /// is longer than one interval (contract §3). Rounded up to whole milliseconds.
+    /// is longer than one interval (docs/guarantees.md#timing-settings). Rounded up to whole
+    /// milliseconds.
     pub idle_session_timeout: Option<Duration>,
     /// A released lock, whether unlocked or freed by a dying session, is granted to a standby
     /// at once. Per slot a line of two ([`crate::pg::lock::QUEUE_PLACES`]) waits in the server's
@@ -126,9 +133,9 @@ pub struct Config {
     /// head for the lock, the second for the head's place ([`LockKey::queue_key`]), so two
     /// hand-overs in a row both reach a waiting standby. Every other standby tries the lock
     /// and the places once per interval, so however many standbys there are, two wait
-    /// (FIELD-NOTES PostgreSQL 16: every waiter costs a deadlock check that walks the queue).
-    /// Still one session and about one statement per interval. `false` (the default) is the
-    /// seed's fixed-interval `pg_try_advisory_lock`.
+    /// (docs/field-notes.md#every-waiter-costs-a-deadlock-check: every waiter costs a deadlock
+    /// check that walks the queue). Still one session and about one statement per interval. `false`
+    /// (the default) is the seed's fixed-interval `pg_try_advisory_lock`.
     pub wait_for_release: bool,
     /// Longest random delay before the first check of [`Elector::run`], so that a fleet
     /// started at the same moment (a deployment, a host's boot) does not connect at the same
@@ -151,9 +158,9 @@ pub struct Config {
     pub span: tracing::Span,
     /// Registry that receives the `plexsphere_background_leader` gauge (no labels; 1 while
     /// leading, 0 otherwise; the seed's Metric table) and the election's own metrics:
-    /// `leaderrun_slot` (the slot led on, −1 while standby), `leaderrun_terms_started_total`, `leaderrun_checks_total{outcome}`,
-    /// `leaderrun_check_duration_seconds` (a check's own time, without a standby's wait in the
-    /// lock queue), `leaderrun_lock_wait_seconds` (that wait) and
+    /// `leaderrun_slot` (the slot led on, −1 while standby), `leaderrun_terms_started_total`,
+    /// `leaderrun_checks_total{outcome}`, `leaderrun_check_duration_seconds` (a check's own time,
+    /// without a standby's wait in the lock queue), `leaderrun_lock_wait_seconds` (that wait) and
     /// `leaderrun_demotions_total{cause}`. Every labelled series exists from the start at 0. `None`
     /// registers nothing. Electors that share a registry share these, and so write one series.
     pub registry: Option<Registry>,
@@ -206,7 +213,7 @@ impl Config {
     }
 
     /// The leader's safe window, [`Timing::safe_window`]: 2 check intervals from the send time
-    /// of the last check that proved the lock (FIELD-NOTES PostgreSQL 6).
+    /// of the last check that proved the lock (docs/field-notes.md#measuring-the-safe-window).
     pub fn safe_window(&self) -> Duration {
         self.timing().safe_window()
     }
@@ -218,7 +225,7 @@ impl Config {
     }
 
     /// Bound on each host's connect attempt and on a standby's statements: the DSN's
-    /// `connect_timeout` when set, else the check interval (contract §8).
+    /// `connect_timeout` when set, else the check interval (docs/guarantees.md#safety-guarantees).
     pub fn io_bound(&self) -> Duration {
         self.connect
             .get_connect_timeout()
@@ -281,7 +288,7 @@ pub struct Checks {
     /// that sent it is recorded, with its outcome).
     pub waiting: bool,
     /// The latest failure met a server that was momentarily full (`too many connections`,
-    /// SQLSTATE 53300) or starting up (57P03): worth trying again soon (contract §4).
+    /// SQLSTATE 53300) or starting up (57P03): worth trying again soon (docs/guarantees.md#modes).
     pub last_transient: bool,
 }
 

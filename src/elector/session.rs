@@ -1,6 +1,6 @@
 //! The elector's one session: the timers pinned on it, the lock statements prepared on it, and
-//! statements bounded by a deadline (FIELD-NOTES PostgreSQL 5). Connecting is in
-//! `connecting`; the statements' text in [`crate::pg::lock`].
+//! statements bounded by a deadline (docs/field-notes.md#half-open-connections-and-pinned-timers).
+//! Connecting is in `connecting`; the statements' text in [`crate::pg::lock`].
 
 use std::os::fd::RawFd;
 use std::time::Duration;
@@ -17,9 +17,9 @@ use crate::error::Error;
 use crate::pg::lock::{try_sql, wait_sql, LockKey, QUEUE_PLACES};
 use crate::pg::within;
 
-/// Client-side TCP timers (FIELD-NOTES PostgreSQL 5): keepalives so a vanished server is
-/// noticed between checks, and `TCP_USER_TIMEOUT` so a check stuck in retransmission fails
-/// within 2 check intervals instead of the kernel's minutes.
+/// Client-side TCP timers (docs/field-notes.md#half-open-connections-and-pinned-timers): keepalives
+/// so a vanished server is noticed between checks, and `TCP_USER_TIMEOUT` so a check stuck in
+/// retransmission fails within 2 check intervals instead of the kernel's minutes.
 pub(crate) fn pin_client_timers(config: &mut Config) {
     let interval = config.effective_check_interval();
     let second = Duration::from_secs(1);
@@ -40,9 +40,10 @@ pub(crate) fn pin_client_timers(config: &mut Config) {
 /// live ones count.
 pub const CLIENT_CONNECTION_CHECK: Duration = Duration::from_millis(250);
 
-/// The server-side timers pinned on every session right after connect (FIELD-NOTES
-/// PostgreSQL 5): role or database defaults may differ, so they are set with `set_config` and
-/// read back. Values are in the GUCs' base units (ms, or s for the keepalives).
+/// The server-side timers pinned on every session right after connect (see
+/// docs/field-notes.md#half-open-connections-and-pinned-timers): role or database defaults may
+/// differ, so they are set with `set_config` and read back. Values are in the GUCs' base units (ms,
+/// or s for the keepalives).
 pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     let ms = |d: Duration| d.as_millis().clamp(1, i32::MAX as u128).to_string();
     let secs = |d: Duration| d.as_secs_f64().ceil().clamp(1.0, 32_767.0).to_string();
@@ -57,9 +58,9 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
         ("lock_timeout", ms(config.effective_check_interval())),
         ("idle_in_transaction_session_timeout", ms(idle)),
         // The seed's bound on an orphaned lock session, from the moment the session may ask
-        // for the lock (FIELD-NOTES PostgreSQL 14): a grant that reaches a client that stopped
-        // listening is freed within it. A standby is never idle that long: it runs a statement
-        // every interval, or waits in one.
+        // for the lock (docs/field-notes.md#a-grant-can-reach-a-client-that-stopped-listening): a
+        // grant that reaches a client that stopped listening is freed within it. A standby is never
+        // idle that long: it runs a statement every interval, or waits in one.
         ("idle_session_timeout", ms(idle)),
         // A standby's wait in the lock queue lasts up to an interval, and a backend in a wait
         // reads nothing from its client: without this (PostgreSQL 14 and later) a waiter whose
@@ -362,7 +363,7 @@ pub(crate) async fn session_closed(session: &mut Option<Session>) -> Option<toki
 }
 
 /// Reads CLOCK_BOOTTIME: monotonic, and it keeps running while the machine sleeps
-/// (FIELD-NOTES PostgreSQL 6), unlike tokio's clock.
+/// (docs/field-notes.md#measuring-the-safe-window), unlike tokio's clock.
 pub fn boottime() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
         .map(Duration::from)
@@ -374,13 +375,14 @@ pub fn boottime() -> Duration {
 pub(crate) struct FoundSocket {
     pub(crate) fd: RawFd,
     /// Its local address and port are the ones the server sees: a direct TCP connection, so
-    /// no pooler sits between (FIELD-NOTES PostgreSQL 8).
+    /// no pooler sits between (docs/field-notes.md#transaction-mode-poolers-move-the-session).
     pub(crate) direct: bool,
 }
 
 /// What the session's own socket `fd` is, given the address the server sees it at
 /// (`inet_client_addr()`, `inet_client_port()`): direct when its local address and port are
-/// those, so no pooler sits between (FIELD-NOTES PostgreSQL 8). The socket is known by
+/// those, so no pooler sits between
+/// (docs/field-notes.md#transaction-mode-poolers-move-the-session). The socket is known by
 /// construction ([`connect_socket`]).
 pub(crate) fn socket_of(fd: RawFd, seen: Option<&(String, i32)>) -> FoundSocket {
     use nix::sys::socket::{getsockname, SockaddrStorage};

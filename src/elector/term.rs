@@ -41,7 +41,8 @@ pub struct Lease {
     /// `pg_backend_pid()` of the lock session.
     pub backend_pid: i32,
     /// `txid_current()` taken on the lock session right after the grant: greater than the
-    /// token of every earlier term of any replica on the same cluster (FIELD-NOTES PostgreSQL 12).
+    /// token of every earlier term of any replica on the same cluster
+    /// (docs/field-notes.md#the-fencing-number-comes-from-the-server).
     pub fencing_token: i64,
     /// `current_database()` of the lock session (advisory locks are per database).
     pub database: String,
@@ -70,21 +71,23 @@ pub(crate) struct Holds {
 /// One continuous period of leadership, or the ended placeholder a standby hands out.
 ///
 /// The seed's `Term(parent)`: cheap to clone; [`Term::ended`] resolves when leadership ends,
-/// and [`Term::end_cause`] then tells why. On a standby, [`Elector::term`](crate::Elector::term) returns a term that
-/// has already ended (number 0, no lease).
+/// and [`Term::end_cause`] then tells why. On a standby, [`Elector::term`](crate::Elector::term)
+/// returns a term that has already ended (number 0, no lease).
 ///
 /// # Proof and holds: the two rules every user of a term passes through
 ///
 /// * A term carries its **proof**: the end of the safe window of the last check that proved
 ///   the lock ([`Term::proven_until`], on CLOCK_BOOTTIME). Work may start or continue only
 ///   while [`Term::is_proven`]: past the window the server may already have given the lock
-///   away (contract §8, FIELD-NOTES PostgreSQL 6 and child 14). Once a window has passed it
-///   never reopens; the term is as good as ended.
+///   away (docs/guarantees.md#safety-guarantees, docs/field-notes.md#measuring-the-safe-window and
+///   #a-resumed-process-wakes-with-every-timer-due). Once a window has passed it never reopens; the
+///   term is as good as ended.
 /// * Work that runs under a term takes a [`TermHold`] ([`Term::hold`], refused outside the
 ///   proof). While the lock may still be held, the elector releases it (unlock, or closing a
 ///   live session after a failed check) only once every hold is dropped, i.e. after the work
-///   is dead (FIELD-NOTES PostgreSQL 13). The wait is bounded by the session's
-///   `idle_session_timeout`, after which the server has freed an idle session's lock anyway.
+///   is dead (docs/field-notes.md#a-failed-check-is-not-a-lost-lock). The wait is bounded by the
+///   session's `idle_session_timeout`, after which the server has freed an idle session's lock
+///   anyway.
 #[derive(Clone)]
 pub struct Term(Arc<TermInner>);
 
@@ -232,7 +235,7 @@ impl Term {
     }
 
     /// Whether the term lasts and the safe window of its last proof is still open now: the
-    /// one condition under which work may start or continue (contract §8).
+    /// one condition under which work may start or continue (docs/guarantees.md#safety-guarantees).
     pub fn is_proven(&self) -> bool {
         !self.is_ended() && self.proven_until().is_some_and(|until| boottime() < until)
     }

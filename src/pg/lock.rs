@@ -1,6 +1,6 @@
-//! The lock key (contract §2): the seed's two-int4 session advisory lock, and the stable
-//! mapping from a lock name to an id; the text of the standby statements that take the key or
-//! wait for it (`try_sql`, `wait_sql`; crate-internal).
+//! The lock key (docs/guarantees.md#the-lock-key-and-slots): the seed's two-int4 session advisory
+//! lock, and the stable mapping from a lock name to an id; the text of the standby statements that
+//! take the key or wait for it (`try_sql`, `wait_sql`; crate-internal).
 
 /// Default lock class: `1886156915` = `0x706C7873`, ASCII `plxs` (the seed's leader lock).
 pub const DEFAULT_LOCK_CLASS: i32 = 1_886_156_915;
@@ -36,9 +36,10 @@ impl std::fmt::Display for LockKey {
 }
 
 impl LockKey {
-    /// The key of slot `slot` of a lock with slots (`--slots N`, contract §2): slot 0 is the
-    /// key itself, slot k is `(class + k, id)` (wrapping int4 addition). Varying the class keeps
-    /// the slots clear of the neighbouring ids that other jobs of the same class use.
+    /// The key of slot `slot` of a lock with slots (`--slots N`,
+    /// docs/guarantees.md#the-lock-key-and-slots): slot 0 is the key itself, slot k is `(class + k,
+    /// id)` (wrapping int4 addition). Varying the class keeps the slots clear of the neighbouring
+    /// ids that other jobs of the same class use.
     pub fn slot(self, slot: u32) -> LockKey {
         LockKey {
             class: self.class.wrapping_add(slot as i32),
@@ -58,8 +59,9 @@ impl LockKey {
     /// key: the holder of place 1, the queue head, waits for this key in the server's lock
     /// queue; the holder of place p > 1 waits for place p − 1; every other standby tries the
     /// key and the places once per check interval. So however many standbys there are, at
-    /// most [`QUEUE_PLACES`] wait in the server's queues (FIELD-NOTES PostgreSQL 16), and a
-    /// release moves the whole line up at once.
+    /// most [`QUEUE_PLACES`] wait in the server's queues
+    /// (docs/field-notes.md#every-waiter-costs-a-deadlock-check), and a release moves the whole
+    /// line up at once.
     ///
     /// pg_locks shows it with `objsubid = 1`, `objid` = id and `classid` = class XOR
     /// 0x80000000 (place 1) or XOR 0x40000000 (place 2): never a slot's key (those have
@@ -77,20 +79,21 @@ impl LockKey {
 pub const QUEUE_PLACES: u32 = 2;
 
 /// The lock id `--lock-name NAME` stands for: the first 4 bytes of SHA-256 of the UTF-8 NAME,
-/// big-endian, as a signed int4. Fixed forever (FIELD-NOTES PostgreSQL 10): never a hasher
-/// whose output may change between builds, never the server's `hashtext()`.
+/// big-endian, as a signed int4. Fixed forever (docs/field-notes.md#lock-names-need-a-fixed-hash):
+/// never a hasher whose output may change between builds, never the server's `hashtext()`.
 pub fn lock_id_for_name(name: &str) -> i32 {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(name.as_bytes());
     i32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
 }
 
-/// Text of the standby's try, for a lock of `slots` slots (contract §2), one round trip: every
-/// slot's key with `pg_try_advisory_lock`, in slot order, then, with `line`, every place in
-/// the line of standbys ([`LockKey::queue_key`]), place by place. `CASE` stops at the first
-/// that is granted, so a session takes at most one of them. A hot standby grants advisory
-/// locks of its own, so nothing is tried there (FIELD-NOTES PostgreSQL 7). `OFFSET 0` keeps
-/// the planner from evaluating the `CASE` (and its locks) more than once.
+/// Text of the standby's try, for a lock of `slots` slots
+/// (docs/guarantees.md#the-lock-key-and-slots), one round trip: every slot's key with
+/// `pg_try_advisory_lock`, in slot order, then, with `line`, every place in the line of standbys
+/// ([`LockKey::queue_key`]), place by place. `CASE` stops at the first that is granted, so a
+/// session takes at most one of them. A hot standby grants advisory locks of its own, so nothing is
+/// tried there (docs/field-notes.md#a-hot-standby-grants-its-own-locks). `OFFSET 0` keeps the
+/// planner from evaluating the `CASE` (and its locks) more than once.
 ///
 /// One row: `r` (int4: the slot granted, 0 … N−1; p·N + k: place p in the line of slot k;
 /// −1: refused; NULL: in recovery), the fencing token (int8, `txid_current()` taken after the

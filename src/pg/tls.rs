@@ -1,5 +1,6 @@
 //! TLS for the election's sessions: rustls with the `ring` provider, plugged into
-//! tokio-postgres, with libpq's `sslmode` semantics (contract §1).
+//! tokio-postgres, with libpq's `sslmode` semantics
+//! (docs/guarantees.md#database-and-connection-settings).
 //!
 //! | sslmode | encrypted | server certificate checked |
 //! |---|---|---|

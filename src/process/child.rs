@@ -3,21 +3,24 @@
 //! # Process model
 //!
 //! * COMMAND is looked up on `PATH` before campaigning, so a typo exits 127 (not found) or 126
-//!   (not executable) at once instead of waiting as a standby (contract §5).
+//!   (not executable) at once instead of waiting as a standby
+//!   (docs/guarantees.md#the-child-process).
 //! * The child runs in its own process group (pgid = its pid). Signals go to the group, so the
-//!   real worker behind a `sh -c` gets them too (FIELD-NOTES child 2).
-//! * In the child, before exec, only raw syscalls run (FIELD-NOTES child 10):
-//!   `PR_SET_PDEATHSIG(SIGKILL)`, so the child dies with leaderrun; default dispositions and an
-//!   empty signal mask; close-on-exec for every descriptor above 2 (FIELD-NOTES child 11–12).
-//!   `PR_SET_PDEATHSIG` fires when the *thread* that forked exits (FIELD-NOTES child 5): the
-//!   binary forks from its main thread, which lives as long as the process.
-//! * One place waits (FIELD-NOTES child 6): [`reap`] drains `waitpid(-1, WNOHANG)` and
-//!   recognises the main child inside the loop. Nothing else calls `wait`.
+//!   real worker behind a `sh -c` gets them too (docs/field-notes.md#signal-the-group-not-the-pid).
+//! * In the child, before exec, only raw syscalls run
+//!   (docs/field-notes.md#only-raw-syscalls-before-exec): `PR_SET_PDEATHSIG(SIGKILL)`, so the child
+//!   dies with leaderrun; default dispositions and an empty signal mask; close-on-exec for every
+//!   descriptor above 2 (docs/field-notes.md#ignored-dispositions-survive-exec,
+//!   #no-descriptor-leaks-into-the-child). `PR_SET_PDEATHSIG` fires when the *thread* that forked
+//!   exits (docs/field-notes.md#pdeathsig-follows-the-forking-thread): the binary forks from its
+//!   main thread, which lives as long as the process.
+//! * One place waits (docs/field-notes.md#one-place-waits): [`reap`] drains `waitpid(-1, WNOHANG)`
+//!   and recognises the main child inside the loop. Nothing else calls `wait`.
 //! * leaderrun is a child subreaper (or PID 1), so descendants that escape the group with
 //!   `setsid` are re-parented to it. What is left of a tree is found from leaderrun's own
 //!   children (`/proc/self/task/*/children`), never by scanning all of `/proc`; a tree is
 //!   empty when the main child is reaped, its group is gone and no adopted orphan is left
-//!   (FIELD-NOTES child 3–4).
+//!   (docs/field-notes.md#stopped-means-the-whole-tree, #descendants-that-leave-the-group).
 //!
 //! This module knows processes, not policy: when to signal, how long to wait and what a stop
 //! means is the [`crate::supervisor`]'s business, through the [`Tree`] and [`Spawner`] traits
@@ -57,7 +60,8 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
-    /// The status a shell would report: the code, or 128 + signal number (contract §6).
+    /// The status a shell would report: the code, or 128 + signal number
+    /// (docs/guarantees.md#exit-codes).
     pub fn exit_code(self) -> u8 {
         match self {
             ExitStatus::Code(code) => (code & 0xff) as u8,
@@ -117,7 +121,7 @@ pub enum SpawnError {
 }
 
 impl SpawnError {
-    /// The exit status of contract §6 for this failure: 127, 126, or 125.
+    /// The exit status of docs/guarantees.md#exit-codes for this failure: 127, 126, or 125.
     pub fn exit_code(&self) -> u8 {
         match self {
             SpawnError::NotFound { .. } | SpawnError::BadInterpreter { .. } => 127,
@@ -249,8 +253,9 @@ pub struct Reaped {
     pub main_stopped: Option<Signal>,
 }
 
-/// Reaps every child that has exited: the one place that waits (FIELD-NOTES child 6). Also
-/// reports a stop of the main child (`WUNTRACED`), which is how a Ctrl-Z shows.
+/// Reaps every child that has exited: the one place that waits
+/// (docs/field-notes.md#one-place-waits). Also reports a stop of the main child (`WUNTRACED`),
+/// which is how a Ctrl-Z shows.
 ///
 /// `main` is the pid whose status matters; every other reaped pid is an adopted orphan or a
 /// leftover of an earlier term and is only logged at DEBUG.
@@ -609,7 +614,8 @@ impl Drop for Child {
     }
 }
 
-/// Runs in the forked child before exec: raw syscalls only (FIELD-NOTES child 10).
+/// Runs in the forked child before exec: raw syscalls only
+/// (docs/field-notes.md#only-raw-syscalls-before-exec).
 fn prepare_child(
     parent: i32,
     tty: RawFd,
@@ -628,7 +634,7 @@ fn prepare_child(
             }
         }
         // Own process group, so the stop signal reaches everything it starts
-        // (FIELD-NOTES child 2).
+        // (docs/field-notes.md#signal-the-group-not-the-pid).
         if libc::setpgid(0, 0) != 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -653,7 +659,7 @@ fn prepare_child(
         }
         // Handlers are reset by exec, but ignored signals stay ignored: restore the default
         // for what leaderrun itself ignored (SIGPIPE, SIGTTOU), keep what was ignored when it
-        // started, as a POSIX shell does (FIELD-NOTES child 11).
+        // started, as a POSIX shell does (docs/field-notes.md#ignored-dispositions-survive-exec).
         for sig in 1..32 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP && keep_ignored & (1 << sig) == 0 {
                 libc::signal(sig, libc::SIG_DFL);
@@ -662,7 +668,8 @@ fn prepare_child(
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        // No descriptor of ours survives exec (FIELD-NOTES child 12). Mark, don't close: std's
+        // No descriptor of ours survives exec
+        // (docs/field-notes.md#no-descriptor-leaks-into-the-child). Mark, don't close: std's
         // exec-error pipe must stay open until exec so 126/127 are reported through the spawn.
         let marked = libc::syscall(
             libc::SYS_close_range,

@@ -1,16 +1,18 @@
 //! Signal intake for the binary.
 //!
 //! [`install`] registers handlers for every signal leaderrun acts on, before anything is
-//! spawned or connected (FIELD-NOTES child 1), and before the async runtime exists. The handlers
-//! only write to signal-hook's self-pipe; one thread turns that into a channel the supervisor
-//! reads, so a signal that arrives while connecting or campaigning waits in the channel and is
-//! acted on (never lost). Handling them explicitly also matters as PID 1, where the kernel drops
-//! every signal that has no handler (FIELD-NOTES child 7).
+//! spawned or connected (docs/field-notes.md#handlers-before-anything-else), and before the async
+//! runtime exists. The handlers only write to signal-hook's self-pipe; one thread turns that into a
+//! channel the supervisor reads, so a signal that arrives while connecting or campaigning waits in
+//! the channel and is acted on (never lost). Handling them explicitly also matters as PID 1, where
+//! the kernel drops every signal that has no handler
+//! (docs/field-notes.md#pid-1-drops-unhandled-signals).
 //!
 //! A signal that was ignored when leaderrun started (`nohup`, `cmd &` in a non-interactive
 //! shell) gets no handler: it stays ignored, is never passed on, and COMMAND inherits the
-//! ignored disposition, as a POSIX shell keeps it (contract §5, FIELD-NOTES child 11).
-//! [`ignored_at_entry`] tells the child which ones those are.
+//! ignored disposition, as a POSIX shell keeps it (docs/guarantees.md#the-child-process,
+//! docs/field-notes.md#ignored-dispositions-survive-exec). [`ignored_at_entry`] tells the child
+//! which ones those are.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -21,9 +23,9 @@ use signal_hook::consts::signal::{
 use signal_hook::iterator::Signals;
 use tokio::sync::mpsc;
 
-/// Signals passed on to the child's process group while it runs (contract §5, plus SIGALRM,
-/// which tini passes on too). While standby there is nobody to pass them to and they are
-/// ignored, except INT and TERM, which shut down.
+/// Signals passed on to the child's process group while it runs
+/// (docs/guarantees.md#the-child-process, plus SIGALRM, which tini passes on too). While standby
+/// there is nobody to pass them to and they are ignored, except INT and TERM, which shut down.
 ///
 /// The others leaderrun receives:
 /// * SIGTSTP is passed on too; when the child stops, leaderrun stops itself (SIGSTOP) so the
@@ -145,7 +147,7 @@ pub fn suspend_self() {
     }
 }
 
-/// Whether `sig` asks leaderrun to shut down (INT and TERM, contract §5).
+/// Whether `sig` asks leaderrun to shut down (INT and TERM, docs/guarantees.md#the-child-process).
 pub fn is_shutdown(sig: Signal) -> bool {
     matches!(sig, Signal::SIGINT | Signal::SIGTERM)
 }

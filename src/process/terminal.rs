@@ -1,4 +1,5 @@
-//! The controlling terminal: who owns its foreground (FIELD-NOTES child 9, contract §5).
+//! The controlling terminal: who owns its foreground (docs/field-notes.md#the-terminals-foreground,
+//! docs/guarantees.md#the-child-process).
 //!
 //! When leaderrun has a controlling terminal and its process group is that terminal's
 //! foreground group at start, leaderrun hands the foreground to each child's process group and

@@ -1,12 +1,13 @@
-//! The supervisor: one loop owns COMMAND's life (contract §4, §5, §8).
+//! The supervisor: one loop owns COMMAND's life (docs/guarantees.md#modes, #the-child-process,
+//! #the-three-rules).
 //!
 //! # Theory of operation
 //!
 //! [`Supervisor::run`] is a loop over one event type, [`Event`]: a signal, a term that began,
 //! the end of the term, a change of the check tally, the state's deadline, a tick of
 //! `--every`, a poll of the child's tree, the election failing. Each event is handled by one
-//! function, which moves the one `State` value on; each mode (contract §4) is a small policy
-//! over those events (`Supervisor::after_stop` and friends). A stop is a state the loop
+//! function, which moves the one `State` value on; each mode (docs/guarantees.md#modes) is a small
+//! policy over those events (`Supervisor::after_stop` and friends). A stop is a state the loop
 //! drives (signal, grace, SIGKILL, a bound), not a function that swallows events, so nothing
 //! that arrives meanwhile is lost.
 //!
@@ -16,9 +17,9 @@
 //!   `Supervisor::start`, every SIGCONT after job control through
 //!   `Supervisor::resume_child`; both require [`Term::hold`] / [`Term::is_proven`], which
 //!   are refused once the safe window of the last check that proved the lock has passed.
-//!   Before every event and again before it is handled, `Supervisor::enforce` treats a term whose proof lapsed
-//!   (a resume after SIGSTOP) as ended, so a timer that fires first on resume finds no term to
-//!   start anything on.
+//!   Before every event and again before it is handled, `Supervisor::enforce` treats a term whose
+//!   proof lapsed (a resume after SIGSTOP) as ended, so a timer that fires first on resume finds no
+//!   term to start anything on.
 //! * **Release only after the tree is dead.** The child's [`TermHold`] lives in the state next
 //!   to its tree and is dropped with it once the tree is empty; the elector releases a lock
 //!   that may still be held only when every hold is gone (see [`Term`]).
@@ -56,7 +57,7 @@ pub use report::child_env;
 /// How leaderrun ends; [`Exit::finish`] turns it into the process exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
-    /// COMMAND's status is leaderrun's status (contract §6).
+    /// COMMAND's status is leaderrun's status (docs/guarantees.md#exit-codes).
     Child(ExitStatus),
     /// A status of leaderrun's own: 0 (stopped while standby), the conflict code, 124
     /// (`--timeout`), 125, 126, 127.
@@ -65,8 +66,9 @@ pub enum Exit {
 
 impl Exit {
     /// The process exit code. For a child that died of SIGINT, when leaderrun is not PID 1,
-    /// leaderrun first dies of SIGINT itself so a calling shell loop stops (FIELD-NOTES child 8);
-    /// should that return, 130 is the fallback.
+    /// leaderrun first dies of SIGINT itself so a calling shell loop stops
+    /// (docs/field-notes.md#exit-statuses-as-a-shell-sees-them); should that return, 130 is the
+    /// fallback.
     pub fn finish(self) -> std::process::ExitCode {
         match self {
             Exit::Child(ExitStatus::Signal(Signal::SIGINT)) if std::process::id() != 1 => {
@@ -86,7 +88,8 @@ pub const KILL_WAIT: Duration = Duration::from_secs(5);
 /// How often a stopping tree is looked at: members of the group that are not our children die
 /// without a SIGCHLD to us.
 pub const STOP_POLL: Duration = Duration::from_millis(25);
-/// How often the reaper runs without a SIGCHLD (SIGCHLD coalesces, FIELD-NOTES child 6).
+/// How often the reaper runs without a SIGCHLD (SIGCHLD coalesces,
+/// docs/field-notes.md#one-place-waits).
 pub const REAP_POLL: Duration = Duration::from_secs(1);
 
 /// Where the supervisor gets its terms from: the running [`crate::Elector`] in the binary, a
@@ -261,7 +264,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
     }
 
-    /// Runs until the mode is done; returns the exit status of contract §6.
+    /// Runs until the mode is done; returns the exit status of docs/guarantees.md#exit-codes.
     pub async fn run(mut self) -> Exit {
         loop {
             self.enforce();
@@ -426,7 +429,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         match &mut self.state {
             State::Standby { deadline: Some(_) } => {
                 // A standby may still be waiting in the lock queue when the wait is over: what
-                // counts is whether the server was reached at all (contract §4).
+                // counts is whether the server was reached at all (docs/guarantees.md#modes).
                 let seen = self.checks.borrow().clone();
                 self.state = if seen.sessions_opened == 0 {
                     // Each failed try was a WARN line with its cause; the verdict does not

@@ -1,4 +1,4 @@
-//! The modes (contract §4) as policy over the loop's events: what `--restart` does
+//! The modes (docs/guarantees.md#modes) as policy over the loop's events: what `--restart` does
 //! ([`Restart`], [`Backoff`]), what follows a run (`after_stop`), `--once`'s first check and
 //! `--every`'s tick.
 
@@ -36,7 +36,7 @@ impl Restart {
     }
 }
 
-/// How COMMAND is run (contract §4).
+/// How COMMAND is run (docs/guarantees.md#modes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Default: run COMMAND while leading; start it afresh in every term.
@@ -67,7 +67,7 @@ pub struct Plan {
     /// Grace between the stop signal (or a passed-on INT/TERM) and SIGKILL.
     pub grace: Duration,
     /// First signal of a stop for demotion, `--timeout` and leftovers of a COMMAND that exited.
-    /// INT/TERM received are passed on as they are instead (contract §5).
+    /// INT/TERM received are passed on as they are instead (docs/guarantees.md#the-child-process).
     pub stop_signal: Signal,
     /// `--takeover-delay` (zero: none).
     pub takeover_delay: Duration,
@@ -127,7 +127,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             return;
         }
         // A server that is momentarily full or starting up is not an answer: the elector tries
-        // again soon, for up to one interval (contract §4).
+        // again soon, for up to one interval (docs/guarantees.md#modes).
         if seen.last == Some(CheckOutcome::Failed)
             && seen.last_transient
             && self.started.elapsed() < self.plan.check_interval
@@ -171,7 +171,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
     }
 
-    /// The modes (contract §4): what follows a run that ended for `why` with `status`.
+    /// The modes (docs/guarantees.md#modes): what follows a run that ended for `why` with `status`.
     pub(super) fn after_stop(
         &mut self,
         term: &Term,

@@ -6,7 +6,7 @@ use crate::cli::metrics::ChildExit;
 use crate::elector::Term;
 use crate::process::child::{ExitStatus, Spawner};
 
-/// The environment COMMAND gets on top of the inherited one (contract §5).
+/// The environment COMMAND gets on top of the inherited one (docs/guarantees.md#the-child-process).
 pub fn child_env(term: &Term) -> Vec<(&'static str, String)> {
     let mut env = vec![("LEADERRUN_TERM", term.number().to_string())];
     if let Some(lease) = term.lease() {

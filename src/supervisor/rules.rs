@@ -76,7 +76,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     }
 
     /// The one way a suspended child continues: only while the term is proven; otherwise it is
-    /// stopped as on demotion (contract §8, FIELD-NOTES child 14).
+    /// stopped as on demotion (docs/guarantees.md#safety-guarantees,
+    /// docs/field-notes.md#a-resumed-process-wakes-with-every-timer-due).
     pub(super) fn resume_child(&mut self) {
         let State::Running { tree, hold, .. } = &mut self.state else {
             return;

@@ -170,10 +170,12 @@ pub fn main() -> ExitCode {
             libc::signal(sig, libc::SIG_IGN);
         }
     }
-    // `ps` and `/proc/PID/comm` show what it is, not "exe".
+    // `/proc/PID/comm` says what it is, not "exe", and without the word "leaderrun": `pkill -9
+    // leaderrun` and `killall leaderrun` match that name, and a watchdog killed with leaderrun
+    // cannot kill the tree. `ps` still shows its argv[0], `leaderrun-watchdog`.
     // SAFETY: PR_SET_NAME with a NUL-terminated name of at most 16 bytes.
     unsafe {
-        libc::prctl(libc::PR_SET_NAME, c"leaderrun-wd".as_ptr(), 0, 0, 0);
+        libc::prctl(libc::PR_SET_NAME, c"lr-watchdog".as_ptr(), 0, 0, 0);
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let ms =

@@ -1,5 +1,6 @@
 //! The watchdog: nothing of COMMAND outlives leaderrun, and the lock never moves before it is
-//! dead (contract §5, FIELD-NOTES child 5).
+//! dead (docs/guarantees.md#the-child-process,
+//! docs/field-notes.md#pdeathsig-follows-the-forking-thread).
 //!
 //! # Theory of operation
 //!
@@ -23,7 +24,9 @@
 //! check, so there is no time for a grace. When leaderrun is alive but stops answering (SIGSTOP,
 //! a debugger) while a tree runs, the watchdog waits until the proof of the last check has run
 //! out and no heartbeat came for a while, then stops the tree as a demotion would (stop signal,
-//! grace, SIGKILL): within the safe window plus the grace, before the server can free the lock.
+//! grace, SIGKILL): at most 2 intervals + half an interval + the grace after the last good
+//! check (the safe window, the heartbeat's stall, the grace), before the server can free the
+//! lock (docs/guarantees.md#the-timing-model).
 //! A freeze of the whole machine stops the watchdog too; that case is left to the fencing token.
 //!
 //! When leaderrun ends the session on purpose (demotion after the tree is dead, shutdown) it

@@ -228,7 +228,8 @@ fn collect(mut from: impl Read + Send + 'static) -> (Arc<Mutex<String>>, JoinHan
 
 /// Gives the process `cmd` starts the default disposition of every signal, as a shell gives
 /// its foreground jobs: the test run itself may have some ignored (`nohup`, `cmd &` in a
-/// script), which leaderrun would keep ignored and not pass on (contract §5).
+/// script), which leaderrun would keep ignored and not pass on
+/// (docs/guarantees.md#the-child-process).
 pub fn default_signals(cmd: &mut Command) -> &mut Command {
     use std::os::unix::process::CommandExt;
     // SAFETY: signal() between fork and exec.

@@ -18,7 +18,8 @@ use crate::pg::within;
 
 impl Campaign<'_> {
     /// Slot `slot` was granted on the current session in the check whose answer is `row`
-    /// ([`try_sql`](crate::pg::lock::try_sql)'s columns): make it the lock session and start a term.
+    /// ([`try_sql`](crate::pg::lock::try_sql)'s columns): make it the lock session and start a
+    /// term.
     ///
     /// `started` and `sent` are the check's start (monotonic) and send time (boottime): the
     /// check is recorded and the safe window set before the term is published, so nobody
@@ -47,10 +48,11 @@ impl Campaign<'_> {
             .as_ref()
             .map(|s| socket_of(s.fd, seen.as_ref()));
         // Behind a transaction-mode pooler two client sessions can share one server backend,
-        // and a session lock then excludes nothing (FIELD-NOTES PostgreSQL 8). A direct TCP
-        // connection, whose local address and port are the ones the server sees, cannot be a
-        // pooler's; anything else is proven with a second session, whose failure to connect
-        // costs a WARN, not the election (contract §8).
+        // and a session lock then excludes nothing
+        // (docs/field-notes.md#transaction-mode-poolers-move-the-session). A direct TCP connection,
+        // whose local address and port are the ones the server sees, cannot be a pooler's; anything
+        // else is proven with a second session, whose failure to connect costs a WARN, not the
+        // election (docs/guarantees.md#safety-guarantees).
         if !socket.is_some_and(|s| s.direct) {
             match self.probe_exclusion(key).await {
                 Err(err @ Error::SharedBackend) => return Err(err),
@@ -232,10 +234,10 @@ impl Campaign<'_> {
     }
 
     /// The seed's demotion, with the release after the work: end the term (every holder sees
-    /// it at once), log the cause, and close the session only once every [`TermHold`](crate::TermHold) is
-    /// dropped, since a session that is still open may still hold the lock (FIELD-NOTES
-    /// PostgreSQL 13). Nothing is sent on the session meanwhile, so the server's
-    /// `idle_session_timeout` bounds the wait; so does this one.
+    /// it at once), log the cause, and close the session only once every
+    /// [`TermHold`](crate::TermHold) is dropped, since a session that is still open may still hold
+    /// the lock (see docs/field-notes.md#a-failed-check-is-not-a-lost-lock). Nothing is sent on the
+    /// session meanwhile, so the server's `idle_session_timeout` bounds the wait; so does this one.
     pub(crate) async fn demote(&mut self, cause: &Error) {
         let Some(control) = self.end_term(TermEnd::LeadershipLost) else {
             return;

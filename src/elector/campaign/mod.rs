@@ -48,13 +48,15 @@ pub(crate) enum Phase {
     Cancelled,
 }
 
-/// One call of [`Elector::run`](crate::Elector::run): the state that must be cleaned up however the call ends.
+/// One call of [`Elector::run`](crate::Elector::run): the state that must be cleaned up however the
+/// call ends.
 pub(crate) struct Campaign<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) session: Option<Session>,
     /// The term while leading. Its proof ends 2 check intervals after the send time of the
     /// last check that proved the lock (or of the grant); past it the server may already have
-    /// given the lock away (contract §8), so the leader demotes without asking.
+    /// given the lock away (docs/guarantees.md#safety-guarantees), so the leader demotes without
+    /// asking.
     pub(crate) term: Option<TermControl>,
     /// Set when `run` returns normally; a `Campaign` dropped without it was unwound by a panic
     /// or dropped mid-await.
@@ -115,8 +117,9 @@ impl Campaign<'_> {
             (interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(250)),
         );
         safety.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // Spread a fleet's first connects (FIELD-NOTES PostgreSQL 15): nothing is held yet,
-        // so waiting here costs only the delay.
+        // Spread a fleet's first connects
+        // (docs/field-notes.md#full-and-starting-servers-are-transient): nothing is held yet, so
+        // waiting here costs only the delay.
         let spread = self.shared.config.first_check_spread;
         if !spread.is_zero() {
             let delay = jitter(spread).saturating_sub(Duration::from_millis(5));
@@ -194,8 +197,9 @@ impl Campaign<'_> {
                 }
                 Phase::Checked(Ok(())) => {
                     // A server that is momentarily full or starting up (53300, 57P03) is tried
-                    // again soon, with jitter, for up to one interval (FIELD-NOTES PostgreSQL
-                    // 15): a fleet whose cron fires the same minute gets through.
+                    // again soon, with jitter, for up to one interval (see
+                    // docs/field-notes.md#full-and-starting-servers-are-transient): a fleet whose
+                    // cron fires the same minute gets through.
                     let transient = !leading
                         && self.term.is_none()
                         && self.shared.checks.borrow().last == Some(CheckOutcome::Failed)
@@ -211,7 +215,8 @@ impl Campaign<'_> {
                 }
                 Phase::Checked(Err(err)) => {
                     // The check failed on a live session: the lock may still be held, so the
-                    // work stops before it is released (FIELD-NOTES PostgreSQL 13).
+                    // work stops before it is released
+                    // (docs/field-notes.md#a-failed-check-is-not-a-lost-lock).
                     self.demote(&err).await;
                     // The next try is one full interval away.
                     ticker.reset();
@@ -253,7 +258,7 @@ impl Campaign<'_> {
     }
 
     /// The server ended the session: the lock is gone with it, so there is nothing to hold
-    /// back; the term ends at once (FIELD-NOTES PostgreSQL 4).
+    /// back; the term ends at once (docs/field-notes.md#the-lock-goes-with-the-session).
     pub(crate) fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
         // Nothing to wait for: the session, and its lock, are gone already. The term ends
         // first, so the child's stop starts without delay.

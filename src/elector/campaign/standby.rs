@@ -56,8 +56,8 @@ impl Campaign<'_> {
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
             Err(err) => {
-                // FIELD-NOTES PostgreSQL 3: whatever failed, the session may hold a grant we
-                // never saw; never reuse it.
+                // docs/field-notes.md#a-timed-out-try-may-have-been-granted: whatever failed, the
+                // session may hold a grant we never saw; never reuse it.
                 let session = self.session.take();
                 self.drop_session(session);
                 if self.shared.config.warn_failed_tries {
@@ -238,8 +238,9 @@ impl Campaign<'_> {
 
     /// The wait of the standby at `place` (slot, place) in the line ([`wait_sql`]), bounded
     /// on the server by `lock_timeout` (one interval); only a client-side timeout means
-    /// "unknown outcome" (FIELD-NOTES PostgreSQL 3). `None` when the wait timed out on the
-    /// server: what is ahead is still held, and this session keeps its place.
+    /// "unknown outcome" (docs/field-notes.md#a-timed-out-try-may-have-been-granted). `None` when
+    /// the wait timed out on the server: what is ahead is still held, and this session keeps its
+    /// place.
     pub(crate) async fn wait_in_line(
         &mut self,
         place: (u32, u32),
@@ -260,7 +261,7 @@ impl Campaign<'_> {
             return Err(Error::SessionClosed(None));
         };
         // The wait is queued on the server as soon as it is sent: a standby is ready from
-        // then on (contract §7), not only once its wait times out.
+        // then on (docs/guarantees.md#observing-a-replica), not only once its wait times out.
         self.shared.checks.send_modify(|c| c.waiting = true);
         let wait_started = Instant::now();
         let result = session

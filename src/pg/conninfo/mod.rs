@@ -1,6 +1,7 @@
-//! Connection settings, resolved the way libpq resolves them (contract §1, FIELD-NOTES
-//! PostgreSQL 11): tokio-postgres reads no environment, no `.pgpass`, no service file, and knows
-//! only `disable|prefer|require`, so this module does it.
+//! Connection settings, resolved the way libpq resolves them
+//! (docs/guarantees.md#database-and-connection-settings, see
+//! docs/field-notes.md#tokio-postgres-is-not-libpq): tokio-postgres reads no environment, no
+//! `.pgpass`, no service file, and knows only `disable|prefer|require`, so this module does it.
 //!
 //! Order, as libpq's:
 //!
@@ -722,7 +723,8 @@ fn os_user() -> String {
 }
 
 /// `leaderrun@HOST:PID`, cut to PostgreSQL's 63-byte `NAMEDATALEN` limit on a character
-/// boundary, so `pg_stat_activity` shows which host leads (contract §1).
+/// boundary, so `pg_stat_activity` shows which host leads
+/// (docs/guarantees.md#database-and-connection-settings).
 pub fn default_application_name() -> String {
     let host = nix::unistd::gethostname()
         .ok()
