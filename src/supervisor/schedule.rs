@@ -1,0 +1,358 @@
+//! `--schedule EXPR`: a cron expression and the zone it is read in.
+//!
+//! The expression is parsed and evaluated by `croner` (Vixie cron's rules, not a parser of
+//! our own): five fields (minute hour day-of-month month day-of-week), or six with seconds
+//! first, or one of `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly` (`@annually`).
+//! When both day fields are restricted, a day matches either, as in cron. Times are civil
+//! times in a zone (`--tz ZONE`, else `TZ`, else `/etc/localtime`, read by `jiff`), and
+//! daylight-saving changes are handled as cron does:
+//!
+//! * spring forward: a job at a fixed time inside the gap runs at the first second after it,
+//!   once; a job whose seconds, minutes or hours field is a wildcard or a step skips the
+//!   occurrences inside the gap;
+//! * fall back: a fixed-time job runs once, at the first of the two wall-clock times; a
+//!   wildcard job runs at every matching wall-clock time, in both passes of the hour.
+
+use std::time::{Duration, SystemTime};
+
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
+use jiff::tz::TimeZone;
+use jiff::{Timestamp, Zoned};
+
+/// Why a schedule or a zone cannot be used; every one is a usage error (exit 125).
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// The expression does not parse.
+    #[error(
+        "invalid --schedule {expr:?}: {reason}; give five fields (minute hour day-of-month \
+         month day-of-week), six with seconds first, or @hourly, @daily, @weekly, @monthly, \
+         @yearly"
+    )]
+    Expression {
+        /// The expression as given.
+        expr: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// The zone is not known.
+    #[error("unknown time zone {zone:?} ({from}): {reason}; give an IANA name such as Europe/Berlin or UTC")]
+    Zone {
+        /// The zone as given.
+        zone: String,
+        /// Where it came from: `--tz` or `TZ`.
+        from: &'static str,
+        /// Why it could not be loaded.
+        reason: String,
+    },
+}
+
+/// A parsed `--schedule` in its zone. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    expr: String,
+    cron: Cron,
+    tz: TimeZone,
+    zone: String,
+}
+
+/// Upper bound of how far back [`Schedule::last_at_or_before`] looks: a due time longer ago is
+/// never caught up, and a yearly job's search stays cheap.
+const LOOK_BACK: Duration = Duration::from_secs(400 * 24 * 3600);
+
+impl Schedule {
+    /// Parses `expr` (see the module documentation) to be evaluated in `tz`.
+    ///
+    /// # Errors
+    /// [`ScheduleError::Expression`] when `expr` is not a cron expression of five or six
+    /// fields or a known `@` name, or can never fall due.
+    pub fn parse(expr: &str, tz: TimeZone) -> Result<Schedule, ScheduleError> {
+        let invalid = |reason: String| ScheduleError::Expression {
+            expr: expr.to_owned(),
+            reason,
+        };
+        let trimmed = expr.trim();
+        let fields = trimmed.split_whitespace().count();
+        if !trimmed.starts_with('@') && !(5..=6).contains(&fields) {
+            return Err(invalid(format!("{fields} fields")));
+        }
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse(trimmed)
+            .map_err(|e| invalid(e.to_string()))?;
+        let zone = tz.iana_name().unwrap_or("local time").to_owned();
+        let schedule = Schedule {
+            expr: trimmed.to_owned(),
+            cron,
+            tz,
+            zone,
+        };
+        // `0 0 30 2 *` parses but never falls due: say so now, not by never running.
+        if schedule.next_after(SystemTime::now()).is_none() {
+            return Err(invalid("it never falls due".to_owned()));
+        }
+        Ok(schedule)
+    }
+
+    /// The expression as given (trimmed).
+    pub fn expr(&self) -> &str {
+        &self.expr
+    }
+
+    /// The zone's IANA name (`Europe/Berlin`, `UTC`), or `local time` for a zone that has
+    /// none (a POSIX `TZ` rule, an unnamed `/etc/localtime`).
+    pub fn zone(&self) -> &str {
+        &self.zone
+    }
+
+    /// The first due time strictly after `t`; `None` when there is none (past year 9999).
+    pub fn next_after(&self, t: SystemTime) -> Option<SystemTime> {
+        let zoned = self.zoned(t)?;
+        let next = self.cron.find_next_occurrence(&zoned, false).ok()?;
+        Some(SystemTime::from(next.timestamp()))
+    }
+
+    /// The most recent due time at or before `t` (for `--catch-up`), looking back at most
+    /// about 400 days; `None` when there is none.
+    pub fn last_at_or_before(&self, t: SystemTime) -> Option<SystemTime> {
+        let zoned = self.zoned(t)?;
+        let last = self.cron.find_previous_occurrence(&zoned, true).ok()?;
+        let last = SystemTime::from(last.timestamp());
+        (t.duration_since(last).unwrap_or_default() <= LOOK_BACK).then_some(last)
+    }
+
+    /// `t` as an RFC 3339 time in the schedule's zone (`2026-03-29T03:00:00+02:00`), for logs
+    /// and `status`.
+    pub fn format(&self, t: SystemTime) -> String {
+        match self.zoned(t) {
+            Some(z) => z.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+            None => humantime::format_rfc3339_seconds(t).to_string(),
+        }
+    }
+
+    fn zoned(&self, t: SystemTime) -> Option<Zoned> {
+        let ts = Timestamp::try_from(t).ok()?;
+        Some(ts.to_zoned(self.tz.clone()))
+    }
+}
+
+/// The zone a schedule is read in: `--tz ZONE` when given, else the `TZ` environment variable
+/// (an IANA name, `:Name`, a path to a TZif file, or a POSIX rule), else `/etc/localtime`.
+/// A leading `:` is accepted in `--tz` too.
+///
+/// # Errors
+/// [`ScheduleError::Zone`] when the zone named cannot be loaded.
+pub fn zone(tz_flag: Option<&str>) -> Result<TimeZone, ScheduleError> {
+    match tz_flag {
+        Some(name) => named_zone(name, "--tz"),
+        None => match std::env::var("TZ") {
+            Ok(name) if !name.is_empty() => named_zone(&name, "TZ"),
+            // Unset (or empty, which C libraries read as UTC; jiff does the same).
+            _ => TimeZone::try_system().map_err(|e| ScheduleError::Zone {
+                zone: "/etc/localtime".to_owned(),
+                from: "the system's local time",
+                reason: e.to_string(),
+            }),
+        },
+    }
+}
+
+/// Loads the zone `name` (as `TZ` and `--tz` take it) and says `from` where it came from when
+/// it cannot be loaded.
+///
+/// # Errors
+/// [`ScheduleError::Zone`].
+pub fn named_zone(name: &str, from: &'static str) -> Result<TimeZone, ScheduleError> {
+    let bare = name.strip_prefix(':').unwrap_or(name);
+    let err = |reason: String| ScheduleError::Zone {
+        zone: name.to_owned(),
+        from,
+        reason,
+    };
+    if bare.starts_with('/') || bare.starts_with('.') {
+        let data = std::fs::read(bare).map_err(|e| err(e.to_string()))?;
+        return TimeZone::tzif(bare, &data).map_err(|e| err(e.to_string()));
+    }
+    match TimeZone::get(bare) {
+        Ok(tz) => Ok(tz),
+        // Not a name in the database: a POSIX rule (`CET-1CEST,M3.5.0,M10.5.0/3`) is what
+        // C libraries accept in `TZ` besides.
+        Err(by_name) => TimeZone::posix(bare).map_err(|_| err(by_name.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn berlin(expr: &str) -> Schedule {
+        Schedule::parse(expr, named_zone("Europe/Berlin", "--tz").unwrap()).unwrap()
+    }
+
+    fn at(rfc3339: &str) -> SystemTime {
+        humantime::parse_rfc3339(rfc3339).unwrap()
+    }
+
+    fn utc(t: SystemTime) -> String {
+        humantime::format_rfc3339_seconds(t).to_string()
+    }
+
+    /// The `n` due times after `from`, in UTC.
+    fn after(s: &Schedule, from: &str, n: usize) -> Vec<String> {
+        let mut t = at(from);
+        (0..n)
+            .map(|_| {
+                t = s.next_after(t).unwrap();
+                utc(t)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn five_fields_are_minutes_six_fields_start_with_seconds() {
+        let five = berlin("*/15 * * * *");
+        assert_eq!(
+            after(&five, "2026-01-10T10:01:00Z", 2),
+            ["2026-01-10T10:15:00Z", "2026-01-10T10:30:00Z"]
+        );
+        let six = berlin("*/2 * * * * *");
+        assert_eq!(
+            after(&six, "2026-01-10T10:00:00.500Z", 3),
+            [
+                "2026-01-10T10:00:02Z",
+                "2026-01-10T10:00:04Z",
+                "2026-01-10T10:00:06Z"
+            ]
+        );
+        // Strictly after: a due time equal to `t` is not the next one.
+        assert_eq!(
+            after(&six, "2026-01-10T10:00:02Z", 1),
+            ["2026-01-10T10:00:04Z"]
+        );
+    }
+
+    #[test]
+    fn nicknames() {
+        let daily = berlin("@daily");
+        // Midnight in Berlin is 23:00 UTC in winter.
+        assert_eq!(
+            after(&daily, "2026-01-10T12:00:00Z", 2),
+            ["2026-01-10T23:00:00Z", "2026-01-11T23:00:00Z"]
+        );
+        let utc_zone = named_zone("UTC", "--tz").unwrap();
+        let next = |e: &str| {
+            let s = Schedule::parse(e, utc_zone.clone()).unwrap();
+            utc(s.next_after(at("2026-05-13T10:30:00Z")).unwrap())
+        };
+        assert_eq!(next("@hourly"), "2026-05-13T11:00:00Z");
+        assert_eq!(next("@weekly"), "2026-05-17T00:00:00Z", "Sunday");
+        assert_eq!(next("@monthly"), "2026-06-01T00:00:00Z");
+        assert_eq!(next("@yearly"), "2027-01-01T00:00:00Z");
+        assert_eq!(next("@annually"), "2027-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn spring_forward_in_berlin() {
+        // 2026-03-29: 02:00 CET becomes 03:00 CEST (01:00 UTC).
+        // A fixed time in the gap runs once, right after it (03:00 CEST = 01:00 UTC).
+        let fixed = berlin("30 2 * * *");
+        assert_eq!(
+            after(&fixed, "2026-03-28T12:00:00Z", 2),
+            ["2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+        );
+        // A wildcard hour skips what the gap swallowed: 01:30 CET, then 03:30 CEST.
+        let hourly = berlin("30 * * * *");
+        assert_eq!(
+            after(&hourly, "2026-03-29T00:00:00Z", 2),
+            ["2026-03-29T00:30:00Z", "2026-03-29T01:30:00Z"]
+        );
+    }
+
+    #[test]
+    fn fall_back_in_berlin() {
+        // 2026-10-25: 03:00 CEST becomes 02:00 CET (01:00 UTC); 02:xx happens twice.
+        let fixed = berlin("30 2 * * *");
+        assert_eq!(
+            after(&fixed, "2026-10-24T12:00:00Z", 2),
+            ["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"],
+            "once, at the first 02:30"
+        );
+        let every_half_hour = berlin("*/30 * * * *");
+        assert_eq!(
+            after(&every_half_hour, "2026-10-24T23:45:00Z", 4),
+            [
+                "2026-10-25T00:00:00Z",
+                "2026-10-25T00:30:00Z",
+                "2026-10-25T01:00:00Z",
+                "2026-10-25T01:30:00Z"
+            ],
+            "both passes of the repeated hour"
+        );
+    }
+
+    #[test]
+    fn last_at_or_before_includes_the_instant_itself() {
+        let s = berlin("*/2 * * * * *");
+        assert_eq!(
+            utc(s.last_at_or_before(at("2026-01-10T10:00:04Z")).unwrap()),
+            "2026-01-10T10:00:04Z"
+        );
+        assert_eq!(
+            utc(s.last_at_or_before(at("2026-01-10T10:00:05.900Z")).unwrap()),
+            "2026-01-10T10:00:04Z"
+        );
+        let daily = berlin("@daily");
+        assert_eq!(
+            utc(daily.last_at_or_before(at("2026-01-10T12:00:00Z")).unwrap()),
+            "2026-01-09T23:00:00Z"
+        );
+    }
+
+    #[test]
+    fn invalid_expressions_say_what_is_accepted() {
+        let tz = named_zone("UTC", "--tz").unwrap();
+        for bad in [
+            "",
+            "* * * *",
+            "0 0 0 * * * 2030",
+            "61 * * * *",
+            "* * * * * * *",
+            "@often",
+            "every 5m",
+            "0 0 30 2 *",
+        ] {
+            let err = Schedule::parse(bad, tz.clone()).unwrap_err().to_string();
+            assert!(err.starts_with("invalid --schedule"), "{bad:?}: {err}");
+            assert!(err.contains("six with seconds first"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn zones_by_name_colon_path_and_rule() {
+        assert_eq!(
+            named_zone(":Europe/Berlin", "TZ").unwrap().iana_name(),
+            Some("Europe/Berlin")
+        );
+        assert!(named_zone("/usr/share/zoneinfo/Europe/Berlin", "TZ").is_ok());
+        let rule = named_zone("CET-1CEST,M3.5.0,M10.5.0/3", "TZ").unwrap();
+        let s = Schedule::parse("0 12 * * *", rule).unwrap();
+        assert_eq!(s.zone(), "local time");
+        assert_eq!(
+            utc(s.next_after(at("2026-07-01T00:00:00Z")).unwrap()),
+            "2026-07-01T10:00:00Z"
+        );
+        let err = named_zone("Mars/Olympus", "--tz").unwrap_err().to_string();
+        assert!(err.contains("unknown time zone \"Mars/Olympus\" (--tz)"), "{err}");
+        assert!(zone(Some("UTC")).is_ok());
+    }
+
+    #[test]
+    fn formats_in_the_zone() {
+        let s = berlin("0 3 * * *");
+        assert_eq!(s.format(at("2026-07-01T01:00:00Z")), "2026-07-01T03:00:00+02:00");
+        assert_eq!(s.expr(), "0 3 * * *");
+        assert_eq!(s.zone(), "Europe/Berlin");
+    }
+}
