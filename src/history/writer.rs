@@ -1,0 +1,640 @@
+//! The history writer: a bounded queue in front of a task with a connection of its own (see
+//! [`crate::history`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_postgres::Client;
+use tracing::{debug, info, warn};
+
+use super::{Outcome, TableName};
+use crate::child::ExitStatus;
+use crate::elector::session::within;
+use crate::error::{Chain, Error};
+use crate::lock::LockKey;
+use crate::tls::TlsSettings;
+
+/// Writes waiting for the writer at most; a write that finds the queue full is dropped.
+pub const QUEUE: usize = 256;
+
+/// How often the leader deletes rows older than `--history-keep` while it leads (besides at
+/// the start of every term).
+pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// After a failed connect, writes are dropped without a new attempt for this long, so a
+/// database that is down costs one attempt per second, not one per queued write.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// What the writer needs: where to connect, the table, the key whose runs it writes.
+#[derive(Clone, Debug)]
+pub struct HistorySettings {
+    /// The lock's connection settings (the history lives in the lock's database).
+    pub connect: tokio_postgres::Config,
+    /// Their TLS part.
+    pub tls: TlsSettings,
+    /// `--history-table`.
+    pub table: TableName,
+    /// `--history-keep`.
+    pub keep: Duration,
+    /// The lock (its base key: slot 0's; rows carry the slot).
+    pub lock: LockKey,
+    /// `--schedule` and its zone's name, stored with each run so `status` can tell the next
+    /// due time without being given the schedule.
+    pub schedule: Option<(String, String)>,
+    /// Bound of one statement (and of a connect): the session's `statement_timeout`; the
+    /// client gives up a little later.
+    pub bound: Duration,
+}
+
+/// The start of a run.
+#[derive(Clone, Debug)]
+pub struct RunStart {
+    /// The slot of the term.
+    pub slot: u32,
+    /// The term's number in this process.
+    pub term: u64,
+    /// The term's fencing token.
+    pub fencing_token: i64,
+    /// When COMMAND started.
+    pub started_at: SystemTime,
+    /// The due time of a scheduled run.
+    pub due_at: Option<SystemTime>,
+}
+
+/// The end of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct RunEnd {
+    /// When the tree was gone.
+    pub ended_at: SystemTime,
+    /// How the main child ended.
+    pub status: ExitStatus,
+    /// The outcome.
+    pub outcome: Outcome,
+}
+
+/// A run [`History::run_started`] handed out, to pass to [`History::run_ended`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunId(u64);
+
+enum Op {
+    Start {
+        id: u64,
+        run: RunStart,
+    },
+    End {
+        id: u64,
+        end: RunEnd,
+    },
+    TermBegan {
+        slot: u32,
+        fencing_token: i64,
+    },
+    Started {
+        slot: u32,
+        due_at: SystemTime,
+        reply: oneshot::Sender<Option<bool>>,
+    },
+    Flush {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// The handle the supervisor writes through; cheap to clone. Every method returns at once
+/// (the queries wait only as long as the caller bounds them), and none can fail the caller.
+#[derive(Clone)]
+pub struct History {
+    tx: mpsc::Sender<Op>,
+    next: Arc<AtomicU64>,
+    /// Set while writes are being dropped for a full queue: one WARN per streak.
+    dropping: Arc<AtomicBool>,
+    table: Arc<str>,
+}
+
+impl std::fmt::Debug for History {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("History")
+            .field("table", &self.table)
+            .finish()
+    }
+}
+
+impl History {
+    /// Starts the writer task on the current runtime; it connects at its first write and
+    /// ends when the last handle is dropped.
+    pub fn spawn(settings: HistorySettings) -> History {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let table: Arc<str> = settings.table.to_string().into();
+        tokio::spawn(Writer::new(settings).run(rx));
+        History {
+            tx,
+            next: Arc::new(AtomicU64::new(1)),
+            dropping: Arc::new(AtomicBool::new(false)),
+            table,
+        }
+    }
+
+    /// Queues the row of a run that just started.
+    pub fn run_started(&self, run: RunStart) -> RunId {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.send(Op::Start { id, run });
+        RunId(id)
+    }
+
+    /// Queues the end of run `id`.
+    pub fn run_ended(&self, id: RunId, end: RunEnd) {
+        self.send(Op::End { id: id.0, end });
+    }
+
+    /// A term began on `slot` with `fencing_token`: queue the marking of runs of vanished
+    /// leaders as lost, and the deletion of old rows.
+    pub fn term_began(&self, slot: u32, fencing_token: i64) {
+        self.send(Op::TermBegan {
+            slot,
+            fencing_token,
+        });
+    }
+
+    /// Whether any replica started a run for `due_at` on `slot`, as far as the table says;
+    /// `None` when that cannot be told within `bound` (the database is unreachable, the
+    /// writer is busy with writes that wait).
+    pub async fn was_started(
+        &self,
+        slot: u32,
+        due_at: SystemTime,
+        bound: Duration,
+    ) -> Option<bool> {
+        let (reply, answer) = oneshot::channel();
+        if !self.send(Op::Started {
+            slot,
+            due_at,
+            reply,
+        }) {
+            return None;
+        }
+        tokio::time::timeout(bound, answer).await.ok()?.ok()?
+    }
+
+    /// Waits up to `bound` for every write queued so far (at exit, after the lock is
+    /// released: the last run's end is worth a moment, not a hang).
+    pub async fn flush(&self, bound: Duration) {
+        let (reply, done) = oneshot::channel();
+        let sent = tokio::time::timeout(bound, self.tx.send(Op::Flush { reply })).await;
+        if matches!(sent, Ok(Ok(()))) {
+            let _ = tokio::time::timeout(bound, done).await;
+        }
+    }
+
+    fn send(&self, op: Op) -> bool {
+        match self.tx.try_send(op) {
+            Ok(()) => {
+                if self.dropping.swap(false, Ordering::Relaxed) {
+                    info!(table = %self.table, "history: the queue has room again");
+                }
+                true
+            }
+            Err(_) => {
+                if !self.dropping.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        table = %self.table,
+                        "history: {QUEUE} writes wait for the database; dropping history \
+                         writes until it catches up (the run goes on)"
+                    );
+                }
+                false
+            }
+        }
+    }
+}
+
+/// What the writer knows of a run it was told of.
+struct Known {
+    run: RunStart,
+    /// The row's `id`, once its insert succeeded.
+    row: Option<i64>,
+}
+
+struct Writer {
+    settings: HistorySettings,
+    host: String,
+    pid: i32,
+    table: String,
+    client: Option<Client>,
+    /// Whether the table is known to exist (checked on each new connection until it is).
+    ensured: bool,
+    runs: HashMap<u64, Known>,
+    /// In a streak of failures: one WARN at its start, one INFO at its end.
+    failing: bool,
+    reconnect_after: Option<Instant>,
+    last_prune: Option<Instant>,
+}
+
+impl Writer {
+    fn new(settings: HistorySettings) -> Writer {
+        let name = crate::conninfo::default_application_name();
+        let (host, pid) = crate::holder::parse_application_name(&name)
+            .unwrap_or_else(|| ("unknown".to_owned(), std::process::id()));
+        let table = settings.table.sql();
+        Writer {
+            settings,
+            host,
+            pid: pid as i32,
+            table,
+            client: None,
+            ensured: false,
+            runs: HashMap::new(),
+            failing: false,
+            reconnect_after: None,
+            last_prune: None,
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Op>) {
+        while let Some(op) = rx.recv().await {
+            match op {
+                Op::Flush { reply } => {
+                    let _ = reply.send(());
+                }
+                Op::Started {
+                    slot,
+                    due_at,
+                    reply,
+                } => {
+                    let answer = self.was_started(slot, due_at).await;
+                    let _ = reply.send(answer);
+                }
+                op => self.apply(op).await,
+            }
+        }
+        debug!("history writer done");
+    }
+
+    /// Applies one write, retrying once on a fresh connection when the connection was the
+    /// problem; a failure is logged (once per streak) and the write dropped.
+    async fn apply(&mut self, op: Op) {
+        for attempt in 0..2 {
+            let result = self.write(&op).await;
+            match result {
+                Ok(()) => return self.succeeded(),
+                Err(err) => {
+                    let closed = self.client.as_ref().map_or(true, Client::is_closed);
+                    if closed || matches!(err, Error::Timeout { .. }) {
+                        self.client = None;
+                    }
+                    if attempt == 0 && closed && self.reconnect_after.is_none() {
+                        continue;
+                    }
+                    return self.failed(&err);
+                }
+            }
+        }
+    }
+
+    async fn write(&mut self, op: &Op) -> Result<(), Error> {
+        let s = &self.settings;
+        let (class, lock_id) = (s.lock.class, s.lock.id);
+        let bound = self.client_bound();
+        match op {
+            Op::Start { id, run } => {
+                self.runs.entry(*id).or_insert_with(|| Known {
+                    run: run.clone(),
+                    row: None,
+                });
+                self.ensure_client().await?;
+                let client = self.client.as_ref().expect("connected");
+                let sql = format!(
+                    "INSERT INTO {} (lock_class, lock_id, slot, host, pid, term, fencing_token, \
+                       due_at, started_at, outcome, schedule, tz) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, $11) RETURNING id",
+                    self.table
+                );
+                let (schedule, tz) = self.schedule();
+                let row = within(
+                    "history insert",
+                    bound,
+                    client.query_one(
+                        &sql,
+                        &[
+                            &class,
+                            &lock_id,
+                            &(run.slot as i32),
+                            &self.host,
+                            &self.pid,
+                            &(run.term as i64),
+                            &run.fencing_token,
+                            &run.due_at,
+                            &run.started_at,
+                            &schedule,
+                            &tz,
+                        ],
+                    ),
+                )
+                .await?;
+                if let Some(known) = self.runs.get_mut(id) {
+                    known.row = Some(row.get(0));
+                }
+                self.prune_if_due().await
+            }
+            Op::End { id, end } => {
+                let Some(known) = self.runs.get(id) else {
+                    return Ok(());
+                };
+                let (exit_code, signal) = match end.status {
+                    ExitStatus::Code(code) => (Some(code), None),
+                    ExitStatus::Signal(sig) => (None, Some(sig.as_str().to_owned())),
+                };
+                let lost = end.outcome == Outcome::Lost;
+                let outcome = end.outcome.as_str();
+                let (row, run) = (known.row, known.run.clone());
+                self.ensure_client().await?;
+                let client = self.client.as_ref().expect("connected");
+                match row {
+                    Some(row) => {
+                        let sql = format!(
+                            "UPDATE {} SET ended_at = $2, exit_code = $3, signal = $4, \
+                               outcome = $5, lost = $6 WHERE id = $1",
+                            self.table
+                        );
+                        within(
+                            "history update",
+                            bound,
+                            client.execute(
+                                &sql,
+                                &[&row, &end.ended_at, &exit_code, &signal, &outcome, &lost],
+                            ),
+                        )
+                        .await?;
+                    }
+                    // The start's insert failed: the whole row now.
+                    None => {
+                        let sql = format!(
+                            "INSERT INTO {} (lock_class, lock_id, slot, host, pid, term, \
+                               fencing_token, due_at, started_at, ended_at, exit_code, signal, \
+                               outcome, lost, schedule, tz) \
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+                               $14, $15, $16)",
+                            self.table
+                        );
+                        let (schedule, tz) = self.schedule();
+                        within(
+                            "history insert",
+                            bound,
+                            client.execute(
+                                &sql,
+                                &[
+                                    &class,
+                                    &lock_id,
+                                    &(run.slot as i32),
+                                    &self.host,
+                                    &self.pid,
+                                    &(run.term as i64),
+                                    &run.fencing_token,
+                                    &run.due_at,
+                                    &run.started_at,
+                                    &end.ended_at,
+                                    &exit_code,
+                                    &signal,
+                                    &outcome,
+                                    &lost,
+                                    &schedule,
+                                    &tz,
+                                ],
+                            ),
+                        )
+                        .await?;
+                    }
+                }
+                self.runs.remove(id);
+                Ok(())
+            }
+            Op::TermBegan {
+                slot,
+                fencing_token,
+            } => {
+                self.ensure_client().await?;
+                let client = self.client.as_ref().expect("connected");
+                let sql = format!(
+                    "UPDATE {} SET outcome = 'lost', lost = true \
+                     WHERE lock_class = $1 AND lock_id = $2 AND slot = $3 \
+                       AND outcome = 'running' AND fencing_token < $4",
+                    self.table
+                );
+                let marked = within(
+                    "history: mark runs of vanished leaders",
+                    bound,
+                    client.execute(&sql, &[&class, &lock_id, &(*slot as i32), fencing_token]),
+                )
+                .await?;
+                if marked > 0 {
+                    info!(
+                        runs = marked,
+                        "history: marked runs of leaders that vanished as lost"
+                    );
+                }
+                self.last_prune = None;
+                self.prune_if_due().await
+            }
+            Op::Started { .. } | Op::Flush { .. } => Ok(()),
+        }
+    }
+
+    /// Deletes the key's rows older than `--history-keep`, at most once per [`PRUNE_EVERY`].
+    async fn prune_if_due(&mut self) -> Result<(), Error> {
+        if self.last_prune.is_some_and(|at| at.elapsed() < PRUNE_EVERY) {
+            return Ok(());
+        }
+        let bound = self.client_bound();
+        let (class, lock_id) = (self.settings.lock.class, self.settings.lock.id);
+        let keep = self.settings.keep.as_secs_f64();
+        let sql = format!(
+            "DELETE FROM {} WHERE lock_class = $1 AND lock_id = $2 \
+               AND started_at < now() - $3 * interval '1 second'",
+            self.table
+        );
+        self.ensure_client().await?;
+        let client = self.client.as_ref().expect("connected");
+        let deleted = within(
+            "history: delete old runs",
+            bound,
+            client.execute(&sql, &[&class, &lock_id, &keep]),
+        )
+        .await?;
+        self.last_prune = Some(Instant::now());
+        if deleted > 0 {
+            debug!(
+                rows = deleted,
+                "history: deleted runs older than --history-keep"
+            );
+        }
+        Ok(())
+    }
+
+    async fn was_started(&mut self, slot: u32, due_at: SystemTime) -> Option<bool> {
+        let bound = self.client_bound();
+        let (class, lock_id) = (self.settings.lock.class, self.settings.lock.id);
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE lock_class = $1 AND lock_id = $2 \
+               AND slot = $3 AND due_at = $4)",
+            self.table
+        );
+        let result = async {
+            self.ensure_client().await?;
+            let client = self.client.as_ref().expect("connected");
+            within(
+                "history: was the due time started",
+                bound,
+                client.query_one(&sql, &[&class, &lock_id, &(slot as i32), &due_at]),
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(row) => Some(row.get(0)),
+            Err(err) => {
+                if matches!(err, Error::Timeout { .. }) {
+                    self.client = None;
+                }
+                self.failed(&err);
+                None
+            }
+        }
+    }
+
+    fn schedule(&self) -> (Option<String>, Option<String>) {
+        match &self.settings.schedule {
+            Some((expr, tz)) => (Some(expr.clone()), Some(tz.clone())),
+            None => (None, None),
+        }
+    }
+
+    /// The client's own bound: a little longer than the session's `statement_timeout`, so
+    /// the server's cancel normally comes first and the session stays usable.
+    fn client_bound(&self) -> Duration {
+        self.settings.bound + Duration::from_secs(1)
+    }
+
+    /// The writer's session, connected (and the table made) when there is none.
+    async fn ensure_client(&mut self) -> Result<(), Error> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+        }
+        if self.client.is_none() {
+            if let Some(after) = self.reconnect_after {
+                if Instant::now() < after {
+                    return Err(Error::Timeout {
+                        what: "history: reconnect (paused after a failed connect)",
+                        after: RECONNECT_PAUSE,
+                    });
+                }
+            }
+            match self.connect().await {
+                Ok(client) => {
+                    self.reconnect_after = None;
+                    self.client = Some(client);
+                }
+                Err(err) => {
+                    self.reconnect_after = Some(Instant::now() + RECONNECT_PAUSE);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn connect(&mut self) -> Result<Client, Error> {
+        let mut config = self.settings.connect.clone();
+        // A session of its own, told apart from the lock session in pg_stat_activity.
+        if config.get_application_name() == Some(&crate::conninfo::default_application_name()) {
+            let mut name = format!("leaderrun-history@{}:{}", self.host, self.pid);
+            while name.len() > 63 {
+                name.remove(18);
+            }
+            config.application_name(&name);
+        }
+        let target = crate::conninfo::describe(&config);
+        let bound = self.settings.bound;
+        let (client, _closed, _task) =
+            crate::elector::connect(&config, &self.settings.tls, &target, bound).await?;
+        let ms = bound.as_millis().to_string();
+        let lock_ms = (bound / 2).as_millis().max(1).to_string();
+        within(
+            "history: session settings",
+            bound,
+            client.execute(
+                "SELECT set_config('statement_timeout', $1, false), \
+                        set_config('lock_timeout', $2, false)",
+                &[&ms, &lock_ms],
+            ),
+        )
+        .await?;
+        if !self.ensured {
+            self.ensure_table(&client).await;
+        }
+        Ok(client)
+    }
+
+    /// Creates the table when it does not exist; without the right to, one WARN that names
+    /// the README's SQL (a DBA's table is used as soon as it is there).
+    async fn ensure_table(&mut self, client: &Client) {
+        let bound = self.settings.bound;
+        let exists = within(
+            "history: look for the table",
+            bound,
+            client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.table]),
+        )
+        .await
+        .map(|row| row.get::<_, bool>(0));
+        if let Ok(true) = exists {
+            self.ensured = true;
+            return;
+        }
+        let create = self.settings.table.create_sql();
+        match within(
+            "history: create the table",
+            bound,
+            client.batch_execute(&create),
+        )
+        .await
+        {
+            Ok(()) => {
+                info!(table = %self.settings.table, "history: created the table");
+                self.ensured = true;
+            }
+            Err(err) => {
+                warn!(
+                    table = %self.settings.table,
+                    "history: cannot create the table ({}); a DBA creates it with the SQL in \
+                     the README (Schedules, The history table); runs go on unrecorded until \
+                     it exists",
+                    Chain(&err)
+                );
+                // Once per process: a DBA's table is found by the writes themselves.
+                self.ensured = true;
+            }
+        }
+    }
+
+    fn succeeded(&mut self) {
+        if self.failing {
+            self.failing = false;
+            info!(table = %self.settings.table, "history: writes succeed again");
+        }
+    }
+
+    fn failed(&mut self, err: &Error) {
+        if !self.failing {
+            self.failing = true;
+            warn!(
+                table = %self.settings.table,
+                "history: cannot write the run history ({}); the run goes on, and this is \
+                 logged once until a write succeeds",
+                Chain(err)
+            );
+        } else {
+            debug!("history: write failed: {}", Chain(err));
+        }
+    }
+}
