@@ -344,14 +344,20 @@ mod tests {
             "2026-07-01T10:00:00Z"
         );
         let err = named_zone("Mars/Olympus", "--tz").unwrap_err().to_string();
-        assert!(err.contains("unknown time zone \"Mars/Olympus\" (--tz)"), "{err}");
+        assert!(
+            err.contains("unknown time zone \"Mars/Olympus\" (--tz)"),
+            "{err}"
+        );
         assert!(zone(Some("UTC")).is_ok());
     }
 
     #[test]
     fn formats_in_the_zone() {
         let s = berlin("0 3 * * *");
-        assert_eq!(s.format(at("2026-07-01T01:00:00Z")), "2026-07-01T03:00:00+02:00");
+        assert_eq!(
+            s.format(at("2026-07-01T01:00:00Z")),
+            "2026-07-01T03:00:00+02:00"
+        );
         assert_eq!(s.expr(), "0 3 * * *");
         assert_eq!(s.zone(), "Europe/Berlin");
     }
