@@ -1,0 +1,453 @@
+//! `--schedule`, `--catch-up` and `--history` with a real PostgreSQL and real processes: due
+//! times run once across replicas through failovers, a missed due time is caught up once,
+//! the history and `status` agree with what ran, and failing history writes leave the job
+//! alone.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::sys::signal::Signal;
+
+use crate::support::{alive, leaderrun, status_with, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+
+const INTERVAL: &str = "200ms";
+
+/// How long the three replicas of the failover test run their two-second schedule. The
+/// issue asks for a minute; twenty seconds hold ten due times, a `kill -9` and a SIGTERM of
+/// the leader, and keep the suite short.
+const FAILOVER_RUN: Duration = Duration::from_secs(20);
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A job that stamps its start and its end (`began PID NS`, `ended PID NS`) around `sleep`.
+fn stamping_job(scratch: &Scratch, sleep: &str) -> String {
+    scratch
+        .child_script(
+            "job.sh",
+            &format!(
+                "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\nsleep {sleep}\n\
+                 echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\""
+            ),
+        )
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// `(pid, began, ended)` of every run the job stamped, in the order they began (seconds).
+fn runs(scratch: &Scratch) -> Vec<(i32, f64, Option<f64>)> {
+    let mut out: Vec<(i32, f64, Option<f64>)> = scratch
+        .events()
+        .iter()
+        .filter_map(|l| l.strip_prefix("began "))
+        .map(|l| {
+            let (pid, ns) = l.split_once(' ').unwrap();
+            let pid: i32 = pid.parse().unwrap();
+            (pid, ns.parse::<f64>().unwrap() / 1e9, scratch.stamp("ended", pid))
+        })
+        .collect();
+    out.sort_by(|a, b| a.1.total_cmp(&b.1));
+    out
+}
+
+/// `status --json` of the key, parsed.
+fn status_json(cluster: &Cluster, id: i32, extra: &[&str]) -> serde_json::Value {
+    let out = status_with(cluster, id, true, extra);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "status --json: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The replica whose child started last.
+fn leader_of<'a>(replicas: &'a [Replica], scratch: &Scratch) -> &'a Replica {
+    let last = scratch.starts().last().cloned().expect("a start");
+    replicas
+        .iter()
+        .find(|r| r.pid() == last.ppid)
+        .expect("the leader is one of the replicas")
+}
+
+#[test]
+fn three_replicas_run_each_due_time_once_through_kill_and_term() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let table = format!("runs_failover_{id}");
+    let job = stamping_job(&scratch, "0.5");
+    let args = [
+        "--schedule",
+        "*/2 * * * * *",
+        "--tz",
+        "UTC",
+        "--grace",
+        "500ms",
+        "--history",
+        "--history-table",
+        &table,
+        "--",
+        &job,
+    ];
+    let began = now();
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &args))
+        .collect();
+    // A few due times, then the leader dies hard: its watchdog kills the run, the lock moves.
+    scratch.wait_starts(3, secs(10.0));
+    let killed = leader_of(&replicas, &scratch).pid();
+    replicas
+        .iter()
+        .find(|r| r.pid() == killed)
+        .unwrap()
+        .signal(Signal::SIGKILL);
+    let after_kill = scratch.starts().len();
+    // The next leader runs the next due times.
+    wait_for("a start by another leader after the kill -9", secs(10.0), || {
+        let starts = scratch.starts();
+        (starts.len() > after_kill && starts.last().unwrap().ppid != killed).then_some(())
+    });
+    scratch.wait_starts(after_kill + 2, secs(10.0));
+    // Then it is told to stop (SIGTERM): its run is stopped, the lock passes again.
+    let termed = leader_of(&replicas, &scratch).pid();
+    replicas
+        .iter()
+        .find(|r| r.pid() == termed)
+        .unwrap()
+        .signal(Signal::SIGTERM);
+    let after_term = scratch.starts().len();
+    wait_for("a start by the third replica", secs(10.0), || {
+        let starts = scratch.starts();
+        (starts.len() > after_term && starts.last().unwrap().ppid != termed).then_some(())
+    });
+    wait_for("the end of the run", FAILOVER_RUN * 2, || {
+        (now() - began >= FAILOVER_RUN.as_secs_f64()).then_some(())
+    });
+    for r in &replicas {
+        if r.pid() != killed {
+            r.signal(Signal::SIGTERM);
+        }
+    }
+    for r in &mut replicas {
+        r.wait_exit(secs(10.0));
+    }
+
+    // Every run began right after its due time (an even second): no due time ran twice,
+    // and no run began while the one before it still went on.
+    let runs = runs(&scratch);
+    let mut by_due: BTreeMap<i64, Vec<i32>> = BTreeMap::new();
+    for (pid, start, _) in &runs {
+        let due = (start.floor() as i64) / 2 * 2;
+        assert!(start - due as f64 < 1.5, "run {pid} began {start}, long after {due}");
+        by_due.entry(due).or_default().push(*pid);
+    }
+    for (due, pids) in &by_due {
+        assert_eq!(pids.len(), 1, "due time {due} ran {} times: {runs:?}", pids.len());
+    }
+    for pair in runs.windows(2) {
+        if let (_, _, Some(ended)) = pair[0] {
+            assert!(pair[1].1 >= ended, "runs overlapped: {pair:?}");
+        }
+    }
+    let due_times = (FAILOVER_RUN.as_secs() / 2) as usize;
+    assert!(
+        runs.len() + 3 >= due_times,
+        "{} runs for about {due_times} due times: {runs:?}",
+        runs.len()
+    );
+    let leaders: std::collections::HashSet<i32> =
+        scratch.starts().iter().map(|s| s.ppid).collect();
+    assert_eq!(leaders.len(), 3, "each replica led in turn");
+
+    // The history: one row per run; the killed leader's run was marked lost by the next
+    // leader; status --json lists them newest first.
+    let status = status_json(cluster, id, &["--history-table", &table]);
+    let rows = status["runs"].as_array().expect("runs");
+    let expected = runs.len().min(leaderrun::history::STATUS_RUNS as usize);
+    assert_eq!(rows.len(), expected, "{status:#}");
+    let counted: i64 = cluster.sql(&format!("SELECT count(*) FROM {table} WHERE lock_id = {id}"))[0]
+        .parse()
+        .unwrap();
+    assert_eq!(counted as usize, runs.len(), "one row per run");
+    let starts: Vec<&str> = rows
+        .iter()
+        .map(|r| r["started_at"].as_str().unwrap())
+        .collect();
+    let mut sorted = starts.clone();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(starts, sorted, "newest first");
+    let outcome_of = |pid: i32| -> Vec<String> {
+        cluster.sql(&format!(
+            "SELECT outcome || ' ' || lost FROM {table} WHERE lock_id = {id} AND pid = {pid}"
+        ))
+    };
+    assert!(
+        outcome_of(killed).contains(&"lost true".to_owned()),
+        "the killed leader's run: {:?}",
+        outcome_of(killed)
+    );
+    let running: i64 = cluster.sql(&format!(
+        "SELECT count(*) FROM {table} WHERE lock_id = {id} AND outcome = 'running'"
+    ))[0]
+        .parse()
+        .unwrap();
+    assert_eq!(running, 0, "every run has ended or was marked lost");
+    let ok: i64 = cluster.sql(&format!(
+        "SELECT count(*) FROM {table} WHERE lock_id = {id} AND outcome = 'ok' \
+           AND exit_code = 0 AND ended_at IS NOT NULL"
+    ))[0]
+        .parse()
+        .unwrap();
+    let finished = runs.iter().filter(|r| r.2.is_some()).count();
+    assert_eq!(ok as usize, finished, "each run that ended by itself is ok");
+    for row in rows {
+        for field in [
+            "host",
+            "pid",
+            "term",
+            "fencing_token",
+            "started_at",
+            "ended_at",
+            "exit_code",
+            "signal",
+            "outcome",
+        ] {
+            assert!(row.get(field).is_some(), "{field} missing: {row}");
+        }
+        let pid = row["pid"].as_i64().unwrap() as i32;
+        assert!(leaders.contains(&pid), "{row}");
+    }
+    assert!(status["next_due_at"].is_string(), "{status:#}");
+    assert!(!alive(killed));
+}
+
+/// `S M H * * *` for the UTC second `at` (seconds since the epoch).
+fn daily_at(at: i64) -> String {
+    let day = at.rem_euclid(86400);
+    format!("{} {} {} * * *", day % 60, day / 60 % 60, day / 3600)
+}
+
+#[test]
+fn catch_up_runs_a_missed_due_time_once_after_a_failover() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let table = format!("runs_catch_up_{id}");
+    let job = stamping_job(&scratch, "0.3");
+    // One due time a day, a few seconds from now.
+    let due = now().ceil() as i64 + 4;
+    let schedule = daily_at(due);
+    let args = |catch_up: bool| {
+        let mut args: Vec<String> = ["--schedule", &schedule, "--tz", "UTC", "--history"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(["--history-table".to_owned(), table.clone()]);
+        if catch_up {
+            args.extend(["--catch-up".to_owned(), "1m".to_owned()]);
+        }
+        args.extend(["--".to_owned(), job.clone()]);
+        args
+    };
+    let start = |catch_up: bool| {
+        let args = args(catch_up);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Replica::start(cluster, id, INTERVAL, &args)
+    };
+    // The first leader dies before the due time, and nobody leads when it passes.
+    let first = start(true);
+    wait_for("the first replica to lead", secs(10.0), || {
+        status_json(cluster, id, &[])["leader"]
+            .is_object()
+            .then_some(())
+    });
+    first.signal(Signal::SIGKILL);
+    wait_for("the due time to pass", secs(10.0), || {
+        (now() >= due as f64 + 0.5).then_some(())
+    });
+    assert!(scratch.starts().is_empty(), "nobody ran the due time");
+    // A replica without --catch-up that leads now leaves it alone.
+    let mut plain = start(false);
+    wait_for("the plain replica to lead", secs(10.0), || {
+        status_json(cluster, id, &[])["leader"]
+            .is_object()
+            .then_some(())
+    });
+    plain.signal(Signal::SIGTERM);
+    plain.wait_exit(secs(5.0));
+    assert!(scratch.starts().is_empty(), "no catch-up without --catch-up");
+    // The next leader's term begins within a minute of it: it runs it once, at once.
+    let second = start(true);
+    let ran = scratch.wait_starts(1, secs(10.0));
+    let mut third = start(true);
+    assert_eq!(ran[0].ppid, second.pid(), "the replica that led first ran it");
+    let pid = ran[0].pid;
+    wait_for("the caught-up run to end", secs(5.0), || {
+        scratch.stamp("ended", pid)
+    });
+    let due_rows = wait_for("the caught-up run's row", secs(5.0), || {
+        let rows = cluster.sql(&format!(
+            "SELECT extract(epoch FROM due_at)::bigint || ' ' || outcome FROM {table} \
+             WHERE lock_id = {id}"
+        ));
+        (rows.iter().any(|r| r.ends_with(" ok"))).then_some(rows)
+    });
+    assert_eq!(due_rows, [format!("{due} ok")]);
+    // A failover to a third replica, still within the minute: the row says it ran.
+    second.signal(Signal::SIGTERM);
+    wait_for("the third replica to lead", secs(10.0), || {
+        (status_json(cluster, id, &[])["leader"]["leaderrun_pid"] == third.pid()).then_some(())
+    });
+    third.wait_log("catch-up", 1, secs(5.0));
+    assert_eq!(scratch.starts().len(), 1, "the due time ran once");
+    third.signal(Signal::SIGTERM);
+    assert_eq!(third.wait_exit(secs(5.0)).code(), Some(0));
+}
+
+#[test]
+fn a_locked_history_table_leaves_the_job_alone() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let table = format!("runs_locked_{id}");
+    let job = scratch
+        .child_script("job.sh", "true")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--schedule",
+            "* * * * * *",
+            "--history",
+            "--history-table",
+            &table,
+            "-v",
+            "--",
+            &job,
+        ],
+    );
+    replica.wait_log("history: created the table", 1, secs(10.0));
+    scratch.wait_starts(2, secs(10.0));
+    // A transaction holds the table in ACCESS EXCLUSIVE mode: every history write waits.
+    let mut locker = cluster.psql_session();
+    {
+        use std::io::Write;
+        let stdin = locker.stdin.as_mut().unwrap();
+        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
+        stdin.flush().unwrap();
+    }
+    wait_for("the table lock", secs(5.0), || {
+        let rows = cluster.sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass \
+               AND mode = 'AccessExclusiveLock' AND granted"
+        ));
+        (rows == ["1"]).then_some(())
+    });
+    let before = scratch.starts().len();
+    // The due times keep running, every second, while the writes fail.
+    let t0 = now();
+    scratch.wait_starts(before + 5, secs(8.0));
+    assert!(now() - t0 < 6.5, "the runs kept their pace");
+    replica.wait_log("history: cannot write the run history", 1, secs(10.0));
+    assert_eq!(
+        replica.log().matches("history: cannot write the run history").count(),
+        1,
+        "one WARN per streak of failures"
+    );
+    // The table is free again: writes go on.
+    let _ = locker.kill();
+    let _ = locker.wait();
+    replica.wait_log("history: writes succeed again", 1, secs(15.0));
+    let n = scratch.starts().len();
+    scratch.wait_starts(n + 2, secs(5.0));
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(0));
+    assert!(!replica.log().contains("ERROR"), "{}", replica.log());
+}
+
+#[test]
+fn history_without_insert_rights_leaves_the_job_alone() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let table = format!("runs_readonly_{id}");
+    let role = format!("history_ro_{id}");
+    cluster.sql(&format!("CREATE ROLE {role} LOGIN"));
+    // The DBA made the table (the README's SQL), and the role may only read it.
+    let sql = table
+        .parse::<leaderrun::history::TableName>()
+        .unwrap()
+        .create_sql();
+    cluster.sql(&sql);
+    cluster.sql(&format!("GRANT SELECT ON {table} TO {role}"));
+    let job = scratch
+        .child_script("job.sh", "exit 3")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let dsn = format!("{} user={role}", cluster.dsn());
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+        .args(["--check-interval", INTERVAL])
+        .args(["--schedule", "* * * * * *", "--history", "--history-table", &table])
+        .args(["--", &job]);
+    let mut replica = Replica::spawn(cmd);
+    scratch.wait_starts(3, secs(10.0));
+    replica.wait_log("history: cannot write the run history", 1, secs(5.0));
+    assert_eq!(
+        replica.log().matches("history: cannot write").count(),
+        1,
+        "{}",
+        replica.log()
+    );
+    // Failed runs are WARN lines of their own; the schedule goes on.
+    replica.wait_log("exited with exit code 3", 2, secs(5.0));
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(0));
+    assert_eq!(cluster.sql(&format!("SELECT count(*) FROM {table}")), ["0"]);
+}
+
+#[test]
+fn schedule_conflicts_and_bad_expressions_are_usage_errors() {
+    for args in [
+        &["--schedule", "* * * * *", "--every", "1m", "--", "true"][..],
+        &["--schedule", "* * * * *", "--once", "--", "true"],
+        &["--schedule", "* * * * *", "--wait", "5s", "--", "true"],
+        &["--schedule", "* * * * *", "--catch-up", "1m", "--", "true"],
+        &["--catch-up", "1m", "--history", "--", "true"],
+        &["--schedule", "61 * * * *", "--", "true"],
+        &["--schedule", "* * * *", "--", "true"],
+        &["--schedule", "@often", "--", "true"],
+        &["--schedule", "@daily", "--tz", "Mars/Olympus", "--", "true"],
+        &["--history-table", "a;b", "--history", "--", "true"],
+    ] {
+        let out = leaderrun()
+            .args(["--dsn", "host=/nonexistent dbname=x"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?} says why");
+    }
+    let out = leaderrun()
+        .args(["--dsn", "host=/nonexistent dbname=x", "--schedule", "61 * * * *", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("six with seconds first"), "{err}");
+}
