@@ -70,6 +70,8 @@
 //! * `process`: COMMAND as a process tree (own process group, one reaper, leftovers found
 //!   among leaderrun's own children), its cgroup where that is cheap or asked for, the signals
 //!   leaderrun acts on, the terminal.
+//! * `history`: `--history`, one row per run in the lock's database, written off the fence's
+//!   path (a session and a bounded queue of their own).
 //! * `watchdog`: the helper process that kills the tree and holds the lock session until it is
 //!   dead when leaderrun itself dies or freezes.
 //! * `cli`: the command line, the run that builds the real parts (`cli::runner`), `status`,
@@ -95,6 +97,8 @@ pub use timing::Timing;
 // The binary's layers.
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "cli")]
+pub mod history;
 #[cfg(feature = "cli")]
 pub mod process;
 #[cfg(feature = "cli")]

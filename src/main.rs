@@ -50,9 +50,15 @@ fn run(cli: leaderrun::cli::Cli, signals: leaderrun::process::signals::SignalStr
         settings.slots,
     );
     match cli.action {
-        Some(Action::Status { json }) => {
-            Exit::Code(status::status_main(connect, tls, lock, slots, bound, json))
-        }
+        Some(Action::Status { json }) => Exit::Code(status::status_main(
+            connect,
+            tls,
+            lock,
+            slots,
+            bound,
+            json,
+            (&settings.history_table, settings.schedule.as_ref()),
+        )),
         Some(Action::StepDown { slot }) => Exit::Code(status::step_down_main(
             connect, tls, lock, slots, slot, bound,
         )),

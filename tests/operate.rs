@@ -88,6 +88,8 @@ fn the_gauge_flips_on_failover_across_two_replicas() {
         "leaderrun_terms_started_total",
         "leaderrun_child_starts_total",
         "leaderrun_seconds_since_last_successful_check",
+        "leaderrun_last_run_start_timestamp_seconds",
+        "leaderrun_last_success_timestamp_seconds",
         "process_resident_memory_bytes",
     ] {
         assert!(
@@ -95,6 +97,12 @@ fn the_gauge_flips_on_failover_across_two_replicas() {
             "{name} missing:\n{metrics}"
         );
     }
+    // The leader started its run: the start's time is there, no success yet (it still runs).
+    assert!(sample(&metrics, "leaderrun_last_run_start_timestamp_seconds").unwrap() > 1e9);
+    assert_eq!(
+        sample(&metrics, "leaderrun_last_success_timestamp_seconds"),
+        Some(0.0)
+    );
     assert!(
         metrics.contains("leaderrun_checks_total{outcome=\"granted\"} 1"),
         "{metrics}"

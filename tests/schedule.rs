@@ -8,7 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
 
-use crate::support::{alive, leaderrun, status_with, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+use crate::support::{
+    alive, leaderrun, status_with, unique_lock_id, wait_for, Cluster, Replica, Scratch,
+};
 
 const INTERVAL: &str = "200ms";
 
@@ -52,7 +54,11 @@ fn runs(scratch: &Scratch) -> Vec<(i32, f64, Option<f64>)> {
         .map(|l| {
             let (pid, ns) = l.split_once(' ').unwrap();
             let pid: i32 = pid.parse().unwrap();
-            (pid, ns.parse::<f64>().unwrap() / 1e9, scratch.stamp("ended", pid))
+            (
+                pid,
+                ns.parse::<f64>().unwrap() / 1e9,
+                scratch.stamp("ended", pid),
+            )
         })
         .collect();
     out.sort_by(|a, b| a.1.total_cmp(&b.1));
@@ -105,7 +111,10 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
         .map(|_| Replica::start(cluster, id, INTERVAL, &args))
         .collect();
     // A few due times, then the leader dies hard: its watchdog kills the run, the lock moves.
-    scratch.wait_starts(3, secs(10.0));
+    let third = scratch.wait_starts(3, secs(10.0))[2].pid;
+    wait_for("the run to stamp its start", secs(5.0), || {
+        scratch.stamp("began", third)
+    });
     let killed = leader_of(&replicas, &scratch).pid();
     replicas
         .iter()
@@ -114,11 +123,18 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
         .signal(Signal::SIGKILL);
     let after_kill = scratch.starts().len();
     // The next leader runs the next due times.
-    wait_for("a start by another leader after the kill -9", secs(10.0), || {
-        let starts = scratch.starts();
-        (starts.len() > after_kill && starts.last().unwrap().ppid != killed).then_some(())
+    wait_for(
+        "a start by another leader after the kill -9",
+        secs(10.0),
+        || {
+            let starts = scratch.starts();
+            (starts.len() > after_kill && starts.last().unwrap().ppid != killed).then_some(())
+        },
+    );
+    let next = scratch.wait_starts(after_kill + 2, secs(10.0))[after_kill + 1].pid;
+    wait_for("the run to stamp its start", secs(5.0), || {
+        scratch.stamp("began", next)
     });
-    scratch.wait_starts(after_kill + 2, secs(10.0));
     // Then it is told to stop (SIGTERM): its run is stopped, the lock passes again.
     let termed = leader_of(&replicas, &scratch).pid();
     replicas
@@ -133,6 +149,11 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
     });
     wait_for("the end of the run", FAILOVER_RUN * 2, || {
         (now() - began >= FAILOVER_RUN.as_secs_f64()).then_some(())
+    });
+    // Stopped between two runs, so every run that started also stamped its start.
+    let last = scratch.starts().last().unwrap().pid;
+    wait_for("the last run to end", secs(5.0), || {
+        scratch.stamp("ended", last)
     });
     for r in &replicas {
         if r.pid() != killed {
@@ -149,11 +170,19 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
     let mut by_due: BTreeMap<i64, Vec<i32>> = BTreeMap::new();
     for (pid, start, _) in &runs {
         let due = (start.floor() as i64) / 2 * 2;
-        assert!(start - due as f64 < 1.5, "run {pid} began {start}, long after {due}");
+        assert!(
+            start - (due as f64) < 1.5,
+            "run {pid} began {start}, long after {due}"
+        );
         by_due.entry(due).or_default().push(*pid);
     }
     for (due, pids) in &by_due {
-        assert_eq!(pids.len(), 1, "due time {due} ran {} times: {runs:?}", pids.len());
+        assert_eq!(
+            pids.len(),
+            1,
+            "due time {due} ran {} times: {runs:?}",
+            pids.len()
+        );
     }
     for pair in runs.windows(2) {
         if let (_, _, Some(ended)) = pair[0] {
@@ -166,8 +195,7 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
         "{} runs for about {due_times} due times: {runs:?}",
         runs.len()
     );
-    let leaders: std::collections::HashSet<i32> =
-        scratch.starts().iter().map(|s| s.ppid).collect();
+    let leaders: std::collections::HashSet<i32> = scratch.starts().iter().map(|s| s.ppid).collect();
     assert_eq!(leaders.len(), 3, "each replica led in turn");
 
     // The history: one row per run; the killed leader's run was marked lost by the next
@@ -176,7 +204,9 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
     let rows = status["runs"].as_array().expect("runs");
     let expected = runs.len().min(leaderrun::history::STATUS_RUNS as usize);
     assert_eq!(rows.len(), expected, "{status:#}");
-    let counted: i64 = cluster.sql(&format!("SELECT count(*) FROM {table} WHERE lock_id = {id}"))[0]
+    let counted: i64 = cluster.sql(&format!(
+        "SELECT count(*) FROM {table} WHERE lock_id = {id}"
+    ))[0]
         .parse()
         .unwrap();
     assert_eq!(counted as usize, runs.len(), "one row per run");
@@ -286,12 +316,19 @@ fn catch_up_runs_a_missed_due_time_once_after_a_failover() {
     });
     plain.signal(Signal::SIGTERM);
     plain.wait_exit(secs(5.0));
-    assert!(scratch.starts().is_empty(), "no catch-up without --catch-up");
+    assert!(
+        scratch.starts().is_empty(),
+        "no catch-up without --catch-up"
+    );
     // The next leader's term begins within a minute of it: it runs it once, at once.
     let second = start(true);
     let ran = scratch.wait_starts(1, secs(10.0));
     let mut third = start(true);
-    assert_eq!(ran[0].ppid, second.pid(), "the replica that led first ran it");
+    assert_eq!(
+        ran[0].ppid,
+        second.pid(),
+        "the replica that led first ran it"
+    );
     let pid = ran[0].pid;
     wait_for("the caught-up run to end", secs(5.0), || {
         scratch.stamp("ended", pid)
@@ -365,7 +402,10 @@ fn a_locked_history_table_leaves_the_job_alone() {
     assert!(now() - t0 < 6.5, "the runs kept their pace");
     replica.wait_log("history: cannot write the run history", 1, secs(10.0));
     assert_eq!(
-        replica.log().matches("history: cannot write the run history").count(),
+        replica
+            .log()
+            .matches("history: cannot write the run history")
+            .count(),
         1,
         "one WARN per streak of failures"
     );
@@ -404,7 +444,13 @@ fn history_without_insert_rights_leaves_the_job_alone() {
     let mut cmd = leaderrun();
     cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
         .args(["--check-interval", INTERVAL])
-        .args(["--schedule", "* * * * * *", "--history", "--history-table", &table])
+        .args([
+            "--schedule",
+            "* * * * * *",
+            "--history",
+            "--history-table",
+            &table,
+        ])
         .args(["--", &job]);
     let mut replica = Replica::spawn(cmd);
     scratch.wait_starts(3, secs(10.0));
@@ -445,7 +491,14 @@ fn schedule_conflicts_and_bad_expressions_are_usage_errors() {
         assert!(!out.stderr.is_empty(), "{args:?} says why");
     }
     let out = leaderrun()
-        .args(["--dsn", "host=/nonexistent dbname=x", "--schedule", "61 * * * *", "--", "true"])
+        .args([
+            "--dsn",
+            "host=/nonexistent dbname=x",
+            "--schedule",
+            "61 * * * *",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

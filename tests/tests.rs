@@ -17,6 +17,7 @@ mod operator;
 mod rules;
 mod safety;
 mod scale;
+mod schedule;
 mod terminal;
 mod tls;
 

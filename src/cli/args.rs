@@ -348,6 +348,107 @@ pub struct Cli {
     )]
     pub every: Option<Duration>,
 
+    /// Cron schedule: while leading, run COMMAND at each due time of EXPR
+    ///
+    /// Five fields (minute hour day-of-month month day-of-week), six with seconds first, or
+    /// @hourly, @daily, @weekly, @monthly, @yearly; read in --tz ZONE, else TZ, else
+    /// /etc/localtime, with daylight-saving changes handled as cron does (a fixed time in the
+    /// spring-forward gap runs right after it, once; a fixed time in the repeated hour runs
+    /// once). Only the leader runs a due time, and it falls to whoever leads at that moment: a
+    /// replica that becomes leader later does not run one that passed (see --catch-up). Runs
+    /// never overlap: a due time that comes while the last run goes on is skipped with a WARN;
+    /// --timeout bounds each run; a failed run is a WARN and the schedule goes on, until
+    /// signalled. status shows the next due time.
+    ///
+    /// Example: --schedule '30 3 * * *', --schedule '*/10 * * * * *', --schedule @hourly
+    #[arg(
+        long,
+        value_name = "EXPR",
+        env = "LEADERRUN_SCHEDULE",
+        // Global, for status's next due time: so its conflicts are checked in `validate`.
+        global = true,
+        help_heading = "Modes"
+    )]
+    pub schedule: Option<String>,
+
+    /// The time zone --schedule is read in [default: TZ, else /etc/localtime]
+    ///
+    /// An IANA name (Europe/Berlin, UTC), also with a leading colon as TZ takes it.
+    ///
+    /// Example: --tz Europe/Berlin
+    #[arg(
+        long,
+        value_name = "ZONE",
+        env = "LEADERRUN_TZ",
+        global = true,
+        help_heading = "Modes"
+    )]
+    pub tz: Option<String>,
+
+    /// With --schedule and --history: a new leader whose term begins within DUR after a due
+    /// time that no replica started runs it once, at once
+    ///
+    /// Whether a replica started it is read from the history (its due_at); when the history
+    /// cannot be read, the due time is not run. A run that a leader started in the last
+    /// milliseconds before it was killed may not have reached the history yet, and runs again.
+    ///
+    /// Example: --schedule '0 3 * * *' --history --catch-up 1h
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_CATCH_UP",
+        value_parser = parse_duration,
+        allow_hyphen_values = true,
+        help_heading = "Modes"
+    )]
+    pub catch_up: Option<Duration>,
+
+    /// Record each run of COMMAND (any mode) in a table of the lock's database
+    ///
+    /// One row per run: lock class, id and slot, host, leaderrun pid, term, fencing token,
+    /// due time (with --schedule), start, end, exit code or signal, outcome (ok, failed, lost,
+    /// running) and whether the term was lost. leaderrun creates the table if it may (the
+    /// README gives the SQL for a DBA). Writes go through a session and a queue of their own:
+    /// a slow or failing write never delays a start, a stop or a release and never fails the
+    /// job (one WARN per streak of failures). A run whose leader vanished shows as running
+    /// until a later leader marks it lost. The leader deletes rows older than --history-keep.
+    #[arg(
+        long,
+        env = "LEADERRUN_HISTORY",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        help_heading = "History"
+    )]
+    pub history: bool,
+
+    /// The history table: NAME or SCHEMA.NAME [default: leaderrun_runs, in the session's
+    /// default schema]
+    ///
+    /// status reads the last runs from it.
+    ///
+    /// Example: --history-table ops.job_runs
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "LEADERRUN_HISTORY_TABLE",
+        global = true,
+        value_parser = clap::value_parser!(crate::history::TableName),
+        help_heading = "History"
+    )]
+    pub history_table: Option<crate::history::TableName>,
+
+    /// Rows of the history older than this are deleted by the leader [default: 30d]
+    ///
+    /// Example: --history-keep 90d
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "LEADERRUN_HISTORY_KEEP",
+        value_parser = parse_duration,
+        allow_hyphen_values = true,
+        help_heading = "History"
+    )]
+    pub history_keep: Option<Duration>,
+
     /// With --every: also run COMMAND at once when this copy becomes leader, then on the cadence
     ///
     /// Without it a new leader runs COMMAND at the next tick after its grant (up to one period

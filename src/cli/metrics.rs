@@ -67,6 +67,8 @@ pub struct Metrics {
     ticks: IntCounterVec,
     since_success: Gauge,
     log_dropped: IntCounter,
+    last_run_start: Gauge,
+    last_success: Gauge,
     started: std::time::Instant,
 }
 
@@ -120,8 +122,20 @@ impl Metrics {
             "Log lines dropped because stderr did not take them (a stalled or closed reader).",
         )
         .expect("valid metric");
+        let last_run_start = Gauge::new(
+            "leaderrun_last_run_start_timestamp_seconds",
+            "Unix time of the last start of COMMAND on this replica (0 before its first run).",
+        )
+        .expect("valid metric");
+        let last_success = Gauge::new(
+            "leaderrun_last_success_timestamp_seconds",
+            "Unix time of the end of the last run of COMMAND on this replica that exited 0 (0 before one).",
+        )
+        .expect("valid metric");
         for collector in [
-            Box::new(child_starts.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(last_run_start.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(last_success.clone()),
+            Box::new(child_starts.clone()),
             Box::new(child_exits.clone()),
             Box::new(ticks.clone()),
             Box::new(since_success.clone()),
@@ -137,6 +151,8 @@ impl Metrics {
             ticks,
             since_success,
             log_dropped,
+            last_run_start,
+            last_success,
             started: std::time::Instant::now(),
         }
     }
@@ -149,6 +165,16 @@ impl Metrics {
     /// COMMAND was started.
     pub fn child_started(&self) {
         self.child_starts.inc();
+    }
+
+    /// A run of COMMAND started at `at` (`leaderrun_last_run_start_timestamp_seconds`).
+    pub fn run_started(&self, at: std::time::SystemTime) {
+        self.last_run_start.set(unix_seconds(at));
+    }
+
+    /// A run of COMMAND that exited 0 ended at `at` (`leaderrun_last_success_timestamp_seconds`).
+    pub fn run_succeeded(&self, at: std::time::SystemTime) {
+        self.last_success.set(unix_seconds(at));
     }
 
     /// COMMAND ended.
@@ -177,6 +203,12 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+fn unix_seconds(at: std::time::SystemTime) -> f64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 impl Default for Metrics {

@@ -15,6 +15,7 @@ use tracing::{error, info, warn};
 
 use crate::cli::exit_codes;
 use crate::cli::health::Health;
+use crate::history::{History, HistorySettings};
 use crate::cli::http::Observed;
 use crate::cli::metrics::Metrics;
 use crate::cli::{Mode, Settings};
@@ -218,7 +219,21 @@ pub async fn run(
         inner: spawner,
         watchdog,
     };
-    let exit = Supervisor::new(
+    let history = settings.history.then(|| {
+        History::spawn(HistorySettings {
+            connect: settings.connect.clone(),
+            tls: settings.tls.clone(),
+            table: settings.history_table.clone(),
+            keep: settings.history_keep,
+            lock: settings.lock,
+            schedule: settings
+                .schedule
+                .as_ref()
+                .map(|s| (s.expr().to_owned(), s.zone().to_owned())),
+            bound: settings.timing.check_interval.max(HISTORY_BOUND_MIN),
+        })
+    });
+    let mut supervisor = Supervisor::new(
         plan,
         &mut election,
         spawner,
@@ -226,17 +241,33 @@ pub async fn run(
         terminal,
         metrics,
         health,
-    )
-    .run()
-    .await;
+    );
+    if let Some(schedule) = settings.schedule.clone() {
+        supervisor = supervisor.with_schedule(schedule);
+    }
+    if let Some(history) = &history {
+        supervisor = supervisor.with_history(history.clone());
+    }
+    let exit = supervisor.run().await;
     trim.abort();
     heartbeat.abort();
     watching.abort();
     crate::cli::notify::stopping();
     notifier.abort();
     election.stop().await;
+    // After the release: the last run's end is worth a moment, never a hang.
+    if let Some(history) = history {
+        history.flush(HISTORY_FLUSH).await;
+    }
     exit
 }
+
+/// Shortest bound of one history statement (`statement_timeout` of its session); the check
+/// interval when that is longer.
+const HISTORY_BOUND_MIN: Duration = Duration::from_secs(2);
+
+/// How long leaderrun waits at exit, after the release, for history writes still queued.
+const HISTORY_FLUSH: Duration = Duration::from_secs(2);
 
 /// Ends and reaps the watchdog when dropped ([`Watchdog::shutdown`]), once the thread that may
 /// still be starting it is done: leaderrun leaves no zombie behind, whatever way it exits.
@@ -277,6 +308,20 @@ fn log_settings(settings: &Settings, command: &Command) {
             humantime::format_duration(min_hold)
         ),
         Mode::Every { period } => format!("every {}", humantime::format_duration(period)),
+        Mode::Schedule { catch_up } => {
+            let (expr, zone) = settings
+                .schedule
+                .as_ref()
+                .map(|s| (s.expr(), s.zone()))
+                .unwrap_or_default();
+            match catch_up {
+                Some(c) => format!(
+                    "schedule {expr} ({zone}), catch-up {}",
+                    humantime::format_duration(c)
+                ),
+                None => format!("schedule {expr} ({zone})"),
+            }
+        }
     };
     let dur = |d: Duration| humantime::format_duration(d).to_string();
     let server = crate::pg::conninfo::endpoint(&settings.connect);

@@ -47,6 +47,14 @@ pub struct Settings {
     pub dsn_from: String,
     /// `--tick-at-grant`.
     pub tick_at_grant: bool,
+    /// `--schedule` in its zone.
+    pub schedule: Option<crate::supervisor::schedule::Schedule>,
+    /// `--history`.
+    pub history: bool,
+    /// `--history-table` (also what `status` reads).
+    pub history_table: crate::history::TableName,
+    /// `--history-keep`.
+    pub history_keep: Duration,
 }
 
 impl Cli {
@@ -67,6 +75,9 @@ impl Cli {
             || self.grace.is_some()
             || self.http_addr.is_some()
             || self.cgroup
+            || self.catch_up.is_some()
+            || self.history
+            || self.history_keep.is_some()
             || self.shell_command.is_some()
             || !self.command.is_empty();
         if self.action.is_some() && run_only {
@@ -81,6 +92,31 @@ impl Cli {
                 clap::error::ErrorKind::ValueValidation,
                 format!("--check-interval/--grace: {err}"),
             ));
+        }
+        if self.schedule.is_some() {
+            let other = [
+                (self.every.is_some(), "--every"),
+                (self.once, "--once"),
+                (self.wait.is_some(), "--wait"),
+                (self.restart.is_some(), "--restart"),
+                (self.tick_at_grant, "--tick-at-grant"),
+            ];
+            if let Some((_, flag)) = other.iter().find(|(given, _)| *given) {
+                return Err(Cli::command().error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!("--schedule cannot be used with {flag}"),
+                ));
+            }
+        }
+        if self.catch_up.is_some() && (self.schedule.is_none() || !self.history) {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "--catch-up needs --schedule and --history (whether a replica started a due \
+                 time is read from the history)",
+            ));
+        }
+        if let Err(err) = self.parsed_schedule() {
+            return Err(Cli::command().error(clap::error::ErrorKind::ValueValidation, err));
         }
         if self.tick_at_grant && self.every.is_none() {
             return Err(Cli::command().error(
@@ -163,6 +199,10 @@ impl Cli {
     pub fn mode(&self) -> Mode {
         if let Some(period) = self.every {
             Mode::Every { period }
+        } else if self.schedule.is_some() {
+            Mode::Schedule {
+                catch_up: self.catch_up,
+            }
         } else if self.once || self.wait.is_some() {
             Mode::OneShot {
                 wait: self.wait,
@@ -173,6 +213,19 @@ impl Cli {
                 restart: self.restart.map_or(Restart::Never, Restart::from),
             }
         }
+    }
+
+    /// `--schedule` parsed in its zone (`--tz`, `TZ`, `/etc/localtime`); `None` without it.
+    ///
+    /// # Errors
+    /// The message of an invalid expression or an unknown zone.
+    pub fn parsed_schedule(&self) -> Result<Option<crate::supervisor::schedule::Schedule>, String> {
+        use crate::supervisor::schedule::{zone, Schedule};
+        let Some(expr) = &self.schedule else {
+            return Ok(None);
+        };
+        let tz = zone(self.tz.as_deref()).map_err(|e| e.to_string())?;
+        Schedule::parse(expr, tz).map(Some).map_err(|e| e.to_string())
     }
 
     /// COMMAND and its arguments: the words after `--`, or `sh -c STRING` for `-c STRING`.
@@ -222,6 +275,11 @@ impl Cli {
             conflict_exit_code: self.conflict_exit_code,
             http_addr: self.http_addr,
             cgroup: self.cgroup,
+            // Checked by `validate`; an error here cannot happen but is no reason to panic.
+            schedule: self.parsed_schedule().ok().flatten(),
+            history: self.history,
+            history_table: self.history_table.clone().unwrap_or_default(),
+            history_keep: self.history_keep.unwrap_or(crate::history::DEFAULT_KEEP),
         })
     }
 

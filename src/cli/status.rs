@@ -155,6 +155,16 @@ pub struct Report {
     /// Slots at or beyond `slots` (up to 1023) whose key is held: a hint that the lock is
     /// used with a larger `--slots` than was asked about. Slot numbers, ascending.
     pub more_slots_held: Vec<u32>,
+    /// The key's last runs from the history table (`--history`), newest first; empty when
+    /// the table does not exist.
+    pub runs: Vec<crate::history::Run>,
+    /// The schedule (`--schedule`, else the one the newest scheduled run was made under),
+    /// or null.
+    pub schedule: Option<String>,
+    /// Its zone's name, or null.
+    pub tz: Option<String>,
+    /// The next due time of that schedule (RFC 3339 in its zone), or null.
+    pub next_due_at: Option<String>,
 }
 
 /// Which slots' keys beyond the ones asked about are held. `$1`: their classes (`oid[]`),
@@ -359,7 +369,71 @@ pub async fn report(
         waiters,
         standbys,
         more_slots_held,
+        runs: Vec::new(),
+        schedule: None,
+        tz: None,
+        next_due_at: None,
     })
+}
+
+/// Adds the key's last runs from `table` (when it exists) and the next due time of
+/// `schedule`, else of the schedule the newest run was made under. A history that cannot be
+/// read is a WARN, not an error of `status`.
+pub async fn add_history(
+    report: &mut Report,
+    client: &Client,
+    table: &crate::history::TableName,
+    lock: LockKey,
+    schedule: Option<&crate::supervisor::schedule::Schedule>,
+    bound: Duration,
+) {
+    let exists = within(
+        "history table lookup",
+        bound,
+        client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.sql()]),
+    )
+    .await
+    .map(|row| row.get::<_, bool>(0));
+    let mut stored = None;
+    match exists {
+        Ok(true) => {
+            match crate::history::recent(client, table, lock, crate::history::STATUS_RUNS, bound)
+                .await
+            {
+                Ok(recent) => {
+                    report.runs = recent.runs;
+                    stored = recent.schedule;
+                }
+                Err(err) => {
+                    tracing::warn!("status: cannot read the history {table}: {}", Chain(&err))
+                }
+            }
+        }
+        Ok(false) => {}
+        Err(err) => tracing::warn!(
+            "status: cannot look for the history {table}: {}",
+            Chain(&err)
+        ),
+    }
+    use crate::supervisor::schedule::{named_zone, Schedule};
+    let schedule = match schedule {
+        Some(s) => Some(s.clone()),
+        None => stored.and_then(|(expr, tz)| {
+            let zone = if tz == "local time" || tz.is_empty() {
+                crate::supervisor::schedule::zone(None).ok()?
+            } else {
+                named_zone(&tz, "the history").ok()?
+            };
+            Schedule::parse(&expr, zone).ok()
+        }),
+    };
+    if let Some(schedule) = schedule {
+        report.schedule = Some(schedule.expr().to_owned());
+        report.tz = Some(schedule.zone().to_owned());
+        report.next_due_at = schedule
+            .next_after(SystemTime::now())
+            .map(|t| schedule.format(t));
+    }
 }
 
 fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
@@ -490,6 +564,31 @@ impl Report {
                 w.backend_pid
             ));
         }
+        if let (Some(schedule), Some(tz)) = (&self.schedule, &self.tz) {
+            let next = self.next_due_at.as_deref().unwrap_or("none");
+            out.push_str(&format!("schedule       {schedule} ({tz})\n"));
+            out.push_str(&format!("next due       {next}\n"));
+        }
+        for run in &self.runs {
+            let lasted = match run.duration() {
+                Some(d) => humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
+                    .to_string(),
+                None => "-".to_owned(),
+            };
+            let how = match (run.exit_code, &run.signal) {
+                (Some(code), _) => format!("exit {code}"),
+                (None, Some(sig)) => sig.clone(),
+                (None, None) => "-".to_owned(),
+            };
+            out.push_str(&format!(
+                "run            {} {}, pid {}, term {}, {lasted}, {how}, {}\n",
+                run.started_at,
+                run.host,
+                run.pid,
+                run.term,
+                run.outcome.as_str()
+            ));
+        }
         out
     }
 }
@@ -521,6 +620,10 @@ pub fn status_main(
     slots: u32,
     bound: Duration,
     json: bool,
+    history: (
+        &crate::history::TableName,
+        Option<&crate::supervisor::schedule::Schedule>,
+    ),
 ) -> u8 {
     let Some(rt) = runtime() else {
         return EXIT_FAILURE;
@@ -528,7 +631,9 @@ pub fn status_main(
     let server = describe(connect_config);
     let result = rt.block_on(async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
-        report(&client, &server, lock, slots, bound).await
+        let mut report = report(&client, &server, lock, slots, bound).await?;
+        add_history(&mut report, &client, history.0, lock, history.1, bound).await;
+        Ok::<_, Error>(report)
     });
     match result {
         Ok(report) => {

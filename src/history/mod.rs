@@ -31,9 +31,9 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::elector::session::within;
+use crate::pg::within;
 use crate::error::Error;
-use crate::lock::LockKey;
+use crate::pg::lock::LockKey;
 
 pub use writer::{History, HistorySettings, RunEnd, RunId, RunStart};
 

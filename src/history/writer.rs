@@ -12,11 +12,11 @@ use tokio_postgres::Client;
 use tracing::{debug, info, warn};
 
 use super::{Outcome, TableName};
-use crate::child::ExitStatus;
-use crate::elector::session::within;
+use crate::process::child::ExitStatus;
+use crate::pg::within;
 use crate::error::{Chain, Error};
-use crate::lock::LockKey;
-use crate::tls::TlsSettings;
+use crate::pg::lock::LockKey;
+use crate::pg::tls::TlsSettings;
 
 /// Writes waiting for the writer at most; a write that finds the queue full is dropped.
 pub const QUEUE: usize = 256;
@@ -234,8 +234,8 @@ struct Writer {
 
 impl Writer {
     fn new(settings: HistorySettings) -> Writer {
-        let name = crate::conninfo::default_application_name();
-        let (host, pid) = crate::holder::parse_application_name(&name)
+        let name = crate::pg::conninfo::default_application_name();
+        let (host, pid) = crate::pg::holder::parse_application_name(&name)
             .unwrap_or_else(|| ("unknown".to_owned(), std::process::id()));
         let table = settings.table.sql();
         Writer {
@@ -547,14 +547,14 @@ impl Writer {
     async fn connect(&mut self) -> Result<Client, Error> {
         let mut config = self.settings.connect.clone();
         // A session of its own, told apart from the lock session in pg_stat_activity.
-        if config.get_application_name() == Some(&crate::conninfo::default_application_name()) {
+        if config.get_application_name() == Some(&crate::pg::conninfo::default_application_name()) {
             let mut name = format!("leaderrun-history@{}:{}", self.host, self.pid);
             while name.len() > 63 {
                 name.remove(18);
             }
             config.application_name(&name);
         }
-        let target = crate::conninfo::describe(&config);
+        let target = crate::pg::conninfo::describe(&config);
         let bound = self.settings.bound;
         let (client, _closed, _task) =
             crate::elector::connect(&config, &self.settings.tls, &target, bound).await?;

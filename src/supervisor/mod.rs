@@ -32,7 +32,8 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
@@ -43,13 +44,16 @@ use crate::cli::exit_codes;
 use crate::cli::health::Health;
 use crate::cli::metrics::Metrics;
 use crate::elector::{Checks, Term, TermEnd, TermHold};
+use crate::history::{History, RunId};
 use crate::process::child::{ExitStatus, Spawner, Tree};
 use crate::process::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
 use crate::process::terminal::Terminal;
 
+mod due;
 mod modes;
 mod report;
 mod rules;
+pub mod schedule;
 
 pub use modes::{Backoff, Mode, Plan, Restart, BACKOFF_CAP, BACKOFF_INITIAL, BACKOFF_RESET_AFTER};
 pub use report::child_env;
@@ -119,6 +123,12 @@ pub enum Event {
     Deadline,
     /// `--every` ticked.
     Tick,
+    /// The wall-clock time of the next `--schedule` due time may have come (it is looked at
+    /// again: the timer runs on the monotonic clock).
+    Due,
+    /// The history answered whether a replica started the due time a new term may catch up:
+    /// the term's number, the due time, the answer (`None`: unknown).
+    CatchUp(u64, SystemTime, Option<bool>),
     /// Time to look at the child's tree (reap, leftovers).
     Poll,
     /// The election ended by itself.
@@ -209,6 +219,20 @@ pub struct Supervisor<E: Election, S: Spawner> {
     warned_background_read: bool,
     /// When the supervisor was made: a one-shot's retries count from here.
     started: Instant,
+    /// `--schedule`.
+    schedule: Option<schedule::Schedule>,
+    /// The next due time and when to look at the wall clock for it.
+    next_due: Option<(SystemTime, Instant)>,
+    /// A due time that came during the takeover delay (or a catch-up), to run when it ends.
+    pending_due: Option<SystemTime>,
+    /// The due time of the run being started.
+    starting_due: Option<SystemTime>,
+    /// `--history`.
+    history: Option<History>,
+    /// The history row of the run going on.
+    run: Option<RunId>,
+    /// The history's answer for a catch-up, while it is awaited.
+    catch_up: Option<Pin<Box<dyn Future<Output = Event>>>>,
 }
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
@@ -261,7 +285,27 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             terms,
             warned_background_read: false,
             started: Instant::now(),
+            schedule: None,
+            next_due: None,
+            pending_due: None,
+            starting_due: None,
+            history: None,
+            run: None,
+            catch_up: None,
         }
+    }
+
+    /// The schedule of [`Mode::Schedule`]; its first due time is armed now.
+    pub fn with_schedule(mut self, schedule: schedule::Schedule) -> Self {
+        self.schedule = Some(schedule);
+        self.arm_due(SystemTime::now());
+        self
+    }
+
+    /// Records every run in `history` (off the fence's path: [`History`] never waits).
+    pub fn with_history(mut self, history: History) -> Self {
+        self.history = Some(history);
+        self
     }
 
     /// Runs until the mode is done; returns the exit status of docs/guarantees.md#exit-codes.
@@ -315,6 +359,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             () = tokio::time::sleep(STOP_POLL), if stopping => Event::Poll,
             _ = self.reap.tick() => Event::Poll,
             () = next_tick(self.ticker.as_mut()) => Event::Tick,
+            () = sleep_until(self.next_due.map(|(_, at)| at)) => Event::Due,
+            event = catch_up_answer(self.catch_up.as_mut()) => event,
         }
     }
 
@@ -327,6 +373,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Event::Checked => self.first_check(),
             Event::Deadline => self.deadline(),
             Event::Tick => self.tick(),
+            Event::Due => self.due(),
+            Event::CatchUp(term, due, answer) => self.catch_up_answered(term, due, answer),
             Event::Poll => self.poll(),
             Event::ElectionFailed(reason) => {
                 error!("the election stopped unexpectedly: {reason}");
@@ -370,7 +418,15 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         self.backoff = Backoff::default();
         let delay = self.plan.takeover_delay;
         // `--tick-at-grant` makes the grant itself the first tick of the term.
-        let is_every = matches!(self.plan.mode, Mode::Every { .. }) && !self.plan.tick_at_grant;
+        // `--schedule` waits for its due times as `--every` waits for its ticks.
+        let is_every = (matches!(self.plan.mode, Mode::Every { .. }) && !self.plan.tick_at_grant)
+            || matches!(self.plan.mode, Mode::Schedule { .. });
+        // Queued, never awaited: marks the runs of vanished leaders lost, prunes old rows.
+        if let (Some(history), Some(lease)) = (&self.history, term.lease()) {
+            history.term_began(lease.slot, lease.fencing_token);
+        }
+        self.pending_due = None;
+        self.ask_catch_up(&term);
         if !delay.is_zero() {
             info!(term = term.number(), delay = %humantime::format_duration(delay), "takeover delay: verifying the lock before COMMAND starts");
             let then = if is_every {
@@ -456,6 +512,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 Then::AwaitTick => {
                     *until = None;
                     *then = Then::Start;
+                    // A due time that came during the takeover delay runs now.
+                    if let Some(due) = self.pending_due.take() {
+                        let term = term.clone();
+                        self.starting_due = Some(due);
+                        self.start(term);
+                    }
                 }
                 Then::Exit(exit) => self.state = State::Done(exit),
             },
@@ -554,6 +616,14 @@ async fn next_term(terms: &mut watch::Receiver<Term>, after: u64) -> Term {
         Ok(term) => term.clone(),
         // The election is gone; `Election::failed` reports that.
         Err(_) => std::future::pending().await,
+    }
+}
+
+/// The answer of a catch-up query; pending forever without one.
+async fn catch_up_answer(query: Option<&mut Pin<Box<dyn Future<Output = Event>>>>) -> Event {
+    match query {
+        Some(query) => query.await,
+        None => std::future::pending().await,
     }
 }
 

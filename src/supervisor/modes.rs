@@ -56,6 +56,13 @@ pub enum Mode {
         /// The ticker period.
         period: Duration,
     },
+    /// `--schedule EXPR`: run at each due time while leading; the schedule itself is given
+    /// with [`Supervisor::with_schedule`].
+    Schedule {
+        /// `--catch-up`: a new leader whose term begins this soon after a due time no replica
+        /// started runs it at once.
+        catch_up: Option<Duration>,
+    },
 }
 
 /// What the supervisor does, independent of how it connects: the run-time half of the
@@ -210,7 +217,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     }
                 }
             },
-            Mode::Every { .. } => {
+            Mode::Every { .. } | Mode::Schedule { .. } => {
                 match why {
                     Why::Demoted => {
                         info!(term = term.number(), status = %status, "tick stopped: leadership lost (not a failure)");

@@ -3,7 +3,10 @@
 
 use super::{Election, Supervisor, Why};
 use crate::cli::metrics::ChildExit;
+use std::time::SystemTime;
+
 use crate::elector::Term;
+use crate::history::{Outcome, RunEnd};
 use crate::process::child::{ExitStatus, Spawner};
 
 /// The environment COMMAND gets on top of the inherited one (docs/guarantees.md#the-child-process).
@@ -20,7 +23,27 @@ pub fn child_env(term: &Term) -> Vec<(&'static str, String)> {
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// Counts a run's end and keeps readiness (the seed's table) up to date.
-    pub(super) fn record(&self, term: &Term, why: Why, status: ExitStatus) {
+    pub(super) fn record(&mut self, term: &Term, why: Why, status: ExitStatus) {
+        let outcome = match why {
+            Why::Demoted => Outcome::Lost,
+            Why::TimedOut => Outcome::Failed,
+            Why::Exited | Why::Shutdown if status.success() => Outcome::Ok,
+            Why::Exited | Why::Shutdown => Outcome::Failed,
+        };
+        if outcome == Outcome::Ok {
+            self.metrics.run_succeeded(SystemTime::now());
+        }
+        // Queued, never awaited: the history is off the fence's path.
+        if let (Some(history), Some(run)) = (&self.history, self.run.take()) {
+            history.run_ended(
+                run,
+                RunEnd {
+                    ended_at: SystemTime::now(),
+                    status,
+                    outcome,
+                },
+            );
+        }
         match why {
             Why::Exited if status.success() => {
                 self.metrics.child_exited(ChildExit::Success);

@@ -3,6 +3,8 @@
 //! a tree's hold is dropped only after the tree is gone (`stop`, `stopped`); no INT/TERM is
 //! lost (`shutdown_signal`), and job control follows COMMAND's stops.
 
+use std::time::SystemTime;
+
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::time::Instant;
@@ -13,6 +15,7 @@ use crate::cli::exit_codes;
 use crate::cli::metrics;
 use crate::elector::{Term, TermEnd};
 use crate::error::Chain;
+use crate::history::RunStart;
 use crate::process::child::{ExitStatus, Spawner};
 use crate::process::signals::suspend_self;
 
@@ -46,8 +49,24 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         };
         match self.spawner.spawn(&child_env(&term)) {
             Ok(tree) => {
-                info!(pid = tree.pid(), term = term.number(), "child started");
+                let due = self.starting_due.take();
+                match (due, &self.schedule) {
+                    (Some(due), Some(schedule)) => {
+                        info!(pid = tree.pid(), term = term.number(), due = %schedule.format(due), "child started")
+                    }
+                    _ => info!(pid = tree.pid(), term = term.number(), "child started"),
+                }
                 self.metrics.child_started();
+                self.metrics.run_started(SystemTime::now());
+                if let (Some(history), Some(lease)) = (&self.history, term.lease()) {
+                    self.run = Some(history.run_started(RunStart {
+                        slot: lease.slot,
+                        term: term.number(),
+                        fencing_token: lease.fencing_token,
+                        started_at: SystemTime::now(),
+                        due_at: due,
+                    }));
+                }
                 self.state = State::Running {
                     tree,
                     hold,
@@ -59,7 +78,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 drop(hold);
                 self.health
                     .run_failed(term.number(), Chain(&err).to_string());
-                if let Mode::Every { .. } = self.plan.mode {
+                self.starting_due = None;
+                if let Mode::Every { .. } | Mode::Schedule { .. } = self.plan.mode {
                     warn!(term = term.number(), "tick failed: {}", Chain(&err));
                     self.metrics.tick(metrics::Tick::Failure);
                     self.state = State::Leading {

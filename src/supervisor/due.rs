@@ -1,0 +1,168 @@
+//! `--schedule`: its due times as events, and `--catch-up` at the start of a term.
+//!
+//! The schedule is wall-clock time and the loop's timers are monotonic: the timer for the next
+//! due time wakes at most [`DUE_RECHECK`] ahead and the wall clock is read again, so a clock
+//! that was set meanwhile moves the due time with it. A due time is handled like a tick of
+//! `--every`: it starts COMMAND only from `State::Leading` waiting to start, through
+//! `Supervisor::start` (the proven-term rule); a standby runs nothing; a run still going makes
+//! it skip with a WARN; during a takeover delay it waits for the delay's end.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::{Election, Event, Mode, State, Supervisor, Then};
+use crate::cli::metrics;
+use crate::elector::Term;
+use crate::process::child::Spawner;
+
+/// Longest sleep of the due-time timer before the wall clock is read again.
+pub const DUE_RECHECK: Duration = Duration::from_secs(60);
+
+/// How much earlier than its due time a wake-up still counts as the due time (the monotonic
+/// timer and the wall clock tick apart).
+const DUE_EARLY: Duration = Duration::from_millis(20);
+
+/// Shortest bound of the catch-up's history query.
+const CATCH_UP_BOUND_MIN: Duration = Duration::from_secs(1);
+
+impl<E: Election, S: Spawner> Supervisor<E, S> {
+    /// Arms the timer for the first due time after `after`.
+    pub(super) fn arm_due(&mut self, after: SystemTime) {
+        let Some(schedule) = &self.schedule else {
+            return;
+        };
+        self.next_due = schedule.next_after(after).map(|due| {
+            let wait = due
+                .duration_since(SystemTime::now())
+                .unwrap_or_default()
+                .min(DUE_RECHECK);
+            (due, Instant::now() + wait)
+        });
+    }
+
+    /// The due-time timer fired: if the wall clock says the due time has come, it is run (or
+    /// skipped, as a tick), and the next one is armed; else the timer is armed again.
+    pub(super) fn due(&mut self) {
+        let Some((due, _)) = self.next_due else {
+            return;
+        };
+        let now = SystemTime::now();
+        if now + DUE_EARLY < due {
+            let wait = due.duration_since(now).unwrap_or_default().min(DUE_RECHECK);
+            self.next_due = Some((due, Instant::now() + wait));
+            return;
+        }
+        self.arm_due(due);
+        let shown = self.shown(due);
+        match &mut self.state {
+            State::Standby { .. } => {
+                debug!(due = %shown, "due time: standby, nothing to run");
+                self.metrics.tick(metrics::Tick::Standby);
+            }
+            State::Leading {
+                term,
+                until: None,
+                then: Then::Start,
+            } => {
+                let term = term.clone();
+                self.starting_due = Some(due);
+                self.start(term);
+            }
+            // The takeover delay: it runs when the delay is over.
+            State::Leading {
+                then: Then::AwaitTick,
+                ..
+            } => self.pending_due = Some(due),
+            State::Running { tree, .. } | State::Stopping { tree, .. } => {
+                warn!(
+                    pid = tree.pid(),
+                    due = %shown,
+                    "due time skipped: the previous run is still going"
+                );
+                self.metrics.tick(metrics::Tick::Skipped);
+            }
+            _ => {}
+        }
+    }
+
+    /// `--catch-up`: at the start of a term, the most recent due time, if it passed at most
+    /// the catch-up window ago, is looked up in the history; the answer comes back as
+    /// [`Event::CatchUp`]. Nothing waits for it.
+    pub(super) fn ask_catch_up(&mut self, term: &Term) {
+        self.catch_up = None;
+        let (
+            Mode::Schedule {
+                catch_up: Some(window),
+            },
+            Some(schedule),
+            Some(history),
+            Some(lease),
+        ) = (self.plan.mode, &self.schedule, &self.history, term.lease())
+        else {
+            return;
+        };
+        let now = SystemTime::now();
+        let Some(last) = schedule.last_at_or_before(now) else {
+            return;
+        };
+        if now.duration_since(last).unwrap_or_default() > window {
+            return;
+        }
+        let history = history.clone();
+        let (number, slot) = (term.number(), lease.slot);
+        let bound = (self.plan.check_interval * 2).max(CATCH_UP_BOUND_MIN);
+        self.catch_up = Some(Box::pin(async move {
+            let answer = history.was_started(slot, last, bound).await;
+            Event::CatchUp(number, last, answer)
+        }));
+    }
+
+    /// The history's answer for a catch-up: the due time runs at once when no replica started
+    /// it and this term still leads without a run (after the takeover delay, if one goes on).
+    pub(super) fn catch_up_answered(&mut self, term: u64, due: SystemTime, answer: Option<bool>) {
+        self.catch_up = None;
+        let shown = self.shown(due);
+        match answer {
+            Some(true) => {
+                info!(due = %shown, "catch-up: the due time was started already; not running it again");
+                return;
+            }
+            None => {
+                warn!(due = %shown, "catch-up: the history cannot tell whether a replica started the due time; not running it");
+                return;
+            }
+            Some(false) => {}
+        }
+        match &mut self.state {
+            State::Leading {
+                term: t,
+                until: None,
+                then: Then::Start,
+            } if t.number() == term => {
+                info!(due = %shown, "catch-up: no replica started the due time; running it now");
+                let t = t.clone();
+                self.starting_due = Some(due);
+                self.start(t);
+            }
+            State::Leading {
+                term: t,
+                then: Then::AwaitTick,
+                ..
+            } if t.number() == term => {
+                info!(due = %shown, "catch-up: no replica started the due time; running it after the takeover delay");
+                self.pending_due.get_or_insert(due);
+            }
+            _ => debug!(due = %shown, "catch-up: the term moved on or a run goes on; not running it"),
+        }
+    }
+
+    /// A due time as logs show it: in the schedule's zone.
+    fn shown(&self, due: SystemTime) -> String {
+        self.schedule
+            .as_ref()
+            .map(|s| s.format(due))
+            .unwrap_or_default()
+    }
+}
