@@ -504,3 +504,131 @@ fn schedule_conflicts_and_bad_expressions_are_usage_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("six with seconds first"), "{err}");
 }
+
+#[test]
+fn a_run_still_going_skips_the_next_due_time_and_timeout_bounds_each_run() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    // Each run would take 1.5 s: the due time one second later is skipped.
+    let job = stamping_job(&scratch, "1.5");
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &["--schedule", "* * * * * *", "--", &job],
+    );
+    replica.wait_log(
+        "due time skipped: the previous run is still going",
+        2,
+        secs(10.0),
+    );
+    let runs = runs(&scratch);
+    for pair in runs.windows(2) {
+        let ended = scratch.stamp("ended", pair[0].0).expect("the run ended");
+        assert!(pair[1].1 >= ended, "runs overlapped: {pair:?}");
+    }
+    replica.signal(Signal::SIGTERM);
+    replica.wait_exit(secs(5.0));
+
+    // --timeout stops each run; the schedule goes on.
+    let scratch = Scratch::new();
+    let job = stamping_job(&scratch, "5");
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--schedule",
+            "* * * * * *",
+            "--timeout",
+            "300ms",
+            "--grace",
+            "200ms",
+            "--",
+            &job,
+        ],
+    );
+    replica.wait_log(
+        "tick failed: COMMAND ran longer than --timeout",
+        2,
+        secs(10.0),
+    );
+    assert!(scratch.starts().len() >= 2);
+    assert!(
+        !replica.log().contains("due time skipped"),
+        "a run stopped after 300 ms never overlaps the next second: {}",
+        replica.log()
+    );
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(0));
+}
+
+#[test]
+fn history_records_a_one_shot_and_status_shows_it() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let table = format!("runs_once_{id}");
+    let mut once = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--once",
+            "--history",
+            "--history-table",
+            &table,
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ],
+    );
+    assert_eq!(once.wait_exit(secs(10.0)).code(), Some(3));
+    assert_eq!(
+        cluster.sql(&format!(
+            "SELECT outcome, exit_code, signal IS NULL, ended_at >= started_at, due_at IS NULL, \
+                    pid = {} FROM {table} WHERE lock_id = {id}",
+            once.pid()
+        )),
+        ["failed|3|t|t|t|t"]
+    );
+    // The table: the run, and with --schedule the next due time.
+    let out = status_with(
+        cluster,
+        id,
+        false,
+        &[
+            "--history-table",
+            &table,
+            "--schedule",
+            "@daily",
+            "--tz",
+            "UTC",
+        ],
+    );
+    let table_out = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table_out.contains("schedule       @daily (UTC)"),
+        "{table_out}"
+    );
+    assert!(table_out.contains("next due       "), "{table_out}");
+    assert!(table_out.contains("T00:00:00+00:00"), "{table_out}");
+    let run_line = table_out
+        .lines()
+        .find(|l| l.starts_with("run            "))
+        .unwrap_or_else(|| panic!("no run line: {table_out}"));
+    assert!(run_line.contains(", exit 3, failed"), "{run_line}");
+    assert!(
+        run_line.contains(&format!("pid {}", once.pid())),
+        "{run_line}"
+    );
+    let json = status_json(cluster, id, &["--history-table", &table]);
+    assert_eq!(json["runs"][0]["exit_code"], 3);
+    assert_eq!(json["runs"][0]["outcome"], "failed");
+    assert!(json["runs"][0]["ended_at"].is_string());
+    assert!(
+        json["next_due_at"].is_null(),
+        "no schedule, none stored: {json}"
+    );
+}
