@@ -47,7 +47,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --slots --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --min-hold --once --wait --every --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor step-down help"
+            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --slots --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --min-hold --once --wait --every --schedule --tz --catch-up --history --history-table --history-keep --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor step-down help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -117,6 +117,26 @@ _leaderrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --schedule)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tz)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --catch-up)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --history-table)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --history-keep)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --restart)
                     COMPREPLY=($(compgen -W "never on-failure always" -- "${cur}"))
                     return 0
@@ -149,7 +169,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__doctor)
-            opts="-v -q -h --scratch-id --dsn --lock-class --lock-id --lock-name --slots --check-interval --verbose --quiet --log-format --help"
+            opts="-v -q -h --scratch-id --dsn --lock-class --lock-id --lock-name --slots --check-interval --schedule --tz --history-table --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -180,6 +200,18 @@ _leaderrun() {
                     return 0
                     ;;
                 --check-interval)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schedule)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tz)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --history-table)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -265,7 +297,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__status)
-            opts="-v -q -h --json --dsn --lock-class --lock-id --lock-name --slots --check-interval --verbose --quiet --log-format --help"
+            opts="-v -q -h --json --dsn --lock-class --lock-id --lock-name --slots --check-interval --schedule --tz --history-table --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -295,6 +327,18 @@ _leaderrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --schedule)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tz)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --history-table)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --log-format)
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
@@ -307,7 +351,7 @@ _leaderrun() {
             return 0
             ;;
         leaderrun__subcmd__step__subcmd__down)
-            opts="-v -q -h --slot --dsn --lock-class --lock-id --lock-name --slots --check-interval --verbose --quiet --log-format --help"
+            opts="-v -q -h --slot --dsn --lock-class --lock-id --lock-name --slots --check-interval --schedule --tz --history-table --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -338,6 +382,18 @@ _leaderrun() {
                     return 0
                     ;;
                 --check-interval)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schedule)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tz)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --history-table)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

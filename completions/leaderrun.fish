@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n dsn= lock-class= lock-id= lock-name= slots= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= cgroup min-hold= n/once w/wait= every= tick-at-grant restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
+    string join \n dsn= lock-class= lock-id= lock-name= slots= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= cgroup min-hold= n/once w/wait= every= schedule= tz= catch-up= history history-table= history-keep= tick-at-grant restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -37,6 +37,11 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l timeout -d 'Longest
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l min-hold -d 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s w -l wait -d 'Like --once, but campaign for at most DUR before giving up with the conflict code' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l every -d 'Ticker: while leading, run COMMAND once per period' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l schedule -d 'Cron schedule: while leading, run COMMAND at each due time of EXPR' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l tz -d 'The time zone --schedule is read in [default: TZ, else /etc/localtime]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l catch-up -d 'With --schedule and --history: a new leader whose term begins within DUR after a due time that no replica started runs it once, at once' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l history-table -d 'The history table: NAME or SCHEMA.NAME [default: leaderrun_runs, in the session\'s default schema]' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l history-keep -d 'Rows of the history older than this are deleted by the leader [default: 30d]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l restart -d 'Default mode: what to do when COMMAND exits while leading' -r -f -a "never\t'Release the lock and exit with COMMAND\'s status'
 on-failure\t'Restart after a non-zero exit, a death by signal or a timeout'
 always\t'Restart after every exit'"
@@ -47,6 +52,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l http-addr -d 'Serve
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s c -d 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l cgroup -d 'Run COMMAND in a cgroup v2 group of its own, so that a descendant that left its process group (setsid) is stopped with the rest'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l once -d 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l history -d 'Record each run of COMMAND (any mode) in a table of the lock\'s database'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l tick-at-grant -d 'With --every: also run COMMAND at once when this copy becomes leader, then on the cadence'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s q -l quiet -d 'Log less: one level per -q (INFO → WARN → ERROR)'
@@ -62,6 +68,9 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-id -
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l slots -d 'At most N replicas lead at once, each on a slot of its own' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l schedule -d 'Cron schedule: while leading, run COMMAND at each due time of EXPR' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l tz -d 'The time zone --schedule is read in [default: TZ, else /etc/localtime]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l history-table -d 'The history table: NAME or SCHEMA.NAME [default: leaderrun_runs, in the session\'s default schema]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand status" -l json -d 'Print one JSON object (stable field names, listed in the README) instead of a table'
@@ -75,6 +84,9 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-id -
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l slots -d 'At most N replicas lead at once, each on a slot of its own' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l schedule -d 'Cron schedule: while leading, run COMMAND at each due time of EXPR' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l tz -d 'The time zone --schedule is read in [default: TZ, else /etc/localtime]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l history-table -d 'The history table: NAME or SCHEMA.NAME [default: leaderrun_runs, in the session\'s default schema]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand doctor" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'
@@ -87,6 +99,9 @@ complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l lock-i
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l lock-name -d 'Derive the lock id from NAME instead of giving --lock-id' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l slots -d 'At most N replicas lead at once, each on a slot of its own' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l schedule -d 'Cron schedule: while leading, run COMMAND at each due time of EXPR' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l tz -d 'The time zone --schedule is read in [default: TZ, else /etc/localtime]' -r
+complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l history-table -d 'The history table: NAME or SCHEMA.NAME [default: leaderrun_runs, in the session\'s default schema]' -r
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -l log-format -d 'Log line format on stderr: text, or json (one object per line with timestamp, level, message and fields)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_using_subcommand step-down" -s v -l verbose -d 'Log more: one level per -v (INFO → DEBUG → TRACE)'

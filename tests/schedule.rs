@@ -632,3 +632,13 @@ fn history_records_a_one_shot_and_status_shows_it() {
         "no schedule, none stored: {json}"
     );
 }
+
+/// The README's SQL for a DBA is the SQL leaderrun runs itself.
+#[test]
+fn the_readme_gives_the_history_tables_sql() {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .unwrap();
+    let sql = leaderrun::history::TableName::default().create_sql();
+    assert!(readme.contains(&sql), "README lacks:\n{sql}");
+}

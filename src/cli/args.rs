@@ -39,6 +39,8 @@ Examples:
                                                                    (crontab on every host)
   leaderrun --every 5m --tick-at-grant --timeout 4m --lock-name sweep -- /app/sweep
                                                                    (container entrypoint)
+  leaderrun --schedule '30 3 * * 1-5' --tz Europe/Berlin --history --lock-name report -- ./report
+                                                                   (a crontab line, on every host)
   leaderrun -n -w 30s -E 75 --lock-name backup -c 'pg_dump app | gzip > /backup/app.gz'
                                                                    (flock(1) habits)
 
@@ -607,7 +609,9 @@ pub enum Action {
     /// all replicas), and each waiting standby with its host, pid and backend pid. A holder
     /// that is not leaderrun (a psql session, the plexsphere API's own Elector) is the leader
     /// too, shown as "not leaderrun: application_name=...". Exit 0 when a leader holds the lock,
-    /// 1 when none does, 125 on error.
+    /// 1 when none does, 125 on error. When the history table exists (--history-table), the
+    /// key's last runs follow (host, start, duration, exit), and the next due time of
+    /// --schedule (else of the schedule the newest run was made under).
     ///
     /// Example: leaderrun status --json --lock-id 7
     Status {
@@ -616,7 +620,9 @@ pub enum Action {
         /// lock, lock_class, lock_id, database, server; leader (null, or pid, leaderrun, host,
         /// leaderrun_pid, application_name, client_addr, client_port, backend_start, term,
         /// since, leading_seconds, fencing_token); waiters (backend pids); standbys (backend_pid,
-        /// leaderrun, host, leaderrun_pid, application_name, client_addr, waiting_since).
+        /// leaderrun, host, leaderrun_pid, application_name, client_addr, waiting_since); runs
+        /// from the history table, newest first (host, pid, term, fencing_token, started_at,
+        /// ended_at, exit_code, signal, outcome); schedule, tz, next_due_at.
         #[arg(long)]
         json: bool,
     },

@@ -243,6 +243,10 @@ pub fn man_page() -> Vec<u8> {
             "A container entrypoint that sweeps every five minutes on the leader:",
             "leaderrun --every 5m --tick-at-grant --timeout 4m --lock-name sweep -- /app/sweep",
         ),
+        (
+            "A cron line (30 3 * * 1-5) as a schedule on every host, recorded in the lock's database:",
+            "leaderrun --schedule '30 3 * * 1-5' --tz Europe/Berlin --history --catch-up 30m --lock-name nightly-report -- /usr/local/bin/nightly-report",
+        ),
         ("Who leads:", "leaderrun status --lock-id 7"),
         (
             "Does the lock exclude through a pooler?",
