@@ -163,6 +163,9 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
     for r in &mut replicas {
         r.wait_exit(secs(10.0));
     }
+    for r in &replicas {
+        assert!(!r.log().contains("history: cannot"), "{}", r.log());
+    }
 
     // Every run began right after its due time (an even second): no due time ran twice,
     // and no run began while the one before it still went on.
@@ -586,6 +589,11 @@ fn history_records_a_one_shot_and_status_shows_it() {
     );
     assert_eq!(once.wait_exit(secs(10.0)).code(), Some(3));
     assert_eq!(
+        once.log(),
+        "",
+        "a one-shot that led prints only what COMMAND prints"
+    );
+    assert_eq!(
         cluster.sql(&format!(
             "SELECT outcome, exit_code, signal IS NULL, ended_at >= started_at, due_at IS NULL, \
                     pid = {} FROM {table} WHERE lock_id = {id}",
@@ -641,4 +649,56 @@ fn the_readme_gives_the_history_tables_sql() {
             .unwrap();
     let sql = leaderrun::history::TableName::default().create_sql();
     assert!(readme.contains(&sql), "README lacks:\n{sql}");
+}
+
+#[test]
+fn the_leader_deletes_rows_older_than_history_keep_and_marks_vanished_runs_lost() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let table = format!("runs_keep_{id}");
+    cluster.sql(
+        &table
+            .parse::<leaderrun::history::TableName>()
+            .unwrap()
+            .create_sql(),
+    );
+    // A run of two hours ago, and one of a leader that vanished a minute ago (token 1: lower
+    // than any later term's).
+    for (ago, outcome) in [("2 hours", "ok"), ("1 minute", "running")] {
+        cluster.sql(&format!(
+            "INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, \
+               started_at, outcome) \
+             VALUES ({}, {id}, 'gone', 1, 1, 1, now() - interval '{ago}', '{outcome}')",
+            crate::support::CLASS
+        ));
+    }
+    let mut once = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--once",
+            "--history",
+            "--history-table",
+            &table,
+            "--history-keep",
+            "1h",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0));
+    assert_eq!(
+        cluster.sql(&format!(
+            "SELECT host || ' ' || outcome || ' ' || lost FROM {table} WHERE lock_id = {id} \
+             ORDER BY started_at"
+        )),
+        [
+            "gone lost true".to_owned(),
+            format!(
+                "{} ok false",
+                nix::unistd::gethostname().unwrap().to_string_lossy()
+            )
+        ]
+    );
 }
