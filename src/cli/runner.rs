@@ -15,12 +15,12 @@ use tracing::{error, info, warn};
 
 use crate::cli::exit_codes;
 use crate::cli::health::Health;
-use crate::history::{History, HistorySettings};
 use crate::cli::http::Observed;
 use crate::cli::metrics::Metrics;
 use crate::cli::{Mode, Settings};
 use crate::elector::{Checks, Config, Elector, Term};
 use crate::error::Chain;
+use crate::history::{History, HistorySettings};
 use crate::process::child::{self, Command, ProcessSpawner};
 use crate::process::signals::SignalStream;
 use crate::process::terminal::Terminal;

@@ -225,7 +225,9 @@ impl Cli {
             return Ok(None);
         };
         let tz = zone(self.tz.as_deref()).map_err(|e| e.to_string())?;
-        Schedule::parse(expr, tz).map(Some).map_err(|e| e.to_string())
+        Schedule::parse(expr, tz)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 
     /// COMMAND and its arguments: the words after `--`, or `sh -c STRING` for `-c STRING`.

@@ -1,4 +1,5 @@
-//! `--history`: one row per run of COMMAND in the database the lock lives in.
+//! `--history`: one row per run of COMMAND in the database the lock lives in
+//! (docs/guarantees.md#modes).
 //!
 //! # Theory of operation
 //!
@@ -31,9 +32,9 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::pg::within;
 use crate::error::Error;
 use crate::pg::lock::LockKey;
+use crate::pg::within;
 
 pub use writer::{History, HistorySettings, RunEnd, RunId, RunStart};
 

@@ -12,11 +12,11 @@ use tokio_postgres::Client;
 use tracing::{debug, info, warn};
 
 use super::{Outcome, TableName};
-use crate::process::child::ExitStatus;
-use crate::pg::within;
 use crate::error::{Chain, Error};
 use crate::pg::lock::LockKey;
 use crate::pg::tls::TlsSettings;
+use crate::pg::within;
+use crate::process::child::ExitStatus;
 
 /// Writes waiting for the writer at most; a write that finds the queue full is dropped.
 pub const QUEUE: usize = 256;

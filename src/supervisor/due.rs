@@ -154,7 +154,9 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 info!(due = %shown, "catch-up: no replica started the due time; running it after the takeover delay");
                 self.pending_due.get_or_insert(due);
             }
-            _ => debug!(due = %shown, "catch-up: the term moved on or a run goes on; not running it"),
+            _ => {
+                debug!(due = %shown, "catch-up: the term moved on or a run goes on; not running it")
+            }
         }
     }
 

@@ -5,8 +5,8 @@
 //!
 //! [`Supervisor::run`] is a loop over one event type, [`Event`]: a signal, a term that began,
 //! the end of the term, a change of the check tally, the state's deadline, a tick of
-//! `--every`, a poll of the child's tree, the election failing. Each event is handled by one
-//! function, which moves the one `State` value on; each mode (docs/guarantees.md#modes) is a small
+//! `--every`, a due time of `--schedule` and a catch-up's answer (`due`), a poll of the
+//! child's tree, the election failing. Each event is handled by one function, which moves the one `State` value on; each mode (docs/guarantees.md#modes) is a small
 //! policy over those events (`Supervisor::after_stop` and friends). A stop is a state the loop
 //! drives (signal, grace, SIGKILL, a bound), not a function that swallows events, so nothing
 //! that arrives meanwhile is lost.
@@ -31,8 +31,8 @@
 //! with fake terms and fake children under `tokio::time::pause`.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;

@@ -1,4 +1,4 @@
-//! `--schedule EXPR`: a cron expression and the zone it is read in.
+//! `--schedule EXPR`: a cron expression and the zone it is read in (docs/guarantees.md#modes).
 //!
 //! The expression is parsed and evaluated by `croner` (Vixie cron's rules, not a parser of
 //! our own): five fields (minute hour day-of-month month day-of-week), or six with seconds
