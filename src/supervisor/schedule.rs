@@ -293,6 +293,26 @@ mod tests {
     }
 
     #[test]
+    fn rare_but_real_dates_parse() {
+        let leap = berlin("0 12 29 2 *");
+        assert_eq!(
+            after(&leap, "2026-03-01T00:00:00Z", 1),
+            ["2028-02-29T11:00:00Z"]
+        );
+        // Both day fields restricted: either matches, as in cron (the 13th, or a Friday).
+        let either = Schedule::parse("0 0 13 * 5", named_zone("UTC", "--tz").unwrap()).unwrap();
+        assert_eq!(
+            after(&either, "2026-04-01T00:00:00Z", 4),
+            [
+                "2026-04-03T00:00:00Z",
+                "2026-04-10T00:00:00Z",
+                "2026-04-13T00:00:00Z",
+                "2026-04-17T00:00:00Z"
+            ]
+        );
+    }
+
+    #[test]
     fn last_at_or_before_includes_the_instant_itself() {
         let s = berlin("*/2 * * * * *");
         assert_eq!(
