@@ -35,6 +35,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
 
     /// The one way COMMAND starts: only on a term that is proven now, and with a hold on it.
     pub(super) fn start(&mut self, term: Term) {
+        // The due time this start is for (`--schedule`), whether or not it starts.
+        let due = self.starting_due.take();
         if self.shutdown.is_some() {
             self.state = State::Done(Exit::Code(0));
             return;
@@ -49,7 +51,6 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         };
         match self.spawner.spawn(&child_env(&term)) {
             Ok(tree) => {
-                let due = self.starting_due.take();
                 match (due, &self.schedule) {
                     (Some(due), Some(schedule)) => {
                         info!(pid = tree.pid(), term = term.number(), due = %schedule.format(due), "child started")
@@ -78,7 +79,6 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 drop(hold);
                 self.health
                     .run_failed(term.number(), Chain(&err).to_string());
-                self.starting_due = None;
                 if let Mode::Every { .. } | Mode::Schedule { .. } = self.plan.mode {
                     warn!(term = term.number(), "tick failed: {}", Chain(&err));
                     self.metrics.tick(metrics::Tick::Failure);
