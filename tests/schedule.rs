@@ -224,6 +224,27 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
         .parse()
         .unwrap();
     assert_eq!(counted as usize, runs.len(), "one row per run");
+    // Each run is its row: the leaderrun that started it, and its start within a moment of the
+    // one the job stamped.
+    let rows_at: Vec<(i32, f64)> = cluster
+        .sql(&format!(
+            "SELECT pid || ' ' || extract(epoch FROM started_at) FROM {table} WHERE lock_id = {id}"
+        ))
+        .iter()
+        .map(|l| {
+            let (pid, at) = l.split_once(' ').unwrap();
+            (pid.parse().unwrap(), at.parse().unwrap())
+        })
+        .collect();
+    for start in scratch.starts() {
+        let began = scratch.stamp("began", start.pid).expect("stamped");
+        assert!(
+            rows_at
+                .iter()
+                .any(|&(pid, at)| pid == start.ppid && (began - at).abs() < 0.5),
+            "no row for the run {start:?} that began at {began}: {rows_at:?}"
+        );
+    }
     let starts: Vec<&str> = rows
         .iter()
         .map(|r| r["started_at"].as_str().unwrap())
