@@ -20,7 +20,7 @@ fn secs(s: f64) -> Duration {
 }
 
 /// One HTTP/1.0 request; returns the status code and the body.
-fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+pub(crate) fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connect to the probe port");
     stream.set_read_timeout(Some(secs(5.0))).unwrap();
     write!(stream, "{method} {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
@@ -41,7 +41,7 @@ fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
 }
 
 /// The address a replica started with `--http-addr 127.0.0.1:0` bound, from its log.
-fn probe_addr(replica: &Replica) -> SocketAddr {
+pub(crate) fn probe_addr(replica: &Replica) -> SocketAddr {
     wait_for("the HTTP address in the log", secs(5.0), || {
         let log = replica.log();
         let line = log.lines().find(|l| l.contains("serving /metrics"))?;
@@ -51,7 +51,7 @@ fn probe_addr(replica: &Replica) -> SocketAddr {
 }
 
 /// The value of an unlabelled sample in a Prometheus text exposition.
-fn sample(metrics: &str, name: &str) -> Option<f64> {
+pub(crate) fn sample(metrics: &str, name: &str) -> Option<f64> {
     metrics
         .lines()
         .find(|l| l.starts_with(&format!("{name} ")))

@@ -408,6 +408,8 @@ fn a_locked_history_table_leaves_the_job_alone() {
             "--history",
             "--history-table",
             &table,
+            "--http-addr",
+            "127.0.0.1:0",
             "-v",
             "--",
             &job,
@@ -415,6 +417,18 @@ fn a_locked_history_table_leaves_the_job_alone() {
     );
     replica.wait_log("history: created the table", 1, secs(10.0));
     scratch.wait_starts(2, secs(10.0));
+    // The leader's /metrics: when its last run started, and when its last success ended.
+    let addr = crate::operate::probe_addr(&replica);
+    let metric = |name: &str| {
+        crate::operate::sample(&crate::operate::http(addr, "GET", "/metrics").1, name)
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let success = wait_for("a success on /metrics", secs(5.0), || {
+        let at = metric("leaderrun_last_success_timestamp_seconds");
+        (at > 0.0).then_some(at)
+    });
+    assert!((now() - success).abs() < 5.0, "{success}");
+    assert!(metric("leaderrun_last_run_start_timestamp_seconds") > success - 2.0);
     // A transaction holds the table in ACCESS EXCLUSIVE mode: every history write waits.
     let mut locker = cluster.psql_session();
     {
