@@ -287,6 +287,10 @@ impl Writer {
                     if attempt == 0 && closed && self.reconnect_after.is_none() {
                         continue;
                     }
+                    // A run whose end could not be written is not retried later: forget it.
+                    if let Op::End { id, .. } = op {
+                        self.runs.remove(&id);
+                    }
                     return self.failed(&err);
                 }
             }
