@@ -3,18 +3,82 @@
 //! a tree's hold is dropped only after the tree is gone (`stop`, `stopped`); no INT/TERM is
 //! lost (`shutdown_signal`), and job control follows COMMAND's stops.
 
+use std::time::Duration;
+
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::{child_env, Election, Exit, Mode, State, Supervisor, Then, Why};
+use super::{child_env, Election, Exit, Mode, Phase, State, Supervisor, Then, Why};
 use crate::cli::exit_codes;
 use crate::cli::metrics;
-use crate::elector::{Term, TermEnd};
+use crate::elector::{Term, TermEnd, TermHold};
 use crate::error::Chain;
-use crate::process::child::{ExitStatus, Spawner};
+use crate::process::child::{ExitStatus, Spawner, Tree};
 use crate::process::signals::suspend_self;
+
+/// Rule 2, *release only after the tree is dead* (docs/guarantees.md#the-three-rules): one run
+/// of COMMAND, owning its process tree and the [`TermHold`] it was started under.
+///
+/// While any hold of a term lives, the elector does not release a lock that may still be held
+/// (see [`Term`]). A run gives its hold up only when it is dropped, and [`Drop`] ends the tree
+/// first: a tree that was not seen empty is killed (see [`Tree`]), and only then does the
+/// hold go. The supervisor drops a run by leaving [`State::Child`], after the tree was seen
+/// empty or given up on (grace, SIGKILL, [`super::KILL_WAIT`]).
+pub(super) struct Run {
+    /// `Some` from [`Run::new`] until [`Drop`]; an `Option` only so that the drop order is
+    /// written in code, not left to the order of fields.
+    tree: Option<Box<dyn Tree>>,
+    /// As `tree`: dropped after it.
+    hold: Option<TermHold>,
+    pid: u32,
+    term: Term,
+    started: Instant,
+}
+
+impl Run {
+    /// A run of `tree`, started now under `hold`.
+    pub(super) fn new(tree: Box<dyn Tree>, hold: TermHold) -> Run {
+        Run {
+            pid: tree.pid(),
+            term: hold.term().clone(),
+            tree: Some(tree),
+            hold: Some(hold),
+            started: Instant::now(),
+        }
+    }
+
+    /// The tree, to signal and poll.
+    pub(super) fn tree(&mut self) -> &mut dyn Tree {
+        self.tree
+            .as_deref_mut()
+            .expect("a run owns its tree until it is dropped")
+    }
+
+    /// The main child's pid (its process group id).
+    pub(super) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The term the run was started under.
+    pub(super) fn term(&self) -> &Term {
+        &self.term
+    }
+
+    /// How long ago the run started.
+    pub(super) fn lasted(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+impl Drop for Run {
+    /// The rule's order: the tree (killed if it was not seen empty), then the hold.
+    fn drop(&mut self) {
+        drop(self.tree.take());
+        drop(self.hold.take());
+    }
+}
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// The rule before every event: a term whose proof lapsed is as good as ended, whatever
@@ -22,7 +86,10 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     pub(super) fn enforce(&mut self) {
         let lapsed = match &self.state {
             State::Leading { term, .. } => !term.is_proven(),
-            State::Running { hold, .. } => !hold.term().is_proven(),
+            State::Child {
+                run,
+                phase: Phase::Running { .. },
+            } => !run.term().is_proven(),
             _ => false,
         };
         if lapsed {
@@ -48,11 +115,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Ok(tree) => {
                 info!(pid = tree.pid(), term = term.number(), "child started");
                 self.metrics.child_started();
-                self.state = State::Running {
-                    tree,
-                    hold,
-                    started: Instant::now(),
-                    timeout_at: self.plan.timeout.map(|t| Instant::now() + t),
+                self.state = State::Child {
+                    run: Run::new(tree, hold),
+                    phase: Phase::Running {
+                        timeout_at: self.plan.timeout.map(|t| Instant::now() + t),
+                    },
                 };
             }
             Err(err) => {
@@ -79,12 +146,16 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// stopped as on demotion (docs/guarantees.md#safety-guarantees,
     /// docs/field-notes.md#a-resumed-process-wakes-with-every-timer-due).
     pub(super) fn resume_child(&mut self) {
-        let State::Running { tree, hold, .. } = &mut self.state else {
+        let State::Child {
+            run,
+            phase: Phase::Running { .. },
+        } = &mut self.state
+        else {
             return;
         };
-        if !hold.term().is_proven() {
+        if !run.term().is_proven() {
             info!(
-                pid = tree.pid(),
+                pid = run.pid(),
                 "resumed, but the lock is no longer proven; stopping the child"
             );
             return self.stop(Why::Demoted, self.plan.stop_signal);
@@ -92,35 +163,28 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         // `fg` gave the terminal back to our group: pass it on. After `bg` the shell keeps it.
         if let Some(terminal) = &self.terminal {
             if terminal.owns_foreground() {
-                terminal.give_to(Pid::from_raw(tree.pid() as i32));
+                terminal.give_to(Pid::from_raw(run.pid() as i32));
             }
         }
-        tree.signal_group(Signal::SIGCONT);
-        info!(pid = tree.pid(), "resumed; child continued");
+        run.tree().signal_group(Signal::SIGCONT);
+        info!(pid = run.pid(), "resumed; child continued");
     }
 
     /// Starts stopping the running tree: `first` and SIGCONT to the group and every adopted
     /// orphan (a stopped job cannot act on a signal), SIGKILL after the grace.
     pub(super) fn stop(&mut self, why: Why, first: Signal) {
-        let state = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)));
-        let State::Running {
-            mut tree,
-            hold,
-            started,
-            ..
-        } = state
+        let State::Child {
+            run,
+            phase: phase @ Phase::Running { .. },
+        } = &mut self.state
         else {
-            self.state = state;
             return;
         };
-        tree.signal_all(first);
-        tree.signal_all(Signal::SIGCONT);
-        self.state = State::Stopping {
-            tree,
-            hold,
+        run.tree().signal_all(first);
+        run.tree().signal_all(Signal::SIGCONT);
+        *phase = Phase::Stopping {
             why,
             status: None,
-            started,
             kill_at: Instant::now() + self.plan.grace,
             give_up_at: None,
         };
@@ -129,19 +193,14 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
 
     /// The main child exited and nothing of its tree is left.
     pub(super) fn stopped_as(&mut self, why: Why, status: ExitStatus) {
-        if let State::Running {
-            tree,
-            hold,
-            started,
+        if let State::Child {
+            phase: phase @ Phase::Running { .. },
             ..
-        } = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)))
+        } = &mut self.state
         {
-            self.state = State::Stopping {
-                tree,
-                hold,
+            *phase = Phase::Stopping {
                 why,
                 status: Some(status),
-                started,
                 kill_at: Instant::now(),
                 give_up_at: None,
             };
@@ -149,23 +208,17 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
     }
 
-    /// The stop is over: drop the tree, then its hold (the elector may release now), and let
-    /// the mode decide what comes next.
+    /// The stop is over: the mode decides what comes next, and entering it drops the run (its
+    /// tree, then its hold: [`Run`]), after which the elector may release.
     pub(super) fn stopped(&mut self, status: ExitStatus) {
-        let State::Stopping {
-            tree,
-            hold,
-            why,
-            started,
-            ..
-        } = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)))
+        let State::Child {
+            run,
+            phase: Phase::Stopping { why, .. },
+        } = &self.state
         else {
             return;
         };
-        let pid = tree.pid();
-        let term = hold.term().clone();
-        drop(tree);
-        drop(hold);
+        let (why, pid, term, lasted) = (*why, run.pid(), run.term().clone(), run.lasted());
         if let Some(terminal) = &self.terminal {
             terminal.take_back(Pid::from_raw(pid as i32));
         }
@@ -178,7 +231,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Why::Shutdown => info!(pid, status = %status, "child stopped"),
         }
         self.record(&term, why, status);
-        let next = self.after_stop(&term, why, status, started.elapsed());
+        let next = self.after_stop(&term, why, status, lasted);
+        // Leaving `State::Child` drops the run here, before anything else can happen.
         self.state = match next {
             State::Done(exit)
             | State::Leading {
@@ -201,21 +255,24 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         let second = self.shutdown.is_some();
         self.shutdown.get_or_insert(sig);
         match &mut self.state {
-            State::Running { tree, .. } => {
+            State::Child {
+                run,
+                phase: Phase::Running { .. },
+            } => {
                 info!(
                     signal = sig.as_str(),
-                    pid = tree.pid(),
+                    pid = run.pid(),
                     "received {}; stopping the child",
                     sig.as_str()
                 );
                 self.shutdown_reached_child = true;
                 self.stop(Why::Shutdown, sig);
             }
-            State::Stopping {
-                tree,
-                kill_at,
-                status,
-                ..
+            State::Child {
+                run,
+                phase: Phase::Stopping {
+                    kill_at, status, ..
+                },
             } => {
                 if second {
                     info!(
@@ -233,7 +290,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     if status.is_none() {
                         self.shutdown_reached_child = true;
                     }
-                    tree.signal_group(sig);
+                    run.tree().signal_group(sig);
                 }
             }
             State::Standby { .. } | State::Leading { .. } => {
@@ -260,10 +317,14 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// continues leaderrun, which continues the child through [`Self::resume_child`]. A
     /// SIGSTOP from someone else is not ours to act on.
     pub(super) fn job_control(&mut self, sig: Signal) {
-        let State::Running { tree, .. } = &mut self.state else {
+        let State::Child {
+            run,
+            phase: Phase::Running { .. },
+        } = &self.state
+        else {
             return;
         };
-        let pid = tree.pid();
+        let pid = run.pid();
         match sig {
             Signal::SIGTSTP => {}
             Signal::SIGTTIN | Signal::SIGTTOU if self.terminal.is_some() => {}
