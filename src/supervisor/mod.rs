@@ -20,11 +20,13 @@
 //!   Before every event and again before it is handled, `Supervisor::enforce` treats a term whose
 //!   proof lapsed (a resume after SIGSTOP) as ended, so a timer that fires first on resume finds no
 //!   term to start anything on.
-//! * **Release only after the tree is dead.** The child's [`TermHold`] lives in the state next
-//!   to its tree and is dropped with it once the tree is empty; the elector releases a lock
-//!   that may still be held only when every hold is gone (see [`Term`]).
-//! * **No stop request is lost.** INT/TERM sets `Supervisor::shutdown` whatever the state;
-//!   every transition that would start something consults it first.
+//! * **Release only after the tree is dead.** A `Run` (rules.rs) owns COMMAND's tree and its
+//!   [`TermHold`](crate::TermHold); its `Drop` ends the tree first and only then the hold, and
+//!   the supervisor drops it once the tree is empty. The elector releases a lock that may still
+//!   be held only when every hold is gone (see [`Term`]).
+//! * **No stop request is lost.** One `Ending` value (rules.rs) records INT/TERM and a failed
+//!   election whatever the state; its transitions only add to it, every transition that would
+//!   start something consults it first, and every stop ends through `Ending::settle`.
 //!
 //! The supervisor takes its signals ([`SignalStream`]), its terms ([`Election`]) and its
 //! processes ([`Spawner`]) from injected sources, so its tests drive every mode in-process
@@ -53,7 +55,7 @@ mod rules;
 
 pub use modes::{Backoff, Mode, Plan, Restart, BACKOFF_CAP, BACKOFF_INITIAL, BACKOFF_RESET_AFTER};
 pub use report::child_env;
-use rules::Run;
+use rules::{Ending, Run};
 
 /// How leaderrun ends; [`Exit::finish`] turns it into the process exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,12 +193,8 @@ pub struct Supervisor<E: Election, S: Spawner> {
     metrics: Metrics,
     health: Arc<Health>,
     state: State,
-    /// The INT/TERM that asked for shutdown, once one did: sticky, so no stop is lost.
-    shutdown: Option<Signal>,
-    /// Whether that signal reached a running main child (then the exit status is its own).
-    shutdown_reached_child: bool,
-    /// The election failed: stop and exit 125.
-    fatal: bool,
+    /// Whether a stop was requested (INT/TERM, a failed election): rule 3, [`Ending`].
+    ending: Ending,
     /// Number of the last term seen, so a term is never started twice.
     last_term: u64,
     /// The grant of the current one-shot term, for `--min-hold`.
@@ -249,9 +247,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             metrics,
             health,
             state: State::Standby { deadline },
-            shutdown: None,
-            shutdown_reached_child: false,
-            fatal: false,
+            ending: Ending::No,
             last_term: 0,
             granted_at: None,
             backoff: Backoff::default(),
@@ -346,7 +342,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Event::Poll => self.poll(),
             Event::ElectionFailed(reason) => {
                 error!("the election stopped unexpectedly: {reason}");
-                self.fatal = true;
+                self.ending.election_failed();
                 match self.state {
                     State::Child {
                         phase: Phase::Running { .. },

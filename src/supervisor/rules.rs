@@ -1,7 +1,8 @@
-//! The product's three rules, each written once: COMMAND starts ([`Supervisor::start`]) or
-//! continues (`resume_child`) only on a proven term, and `enforce` ends a term whose proof lapsed;
-//! a tree's hold is dropped only after the tree is gone (`stop`, `stopped`); no INT/TERM is
-//! lost (`shutdown_signal`), and job control follows COMMAND's stops.
+//! The product's three rules (docs/guarantees.md#the-three-rules), each written once: COMMAND
+//! starts ([`Supervisor::start`]) or continues (`resume_child`) only on a proven term, and
+//! `enforce` ends a term whose proof lapsed; a [`Run`] drops its tree before its hold (`stop`,
+//! `stopped`); no stop request is lost ([`Ending`], `shutdown_signal`). Job control follows
+//! COMMAND's stops.
 
 use std::time::Duration;
 
@@ -80,6 +81,82 @@ impl Drop for Run {
     }
 }
 
+/// Rule 3, *no stop request is lost* (docs/guarantees.md#the-three-rules): whether, and why,
+/// the supervisor is ending, as one value.
+///
+/// INT/TERM ([`Ending::shutdown`]) and a failed election ([`Ending::election_failed`]) are
+/// recorded the moment they are handled, whatever the state. The transitions only add to what
+/// is recorded: no method goes back to [`Ending::No`] or from a failure to a shutdown, and a
+/// shutdown once requested stays requested. Every transition that would start something asks
+/// [`Ending::shutdown_requested`] first, and the end of every stop goes through
+/// [`Ending::settle`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// Nothing asked the supervisor to end: the mode decides.
+    #[default]
+    No,
+    /// INT/TERM asked for shutdown. `to_child`: it was passed on to the main child while that
+    /// still ran, so leaderrun exits with the child's status.
+    Shutdown { to_child: bool },
+    /// The election failed: exit 125 once the tree is dead. `shutdown`: INT/TERM asked too.
+    ElectionFailed { shutdown: bool },
+}
+
+impl Ending {
+    /// Records an INT/TERM; true when one was recorded before (a second one: SIGKILL now).
+    pub(super) fn shutdown(&mut self) -> bool {
+        let second = self.shutdown_requested();
+        *self = match *self {
+            Ending::No => Ending::Shutdown { to_child: false },
+            Ending::ElectionFailed { .. } => Ending::ElectionFailed { shutdown: true },
+            shutdown @ Ending::Shutdown { .. } => shutdown,
+        };
+        second
+    }
+
+    /// The INT/TERM just recorded was passed on to a main child that still ran.
+    pub(super) fn passed_to_child(&mut self) {
+        if let Ending::Shutdown { to_child } = self {
+            *to_child = true;
+        }
+    }
+
+    /// Records that the election failed; an INT/TERM recorded before stays recorded.
+    pub(super) fn election_failed(&mut self) {
+        *self = Ending::ElectionFailed {
+            shutdown: self.shutdown_requested(),
+        };
+    }
+
+    /// Whether INT/TERM asked for shutdown: nothing may start any more.
+    pub(super) fn shutdown_requested(self) -> bool {
+        matches!(
+            self,
+            Ending::Shutdown { .. } | Ending::ElectionFailed { shutdown: true }
+        )
+    }
+
+    /// What follows a stop that ended with the main child's `status`, given `next`, what the
+    /// mode chose: the mode's exit when it chose one (a shutdown also ends a `--min-hold`
+    /// early), else 125 after a failed election, else the shutdown's exit, else `next`.
+    pub(super) fn settle(self, next: State, status: ExitStatus) -> State {
+        match (self, next) {
+            (_, State::Done(exit)) => State::Done(exit),
+            (
+                ending,
+                State::Leading {
+                    then: Then::Exit(exit),
+                    ..
+                },
+            ) if ending.shutdown_requested() => State::Done(exit),
+            (Ending::ElectionFailed { .. }, _) => State::Done(Exit::Code(exit_codes::FAILURE)),
+            (Ending::Shutdown { to_child: true }, _) => State::Done(Exit::Child(status)),
+            (Ending::Shutdown { to_child: false }, _) => State::Done(Exit::Code(0)),
+            (Ending::No, next) => next,
+        }
+    }
+}
+
 impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// The rule before every event: a term whose proof lapsed is as good as ended, whatever
     /// fired first on a resume.
@@ -99,7 +176,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
 
     /// The one way COMMAND starts: only on a term that is proven now, and with a hold on it.
     pub(super) fn start(&mut self, term: Term) {
-        if self.shutdown.is_some() {
+        if self.ending.shutdown_requested() {
             self.state = State::Done(Exit::Code(0));
             return;
         }
@@ -233,27 +310,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         self.record(&term, why, status);
         let next = self.after_stop(&term, why, status, lasted);
         // Leaving `State::Child` drops the run here, before anything else can happen.
-        self.state = match next {
-            State::Done(exit)
-            | State::Leading {
-                then: Then::Exit(exit),
-                ..
-            } if self.shutdown.is_some() => State::Done(exit),
-            State::Done(exit) => State::Done(exit),
-            _ if self.fatal => State::Done(Exit::Code(exit_codes::FAILURE)),
-            _ if self.shutdown.is_some() => State::Done(if self.shutdown_reached_child {
-                Exit::Child(status)
-            } else {
-                Exit::Code(0)
-            }),
-            next => next,
-        };
+        self.state = self.ending.settle(next, status);
     }
 
     /// INT/TERM: remembered first (never lost), then acted on in whatever state.
     pub(super) fn shutdown_signal(&mut self, sig: Signal) {
-        let second = self.shutdown.is_some();
-        self.shutdown.get_or_insert(sig);
+        let second = self.ending.shutdown();
         match &mut self.state {
             State::Child {
                 run,
@@ -265,7 +327,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     "received {}; stopping the child",
                     sig.as_str()
                 );
-                self.shutdown_reached_child = true;
+                self.ending.passed_to_child();
                 self.stop(Why::Shutdown, sig);
             }
             State::Child {
@@ -288,7 +350,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                         sig.as_str()
                     );
                     if status.is_none() {
-                        self.shutdown_reached_child = true;
+                        self.ending.passed_to_child();
                     }
                     run.tree().signal_group(sig);
                 }
@@ -354,5 +416,178 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
         suspend_self();
         self.resume_child();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use nix::sys::signal::Signal;
+
+    use super::{Ending, Exit, State, Then};
+    use crate::cli::exit_codes;
+    use crate::elector::Term;
+    use crate::process::child::ExitStatus;
+
+    /// The transitions, by name.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Step {
+        Shutdown,
+        PassedToChild,
+        ElectionFailed,
+    }
+
+    const STEPS: [Step; 3] = [Step::Shutdown, Step::PassedToChild, Step::ElectionFailed];
+
+    /// Every sequence of exactly `len` transitions.
+    fn sequences(len: usize) -> Vec<Vec<Step>> {
+        (0..len).fold(vec![Vec::new()], |seqs, _| {
+            seqs.iter()
+                .flat_map(|seq| {
+                    STEPS.iter().map(move |step| {
+                        let mut longer = seq.clone();
+                        longer.push(*step);
+                        longer
+                    })
+                })
+                .collect()
+        })
+    }
+
+    #[test]
+    fn a_stop_request_is_only_ever_added_to() {
+        for seq in (0..=5).flat_map(sequences) {
+            let mut ending = Ending::No;
+            let (mut asked, mut failed, mut to_child) = (false, false, false);
+            for (i, step) in seq.iter().enumerate() {
+                let before = ending;
+                match step {
+                    Step::Shutdown => {
+                        let second = ending.shutdown();
+                        assert_eq!(second, asked, "{seq:?} at {i}: second INT/TERM");
+                        asked = true;
+                    }
+                    Step::PassedToChild => {
+                        ending.passed_to_child();
+                        to_child |= matches!(before, Ending::Shutdown { .. });
+                    }
+                    Step::ElectionFailed => {
+                        ending.election_failed();
+                        failed = true;
+                    }
+                }
+                let at = &seq[..=i];
+                assert_eq!(ending.shutdown_requested(), asked, "{at:?}: shutdown");
+                assert_eq!(
+                    matches!(ending, Ending::ElectionFailed { .. }),
+                    failed,
+                    "{at:?}: election failure"
+                );
+                if !failed {
+                    assert_eq!(
+                        matches!(ending, Ending::Shutdown { to_child: true }),
+                        to_child,
+                        "{at:?}: passed to the child"
+                    );
+                }
+                assert_eq!(ending == Ending::No, !asked && !failed, "{at:?}: no stop");
+            }
+        }
+    }
+
+    #[test]
+    fn each_transition() {
+        let mut ending = Ending::No;
+        ending.passed_to_child();
+        assert_eq!(
+            ending,
+            Ending::No,
+            "nothing was passed on without a shutdown"
+        );
+        assert!(!ending.shutdown(), "the first INT/TERM");
+        assert_eq!(ending, Ending::Shutdown { to_child: false });
+        ending.passed_to_child();
+        assert_eq!(ending, Ending::Shutdown { to_child: true });
+        assert!(ending.shutdown(), "the second INT/TERM");
+        assert_eq!(ending, Ending::Shutdown { to_child: true });
+        ending.election_failed();
+        assert_eq!(ending, Ending::ElectionFailed { shutdown: true });
+
+        let mut ending = Ending::No;
+        ending.election_failed();
+        assert_eq!(ending, Ending::ElectionFailed { shutdown: false });
+        assert!(!ending.shutdown(), "an election failure is not an INT/TERM");
+        assert_eq!(ending, Ending::ElectionFailed { shutdown: true });
+        ending.passed_to_child();
+        assert_eq!(ending, Ending::ElectionFailed { shutdown: true });
+    }
+
+    /// What [`Ending::settle`] makes of what each mode may choose after a stop.
+    #[test]
+    fn how_a_stop_settles() {
+        let status = ExitStatus::Signal(Signal::SIGTERM);
+        let min_hold = Exit::Child(ExitStatus::Code(0));
+        let (term, _control) = Term::issue(1, None, Duration::ZERO);
+        let failure = Some(Exit::Code(exit_codes::FAILURE));
+        let nexts = || {
+            [
+                State::Done(Exit::Code(3)),
+                State::Leading {
+                    term: term.clone(),
+                    until: None,
+                    then: Then::Exit(min_hold),
+                },
+                State::Leading {
+                    term: term.clone(),
+                    until: None,
+                    then: Then::Start,
+                },
+                State::Standby { deadline: None },
+            ]
+        };
+        // Per ending: the exit for each of `nexts`, `None` where the mode's choice stands.
+        let table = [
+            (Ending::No, [Some(Exit::Code(3)), None, None, None]),
+            (
+                Ending::Shutdown { to_child: false },
+                [
+                    Some(Exit::Code(3)),
+                    Some(min_hold),
+                    Some(Exit::Code(0)),
+                    Some(Exit::Code(0)),
+                ],
+            ),
+            (
+                Ending::Shutdown { to_child: true },
+                [
+                    Some(Exit::Code(3)),
+                    Some(min_hold),
+                    Some(Exit::Child(status)),
+                    Some(Exit::Child(status)),
+                ],
+            ),
+            (
+                Ending::ElectionFailed { shutdown: false },
+                [Some(Exit::Code(3)), failure, failure, failure],
+            ),
+            (
+                Ending::ElectionFailed { shutdown: true },
+                [Some(Exit::Code(3)), Some(min_hold), failure, failure],
+            ),
+        ];
+        for (ending, exits) in table {
+            for (i, (next, exit)) in nexts().into_iter().zip(exits).enumerate() {
+                let chosen = std::mem::discriminant(&next);
+                let settled = ending.settle(next, status);
+                match (exit, &settled) {
+                    (Some(want), State::Done(got)) => {
+                        assert_eq!(*got, want, "{ending:?}, next #{i}")
+                    }
+                    (None, settled) if std::mem::discriminant(settled) == chosen => {}
+                    _ => panic!("{ending:?}, next #{i}: the wrong kind of state"),
+                }
+            }
+        }
     }
 }
