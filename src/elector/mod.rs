@@ -74,7 +74,7 @@ pub use connecting::{connect, Connected};
 pub use session::{boottime, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
-use campaign::Campaign;
+use campaign::{Campaign, Role};
 use metrics::{shared_metrics, ElectorMetrics};
 use session::pin_client_timers;
 
@@ -442,12 +442,8 @@ impl Elector {
         let span = self.shared.config.span.clone();
         let mut campaign = Campaign {
             shared: &self.shared,
-            session: None,
-            term: None,
+            role: Role::default(),
             finished: false,
-            holder_seen: Vec::new(),
-            transient_since: None,
-            first_check: false,
             waited: Duration::ZERO,
             wait_only: false,
         };

@@ -355,7 +355,7 @@ impl Drop for Session {
 }
 
 /// Resolves when the session's connection ends; pending forever without a session.
-pub(crate) async fn session_closed(session: &mut Option<Session>) -> Option<tokio_postgres::Error> {
+pub(crate) async fn session_closed(session: Option<&mut Session>) -> Option<tokio_postgres::Error> {
     match session {
         Some(s) => (&mut s.closed).await.unwrap_or(None),
         None => std::future::pending().await,

@@ -102,8 +102,14 @@ impl std::fmt::Debug for Term {
     }
 }
 
-/// Work running under a [`Term`]: while any hold of a term lives, the lock is not released on
-/// purpose. Drop it when the work (for the binary: COMMAND's whole tree) is dead.
+/// Rule 1, *start or continue only on a proven lock* (docs/guarantees.md#the-three-rules): work
+/// running under a [`Term`]. The one way to get a hold is [`Term::hold`], which refuses once the
+/// term ended or the safe window of its last proof passed, and the binary starts COMMAND only
+/// with a hold in hand.
+///
+/// Rule 2's half in the elector: while any hold of a term lives, the lock is not released on
+/// purpose. Drop it when the work (for the binary: COMMAND's whole tree, which the supervisor's
+/// `Run` owns together with the hold) is dead.
 #[derive(Debug)]
 pub struct TermHold {
     pub(crate) term: Term,

@@ -75,9 +75,9 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 then: Then::AwaitTick,
                 ..
             } => self.pending_due = Some(due),
-            State::Running { tree, .. } | State::Stopping { tree, .. } => {
+            State::Child { run, .. } => {
                 warn!(
-                    pid = tree.pid(),
+                    pid = run.pid(),
                     due = %shown,
                     "due time skipped: the previous run is still going"
                 );

@@ -20,11 +20,13 @@
 //!   Before every event and again before it is handled, `Supervisor::enforce` treats a term whose
 //!   proof lapsed (a resume after SIGSTOP) as ended, so a timer that fires first on resume finds no
 //!   term to start anything on.
-//! * **Release only after the tree is dead.** The child's [`TermHold`] lives in the state next
-//!   to its tree and is dropped with it once the tree is empty; the elector releases a lock
-//!   that may still be held only when every hold is gone (see [`Term`]).
-//! * **No stop request is lost.** INT/TERM sets `Supervisor::shutdown` whatever the state;
-//!   every transition that would start something consults it first.
+//! * **Release only after the tree is dead.** A `Run` (rules.rs) owns COMMAND's tree and its
+//!   [`TermHold`](crate::TermHold); its `Drop` ends the tree first and only then the hold, and
+//!   the supervisor drops it once the tree is empty. The elector releases a lock that may still
+//!   be held only when every hold is gone (see [`Term`]).
+//! * **No stop request is lost.** One `Ending` value (rules.rs) records INT/TERM and a failed
+//!   election whatever the state; its transitions only add to it, every transition that would
+//!   start something consults it first, and every stop ends through `Ending::settle`.
 //!
 //! The supervisor takes its signals ([`SignalStream`]), its terms ([`Election`]) and its
 //! processes ([`Spawner`]) from injected sources, so its tests drive every mode in-process
@@ -43,9 +45,9 @@ use tracing::{debug, error, info, warn};
 use crate::cli::exit_codes;
 use crate::cli::health::Health;
 use crate::cli::metrics::Metrics;
-use crate::elector::{Checks, Term, TermEnd, TermHold};
+use crate::elector::{Checks, Term, TermEnd};
 use crate::history::{History, RunId};
-use crate::process::child::{ExitStatus, Spawner, Tree};
+use crate::process::child::{ExitStatus, Spawner};
 use crate::process::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
 use crate::process::terminal::Terminal;
 
@@ -57,6 +59,7 @@ pub mod schedule;
 
 pub use modes::{Backoff, Mode, Plan, Restart, BACKOFF_CAP, BACKOFF_INITIAL, BACKOFF_RESET_AFTER};
 pub use report::child_env;
+use rules::{Ending, Run};
 
 /// How leaderrun ends; [`Exit::finish`] turns it into the process exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,8 +162,7 @@ enum Then {
     Exit(Exit),
 }
 
-/// The one state of the loop. Field order matters: a tree is dropped (killed, if it was not
-/// seen empty) before the hold next to it, so a lock is never released before its tree.
+/// The one state of the loop.
 enum State {
     /// Waiting for a term; `deadline` ends a `--wait`.
     Standby { deadline: Option<Instant> },
@@ -170,25 +172,25 @@ enum State {
         until: Option<Instant>,
         then: Then,
     },
-    /// COMMAND runs.
-    Running {
-        tree: Box<dyn Tree>,
-        hold: TermHold,
-        started: Instant,
-        timeout_at: Option<Instant>,
-    },
-    /// COMMAND's tree is being stopped.
+    /// COMMAND's tree is there: `run` owns it and its hold (rule 2, [`Run`]), from the spawn
+    /// until the state is left after the tree was seen empty or given up on.
+    Child { run: Run, phase: Phase },
+    /// Finished.
+    Done(Exit),
+}
+
+/// Where a [`State::Child`] is: a stop changes the phase in place, the run stays where it is.
+enum Phase {
+    /// COMMAND runs; `timeout_at` is the `--timeout`.
+    Running { timeout_at: Option<Instant> },
+    /// COMMAND's tree is being stopped: `why`, the main child's `status` once seen, SIGKILL
+    /// at `kill_at`, giving up on what is left at `give_up_at` (set with the SIGKILL).
     Stopping {
-        tree: Box<dyn Tree>,
-        hold: TermHold,
         why: Why,
         status: Option<ExitStatus>,
-        started: Instant,
         kill_at: Instant,
         give_up_at: Option<Instant>,
     },
-    /// Finished.
-    Done(Exit),
 }
 
 /// The loop and what it owns.
@@ -201,12 +203,8 @@ pub struct Supervisor<E: Election, S: Spawner> {
     metrics: Metrics,
     health: Arc<Health>,
     state: State,
-    /// The INT/TERM that asked for shutdown, once one did: sticky, so no stop is lost.
-    shutdown: Option<Signal>,
-    /// Whether that signal reached a running main child (then the exit status is its own).
-    shutdown_reached_child: bool,
-    /// The election failed: stop and exit 125.
-    fatal: bool,
+    /// Whether a stop was requested (INT/TERM, a failed election): rule 3, [`Ending`].
+    ending: Ending,
     /// Number of the last term seen, so a term is never started twice.
     last_term: u64,
     /// The grant of the current one-shot term, for `--min-hold`.
@@ -230,7 +228,7 @@ pub struct Supervisor<E: Election, S: Spawner> {
     /// `--history`.
     history: Option<History>,
     /// The history row of the run going on.
-    run: Option<RunId>,
+    history_run: Option<RunId>,
     /// The history's answer for a catch-up, while it is awaited.
     catch_up: Option<Pin<Box<dyn Future<Output = Event>>>>,
 }
@@ -273,9 +271,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             metrics,
             health,
             state: State::Standby { deadline },
-            shutdown: None,
-            shutdown_reached_child: false,
-            fatal: false,
+            ending: Ending::No,
             last_term: 0,
             granted_at: None,
             backoff: Backoff::default(),
@@ -290,7 +286,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             pending_due: None,
             starting_due: None,
             history: None,
-            run: None,
+            history_run: None,
             catch_up: None,
         }
     }
@@ -332,21 +328,37 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         let standby = matches!(self.state, State::Standby { .. });
         let term = match &self.state {
             State::Leading { term, .. } => Some(term.clone()),
-            State::Running { hold, .. } => Some(hold.term().clone()),
+            State::Child {
+                run,
+                phase: Phase::Running { .. },
+            } => Some(run.term().clone()),
             _ => None,
         };
         let deadline = match &self.state {
             State::Standby { deadline } => *deadline,
             State::Leading { until, .. } => *until,
-            State::Running { timeout_at, .. } => *timeout_at,
-            State::Stopping {
-                kill_at,
-                give_up_at,
+            State::Child {
+                phase: Phase::Running { timeout_at },
+                ..
+            } => *timeout_at,
+            State::Child {
+                phase:
+                    Phase::Stopping {
+                        kill_at,
+                        give_up_at,
+                        ..
+                    },
                 ..
             } => Some(give_up_at.unwrap_or(*kill_at)),
             State::Done(_) => None,
         };
-        let stopping = matches!(self.state, State::Stopping { .. });
+        let stopping = matches!(
+            self.state,
+            State::Child {
+                phase: Phase::Stopping { .. },
+                ..
+            }
+        );
         let after = self.last_term;
         tokio::select! {
             biased;
@@ -378,10 +390,16 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Event::Poll => self.poll(),
             Event::ElectionFailed(reason) => {
                 error!("the election stopped unexpectedly: {reason}");
-                self.fatal = true;
+                self.ending.election_failed();
                 match self.state {
-                    State::Running { .. } => self.stop(Why::Demoted, self.plan.stop_signal),
-                    State::Stopping { .. } => {}
+                    State::Child {
+                        phase: Phase::Running { .. },
+                        ..
+                    } => self.stop(Why::Demoted, self.plan.stop_signal),
+                    State::Child {
+                        phase: Phase::Stopping { .. },
+                        ..
+                    } => {}
                     _ => self.state = State::Done(Exit::Code(exit_codes::FAILURE)),
                 }
             }
@@ -394,12 +412,28 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
         match (&mut self.state, sig) {
             (_, Signal::SIGCHLD) => self.poll(),
-            (State::Running { tree, .. }, sig) if is_forwarded(sig) || sig == Signal::SIGTSTP => {
-                tree.signal_group(sig)
-            }
-            (State::Stopping { tree, .. }, sig) if is_forwarded(sig) => tree.signal_group(sig),
+            (
+                State::Child {
+                    run,
+                    phase: Phase::Running { .. },
+                },
+                sig,
+            ) if is_forwarded(sig) || sig == Signal::SIGTSTP => run.tree().signal_group(sig),
+            (
+                State::Child {
+                    run,
+                    phase: Phase::Stopping { .. },
+                },
+                sig,
+            ) if is_forwarded(sig) => run.tree().signal_group(sig),
             // A Ctrl-Z now would stop what we are stopping; SIGCONT keeps it going.
-            (State::Stopping { .. }, _) => {}
+            (
+                State::Child {
+                    phase: Phase::Stopping { .. },
+                    ..
+                },
+                _,
+            ) => {}
             (_, Signal::SIGTSTP) => suspend_self(),
             (_, sig) => debug!(
                 signal = sig.as_str(),
@@ -453,15 +487,18 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// The term ended (or its proof lapsed).
     fn term_ended(&mut self, cause: TermEnd) {
         match &self.state {
-            State::Running { tree, hold, .. } => {
+            State::Child {
+                run,
+                phase: Phase::Running { .. },
+            } => {
                 let how = if cause == TermEnd::LeadershipLost {
                     "leadership lost"
                 } else {
                     "leadership released"
                 };
                 info!(
-                    pid = tree.pid(),
-                    term = hold.term().number(),
+                    pid = run.pid(),
+                    term = run.term().number(),
                     "{how}; stopping the child"
                 );
                 self.stop(Why::Demoted, self.plan.stop_signal);
@@ -521,26 +558,29 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 }
                 Then::Exit(exit) => self.state = State::Done(exit),
             },
-            State::Running {
-                timeout_at: Some(at),
-                tree,
-                hold,
-                ..
+            State::Child {
+                run,
+                phase: Phase::Running {
+                    timeout_at: Some(at),
+                },
             } if *at <= now => {
                 let limit = humantime::format_duration(self.plan.timeout.unwrap_or_default());
                 warn!(
-                    pid = tree.pid(),
-                    term = hold.term().number(),
+                    pid = run.pid(),
+                    term = run.term().number(),
                     "COMMAND ran longer than --timeout {limit}; stopping it"
                 );
                 self.stop(Why::TimedOut, self.plan.stop_signal);
             }
-            State::Stopping {
-                tree,
-                kill_at,
-                give_up_at,
-                status,
-                ..
+            State::Child {
+                run,
+                phase:
+                    Phase::Stopping {
+                        kill_at,
+                        give_up_at,
+                        status,
+                        ..
+                    },
             } => {
                 if give_up_at.is_none() && *kill_at <= now {
                     let what = if status.is_some() {
@@ -549,16 +589,16 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                         "child is"
                     };
                     warn!(
-                        pgid = tree.pid(),
+                        pgid = run.pid(),
                         grace = %humantime::format_duration(self.plan.grace),
                         "{what} still running after the grace period; sending SIGKILL"
                     );
-                    tree.signal_all(Signal::SIGKILL);
+                    run.tree().signal_all(Signal::SIGKILL);
                     *give_up_at = Some(now + KILL_WAIT);
                     self.poll();
                 } else if give_up_at.is_some_and(|at| at <= now) {
                     warn!(
-                        pgid = tree.pid(),
+                        pgid = run.pid(),
                         "processes of COMMAND are still there {} after SIGKILL; going on without them",
                         humantime::format_duration(KILL_WAIT)
                     );
@@ -573,16 +613,23 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// Reaps and looks at the tree: a child that exited or stopped, leftovers gone.
     fn poll(&mut self) {
         match &mut self.state {
-            State::Running { tree, hold, .. } => {
-                let seen = tree.poll();
+            State::Child {
+                run,
+                phase: Phase::Running { .. },
+            } => {
+                let seen = run.tree().poll();
                 if let Some(status) = seen.main {
-                    info!(pid = tree.pid(), status = %status, term = hold.term().number(), "child exited");
+                    info!(pid = run.pid(), status = %status, term = run.term().number(), "child exited");
                     if seen.empty {
                         self.stopped_as(Why::Exited, status);
                     } else {
                         // Helpers it left running are stopped before anything else happens.
                         self.stop(Why::Exited, self.plan.stop_signal);
-                        if let State::Stopping { status: s, .. } = &mut self.state {
+                        if let State::Child {
+                            phase: Phase::Stopping { status: s, .. },
+                            ..
+                        } = &mut self.state
+                        {
                             *s = Some(status);
                         }
                     }
@@ -590,8 +637,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     self.job_control(sig);
                 }
             }
-            State::Stopping { tree, status, .. } => {
-                let seen = tree.poll();
+            State::Child {
+                run,
+                phase: Phase::Stopping { status, .. },
+            } => {
+                let seen = run.tree().poll();
                 if status.is_none() {
                     *status = seen.main;
                 }

@@ -167,9 +167,9 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 let term = term.clone();
                 self.start(term);
             }
-            State::Running { tree, .. } | State::Stopping { tree, .. } => {
+            State::Child { run, .. } => {
                 info!(
-                    pid = tree.pid(),
+                    pid = run.pid(),
                     "tick skipped: the previous run is still going"
                 );
                 self.metrics.tick(metrics::Tick::Skipped);

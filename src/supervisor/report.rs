@@ -34,7 +34,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             self.metrics.run_succeeded(SystemTime::now());
         }
         // Queued, never awaited: the history is off the fence's path.
-        if let (Some(history), Some(run)) = (&self.history, self.run.take()) {
+        if let (Some(history), Some(run)) = (&self.history, self.history_run.take()) {
             history.run_ended(
                 run,
                 RunEnd {

@@ -1,7 +1,10 @@
-//! The product's three rules, each written once: COMMAND starts ([`Supervisor::start`]) or
-//! continues (`resume_child`) only on a proven term, and `enforce` ends a term whose proof lapsed;
-//! a tree's hold is dropped only after the tree is gone (`stop`, `stopped`); no INT/TERM is
-//! lost (`shutdown_signal`), and job control follows COMMAND's stops.
+//! The product's three rules (docs/guarantees.md#the-three-rules), each written once: COMMAND
+//! starts ([`Supervisor::start`]) or continues (`resume_child`) only on a proven term, and
+//! `enforce` ends a term whose proof lapsed; a [`Run`] drops its tree before its hold (`stop`,
+//! `stopped`); no stop request is lost ([`Ending`], `shutdown_signal`). Job control follows
+//! COMMAND's stops.
+
+use std::time::Duration;
 
 use std::time::SystemTime;
 
@@ -10,14 +13,152 @@ use nix::unistd::Pid;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::{child_env, Election, Exit, Mode, State, Supervisor, Then, Why};
+use super::{child_env, Election, Exit, Mode, Phase, State, Supervisor, Then, Why};
 use crate::cli::exit_codes;
 use crate::cli::metrics;
-use crate::elector::{Term, TermEnd};
+use crate::elector::{Term, TermEnd, TermHold};
 use crate::error::Chain;
 use crate::history::RunStart;
-use crate::process::child::{ExitStatus, Spawner};
+use crate::process::child::{ExitStatus, Spawner, Tree};
 use crate::process::signals::suspend_self;
+
+/// Rule 2, *release only after the tree is dead* (docs/guarantees.md#the-three-rules): one run
+/// of COMMAND, owning its process tree and the [`TermHold`] it was started under.
+///
+/// While any hold of a term lives, the elector does not release a lock that may still be held
+/// (see [`Term`]). A run gives its hold up only when it is dropped, and [`Drop`] ends the tree
+/// first: a tree that was not seen empty is killed (see [`Tree`]), and only then does the
+/// hold go. The supervisor drops a run by leaving [`State::Child`], after the tree was seen
+/// empty or given up on (grace, SIGKILL, [`super::KILL_WAIT`]).
+pub(super) struct Run {
+    /// `Some` from [`Run::new`] until [`Drop`]; an `Option` only so that the drop order is
+    /// written in code, not left to the order of fields.
+    tree: Option<Box<dyn Tree>>,
+    /// As `tree`: dropped after it.
+    hold: Option<TermHold>,
+    pid: u32,
+    term: Term,
+    started: Instant,
+}
+
+impl Run {
+    /// A run of `tree`, started now under `hold`.
+    pub(super) fn new(tree: Box<dyn Tree>, hold: TermHold) -> Run {
+        Run {
+            pid: tree.pid(),
+            term: hold.term().clone(),
+            tree: Some(tree),
+            hold: Some(hold),
+            started: Instant::now(),
+        }
+    }
+
+    /// The tree, to signal and poll.
+    pub(super) fn tree(&mut self) -> &mut dyn Tree {
+        self.tree
+            .as_deref_mut()
+            .expect("a run owns its tree until it is dropped")
+    }
+
+    /// The main child's pid (its process group id).
+    pub(super) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The term the run was started under.
+    pub(super) fn term(&self) -> &Term {
+        &self.term
+    }
+
+    /// How long ago the run started.
+    pub(super) fn lasted(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+impl Drop for Run {
+    /// The rule's order: the tree (killed if it was not seen empty), then the hold.
+    fn drop(&mut self) {
+        drop(self.tree.take());
+        drop(self.hold.take());
+    }
+}
+
+/// Rule 3, *no stop request is lost* (docs/guarantees.md#the-three-rules): whether, and why,
+/// the supervisor is ending, as one value.
+///
+/// INT/TERM ([`Ending::shutdown`]) and a failed election ([`Ending::election_failed`]) are
+/// recorded the moment they are handled, whatever the state. The transitions only add to what
+/// is recorded: no method goes back to [`Ending::No`] or from a failure to a shutdown, and a
+/// shutdown once requested stays requested. Every transition that would start something asks
+/// [`Ending::shutdown_requested`] first, and the end of every stop goes through
+/// [`Ending::settle`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// Nothing asked the supervisor to end: the mode decides.
+    #[default]
+    No,
+    /// INT/TERM asked for shutdown. `to_child`: it was passed on to the main child while that
+    /// still ran, so leaderrun exits with the child's status.
+    Shutdown { to_child: bool },
+    /// The election failed: exit 125 once the tree is dead. `shutdown`: INT/TERM asked too.
+    ElectionFailed { shutdown: bool },
+}
+
+impl Ending {
+    /// Records an INT/TERM; true when one was recorded before (a second one: SIGKILL now).
+    pub(super) fn shutdown(&mut self) -> bool {
+        let second = self.shutdown_requested();
+        *self = match *self {
+            Ending::No => Ending::Shutdown { to_child: false },
+            Ending::ElectionFailed { .. } => Ending::ElectionFailed { shutdown: true },
+            shutdown @ Ending::Shutdown { .. } => shutdown,
+        };
+        second
+    }
+
+    /// The INT/TERM just recorded was passed on to a main child that still ran.
+    pub(super) fn passed_to_child(&mut self) {
+        if let Ending::Shutdown { to_child } = self {
+            *to_child = true;
+        }
+    }
+
+    /// Records that the election failed; an INT/TERM recorded before stays recorded.
+    pub(super) fn election_failed(&mut self) {
+        *self = Ending::ElectionFailed {
+            shutdown: self.shutdown_requested(),
+        };
+    }
+
+    /// Whether INT/TERM asked for shutdown: nothing may start any more.
+    pub(super) fn shutdown_requested(self) -> bool {
+        matches!(
+            self,
+            Ending::Shutdown { .. } | Ending::ElectionFailed { shutdown: true }
+        )
+    }
+
+    /// What follows a stop that ended with the main child's `status`, given `next`, what the
+    /// mode chose: the mode's exit when it chose one (a shutdown also ends a `--min-hold`
+    /// early), else 125 after a failed election, else the shutdown's exit, else `next`.
+    pub(super) fn settle(self, next: State, status: ExitStatus) -> State {
+        match (self, next) {
+            (_, State::Done(exit)) => State::Done(exit),
+            (
+                ending,
+                State::Leading {
+                    then: Then::Exit(exit),
+                    ..
+                },
+            ) if ending.shutdown_requested() => State::Done(exit),
+            (Ending::ElectionFailed { .. }, _) => State::Done(Exit::Code(exit_codes::FAILURE)),
+            (Ending::Shutdown { to_child: true }, _) => State::Done(Exit::Child(status)),
+            (Ending::Shutdown { to_child: false }, _) => State::Done(Exit::Code(0)),
+            (Ending::No, next) => next,
+        }
+    }
+}
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// The rule before every event: a term whose proof lapsed is as good as ended, whatever
@@ -25,7 +166,10 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     pub(super) fn enforce(&mut self) {
         let lapsed = match &self.state {
             State::Leading { term, .. } => !term.is_proven(),
-            State::Running { hold, .. } => !hold.term().is_proven(),
+            State::Child {
+                run,
+                phase: Phase::Running { .. },
+            } => !run.term().is_proven(),
             _ => false,
         };
         if lapsed {
@@ -37,7 +181,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     pub(super) fn start(&mut self, term: Term) {
         // The due time this start is for (`--schedule`), whether or not it starts.
         let due = self.starting_due.take();
-        if self.shutdown.is_some() {
+        if self.ending.shutdown_requested() {
             self.state = State::Done(Exit::Code(0));
             return;
         }
@@ -60,7 +204,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 self.metrics.child_started();
                 self.metrics.run_started(SystemTime::now());
                 if let (Some(history), Some(lease)) = (&self.history, term.lease()) {
-                    self.run = Some(history.run_started(RunStart {
+                    self.history_run = Some(history.run_started(RunStart {
                         slot: lease.slot,
                         term: term.number(),
                         fencing_token: lease.fencing_token,
@@ -68,11 +212,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                         due_at: due,
                     }));
                 }
-                self.state = State::Running {
-                    tree,
-                    hold,
-                    started: Instant::now(),
-                    timeout_at: self.plan.timeout.map(|t| Instant::now() + t),
+                self.state = State::Child {
+                    run: Run::new(tree, hold),
+                    phase: Phase::Running {
+                        timeout_at: self.plan.timeout.map(|t| Instant::now() + t),
+                    },
                 };
             }
             Err(err) => {
@@ -99,12 +243,16 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// stopped as on demotion (docs/guarantees.md#safety-guarantees,
     /// docs/field-notes.md#a-resumed-process-wakes-with-every-timer-due).
     pub(super) fn resume_child(&mut self) {
-        let State::Running { tree, hold, .. } = &mut self.state else {
+        let State::Child {
+            run,
+            phase: Phase::Running { .. },
+        } = &mut self.state
+        else {
             return;
         };
-        if !hold.term().is_proven() {
+        if !run.term().is_proven() {
             info!(
-                pid = tree.pid(),
+                pid = run.pid(),
                 "resumed, but the lock is no longer proven; stopping the child"
             );
             return self.stop(Why::Demoted, self.plan.stop_signal);
@@ -112,35 +260,28 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         // `fg` gave the terminal back to our group: pass it on. After `bg` the shell keeps it.
         if let Some(terminal) = &self.terminal {
             if terminal.owns_foreground() {
-                terminal.give_to(Pid::from_raw(tree.pid() as i32));
+                terminal.give_to(Pid::from_raw(run.pid() as i32));
             }
         }
-        tree.signal_group(Signal::SIGCONT);
-        info!(pid = tree.pid(), "resumed; child continued");
+        run.tree().signal_group(Signal::SIGCONT);
+        info!(pid = run.pid(), "resumed; child continued");
     }
 
     /// Starts stopping the running tree: `first` and SIGCONT to the group and every adopted
     /// orphan (a stopped job cannot act on a signal), SIGKILL after the grace.
     pub(super) fn stop(&mut self, why: Why, first: Signal) {
-        let state = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)));
-        let State::Running {
-            mut tree,
-            hold,
-            started,
-            ..
-        } = state
+        let State::Child {
+            run,
+            phase: phase @ Phase::Running { .. },
+        } = &mut self.state
         else {
-            self.state = state;
             return;
         };
-        tree.signal_all(first);
-        tree.signal_all(Signal::SIGCONT);
-        self.state = State::Stopping {
-            tree,
-            hold,
+        run.tree().signal_all(first);
+        run.tree().signal_all(Signal::SIGCONT);
+        *phase = Phase::Stopping {
             why,
             status: None,
-            started,
             kill_at: Instant::now() + self.plan.grace,
             give_up_at: None,
         };
@@ -149,19 +290,14 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
 
     /// The main child exited and nothing of its tree is left.
     pub(super) fn stopped_as(&mut self, why: Why, status: ExitStatus) {
-        if let State::Running {
-            tree,
-            hold,
-            started,
+        if let State::Child {
+            phase: phase @ Phase::Running { .. },
             ..
-        } = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)))
+        } = &mut self.state
         {
-            self.state = State::Stopping {
-                tree,
-                hold,
+            *phase = Phase::Stopping {
                 why,
                 status: Some(status),
-                started,
                 kill_at: Instant::now(),
                 give_up_at: None,
             };
@@ -169,23 +305,17 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
     }
 
-    /// The stop is over: drop the tree, then its hold (the elector may release now), and let
-    /// the mode decide what comes next.
+    /// The stop is over: the mode decides what comes next, and entering it drops the run (its
+    /// tree, then its hold: [`Run`]), after which the elector may release.
     pub(super) fn stopped(&mut self, status: ExitStatus) {
-        let State::Stopping {
-            tree,
-            hold,
-            why,
-            started,
-            ..
-        } = std::mem::replace(&mut self.state, State::Done(Exit::Code(0)))
+        let State::Child {
+            run,
+            phase: Phase::Stopping { why, .. },
+        } = &self.state
         else {
             return;
         };
-        let pid = tree.pid();
-        let term = hold.term().clone();
-        drop(tree);
-        drop(hold);
+        let (why, pid, term, lasted) = (*why, run.pid(), run.term().clone(), run.lasted());
         if let Some(terminal) = &self.terminal {
             terminal.take_back(Pid::from_raw(pid as i32));
         }
@@ -198,44 +328,33 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Why::Shutdown => info!(pid, status = %status, "child stopped"),
         }
         self.record(&term, why, status);
-        let next = self.after_stop(&term, why, status, started.elapsed());
-        self.state = match next {
-            State::Done(exit)
-            | State::Leading {
-                then: Then::Exit(exit),
-                ..
-            } if self.shutdown.is_some() => State::Done(exit),
-            State::Done(exit) => State::Done(exit),
-            _ if self.fatal => State::Done(Exit::Code(exit_codes::FAILURE)),
-            _ if self.shutdown.is_some() => State::Done(if self.shutdown_reached_child {
-                Exit::Child(status)
-            } else {
-                Exit::Code(0)
-            }),
-            next => next,
-        };
+        let next = self.after_stop(&term, why, status, lasted);
+        // Leaving `State::Child` drops the run here, before anything else can happen.
+        self.state = self.ending.settle(next, status);
     }
 
     /// INT/TERM: remembered first (never lost), then acted on in whatever state.
     pub(super) fn shutdown_signal(&mut self, sig: Signal) {
-        let second = self.shutdown.is_some();
-        self.shutdown.get_or_insert(sig);
+        let second = self.ending.shutdown();
         match &mut self.state {
-            State::Running { tree, .. } => {
+            State::Child {
+                run,
+                phase: Phase::Running { .. },
+            } => {
                 info!(
                     signal = sig.as_str(),
-                    pid = tree.pid(),
+                    pid = run.pid(),
                     "received {}; stopping the child",
                     sig.as_str()
                 );
-                self.shutdown_reached_child = true;
+                self.ending.passed_to_child();
                 self.stop(Why::Shutdown, sig);
             }
-            State::Stopping {
-                tree,
-                kill_at,
-                status,
-                ..
+            State::Child {
+                run,
+                phase: Phase::Stopping {
+                    kill_at, status, ..
+                },
             } => {
                 if second {
                     info!(
@@ -251,9 +370,9 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                         sig.as_str()
                     );
                     if status.is_none() {
-                        self.shutdown_reached_child = true;
+                        self.ending.passed_to_child();
                     }
-                    tree.signal_group(sig);
+                    run.tree().signal_group(sig);
                 }
             }
             State::Standby { .. } | State::Leading { .. } => {
@@ -280,10 +399,14 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// continues leaderrun, which continues the child through [`Self::resume_child`]. A
     /// SIGSTOP from someone else is not ours to act on.
     pub(super) fn job_control(&mut self, sig: Signal) {
-        let State::Running { tree, .. } = &mut self.state else {
+        let State::Child {
+            run,
+            phase: Phase::Running { .. },
+        } = &self.state
+        else {
             return;
         };
-        let pid = tree.pid();
+        let pid = run.pid();
         match sig {
             Signal::SIGTSTP => {}
             Signal::SIGTTIN | Signal::SIGTTOU if self.terminal.is_some() => {}
@@ -313,5 +436,178 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
         suspend_self();
         self.resume_child();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use nix::sys::signal::Signal;
+
+    use super::{Ending, Exit, State, Then};
+    use crate::cli::exit_codes;
+    use crate::elector::Term;
+    use crate::process::child::ExitStatus;
+
+    /// The transitions, by name.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Step {
+        Shutdown,
+        PassedToChild,
+        ElectionFailed,
+    }
+
+    const STEPS: [Step; 3] = [Step::Shutdown, Step::PassedToChild, Step::ElectionFailed];
+
+    /// Every sequence of exactly `len` transitions.
+    fn sequences(len: usize) -> Vec<Vec<Step>> {
+        (0..len).fold(vec![Vec::new()], |seqs, _| {
+            seqs.iter()
+                .flat_map(|seq| {
+                    STEPS.iter().map(move |step| {
+                        let mut longer = seq.clone();
+                        longer.push(*step);
+                        longer
+                    })
+                })
+                .collect()
+        })
+    }
+
+    #[test]
+    fn a_stop_request_is_only_ever_added_to() {
+        for seq in (0..=5).flat_map(sequences) {
+            let mut ending = Ending::No;
+            let (mut asked, mut failed, mut to_child) = (false, false, false);
+            for (i, step) in seq.iter().enumerate() {
+                let before = ending;
+                match step {
+                    Step::Shutdown => {
+                        let second = ending.shutdown();
+                        assert_eq!(second, asked, "{seq:?} at {i}: second INT/TERM");
+                        asked = true;
+                    }
+                    Step::PassedToChild => {
+                        ending.passed_to_child();
+                        to_child |= matches!(before, Ending::Shutdown { .. });
+                    }
+                    Step::ElectionFailed => {
+                        ending.election_failed();
+                        failed = true;
+                    }
+                }
+                let at = &seq[..=i];
+                assert_eq!(ending.shutdown_requested(), asked, "{at:?}: shutdown");
+                assert_eq!(
+                    matches!(ending, Ending::ElectionFailed { .. }),
+                    failed,
+                    "{at:?}: election failure"
+                );
+                if !failed {
+                    assert_eq!(
+                        matches!(ending, Ending::Shutdown { to_child: true }),
+                        to_child,
+                        "{at:?}: passed to the child"
+                    );
+                }
+                assert_eq!(ending == Ending::No, !asked && !failed, "{at:?}: no stop");
+            }
+        }
+    }
+
+    #[test]
+    fn each_transition() {
+        let mut ending = Ending::No;
+        ending.passed_to_child();
+        assert_eq!(
+            ending,
+            Ending::No,
+            "nothing was passed on without a shutdown"
+        );
+        assert!(!ending.shutdown(), "the first INT/TERM");
+        assert_eq!(ending, Ending::Shutdown { to_child: false });
+        ending.passed_to_child();
+        assert_eq!(ending, Ending::Shutdown { to_child: true });
+        assert!(ending.shutdown(), "the second INT/TERM");
+        assert_eq!(ending, Ending::Shutdown { to_child: true });
+        ending.election_failed();
+        assert_eq!(ending, Ending::ElectionFailed { shutdown: true });
+
+        let mut ending = Ending::No;
+        ending.election_failed();
+        assert_eq!(ending, Ending::ElectionFailed { shutdown: false });
+        assert!(!ending.shutdown(), "an election failure is not an INT/TERM");
+        assert_eq!(ending, Ending::ElectionFailed { shutdown: true });
+        ending.passed_to_child();
+        assert_eq!(ending, Ending::ElectionFailed { shutdown: true });
+    }
+
+    /// What [`Ending::settle`] makes of what each mode may choose after a stop.
+    #[test]
+    fn how_a_stop_settles() {
+        let status = ExitStatus::Signal(Signal::SIGTERM);
+        let min_hold = Exit::Child(ExitStatus::Code(0));
+        let (term, _control) = Term::issue(1, None, Duration::ZERO);
+        let failure = Some(Exit::Code(exit_codes::FAILURE));
+        let nexts = || {
+            [
+                State::Done(Exit::Code(3)),
+                State::Leading {
+                    term: term.clone(),
+                    until: None,
+                    then: Then::Exit(min_hold),
+                },
+                State::Leading {
+                    term: term.clone(),
+                    until: None,
+                    then: Then::Start,
+                },
+                State::Standby { deadline: None },
+            ]
+        };
+        // Per ending: the exit for each of `nexts`, `None` where the mode's choice stands.
+        let table = [
+            (Ending::No, [Some(Exit::Code(3)), None, None, None]),
+            (
+                Ending::Shutdown { to_child: false },
+                [
+                    Some(Exit::Code(3)),
+                    Some(min_hold),
+                    Some(Exit::Code(0)),
+                    Some(Exit::Code(0)),
+                ],
+            ),
+            (
+                Ending::Shutdown { to_child: true },
+                [
+                    Some(Exit::Code(3)),
+                    Some(min_hold),
+                    Some(Exit::Child(status)),
+                    Some(Exit::Child(status)),
+                ],
+            ),
+            (
+                Ending::ElectionFailed { shutdown: false },
+                [Some(Exit::Code(3)), failure, failure, failure],
+            ),
+            (
+                Ending::ElectionFailed { shutdown: true },
+                [Some(Exit::Code(3)), Some(min_hold), failure, failure],
+            ),
+        ];
+        for (ending, exits) in table {
+            for (i, (next, exit)) in nexts().into_iter().zip(exits).enumerate() {
+                let chosen = std::mem::discriminant(&next);
+                let settled = ending.settle(next, status);
+                match (exit, &settled) {
+                    (Some(want), State::Done(got)) => {
+                        assert_eq!(*got, want, "{ending:?}, next #{i}")
+                    }
+                    (None, settled) if std::mem::discriminant(settled) == chosen => {}
+                    _ => panic!("{ending:?}, next #{i}: the wrong kind of state"),
+                }
+            }
+        }
     }
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tracing::{debug, error, info, warn};
 
-use super::{Campaign, LOCK_ROW_SQL};
+use super::{Campaign, Role, LOCK_ROW_SQL};
 use crate::elector::metrics::demotion_cause;
 use crate::elector::session::{boottime, socket_of, Session};
 use crate::elector::term::{Lease, Term, TermControl, TermEnd};
@@ -33,7 +33,7 @@ impl Campaign<'_> {
     ) -> Result<(), Error> {
         let config = &self.shared.config;
         let key = config.lock.slot(slot);
-        if let Some(session) = self.session.as_mut() {
+        if let Some(session) = self.role.session_mut() {
             session.granted = Some(key);
         } else {
             return Ok(());
@@ -43,10 +43,7 @@ impl Campaign<'_> {
         let seen: Option<(String, i32)> = row
             .get::<_, Option<String>>(3)
             .zip(row.get::<_, Option<i32>>(4));
-        let socket = self
-            .session
-            .as_ref()
-            .map(|s| socket_of(s.fd, seen.as_ref()));
+        let socket = self.role.session().map(|s| socket_of(s.fd, seen.as_ref()));
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing
         // (docs/field-notes.md#transaction-mode-poolers-move-the-session). A direct TCP connection,
@@ -65,7 +62,8 @@ impl Campaign<'_> {
                 Ok(()) => {}
             }
         }
-        let Some(session) = self.session.as_ref() else {
+        // No await from here to the term's start: the standby's session becomes the leader's.
+        let Some(mut session) = self.role.take_standby_session() else {
             return Ok(());
         };
         let number = self.shared.terms.load(Ordering::Acquire) + 1;
@@ -104,15 +102,16 @@ impl Campaign<'_> {
         // From here on the keeper may hold a copy: every way out that drops the session goes
         // through `drop_session`, which takes the copy back first. The check is sent with its
         // text each time (one round trip, no PREPARE at the grant, which would delay COMMAND).
-        if let Some(session) = self.session.as_mut() {
-            session.socket = socket.map(|s| s.fd);
-            session.check = Some(check_sql);
-        }
-        self.first_check = true;
+        session.socket = socket.map(|s| s.fd);
+        session.check = Some(check_sql);
         self.shared.terms.store(number, Ordering::Release);
         // The grant is the term's first proof: its window counts from the try's send time.
         let (term, control) = Term::issue(number, Some(lease.clone()), sent + config.safe_window());
-        self.term = Some(control);
+        self.role = Role::Leader {
+            session,
+            term: control,
+            first_check: true,
+        };
         self.shared.leader.store(true, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(1);
@@ -138,24 +137,25 @@ impl Campaign<'_> {
     /// The leader's check: proves in one round trip that this session still holds the lock.
     /// `Err` is the cause to demote with; the session is left as it is for [`Self::demote`].
     pub(crate) async fn verify(&mut self) -> Result<(), Error> {
-        let Some(session) = self.session.as_ref() else {
+        let Role::Leader {
+            session,
+            term: control,
+            first_check,
+        } = &mut self.role
+        else {
             return Ok(());
         };
         let Some(check_sql) = session.check.as_deref() else {
             return Ok(());
         };
         // After a suspend or a SIGSTOP: no round trip once the safe window has passed.
-        if self.window_passed() {
-            let until = self
-                .term
-                .as_ref()
-                .and_then(|t| t.term().proven_until())
-                .unwrap_or_default();
+        if let Some(until) = control.term().proven_until().filter(|&u| boottime() >= u) {
             let window = self.shared.config.safe_window();
             return Err(Error::SafeWindowPassed {
                 since: boottime().saturating_sub(until) + window,
             });
         }
+        let first = std::mem::take(first_check);
         let sent = boottime();
         let config = &self.shared.config;
         let bound = config.effective_check_interval().min(config.io_bound());
@@ -165,7 +165,6 @@ impl Campaign<'_> {
         let started = Instant::now();
         self.waited = Duration::ZERO;
         self.wait_only = false;
-        let first = std::mem::take(&mut self.first_check);
         let result = session
             .bounded_typed(
                 "leader check",
@@ -202,11 +201,11 @@ impl Campaign<'_> {
             });
         let window = config.safe_window();
         // An answer that arrives after the window closed proves nothing any more.
-        let result = result.and_then(|()| match &self.term {
-            Some(control) if !control.prove(sent + window) => Err(Error::SafeWindowPassed {
+        let result = result.and_then(|()| match control.prove(sent + window) {
+            false => Err(Error::SafeWindowPassed {
                 since: boottime().saturating_sub(sent),
             }),
-            _ => Ok(()),
+            true => Ok(()),
         });
         match result {
             Ok(()) => {
@@ -258,7 +257,7 @@ impl Campaign<'_> {
                 Chain(cause)
             );
         }
-        let session = self.session.take();
+        let session = self.role.take_standby_session();
         self.release_after_holds(&control, session.is_some()).await;
         self.drop_session(session);
     }
@@ -297,8 +296,9 @@ impl Campaign<'_> {
     }
 
     /// Ends the current term, if any: IsLeader false, gauge 0, standby placeholder published.
+    /// The leader stands by with its session, for the caller to release.
     pub(crate) fn end_term(&mut self, cause: TermEnd) -> Option<TermControl> {
-        let control = self.term.take()?;
+        let control = self.role.stand_by()?;
         self.shared.leader.store(false, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(0);
@@ -313,10 +313,10 @@ impl Campaign<'_> {
     pub(crate) async fn resign(&mut self) {
         let control = self.end_term(TermEnd::Resigned);
         if let Some(control) = &control {
-            self.release_after_holds(control, self.session.is_some())
+            self.release_after_holds(control, self.role.session().is_some())
                 .await;
         }
-        let Some(session) = self.session.take() else {
+        let Some(session) = self.role.take_standby_session() else {
             return;
         };
         let mut unlock_failed = false;

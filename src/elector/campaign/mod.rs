@@ -1,6 +1,6 @@
 //! One call of [`super::Elector::run`]: the checks, the grant, demotion and release. This
-//! module is the loop and its state (`Campaign`); `standby` is the try and the wait in line,
-//! `leader` the term: grant, verification, demotion, release.
+//! module is the loop and its state (`Campaign`, whose `Role` is standby or leader); `standby`
+//! is the try and the wait in line, `leader` the term: grant, verification, demotion, release.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -48,28 +48,115 @@ pub(crate) enum Phase {
     Cancelled,
 }
 
+/// Where a campaign stands: standing by, or leading on its lock session. Only a leader has a
+/// term, and a leader always has its session: a term without the session that may hold its
+/// lock cannot be written down. The grant (`Campaign::begin_term`) moves the standby's session
+/// into the leader; the end of the term (`Campaign::end_term`) hands it back to a standby,
+/// which releases it once the term's holds are gone.
+pub(crate) enum Role {
+    /// Not leading. The start of every campaign, and what a leader becomes when its term ends
+    /// (keeping the session until it is released: `Campaign::end_term`).
+    Standby {
+        /// The session tries are made on, kept between them; `None` before the first connect
+        /// and after a session was thrown away.
+        session: Option<Session>,
+        /// Backend pids of the holders the last INFO line about the holder named, so that a
+        /// standby says who holds the lock once, and again only when the holder changes.
+        holder_seen: Vec<i32>,
+        /// Since when tries fail on a momentarily full or starting server, in a row.
+        transient_since: Option<Instant>,
+    },
+    /// Leading on `session`, the lock session, for `term`. The term's proof ends 2 check
+    /// intervals after the send time of the last check that proved the lock (or of the
+    /// grant); past it the server may already have given the lock away
+    /// (docs/guarantees.md#safety-guarantees), so the leader demotes without asking.
+    Leader {
+        session: Session,
+        term: TermControl,
+        /// The term's first check is still to come. It runs soon after the grant, while the
+        /// `leaderrun step-down` that made the previous leader go may still hold its request,
+        /// so it does not act on one; a request for this term is seen at the next check.
+        first_check: bool,
+    },
+}
+
+impl Default for Role {
+    /// A standby that has not connected yet.
+    fn default() -> Self {
+        Role::Standby {
+            session: None,
+            holder_seen: Vec::new(),
+            transient_since: None,
+        }
+    }
+}
+
+impl Role {
+    /// Whether this is a leader.
+    pub(crate) fn is_leader(&self) -> bool {
+        matches!(self, Role::Leader { .. })
+    }
+
+    /// The session, whichever the role.
+    pub(crate) fn session(&self) -> Option<&Session> {
+        match self {
+            Role::Standby { session, .. } => session.as_ref(),
+            Role::Leader { session, .. } => Some(session),
+        }
+    }
+
+    /// The session, whichever the role.
+    pub(crate) fn session_mut(&mut self) -> Option<&mut Session> {
+        match self {
+            Role::Standby { session, .. } => session.as_mut(),
+            Role::Leader { session, .. } => Some(session),
+        }
+    }
+
+    /// The leader's term.
+    pub(crate) fn term(&self) -> Option<&TermControl> {
+        match self {
+            Role::Standby { .. } => None,
+            Role::Leader { term, .. } => Some(term),
+        }
+    }
+
+    /// Takes a standby's session (to close it or throw it away); a leader keeps its own.
+    pub(crate) fn take_standby_session(&mut self) -> Option<Session> {
+        match self {
+            Role::Standby { session, .. } => session.take(),
+            Role::Leader { .. } => None,
+        }
+    }
+
+    /// A leader stands by, keeping its session for now; returns its term. `None` on a standby.
+    pub(crate) fn stand_by(&mut self) -> Option<TermControl> {
+        match std::mem::take(self) {
+            Role::Leader { session, term, .. } => {
+                *self = Role::Standby {
+                    session: Some(session),
+                    holder_seen: Vec::new(),
+                    transient_since: None,
+                };
+                Some(term)
+            }
+            standby => {
+                *self = standby;
+                None
+            }
+        }
+    }
+}
+
 /// One call of [`Elector::run`](crate::Elector::run): the state that must be cleaned up however the
 /// call ends.
 pub(crate) struct Campaign<'a> {
     pub(crate) shared: &'a Shared,
-    pub(crate) session: Option<Session>,
-    /// The term while leading. Its proof ends 2 check intervals after the send time of the
-    /// last check that proved the lock (or of the grant); past it the server may already have
-    /// given the lock away (docs/guarantees.md#safety-guarantees), so the leader demotes without
-    /// asking.
-    pub(crate) term: Option<TermControl>,
+    /// Standby or leader, with the session and what belongs to each.
+    pub(crate) role: Role,
     /// Set when `run` returns normally; a `Campaign` dropped without it was unwound by a panic
     /// or dropped mid-await.
     pub(crate) finished: bool,
-    /// Backend pid of the holder the last INFO line about the holder named, so that a standby
-    /// says who holds the lock once, and again only when the holder changes.
-    pub(crate) holder_seen: Vec<i32>,
-    /// Since when tries fail on a momentarily full or starting server, in a row.
-    pub(crate) transient_since: Option<Instant>,
-    /// The term's first check is still to come. It runs soon after the grant, while the
-    /// `leaderrun step-down` that made the previous leader go may still hold its request, so
-    /// it does not act on one; a request for this term is seen at the next check.
-    pub(crate) first_check: bool,
     /// Time the current check spent waiting in the server's lock queue: not part of the
     /// check's own duration (`leaderrun_lock_wait_seconds` has it).
     pub(crate) waited: Duration,
@@ -143,15 +230,15 @@ impl Campaign<'_> {
                     biased;
                     _ = cancel.cancelled() => return,
                     // Only a leader has a window to watch; a standby sleeps until its next check.
-                    _ = safety.tick(), if self.term.is_some() => {
+                    _ = safety.tick(), if self.role.is_leader() => {
                         if self.window_passed() {
                             self.demote_unsafe().await;
                             ticker.reset();
                         }
                         continue;
                     }
-                    closed = session_closed(&mut self.session) => {
-                        let led = self.term.is_some();
+                    closed = session_closed(self.role.session_mut()) => {
+                        let led = self.role.is_leader();
                         self.on_session_closed(closed);
                         if led {
                             ticker.reset();
@@ -161,11 +248,11 @@ impl Campaign<'_> {
                     _ = ticker.tick() => {}
                 }
             }
-            let leading = self.term.is_some();
-            let proven_until = self.term.as_ref().and_then(|t| t.term().proven_until());
+            let leading = self.role.is_leader();
+            let proven_until = self.role.term().and_then(|t| t.term().proven_until());
             let phase = {
                 let check = async {
-                    if self.term.is_some() {
+                    if self.role.is_leader() {
                         self.verify().await
                     } else {
                         self.try_acquire().await;
@@ -187,12 +274,11 @@ impl Campaign<'_> {
                 }
             };
             match phase {
-                Phase::Checked(Ok(())) if !leading && self.term.is_some() => {
+                Phase::Checked(Ok(())) if !leading && self.role.is_leader() => {
                     // Just granted: the first leader check follows soon, once COMMAND has
                     // started (on a small machine the check's server work would compete with
                     // its fork and exec). Its text, with the term in it, is what `leaderrun
                     // status` reads from pg_stat_activity.
-                    self.transient_since = None;
                     ticker.reset_after(FIRST_CHECK_AFTER_GRANT.min(interval / 4));
                 }
                 Phase::Checked(Ok(())) => {
@@ -200,17 +286,20 @@ impl Campaign<'_> {
                     // again soon, with jitter, for up to one interval (see
                     // docs/field-notes.md#full-and-starting-servers-are-transient): a fleet whose
                     // cron fires the same minute gets through.
-                    let transient = !leading
-                        && self.term.is_none()
-                        && self.shared.checks.borrow().last == Some(CheckOutcome::Failed)
+                    let transient = self.shared.checks.borrow().last == Some(CheckOutcome::Failed)
                         && self.shared.checks.borrow().last_transient;
-                    if transient {
-                        let since = *self.transient_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() < interval {
-                            ticker.reset_after(jitter(interval / 8));
+                    if let Role::Standby {
+                        transient_since, ..
+                    } = &mut self.role
+                    {
+                        if transient {
+                            let since = *transient_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() < interval {
+                                ticker.reset_after(jitter(interval / 8));
+                            }
+                        } else {
+                            *transient_since = None;
                         }
-                    } else {
-                        self.transient_since = None;
                     }
                 }
                 Phase::Checked(Err(err)) => {
@@ -230,9 +319,7 @@ impl Campaign<'_> {
                     // A try that was in flight may have been granted on the server: a standby
                     // drops its session (closing it frees any such grant). A leader keeps its
                     // session so that `resign` can unlock it.
-                    if self.term.is_none() {
-                        self.session = None;
-                    }
+                    drop(self.role.take_standby_session());
                     return;
                 }
             }
@@ -242,14 +329,14 @@ impl Campaign<'_> {
     /// Whether the leader's safe window (2 check intervals from the send time of its last good
     /// check, on CLOCK_BOOTTIME) has passed.
     pub(crate) fn window_passed(&self) -> bool {
-        self.term
-            .as_ref()
+        self.role
+            .term()
             .is_some_and(|t| t.term().proven_until().is_some_and(|u| boottime() >= u))
     }
 
     /// Demotes because the safe window passed, without a round trip.
     pub(crate) async fn demote_unsafe(&mut self) {
-        let Some(until) = self.term.as_ref().and_then(|t| t.term().proven_until()) else {
+        let Some(until) = self.role.term().and_then(|t| t.term().proven_until()) else {
             return;
         };
         let window = self.shared.config.safe_window();
@@ -262,8 +349,8 @@ impl Campaign<'_> {
     pub(crate) fn on_session_closed(&mut self, cause: Option<tokio_postgres::Error>) {
         // Nothing to wait for: the session, and its lock, are gone already. The term ends
         // first, so the child's stop starts without delay.
-        let session = self.session.take();
         let ended = self.end_term(TermEnd::LeadershipLost);
+        let session = self.role.take_standby_session();
         if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
             if session.socket.is_some() {
                 keeper.release(false);
@@ -329,7 +416,7 @@ impl Campaign<'_> {
     /// the lock when the socket closes.
     pub(crate) fn abandon(&mut self, panicked: bool) {
         let led = self.end_term(TermEnd::LeadershipLost);
-        let mut session = self.session.take();
+        let mut session = self.role.take_standby_session();
         if let (Some(control), Some(_)) = (&led, &session) {
             // Work may still run under the term: the session (and maybe the lock) stays until
             // it is dead, as in every other demotion, on a task of its own since this runs in

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::{timeout, Instant};
 use tracing::{debug, error, info, warn};
 
-use super::{is_transient, Campaign, HOLDER_SQL};
+use super::{is_transient, Campaign, Role, HOLDER_SQL};
 use crate::elector::connecting::connect;
 use crate::elector::session::{boottime, Session};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
@@ -18,19 +18,21 @@ use crate::pg::within;
 impl Campaign<'_> {
     pub(crate) async fn try_acquire(&mut self) {
         self.waited = Duration::ZERO;
-        self.wait_only = self.session.as_ref().is_some_and(|s| s.place.is_some());
+        self.wait_only = self.role.session().is_some_and(|s| s.place.is_some());
         let started = Instant::now();
         let sent = boottime();
         match self.try_acquire_inner(started, sent).await {
-            // begin_term recorded it, before publishing the term.
-            Ok(CheckOutcome::Granted) => self.holder_seen.clear(),
+            // begin_term recorded it, before publishing the term; the holders a standby saw
+            // went with the standby.
+            Ok(CheckOutcome::Granted) => {}
             Ok(CheckOutcome::Refused) => {
                 self.record(CheckOutcome::Refused, started, None);
                 // Who holds it costs the server a pg_locks scan: asked at the first refusal,
                 // then only by the standbys in line, so a fleet of pollers does not pay it at
                 // every check (a thousand of them would keep a core busy).
-                let in_line = self.session.as_ref().is_some_and(|s| s.place.is_some());
-                if self.holder_seen.is_empty() || in_line {
+                let in_line = self.role.session().is_some_and(|s| s.place.is_some());
+                let named = matches!(&self.role, Role::Standby { holder_seen, .. } if !holder_seen.is_empty());
+                if !named || in_line {
                     self.note_holder().await;
                 }
             }
@@ -42,7 +44,7 @@ impl Campaign<'_> {
             Err(err @ Error::SharedBackend) => {
                 error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
                 // Closing the client does not end a pooled server session: give the lock back.
-                if let Some(session) = self.session.take() {
+                if let Some(session) = self.role.take_standby_session() {
                     let lock = session.granted.unwrap_or(self.shared.config.lock);
                     let _ = session
                         .bounded(
@@ -58,7 +60,7 @@ impl Campaign<'_> {
             Err(err) => {
                 // docs/field-notes.md#a-timed-out-try-may-have-been-granted: whatever failed, the
                 // session may hold a grant we never saw; never reuse it.
-                let session = self.session.take();
+                let session = self.role.take_standby_session();
                 self.drop_session(session);
                 if self.shared.config.warn_failed_tries {
                     warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
@@ -82,7 +84,7 @@ impl Campaign<'_> {
         if !tracing::enabled!(target: "leaderrun::elector", tracing::Level::INFO) {
             return;
         }
-        let Some(session) = self.session.as_ref() else {
+        let Some(session) = self.role.session() else {
             return;
         };
         let config = &self.shared.config;
@@ -120,10 +122,13 @@ impl Campaign<'_> {
             .iter()
             .filter_map(|r| r.get::<_, Option<i32>>(0))
             .collect();
-        if pids.is_empty() || self.holder_seen == pids {
+        let Role::Standby { holder_seen, .. } = &mut self.role else {
+            return;
+        };
+        if pids.is_empty() || *holder_seen == pids {
             return;
         }
-        self.holder_seen = pids;
+        *holder_seen = pids;
         let mut holders = Vec::new();
         for row in &rows {
             let Some(pid) = row.get::<_, Option<i32>>(0) else {
@@ -177,11 +182,14 @@ impl Campaign<'_> {
         let config = &self.shared.config;
         let bound = config.io_bound();
         let slots = config.effective_slots();
-        if self.session.is_none() {
-            self.session = Some(Session::open(config, &self.shared.target).await?);
+        if let Role::Standby { session: None, .. } = self.role {
+            let opened = Session::open(config, &self.shared.target).await?;
+            if let Role::Standby { session, .. } = &mut self.role {
+                *session = Some(opened);
+            }
             self.shared.checks.send_modify(|c| c.sessions_opened += 1);
         }
-        let Some(session) = self.session.as_ref() else {
+        let Some(session) = self.role.session() else {
             return Ok(CheckOutcome::Failed);
         };
         let mut row = match session.place {
@@ -215,7 +223,7 @@ impl Campaign<'_> {
                     return Ok(CheckOutcome::Refused);
                 }
                 Some(code) if (code as u32) < slots => {
-                    if let Some(session) = self.session.as_mut() {
+                    if let Some(session) = self.role.session_mut() {
                         session.place = None;
                     }
                     let answer = answer.clone();
@@ -226,7 +234,7 @@ impl Campaign<'_> {
                 }
                 Some(code) => {
                     let place = (code as u32 % slots, code as u32 / slots);
-                    if let Some(session) = self.session.as_mut() {
+                    if let Some(session) = self.role.session_mut() {
                         session.place = Some(place);
                     }
                     debug!(target: "leaderrun::elector", lock = %self.shared.config.lock.slot(place.0), place = place.1, "in line: waiting in the server's queue");
@@ -247,7 +255,7 @@ impl Campaign<'_> {
     ) -> Result<Option<tokio_postgres::Row>, Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
-        let Some(session) = self.session.as_mut() else {
+        let Some(session) = self.role.session_mut() else {
             return Err(Error::SessionClosed(None));
         };
         if !session.waits.iter().any(|(p, _)| *p == place) {
