@@ -170,7 +170,12 @@ impl Leading {
             self.replica.log()
         );
         let starts = self.scratch.starts();
-        assert_eq!(starts.len(), 1, "COMMAND restarted: {starts:?}");
+        assert_eq!(
+            starts.len(),
+            1,
+            "COMMAND restarted: {starts:?}; log:\n{}",
+            self.replica.log()
+        );
         assert!(crate::support::alive(self.child), "COMMAND died");
         let log = self.replica.log();
         assert!(!log.contains("panicked"), "{log}");
@@ -434,4 +439,29 @@ fn slow_clients_are_cut_off_and_hold_up_no_probe() {
     );
     probes_answer_fast(leading.addr, "after the slow clients");
     leading.still_leads();
+}
+
+#[test]
+fn a_port_that_cannot_be_bound_exits_125_and_runs_nothing() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args([
+            "--check-interval",
+            "200ms",
+            "--http-addr",
+            &addr.to_string(),
+        ])
+        .arg("--")
+        .arg(&job);
+    let mut replica = Replica::spawn(cmd);
+    let status = replica.wait_exit(secs(10.0));
+    assert_eq!(status.code(), Some(125), "log:\n{}", replica.log());
+    assert!(replica.log().contains("ERROR"), "{}", replica.log());
+    assert!(scratch.starts().is_empty(), "COMMAND ran");
 }

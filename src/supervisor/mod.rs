@@ -223,6 +223,8 @@ pub struct Supervisor<E: Election, S: Spawner> {
     next_due: Option<(SystemTime, Instant)>,
     /// A due time that came during the takeover delay (or a catch-up), to run when it ends.
     pending_due: Option<SystemTime>,
+    /// `--every`: a tick came during the takeover delay; it runs when the delay ends.
+    pending_tick: bool,
     /// The due time of the run being started.
     starting_due: Option<SystemTime>,
     /// `--history`.
@@ -284,6 +286,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             schedule: None,
             next_due: None,
             pending_due: None,
+            pending_tick: false,
             starting_due: None,
             history: None,
             history_run: None,
@@ -460,6 +463,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             history.term_began(lease.slot, lease.fencing_token);
         }
         self.pending_due = None;
+        self.pending_tick = false;
         self.ask_catch_up(&term);
         if !delay.is_zero() {
             info!(term = term.number(), delay = %humantime::format_duration(delay), "takeover delay: verifying the lock before COMMAND starts");
@@ -549,10 +553,13 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 Then::AwaitTick => {
                     *until = None;
                     *then = Then::Start;
-                    // A due time that came during the takeover delay runs now.
+                    // A due time or a tick that came during the takeover delay runs now.
                     if let Some(due) = self.pending_due.take() {
                         let term = term.clone();
                         self.starting_due = Some(due);
+                        self.start(term);
+                    } else if std::mem::take(&mut self.pending_tick) {
+                        let term = term.clone();
                         self.start(term);
                     }
                 }

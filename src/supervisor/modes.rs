@@ -167,6 +167,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 let term = term.clone();
                 self.start(term);
             }
+            // The takeover delay: the tick runs when the delay is over.
+            State::Leading {
+                then: Then::AwaitTick,
+                ..
+            } => self.pending_tick = true,
             State::Child { run, .. } => {
                 info!(
                     pid = run.pid(),

@@ -500,6 +500,42 @@ fn a_tick_or_a_takeover_delay_after_the_proof_lapsed_starts_nothing() {
 }
 
 #[test]
+fn a_tick_that_falls_due_during_the_takeover_delay_runs_when_it_ends() {
+    // Ticks at 0, 300, 600 ms…; the grant at 50 ms, after the first tick (a standby's).
+    paused(|| async {
+        let mut p = plan(Mode::Every { period: ms(300) });
+        p.takeover_delay = ms(500);
+        let mut h = Harness::start(p, job(Life::dies_after(ms(1))));
+        settle(ms(50)).await;
+        let _control = h.grant();
+        // The tick at 300 ms falls in the delay (50–550 ms): nothing runs yet…
+        settle(ms(400)).await;
+        assert_eq!(h.spawned(), 0, "ran during the takeover delay");
+        // …and it runs when the delay ends, before the next tick at 600 ms.
+        settle(ms(130)).await;
+        assert_eq!(h.spawned(), 1, "the tick of the delay was dropped");
+        h.signal(Signal::SIGTERM);
+        settle(ms(10)).await;
+        let _ = h.exit_status().await;
+    });
+    paused(|| async {
+        // No tick in the delay (50–250 ms): the first run is the tick at 300 ms.
+        let mut p = plan(Mode::Every { period: ms(300) });
+        p.takeover_delay = ms(200);
+        let mut h = Harness::start(p, job(Life::dies_after(ms(1))));
+        settle(ms(50)).await;
+        let _control = h.grant();
+        settle(ms(230)).await;
+        assert_eq!(h.spawned(), 0, "ran at the end of a delay no tick fell in");
+        settle(ms(50)).await;
+        assert_eq!(h.spawned(), 1);
+        h.signal(Signal::SIGTERM);
+        settle(ms(10)).await;
+        let _ = h.exit_status().await;
+    });
+}
+
+#[test]
 fn a_running_child_whose_proof_lapsed_is_stopped_at_the_next_event() {
     paused(|| async {
         let mut h = Harness::start(plan(WHILE_LEADER), job(Life::dies_after(ms(10))));
