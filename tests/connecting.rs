@@ -327,3 +327,33 @@ fn leaderrun_knows_its_sessions_whatever_their_application_name() {
         Duration::from_secs(10),
     );
 }
+
+#[test]
+fn a_unix_socket_connects_without_tls_whatever_sslmode_says() {
+    let cluster = Cluster::shared();
+    for mode in ["prefer", "require"] {
+        let dsn = format!(
+            "host={} port={} user=postgres dbname=postgres sslmode={mode}",
+            cluster.socket_dir().display(),
+            cluster.addr().port()
+        );
+        let out = leaderrun()
+            .args([
+                "--once",
+                "--dsn",
+                &dsn,
+                "--lock-id",
+                &unique_lock_id().to_string(),
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -12,12 +12,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::support::{
-    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+    alive, leaderrun, sample, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica,
+    Scratch, INTERVAL,
 };
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
 
 /// Child script that records `began PID NS` and, on TERM, `ended PID NS`. Its own stderr is
 /// /dev/null: it inherits leaderrun's, and sh reports its `sleep` killed by TERM there, which
@@ -231,15 +228,6 @@ fn metrics(addr: SocketAddr) -> Option<String> {
     let mut raw = String::new();
     stream.read_to_string(&mut raw).ok()?;
     raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
-}
-
-/// The value of the unlabelled sample `name`.
-fn sample(metrics: &str, name: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(&format!("{name} ")))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
 }
 
 const DROPPED: &str = "leaderrun_log_lines_dropped_total";
@@ -650,4 +638,45 @@ fn as_pid_1_of_a_namespace_nothing_of_the_tree_outlives_leaderrun_and_its_watchd
     });
     assert!(members_of(&ns).is_empty());
     let _ = unshare.wait();
+}
+
+#[test]
+fn a_broken_stderr_never_aborts_a_leader() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "sleep 600 & echo \"bg $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &cluster.dsn(),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+    ])
+    .args(["--check-interval", INTERVAL, "--", script.to_str().unwrap()])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let mut leader = cmd.spawn().unwrap();
+    // The reader goes away: every later log line meets EPIPE.
+    drop(leader.stderr.take());
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let background: i32 = scratch.recorded_pid("bg ");
+    // Demotion logs a WARN line: it must still stop the whole group and go on campaigning.
+    cluster.terminate_backend(start.backend_pid);
+    wait_for("the group to stop", secs(3.0), || {
+        (!alive(start.pid) && !alive(background)).then_some(())
+    });
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    assert_eq!(second.term, 2);
+    assert!(leader.try_wait().unwrap().is_none(), "leaderrun died");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(leader.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = leader.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
 }

@@ -1,52 +1,16 @@
-//! What cron users, operators and users of flock, timeout and consul lock expect, through the
-//! real binary against a real PostgreSQL: `status` names hosts and pids, a standby says who
-//! holds the lock, one-shots are quiet, every failure is printed once, password hints,
-//! the database of the lock, and `--tick-at-grant`.
+//! What leaderrun writes, through the binary against a real PostgreSQL: JSON log lines and
+//! their fields, the start line, hints for common slips, a standby naming the lock's holder,
+//! quiet one-shots, a failure printed once, password hints, and a password that appears
+//! nowhere.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
 
 use nix::sys::signal::Signal;
 
 use crate::support::{
-    leaderrun, status, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS,
+    holder_lines, hostname, http, leaderrun, metrics, probe_addr, secs, unique_lock_id, wait_for,
+    Cluster, Replica, Scratch, INTERVAL,
 };
-
-const INTERVAL: &str = "200ms";
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
-
-fn hostname() -> String {
-    nix::unistd::gethostname()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// The body of `GET /metrics` from `addr`.
-fn metrics(addr: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect to the probe port");
-    stream.set_read_timeout(Some(secs(5.0))).unwrap();
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    raw.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
-}
-
-/// The address a replica started with `--http-addr 127.0.0.1:0` bound, from its log.
-fn probe_addr(replica: &Replica) -> SocketAddr {
-    wait_for("the HTTP address in the log", secs(5.0), || {
-        let log = replica.log();
-        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-        let addr = line.split("addr=").nth(1)?.split_whitespace().next()?;
-        addr.parse().ok()
-    })
-}
 
 /// `leaderrun_checks_total{outcome="refused"}` of a replica.
 fn refusals(addr: SocketAddr) -> u64 {
@@ -58,142 +22,131 @@ fn refusals(addr: SocketAddr) -> u64 {
         .unwrap_or(0.0) as u64
 }
 
-/// Lines of `log` that name the holder.
-fn holder_lines(log: &str) -> Vec<String> {
-    log.lines()
-        .filter(|l| l.contains("the lock is held by"))
-        .map(str::to_owned)
-        .collect()
-}
-
 #[test]
-fn status_names_the_hosts_and_pids_of_the_leader_and_its_standbys() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
+fn json_log_lines_parse_and_carry_fields() {
     let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let leader = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let standby = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
-    let standby_backend = wait_for("the standby's session", secs(10.0), || {
-        let backends = cluster.backends_of(standby.pid());
-        (backends.len() == 1).then(|| backends[0])
-    });
-    let host = hostname();
-    let report = wait_for("the standby listed by status", secs(5.0), || {
-        let out = status(cluster, id, true);
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        // The leader's term and token show from its term's first check on, which a loaded
-        // machine may run after the standby queues.
-        (report["standbys"].as_array()?.len() == 1
-            && report["standbys"][0]["queued"] == true
-            && report["leader"]["term"] == 1
-            && out.status.code() == Some(0))
-        .then_some(report)
-    });
-    let l = &report["leader"];
-    assert_eq!(l["leaderrun"], true, "{report}");
-    assert_eq!(l["host"], host.as_str());
-    assert_eq!(l["leaderrun_pid"], leader.pid());
-    assert_eq!(l["pid"], start.backend_pid);
-    assert_eq!(l["client_addr"], "127.0.0.1");
-    assert_eq!(l["term"], 1);
-    assert_eq!(l["fencing_token"], start.fencing_token);
-    assert!(l["since"].as_str().unwrap().ends_with('Z'), "{report}");
-    let s = &report["standbys"][0];
-    assert_eq!(s["leaderrun"], true, "{report}");
-    assert_eq!(s["host"], host.as_str());
-    assert_eq!(s["leaderrun_pid"], standby.pid());
-    assert_eq!(s["backend_pid"], standby_backend);
-    assert_eq!(s["client_addr"], "127.0.0.1");
-    // pg_locks.waitstart is new in PostgreSQL 14.
-    if crate::support::cluster::server_major() >= 14 {
+    let job = scratch.child_script("job.sh", "exit 0");
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--log-format", "json", "--", job.to_str().unwrap()],
+    );
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    let lines: Vec<serde_json::Value> = replica
+        .log()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.len() >= 4);
+    for line in &lines {
         assert!(
-            s["waiting_since"].as_str().unwrap().ends_with('Z'),
-            "{report}"
+            line["timestamp"].is_string()
+                && line["level"].is_string()
+                && line["message"].is_string(),
+            "{line}"
         );
-    } else {
-        assert!(s["waiting_since"].is_null(), "{report}");
     }
-    assert_eq!(report["waiters"], serde_json::json!([standby_backend]));
-    // The only standby is the queue head: place 1 in the line of slot 0.
-    assert_eq!(s["place"], 1, "{report}");
-    assert_eq!(s["slot"], 0, "{report}");
-
-    let table = String::from_utf8(status(cluster, id, false).stdout).unwrap();
-    for line in [
-        format!("leader         {host}, leaderrun pid {}", leader.pid()),
-        format!("leader pid     {} (backend)", start.backend_pid),
-        format!(
-            "fencing token  {} (grows across all replicas)",
-            start.fencing_token
-        ),
-        format!(
-            "standby        {host}, leaderrun pid {} (backend {standby_backend}), queue head{}",
-            standby.pid(),
-            if crate::support::cluster::server_major() >= 14 {
-                ", waiting since "
-            } else {
-                "\n"
-            }
-        ),
-    ] {
-        assert!(table.contains(&line), "{line:?} not in\n{table}");
-    }
+    let acquired = lines
+        .iter()
+        .find(|l| l["message"] == "background leader lock acquired")
+        .expect("acquisition line");
+    assert_eq!(acquired["level"], "INFO");
+    assert!(acquired["term"].is_u64() && acquired["backend_pid"].is_i64());
+    let exited = lines
+        .iter()
+        .find(|l| l["message"] == "child exited")
+        .unwrap();
+    assert_eq!(exited["status"], "exit code 0");
 }
 
+/// The default key is the plexsphere API's own leader lock: the start line says so in words.
 #[test]
-fn a_holder_that_is_not_leaderrun_leads_too() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let mut psql = cluster.psql_session();
-    writeln!(
-        psql.stdin.as_mut().unwrap(),
-        "SELECT pg_advisory_lock({CLASS}, {id});"
-    )
-    .unwrap();
-    let holder = wait_for("psql to hold the lock", secs(10.0), || {
-        cluster.lock_holders(CLASS, id).first().copied()
-    });
-    let out = status(cluster, id, true);
-    assert_eq!(out.status.code(), Some(0), "a leader holds the lock");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let l = &report["leader"];
-    assert_eq!(l["pid"], holder);
-    assert_eq!(l["leaderrun"], false);
-    assert_eq!(l["application_name"], "psql");
+fn the_start_line_names_the_default_key_in_words() {
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let dsn = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let start_line = |extra: &[&str]| {
+        let out = leaderrun()
+            .args(["-v", "--once", "--dsn", &dsn])
+            .args(extra)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        log.lines()
+            .find(|l| l.contains("campaigning for the background leader lock"))
+            .unwrap_or_else(|| panic!("no start line:\n{log}"))
+            .to_owned()
+    };
+    let default = start_line(&[]);
     assert!(
-        l["host"].is_null() && l["leaderrun_pid"].is_null(),
-        "{report}"
+        default.contains("lock_is=\"the plexsphere background leader lock"),
+        "{default}"
     );
-    assert!(
-        l["term"].is_null() && l["fencing_token"].is_null(),
-        "{report}"
-    );
-    let table = status(cluster, id, false);
-    assert_eq!(table.status.code(), Some(0));
-    let table = String::from_utf8(table.stdout).unwrap();
-    assert!(
-        table.contains("leader         not leaderrun: application_name=psql"),
-        "{table}"
-    );
+    let own = start_line(&["--lock-name", "nightly-report"]);
+    assert!(own.contains("lock_is=\"a key of its own\""), "{own}");
+}
 
-    // A standby started by hand says who holds the lock, once.
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let standby = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
-    standby.wait_log("the lock is held by", 1, secs(10.0));
-    let lines = holder_lines(&standby.log());
+/// Newcomers' slips get a hint that says what to check: a mistyped subcommand, flock's word
+/// order, a refused connection, a database that does not exist.
+#[test]
+fn slips_get_hints_that_say_what_to_check() {
+    let cluster = Cluster::shared();
+    let run = |args: &[&str]| {
+        let out = leaderrun().args(args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let dsn = cluster.dsn();
+    // A near miss of a subcommand is not run as a program...
+    let (code, text) = run(&["statsu"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("did you mean status?"), "{text}");
+    let (code, text) = run(&["--dsn", &dsn, "step-dwon"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("did you mean step-down?"), "{text}");
+    // ... unless it comes after `--`.
+    let (code, text) = run(&["--dsn", &dsn, "--", "statsu"]);
+    assert_eq!(code, Some(127), "{text}");
+    assert!(!text.contains("did you mean"), "{text}");
+    // flock's word order: there is no lock-file argument.
+    let (code, text) = run(&["--dsn", &dsn, "-n", "/nonexistent/lock/x", "true"]);
+    assert_eq!(code, Some(127), "{text}");
+    assert!(text.contains("no lock-file argument"), "{text}");
+    // A refused connection: is the server running there? Not pg_hba.conf.
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let nobody = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let (code, text) = run(&["--dsn", &nobody, "--once", "--", "true"]);
+    assert_eq!(code, Some(125), "{text}");
     assert!(
-        lines[0].contains(" INFO ")
-            && lines[0].contains(&format!(
-                "the lock is held by not leaderrun: application_name=psql, backend {holder}, session started "
-            )),
-        "{lines:?}"
+        text.contains("hint: is the server running on that host and accepting TCP connections"),
+        "{text}"
     );
-    let _ = psql.kill();
-    let _ = psql.wait();
-    scratch.wait_starts(1, secs(10.0));
+    let (code, text) = run(&["--dsn", &nobody, "doctor"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("check the host and port"), "{text}");
+    assert!(!text.contains("pg_hba"), "{text}");
+    // A database that does not exist: its name, and where it comes from.
+    let missing = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=leaderrun_no_such_db",
+        cluster.addr().port()
+    );
+    let (code, text) = run(&["--dsn", &missing, "doctor"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(
+        text.contains("\"leaderrun_no_such_db\" does not exist"),
+        "{text}"
+    );
+    assert!(text.contains("check the database name"), "{text}");
+    assert!(!text.contains("pg_hba"), "{text}");
 }
 
 #[test]
@@ -407,102 +360,48 @@ fn passwords_get_hints_and_a_warning_on_the_command_line() {
 }
 
 #[test]
-fn doctor_says_which_database_the_lock_lives_in() {
+fn the_password_appears_nowhere() {
     let cluster = Cluster::shared();
-    let port = cluster.addr().port();
-    let doctor = |dsn: &str| {
-        let out = leaderrun().args(["doctor", "--dsn", dsn]).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
-    let (code, text) = doctor(&format!("host=127.0.0.1 port={port} user=postgres"));
-    assert_eq!(
-        code,
-        Some(0),
-        "a default database is a warning, not a failure: {text}"
-    );
-    assert!(
-        text.contains(
-            "warn  database      the lock lives in database postgres, which no setting named"
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let go = scratch.file("go");
+    let job = scratch.child_script(
+        "job.sh",
+        &format!(
+            "env > \"$EVENTS.env\"\nwhile [ ! -e '{}' ]; do sleep 0.02; done",
+            go.display()
         ),
-        "{text}"
     );
-    assert!(
-        text.contains("hint: advisory locks are per database"),
-        "{text}"
-    );
-    let (code, text) = doctor(&cluster.dsn());
-    assert_eq!(code, Some(0), "{text}");
-    assert!(
-        text.contains("ok    database      the lock lives in database postgres (from dsn)"),
-        "{text}"
-    );
-}
-
-#[test]
-fn tick_at_grant_runs_at_the_grant_then_on_the_cadence() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exit 0");
-    // A period of an hour: without --tick-at-grant nothing would run for an hour.
-    let _every = Replica::start(
-        cluster,
-        unique_lock_id(),
-        INTERVAL,
-        &[
-            "--every",
-            "1h",
-            "--tick-at-grant",
-            "--",
-            job.to_str().unwrap(),
-        ],
-    );
-    scratch.wait_starts(1, secs(10.0));
-    // With a takeover delay, the first run follows the delay; the environment form too.
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exit 0");
+    // Trust auth accepts any password; what matters is where it shows up.
+    let dsn = format!("{} password=hunter2", cluster.dsn());
     let mut cmd = leaderrun();
-    cmd.env("LEADERRUN_TICK_AT_GRANT", "1")
-        .args([
-            "--dsn",
-            &cluster.dsn(),
-            "--lock-id",
-            &unique_lock_id().to_string(),
-        ])
-        .args([
-            "--check-interval",
-            INTERVAL,
-            "--every",
-            "1h",
-            "--takeover-delay",
-            "300ms",
-        ])
-        .args(["--", job.to_str().unwrap()]);
-    let delayed = Replica::spawn(cmd);
-    scratch.wait_starts(1, secs(10.0));
-    delayed.wait_log("takeover delay", 1, secs(1.0));
-    // The ticker keeps its cadence after the run at the grant.
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exit 0");
-    let _fast = Replica::start(
-        cluster,
-        unique_lock_id(),
-        INTERVAL,
-        &[
-            "--every",
-            "500ms",
-            "--tick-at-grant",
-            "--",
-            job.to_str().unwrap(),
-        ],
+    cmd.args(["-vv", "--dsn", &dsn, "--lock-id", &id.to_string()])
+        .args(["--http-addr", "127.0.0.1:0", "--", job.to_str().unwrap()]);
+    let mut replica = Replica::spawn(cmd);
+    let addr = probe_addr(&replica);
+    let metrics = http(addr, "GET", "/metrics").1;
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    let mut outputs = vec![replica.log(), metrics];
+    for sub in ["status", "doctor"] {
+        let out = leaderrun().args([sub, "--dsn", &dsn]).output().unwrap();
+        outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        outputs.push(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    // The child's whole environment: leaderrun adds nothing that carries it, and the caller set
+    // no PGPASSWORD (`leaderrun()` clears PG*), so the child must not get one either.
+    let env = std::fs::read_to_string(scratch.path().join("events.env")).unwrap();
+    assert!(
+        env.lines().any(|l| l.starts_with("LEADERRUN_TERM=")),
+        "not the child's environment:\n{env}"
     );
-    scratch.wait_starts(3, secs(10.0));
-    // And it needs --every.
-    let out = leaderrun()
-        .args(["--once", "--tick-at-grant", "--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        !env.lines().any(|l| l.starts_with("PGPASSWORD=")),
+        "PGPASSWORD set in the child:\n{env}"
+    );
+    outputs.push(env);
+    for output in &outputs {
+        assert!(!output.contains("hunter2"), "password leaked:\n{output}");
+    }
+    assert!(outputs[0].contains("background leader lock acquired"));
 }

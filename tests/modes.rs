@@ -1,19 +1,13 @@
 //! The modes of docs/guarantees.md#modes with a real PostgreSQL and real processes: cron one-shots,
 //! --wait, the ticker, restarts, timeouts, takeover delay and name-derived lock ids.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
 use crate::support::{
-    alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS,
+    alive, leaderrun, secs, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS, INTERVAL,
 };
-
-const INTERVAL: &str = "200ms";
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
 
 /// A replica that holds lock `id` (its child sleeps) until dropped.
 fn holder(cluster: &Cluster, id: i32, scratch: &Scratch) -> Replica {
@@ -680,4 +674,70 @@ fn a_role_with_connection_limit_1_leads_on_its_one_session() {
     assert_eq!(lead.wait_exit(secs(10.0)).code(), Some(0), "{}", lead.log());
     assert_eq!(scratch.starts().len(), 2);
     assert!(!lead.log().contains("pooler"), "{}", lead.log());
+}
+
+#[test]
+fn tick_at_grant_runs_at_the_grant_then_on_the_cadence() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    // A period of an hour: without --tick-at-grant nothing would run for an hour.
+    let _every = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &[
+            "--every",
+            "1h",
+            "--tick-at-grant",
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    scratch.wait_starts(1, secs(10.0));
+    // With a takeover delay, the first run follows the delay; the environment form too.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    let mut cmd = leaderrun();
+    cmd.env("LEADERRUN_TICK_AT_GRANT", "1")
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .args([
+            "--check-interval",
+            INTERVAL,
+            "--every",
+            "1h",
+            "--takeover-delay",
+            "300ms",
+        ])
+        .args(["--", job.to_str().unwrap()]);
+    let delayed = Replica::spawn(cmd);
+    scratch.wait_starts(1, secs(10.0));
+    delayed.wait_log("takeover delay", 1, secs(1.0));
+    // The ticker keeps its cadence after the run at the grant.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    let _fast = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &[
+            "--every",
+            "500ms",
+            "--tick-at-grant",
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    scratch.wait_starts(3, secs(10.0));
+    // And it needs --every.
+    let out = leaderrun()
+        .args(["--once", "--tick-at-grant", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
 }

@@ -7,11 +7,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::support::{alive, status, unique_lock_id, wait_for, Cluster, Replica, Scratch, Start};
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
+use crate::support::{
+    alive, secs, status, unique_lock_id, wait_for, Cluster, Replica, Scratch, Start,
+};
 
 /// The standbys `leaderrun status --json` lists, and how many of them wait in a queue.
 fn standbys(cluster: &Cluster, id: i32, extra: &[&str]) -> (usize, usize, serde_json::Value) {

@@ -3,20 +3,23 @@
 
 mod support;
 
-mod binary;
 mod child;
 mod connecting;
 mod docs;
 mod election;
+mod exits;
+mod failover;
 mod fence;
 mod http;
 mod libpq;
+mod logs;
+mod metrics;
 mod modes;
-mod operate;
-mod operator;
+mod probes;
 mod rules;
 mod safety;
 mod scale;
+mod status;
 mod terminal;
 mod tls;
 

@@ -1,0 +1,198 @@
+//! `/metrics` through the binary against a real PostgreSQL: the leader gauge across a failover,
+//! every series there at zero from the start, what the check duration counts, and the slot
+//! gauge.
+
+use std::net::{SocketAddr, TcpListener};
+
+use nix::sys::signal::Signal;
+
+use crate::support::{
+    http, leaderrun, probe_addr, sample, secs, unique_lock_id, wait_for, Cluster, Replica, Scratch,
+    INTERVAL,
+};
+
+#[test]
+fn the_gauge_flips_on_failover_across_two_replicas() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let args = ["--http-addr", "127.0.0.1:0", "--", job.to_str().unwrap()];
+    let mut replicas: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &args))
+        .collect();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(probe_addr).collect();
+    let leader = replicas.iter().position(|r| r.pid() == first.ppid).unwrap();
+    let other = 1 - leader;
+    let gauge = |i: usize| {
+        sample(
+            &http(addrs[i], "GET", "/metrics").1,
+            "plexsphere_background_leader",
+        )
+    };
+    wait_for("the standby to have checked", secs(5.0), || {
+        (gauge(other) == Some(0.0)).then_some(())
+    });
+    assert_eq!(gauge(leader), Some(1.0));
+    let metrics = http(addrs[leader], "GET", "/metrics").1;
+    for name in [
+        "leaderrun_terms_started_total",
+        "leaderrun_child_starts_total",
+        "leaderrun_seconds_since_last_successful_check",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(
+            sample(&metrics, name).is_some(),
+            "{name} missing:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.contains("leaderrun_checks_total{outcome=\"granted\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("leaderrun_check_duration_seconds_bucket"),
+        "{metrics}"
+    );
+
+    replicas[leader].signal(Signal::SIGTERM);
+    replicas[leader].wait_exit(secs(5.0));
+    wait_for("the other replica's gauge to read 1", secs(5.0), || {
+        (gauge(other) == Some(1.0)).then_some(())
+    });
+}
+
+/// Every counter is there from the start at 0, with each label value it can take, so that
+/// Prometheus' `increase()` sees the first event of each.
+#[test]
+fn every_counter_series_exists_at_zero_from_the_start() {
+    let refused = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+    ])
+    .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+    .args(["--every", "1h", "--", "true"]);
+    let replica = Replica::spawn(cmd);
+    let metrics = http(probe_addr(&replica), "GET", "/metrics").1;
+    let series = [
+        (
+            "leaderrun_checks_total",
+            "outcome",
+            &["granted", "refused", "verified", "lost"][..],
+        ),
+        (
+            "leaderrun_demotions_total",
+            "cause",
+            &[
+                "session_closed",
+                "timeout",
+                "check_failed",
+                "lock_not_held",
+                "backend_changed",
+                "in_recovery",
+                "safe_window_passed",
+                "step_down",
+                "abandoned",
+            ][..],
+        ),
+        (
+            "leaderrun_child_exits_total",
+            "outcome",
+            &["success", "failure", "stopped"][..],
+        ),
+        (
+            "leaderrun_ticks_total",
+            "outcome",
+            &["success", "failure", "skipped", "interrupted"][..],
+        ),
+    ];
+    for (name, label, values) in series {
+        for value in values {
+            let line = format!("{name}{{{label}=\"{value}\"}} 0");
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} missing:\n{metrics}"
+            );
+        }
+    }
+    // Failed checks are counted under their own label.
+    assert!(
+        metrics.contains("leaderrun_checks_total{outcome=\"failed\"}"),
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, "leaderrun_terms_started_total"), Some(0.0));
+    assert_eq!(sample(&metrics, "leaderrun_child_starts_total"), Some(0.0));
+}
+
+/// A standby's wait in the lock queue (up to a whole interval) is its own figure, not a
+/// check's duration: a latency alert on checks does not fire on every standby.
+#[test]
+fn a_queue_wait_is_not_counted_as_check_duration() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let job = job.to_str().unwrap();
+    let _leader = Replica::start(cluster, id, "1s", &["--", job]);
+    scratch.wait_starts(1, secs(10.0));
+    let standby = Replica::start(
+        cluster,
+        id,
+        "1s",
+        &["--http-addr", "127.0.0.1:0", "--", job],
+    );
+    let addr = probe_addr(&standby);
+    let metrics = wait_for("two waits in the lock queue", secs(15.0), || {
+        let metrics = http(addr, "GET", "/metrics").1;
+        (sample(&metrics, "leaderrun_lock_wait_seconds_count")? >= 2.0).then_some(metrics)
+    });
+    let value = |name: &str| sample(&metrics, name).unwrap();
+    let waits =
+        value("leaderrun_lock_wait_seconds_sum") / value("leaderrun_lock_wait_seconds_count");
+    assert!(
+        waits > 0.7,
+        "a wait lasts about one interval: {waits} s\n{metrics}"
+    );
+    let checks = value("leaderrun_check_duration_seconds_count");
+    assert!(checks >= 1.0, "{metrics}");
+    let mean = value("leaderrun_check_duration_seconds_sum") / checks;
+    assert!(mean < 0.5, "checks are round trips: {mean} s\n{metrics}");
+}
+
+#[test]
+fn the_slot_gauge_names_each_leaders_slot() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let args = [
+        "--slots",
+        "2",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--",
+        job.to_str().unwrap(),
+    ];
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &args))
+        .collect();
+    let starts = scratch.wait_starts(2, secs(10.0));
+    let addrs: Vec<SocketAddr> = replicas.iter().map(probe_addr).collect();
+    let slot_of = |i: usize| sample(&http(addrs[i], "GET", "/metrics").1, "leaderrun_slot");
+    let standby = replicas
+        .iter()
+        .position(|r| starts.iter().all(|s| s.ppid != r.pid()))
+        .unwrap();
+    wait_for("the standby's gauge", secs(5.0), || {
+        (slot_of(standby) == Some(-1.0)).then_some(())
+    });
+    for start in &starts {
+        let i = replicas.iter().position(|r| r.pid() == start.ppid).unwrap();
+        assert_eq!(slot_of(i), start.slot.map(f64::from), "replica {i}");
+    }
+}
