@@ -3,6 +3,7 @@
 
 mod support;
 
+mod bench_smoke;
 mod child;
 mod connecting;
 mod docs;
@@ -22,9 +23,3 @@ mod scale;
 mod status;
 mod terminal;
 mod tls;
-
-// The smoke test uses only part of the benchmark's measurements.
-mod bench_smoke;
-#[allow(dead_code)]
-#[path = "../benches/measure.rs"]
-mod measure;

@@ -1,6 +1,11 @@
-//! Test support: a real PostgreSQL cluster, the real binary, and waits with deadlines.
+//! Test support: a real PostgreSQL cluster, the real binary, and waits with deadlines. Also
+//! the support of `benches/handover.rs`, which includes this module by path (and nothing else
+//! of the tests).
 
 pub mod cluster;
+// The benchmark's measurements: the benchmark runs them all, the smoke test only a few.
+#[allow(dead_code)]
+pub mod measure;
 pub mod pooler;
 pub mod proxy;
 
