@@ -9,7 +9,7 @@ use nix::unistd::Pid;
 
 use crate::support::{
     alive, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
-    INTERVAL,
+    Setup, INTERVAL,
 };
 
 /// Whether process `holder` has a pidfd of `pid` open (`Pid:` in its fdinfo, Linux 5.10).
@@ -25,20 +25,14 @@ fn holds_pidfd_of(holder: i32, pid: i32) -> bool {
 
 #[test]
 fn a_grandchild_that_called_setsid_is_stopped_on_demotion() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
     // The background job is not a group leader, so setsid(1) calls setsid() itself and
     // execs sleep: that sleep has its own session and group, outside the child's group.
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "setsid sleep 600 &\necho \"escaped $!\" >> \"$EVENTS\"\nexec sleep 600",
     );
-    let mut replica = Replica::start(
-        cluster,
-        unique_lock_id(),
-        INTERVAL,
-        &["--", script.to_str().unwrap()],
-    );
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
+    let mut replica = setup.replica(INTERVAL, &[]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     let escaped = scratch.recorded_pid("escaped ");
     wait_for(
@@ -79,19 +73,13 @@ fn kill_9_of_leaderrun_also_ends_a_grandchild_that_called_setsid() {
     // Without a cgroup the process group does not reach it, and its parent dies with
     // leaderrun (PDEATHSIG): the watchdog must have found it while the tree ran. Its own child
     // (started after setsid, in its group) must die too.
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "setsid sh -c 'sleep 600 & echo \"below $!\" >> \"$0\"; exec sleep 600' \"$EVENTS\" &\n\
          echo \"escaped $!\" >> \"$EVENTS\"\nexec sleep 600",
     );
-    let mut replica = Replica::start(
-        cluster,
-        unique_lock_id(),
-        INTERVAL,
-        &["--", script.to_str().unwrap()],
-    );
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &[]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     let escaped = scratch.recorded_pid("escaped ");
     let below = scratch.recorded_pid("below ");
@@ -122,14 +110,9 @@ fn kill_9_of_leaderrun_also_ends_a_grandchild_that_called_setsid() {
 
 #[test]
 fn a_stopped_child_is_still_stopped_by_sigterm() {
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--grace", "60s", "--", script.to_str().unwrap()],
-    );
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &["--grace", "60s"]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     kill(Pid::from_raw(start.pid), Signal::SIGSTOP).unwrap();
     wait_for("the child to be stopped", secs(2.0), || {
@@ -156,12 +139,10 @@ fn the_main_childs_status_is_never_taken_by_the_reaper() {
 
 #[test]
 fn sigterm_at_any_moment_of_start_up_leaves_no_child_and_no_hang() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
     for round in 0..30u64 {
-        let mut replica = Replica::start(cluster, unique_lock_id(), "100ms", &["--", script]);
+        let mut replica = setup.replica("100ms", &[]);
         // Spread the signal over start-up: handler install, connect, grant, spawn, running.
         std::thread::sleep(Duration::from_millis(round * 4));
         replica.signal(Signal::SIGTERM);
@@ -369,17 +350,12 @@ fn only_a_panic_that_unwinds_the_tree_kills_it() {
 
 #[test]
 fn helpers_left_by_an_exited_command_are_stopped_before_exit() {
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "sleep 600 & echo \"bg $!\" >> \"$EVENTS\"\nexit 5",
     );
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--", script.to_str().unwrap()],
-    );
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &[]);
     let status = replica.wait_exit(secs(10.0));
     assert_eq!(status.code(), Some(5));
     let background: i32 = scratch.recorded_pid("bg ");
@@ -436,15 +412,10 @@ fn child_sees_only_stdio_descriptors() {
 
 #[test]
 fn a_child_ignoring_the_stop_signal_is_killed_after_the_grace() {
-    let scratch = Scratch::new();
     // An ignored TERM survives exec, so `sleep` ignores it too.
-    let script = scratch.child_script("child.sh", "trap '' TERM\nexec sleep 600");
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--grace", "1s", "--", script.to_str().unwrap()],
-    );
+    let setup = Setup::new(Cluster::shared(), "trap '' TERM\nexec sleep 600");
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &["--grace", "1s"]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     replica.signal(Signal::SIGTERM);
     let sent = Instant::now();
@@ -458,14 +429,9 @@ fn a_child_ignoring_the_stop_signal_is_killed_after_the_grace() {
 
 #[test]
 fn a_second_sigterm_while_stopping_kills_at_once() {
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "trap '' TERM\nexec sleep 600");
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--grace", "60s", "--", script.to_str().unwrap()],
-    );
+    let setup = Setup::new(Cluster::shared(), "trap '' TERM\nexec sleep 600");
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &["--grace", "60s"]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     replica.signal(Signal::SIGTERM);
     replica.wait_log("stopping the child", 1, secs(2.0));
@@ -480,20 +446,14 @@ fn a_second_sigterm_while_stopping_kills_at_once() {
 
 #[test]
 fn stop_signal_and_forwarded_signals_reach_the_child() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "trap 'echo hup >> \"$EVENTS\"' HUP\n\
          trap 'echo usr1 >> \"$EVENTS\"; exit 0' USR1\n\
          while :; do sleep 0.05; done",
     );
-    let replica = Replica::start(
-        cluster,
-        unique_lock_id(),
-        INTERVAL,
-        &["--stop-signal", "USR1", "--", script.to_str().unwrap()],
-    );
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
+    let replica = setup.replica(INTERVAL, &["--stop-signal", "USR1"]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     replica.signal(Signal::SIGHUP);
     wait_for("HUP to reach the child", secs(3.0), || {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
-use crate::support::{leaderrun, secs, unique_lock_id, Cluster, Replica, Scratch, INTERVAL};
+use crate::support::{leaderrun, secs, unique_lock_id, Cluster, Replica, Scratch, Setup, INTERVAL};
 
 #[test]
 fn exit_status_of_command_is_passed_on() {
@@ -56,11 +56,9 @@ fn child_dying_of_sigint_makes_leaderrun_die_of_sigint() {
 /// the README's unit counts 143 as success; without it the unit shows "failed" after every stop.
 #[test]
 fn a_stopped_leader_exits_143_and_the_systemd_unit_counts_it_as_success() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let mut leader = Replica::start(cluster, id, INTERVAL, &["--", script.to_str().unwrap()]);
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let mut leader = setup.replica(INTERVAL, &[]);
     scratch.wait_starts(1, secs(10.0));
     leader.signal(Signal::SIGTERM);
     let status = leader.wait_exit(secs(5.0));

@@ -9,19 +9,14 @@ use nix::sys::signal::Signal;
 
 use crate::support::{
     alive, leader_of, leaderrun, secs, status, unique_lock_id, wait_for, wait_status_waiters,
-    Cluster, Replica, Scratch, CLASS, INTERVAL,
+    Cluster, Replica, Scratch, Setup, CLASS, INTERVAL, UNREACHABLE_DSN,
 };
 
 #[test]
 fn three_replicas_run_exactly_one_child() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
-    let replicas: Vec<Replica> = (0..3)
-        .map(|_| Replica::start(cluster, id, INTERVAL, &["-v", "--", script]))
-        .collect();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let replicas: Vec<Replica> = setup.replicas(3, INTERVAL, &["-v"]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     let leader = replicas.iter().find(|r| r.pid() == start.ppid).unwrap();
     let standbys: Vec<&Replica> = replicas.iter().filter(|r| r.pid() != start.ppid).collect();
@@ -63,14 +58,9 @@ fn three_replicas_run_exactly_one_child() {
 
 #[test]
 fn kill_9_of_the_leader_kills_its_child_and_another_takes_over() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
-    let mut replicas: Vec<Replica> = (0..3)
-        .map(|_| Replica::start(cluster, id, INTERVAL, &["--", script]))
-        .collect();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let mut replicas: Vec<Replica> = setup.replicas(3, INTERVAL, &[]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     leader_of(&mut replicas, &first).signal(Signal::SIGKILL);
     let killed = Instant::now();
@@ -88,20 +78,15 @@ fn kill_9_of_the_leader_kills_its_child_and_another_takes_over() {
 
 #[test]
 fn terminated_lock_session_stops_the_child_at_once() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
     // A trap-less script with a background and a foreground worker: the group signal must stop
     // all of them, not only sh.
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "sleep 600 & echo \"bg $!\" >> \"$EVENTS\"\nsleep 600\nwait",
     );
-    let script = script.to_str().unwrap();
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
     // A long interval, so "at once" cannot be the next check.
-    let mut replicas: Vec<Replica> = (0..2)
-        .map(|_| Replica::start(cluster, id, "3s", &["--", script]))
-        .collect();
+    let mut replicas: Vec<Replica> = setup.replicas(2, "3s", &[]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     let background: i32 = scratch.recorded_pid("bg ");
     cluster.terminate_backend(first.backend_pid);
@@ -146,17 +131,12 @@ fn leadership_comes_back_after_a_server_restart() {
 
 #[test]
 fn sigterm_stops_the_child_exits_with_its_status_and_hands_over() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "trap 'echo \"term $$\" >> \"$EVENTS\"; exit 3' TERM\nwhile :; do sleep 0.05; done",
     );
-    let script = script.to_str().unwrap();
-    let mut replicas: Vec<Replica> = (0..2)
-        .map(|_| Replica::start(cluster, id, INTERVAL, &["--", script]))
-        .collect();
+    let scratch = &setup.scratch;
+    let mut replicas: Vec<Replica> = setup.replicas(2, INTERVAL, &[]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     let leader = leader_of(&mut replicas, &first);
     leader.signal(Signal::SIGTERM);
@@ -173,16 +153,11 @@ fn sigterm_stops_the_child_exits_with_its_status_and_hands_over() {
 
 #[test]
 fn a_release_reaches_a_waiting_standby_at_once_even_at_the_default_interval() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
     // The default check interval, 5 s: without waiting in the lock queue a standby would need
     // up to 5 s to notice.
-    let mut replicas: Vec<Replica> = (0..4)
-        .map(|_| Replica::start(cluster, id, "5s", &["--", script]))
-        .collect();
+    let mut replicas: Vec<Replica> = setup.replicas(4, "5s", &[]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     // Every replica has made its first check (they spread their first connects over up to
     // a quarter interval), and two of them wait in line.
@@ -253,14 +228,11 @@ fn database_down_at_start_warns_then_leads() {
 
 #[test]
 fn sigterm_while_standby_exits_0_and_starts_nothing() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
-    let _leader = Replica::start(cluster, id, INTERVAL, &["--", script]);
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let _leader = setup.replica(INTERVAL, &[]);
     scratch.wait_starts(1, secs(10.0));
-    let mut standby = Replica::start(cluster, id, INTERVAL, &["-v", "--", script]);
+    let mut standby = setup.replica(INTERVAL, &["-v"]);
     standby.wait_log("lock held by another session", 1, secs(5.0));
     standby.signal(Signal::SIGTERM);
     assert_eq!(standby.wait_exit(secs(5.0)).code(), Some(0));
@@ -273,11 +245,12 @@ fn signal_while_connecting_ends_cleanly_with_no_child() {
     let script = scratch.child_script("child.sh", "exec sleep 600");
     // Port 1 refuses at once; a blackholed address would hang connect: both are "connecting".
     let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
-    ])
-    .args(["--check-interval", INTERVAL, "--", script.to_str().unwrap()]);
+    cmd.args(["--dsn", UNREACHABLE_DSN]).args([
+        "--check-interval",
+        INTERVAL,
+        "--",
+        script.to_str().unwrap(),
+    ]);
     let mut replica = Replica::spawn(cmd);
     replica.wait_log("leader: acquire lock connection:", 1, secs(5.0));
     replica.signal(Signal::SIGINT);

@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 
 use crate::support::{
     alive, leaderrun, sample, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica,
-    Scratch, INTERVAL,
+    Scratch, Setup, INTERVAL,
 };
 
 /// Child script that records `began PID NS` and, on TERM, `ended PID NS`. Its own stderr is
@@ -463,17 +463,14 @@ fn command_inherits_the_environment_but_not_socket_activation_or_systemds_watchd
 
 #[test]
 fn a_frozen_leaders_tree_is_stopped_at_once_when_the_server_ends_its_session() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", TIMED_CHILD);
-    let script = script.to_str().unwrap();
+    let setup = Setup::new(Cluster::shared(), TIMED_CHILD);
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
     // A long interval: the freeze path alone would stop the tree 2 × 2 s + 1 s after the last
     // check.
-    let mut leader = Replica::start(cluster, id, "2s", &["--", script]);
+    let mut leader = setup.replica("2s", &[]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     assert_eq!(first.ppid, leader.pid());
-    let _standby = Replica::start(cluster, id, "200ms", &["--", script]);
+    let _standby = setup.replica("200ms", &[]);
     wait_for("the standby to wait for the lock", secs(10.0), || {
         (cluster.waiters(id) >= 1).then_some(())
     });
@@ -516,15 +513,12 @@ fn a_frozen_leaders_tree_is_stopped_at_once_when_the_server_ends_its_session() {
 
 #[test]
 fn a_dead_watchdog_is_replaced_at_once_even_with_nothing_to_tell_it() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
-    let _leader = Replica::start(cluster, id, "300ms", &["--", script]);
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let _leader = setup.replica("300ms", &[]);
     scratch.wait_starts(1, secs(10.0));
     // A standby sends its watchdog nothing (no tree, no heartbeat): only its pidfd tells.
-    let standby = Replica::start(cluster, id, "300ms", &["--", script]);
+    let standby = setup.replica("300ms", &[]);
     let old = wait_for("the standby's watchdog", secs(5.0), || {
         watchdog_of(standby.pid())
     });
@@ -537,17 +531,15 @@ fn a_dead_watchdog_is_replaced_at_once_even_with_nothing_to_tell_it() {
 
 #[test]
 fn killing_the_watchdog_then_leaderrun_a_moment_later_leaves_nothing_of_the_tree() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
     // A helper in COMMAND's group: only the direct child dies with leaderrun (PDEATHSIG).
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "sleep 600 &\necho \"helper $!\" >> \"$EVENTS\"\nexec sleep 600",
     );
+    let scratch = &setup.scratch;
     // The default interval: heartbeats every 250 ms, which alone would leave the tree alone
     // for up to that long.
-    let leader = Replica::start(cluster, id, "5s", &["--", script.to_str().unwrap()]);
+    let leader = setup.replica("5s", &[]);
     scratch.wait_starts(1, secs(10.0));
     let helper = scratch.recorded_pid("helper ");
     let watchdog = wait_for("the leader's watchdog", secs(5.0), || {

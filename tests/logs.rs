@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 
 use crate::support::{
     holder_lines, hostname, http, leaderrun, metrics, probe_addr, secs, unique_lock_id, wait_for,
-    Cluster, Replica, Scratch, INTERVAL,
+    Cluster, Replica, Scratch, Setup, INTERVAL, UNREACHABLE_DSN,
 };
 
 /// `leaderrun_checks_total{outcome="refused"}` of a replica.
@@ -24,14 +24,8 @@ fn refusals(addr: SocketAddr) -> u64 {
 
 #[test]
 fn json_log_lines_parse_and_carry_fields() {
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exit 0");
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--log-format", "json", "--", job.to_str().unwrap()],
-    );
+    let setup = Setup::new(Cluster::shared(), "exit 0");
+    let mut replica = setup.replica(INTERVAL, &["--log-format", "json"]);
     assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
     let lines: Vec<serde_json::Value> = replica
         .log()
@@ -151,23 +145,12 @@ fn slips_get_hints_that_say_what_to_check() {
 
 #[test]
 fn a_standby_says_who_holds_the_lock_once_and_again_when_the_holder_changes() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let mut first = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let mut first = setup.replica(INTERVAL, &[]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     let host = hostname();
-    let standbys: Vec<Replica> = (0..2)
-        .map(|_| {
-            Replica::start(
-                cluster,
-                id,
-                INTERVAL,
-                &["--http-addr", "127.0.0.1:0", "--", job.to_str().unwrap()],
-            )
-        })
-        .collect();
+    let standbys: Vec<Replica> = setup.replicas(2, INTERVAL, &["--http-addr", "127.0.0.1:0"]);
     for standby in &standbys {
         standby.wait_log("the lock is held by", 1, secs(10.0));
         let line = &holder_lines(&standby.log())[0];
@@ -257,13 +240,7 @@ fn a_one_shot_that_led_prints_only_what_command_prints() {
 #[test]
 fn a_connection_failure_is_printed_once() {
     let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
-        "--once",
-        "--",
-        "true",
-    ]);
+    cmd.args(["--dsn", UNREACHABLE_DSN, "--once", "--", "true"]);
     let mut once = Replica::spawn(cmd);
     assert_eq!(once.wait_exit(secs(10.0)).code(), Some(125));
     let log = once.log();
@@ -276,11 +253,7 @@ fn a_connection_failure_is_printed_once() {
     );
     // --wait: each failed try is one WARN with its cause; the verdict does not repeat it.
     let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
-    ])
-    .args([
+    cmd.args(["--dsn", UNREACHABLE_DSN]).args([
         "--check-interval",
         INTERVAL,
         "--wait",

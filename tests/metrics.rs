@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 
 use crate::support::{
     http, leaderrun, probe_addr, sample, secs, unique_lock_id, wait_for, Cluster, Replica, Scratch,
-    INTERVAL,
+    Setup, INTERVAL,
 };
 
 #[test]
@@ -133,19 +133,11 @@ fn every_counter_series_exists_at_zero_from_the_start() {
 /// check's duration: a latency alert on checks does not fire on every standby.
 #[test]
 fn a_queue_wait_is_not_counted_as_check_duration() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let job = job.to_str().unwrap();
-    let _leader = Replica::start(cluster, id, "1s", &["--", job]);
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let _leader = setup.replica("1s", &[]);
     scratch.wait_starts(1, secs(10.0));
-    let standby = Replica::start(
-        cluster,
-        id,
-        "1s",
-        &["--http-addr", "127.0.0.1:0", "--", job],
-    );
+    let standby = setup.replica("1s", &["--http-addr", "127.0.0.1:0"]);
     let addr = probe_addr(&standby);
     let metrics = wait_for("two waits in the lock queue", secs(15.0), || {
         let metrics = http(addr, "GET", "/metrics").1;

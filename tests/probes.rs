@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 
 use crate::support::{
     http, leaderrun, probe_addr, sample, secs, unique_lock_id, wait_for, Cluster, Replica, Scratch,
-    INTERVAL,
+    Setup, INTERVAL,
 };
 
 #[test]
@@ -177,12 +177,10 @@ fn a_replica_that_cannot_reach_the_server_is_not_ready() {
 /// ready again once one does.
 #[test]
 fn a_standby_is_not_ready_while_its_checks_fail() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let job = job.to_str().unwrap();
-    let _leader = Replica::start(cluster, id, INTERVAL, &["--", job]);
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let job = setup.script();
+    let _leader = setup.replica(INTERVAL, &[]);
     scratch.wait_starts(1, secs(10.0));
     let proxy = crate::support::proxy::Proxy::start(cluster.addr());
     let mut cmd = leaderrun();
@@ -221,19 +219,11 @@ fn a_standby_waiting_in_the_lock_queue_is_ready_from_its_first_check() {
     // At the default 5 s interval a waiting standby's first check returns only when its wait
     // times out; it is ready as soon as the wait is queued
     // (docs/guarantees.md#observing-a-replica).
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let job = job.to_str().unwrap();
-    let _leader = Replica::start(cluster, id, "5s", &["--", job]);
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let _leader = setup.replica("5s", &[]);
     scratch.wait_starts(1, secs(10.0));
-    let standby = Replica::start(
-        cluster,
-        id,
-        "5s",
-        &["--http-addr", "127.0.0.1:0", "--", job],
-    );
+    let standby = setup.replica("5s", &["--http-addr", "127.0.0.1:0"]);
     let addr = probe_addr(&standby);
     let started = std::time::Instant::now();
     wait_for("the standby to be ready", secs(3.0), || {

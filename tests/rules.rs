@@ -10,7 +10,7 @@ use nix::unistd::Pid;
 
 use crate::support::{
     alive, leader_of, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica,
-    Scratch, INTERVAL,
+    Scratch, Setup, INTERVAL,
 };
 
 fn now_ns() -> f64 {
@@ -64,15 +64,12 @@ fn a_failed_check_on_a_live_session_stops_the_child_before_the_lock_moves() {
 
 #[test]
 fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "echo \"ran $LEADERRUN_TERM $(date +%s%N)\" >> \"$EVENTS\"",
     );
-    let script = script.to_str().unwrap();
-    let leader = Replica::start(cluster, id, "200ms", &["--every", "100ms", "--", script]);
+    let scratch = &setup.scratch;
+    let leader = setup.replica("200ms", &["--every", "100ms"]);
     let runs = |scratch: &Scratch| -> Vec<(u64, f64)> {
         scratch
             .events()
@@ -85,7 +82,7 @@ fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
             .collect()
     };
     wait_for("a few ticks", secs(10.0), || {
-        (runs(&scratch).len() >= 3).then_some(())
+        (runs(scratch).len() >= 3).then_some(())
     });
     // Frozen for 5 safe windows (2 × 200 ms each): every timer is due at once on resume.
     leader.signal(Signal::SIGSTOP);
@@ -94,12 +91,12 @@ fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
     leader.signal(Signal::SIGCONT);
     leader.wait_log("background leader lock lost", 1, secs(5.0));
     wait_for("ticks in a new term", secs(10.0), || {
-        runs(&scratch)
+        runs(scratch)
             .iter()
             .any(|(term, _)| *term >= 2)
             .then_some(())
     });
-    let stale: Vec<_> = runs(&scratch)
+    let stale: Vec<_> = runs(scratch)
         .into_iter()
         .filter(|(term, at)| *term == 1 && *at >= resumed)
         .collect();
@@ -112,26 +109,13 @@ fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
 
 #[test]
 fn term_while_stopping_helpers_left_behind_is_not_lost() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
     // COMMAND exits at once and leaves a helper that ignores TERM: the stop waits the grace.
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "(trap '' TERM; exec sleep 600) &\necho \"helper $!\" >> \"$EVENTS\"\nexit 0",
     );
-    let mut leader = Replica::start(
-        cluster,
-        unique_lock_id(),
-        "200ms",
-        &[
-            "--restart",
-            "always",
-            "--grace",
-            "3s",
-            "--",
-            script.to_str().unwrap(),
-        ],
-    );
+    let scratch = &setup.scratch;
+    let mut leader = setup.replica("200ms", &["--restart", "always", "--grace", "3s"]);
     let helper = scratch.recorded_pid("helper ");
     leader.wait_log("child exited", 1, secs(10.0));
     leader.signal(Signal::SIGTERM);
@@ -420,14 +404,9 @@ fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_boun
 
 #[test]
 fn a_watchdog_that_dies_is_replaced_and_still_guards_the_tree() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
-        "sh -c 'trap \"\" TERM; echo \"worker $$\" >> \"$0\"; exec sleep 600' \"$EVENTS\" &\nexec sleep 600",
-    );
-    let mut leader = Replica::start(cluster, id, "200ms", &["--", script.to_str().unwrap()]);
+    let setup = Setup::new(Cluster::shared(), "sh -c 'trap \"\" TERM; echo \"worker $$\" >> \"$0\"; exec sleep 600' \"$EVENTS\" &\nexec sleep 600");
+    let scratch = &setup.scratch;
+    let mut leader = setup.replica("200ms", &[]);
     scratch.wait_starts(1, secs(10.0));
     let worker = scratch.recorded_pid("worker ");
     let first = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
@@ -454,28 +433,17 @@ fn a_watchdog_that_dies_is_replaced_and_still_guards_the_tree() {
 
 #[test]
 fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
          trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
          while :; do sleep 0.02; done",
     );
-    let script = script.to_str().unwrap();
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
     // A grace of 1 s, so that a loaded machine still runs the child's TERM trap (its end
     // stamp) before SIGKILL; idle_session_timeout is then 3 × 200 ms + 1 s.
-    let mut replicas: Vec<Replica> = (0..2)
-        .map(|_| {
-            Replica::start(
-                cluster,
-                id,
-                INTERVAL,
-                &["--grace", "1s", "--log-format", "json", "--", script],
-            )
-        })
-        .collect();
+    let mut replicas: Vec<Replica> =
+        setup.replicas(2, INTERVAL, &["--grace", "1s", "--log-format", "json"]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     let leader = leader_of(&mut replicas, &first);
     // leaderrun alone is stopped; its tree runs on. Its watchdog stops the tree once the proof

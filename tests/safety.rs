@@ -11,7 +11,7 @@ use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
 use crate::support::{
-    alive, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+    alive, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch, Setup,
 };
 
 /// Child script that records `began PID NS` and, on TERM, `ended PID NS`.
@@ -141,14 +141,9 @@ fn a_resumed_leader_stops_its_child_before_any_round_trip() {
 
 #[test]
 fn fencing_tokens_increase_over_forced_terms() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
-    let _replicas: Vec<Replica> = (0..2)
-        .map(|_| Replica::start(cluster, id, "200ms", &["--", script]))
-        .collect();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
+    let _replicas: Vec<Replica> = setup.replicas(2, "200ms", &[]);
     for round in 1..=4 {
         let start = scratch.wait_starts(round, secs(10.0))[round - 1].clone();
         cluster.terminate_backend(start.backend_pid);
@@ -351,12 +346,10 @@ fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
 /// the long-running mode says the weaker guarantee once; `--once` stays quiet on every major.
 #[test]
 fn the_lock_session_carries_tcp_timers_and_13_says_so_once() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
     // Interval 1 s: idle_session_timeout 4 s, keepalives after 2 s of quiet.
-    let replica = Replica::start(cluster, id, "1s", &["--", job.to_str().unwrap()]);
+    let replica = setup.replica("1s", &[]);
     let backend = scratch.wait_starts(1, secs(10.0))[0].backend_pid;
     let client_port: u16 = cluster.sql(&format!(
         "SELECT client_port FROM pg_stat_activity WHERE pid = {backend}"

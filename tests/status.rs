@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 
 use crate::support::{
     holder_lines, hostname, leaderrun, secs, status, unique_lock_id, wait_for, wait_status_waiters,
-    Cluster, Replica, Scratch, CLASS, INTERVAL,
+    Cluster, Replica, Scratch, Setup, CLASS, INTERVAL, UNREACHABLE_DSN,
 };
 
 #[test]
@@ -78,11 +78,7 @@ fn status_shows_the_leader_or_none() {
     assert_eq!(scratch.starts().len(), 1);
 
     let unreachable = leaderrun()
-        .args([
-            "status",
-            "--dsn",
-            "host=127.0.0.1 port=1 user=postgres dbname=postgres",
-        ])
+        .args(["status", "--dsn", UNREACHABLE_DSN])
         .output()
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(125));
@@ -90,13 +86,11 @@ fn status_shows_the_leader_or_none() {
 
 #[test]
 fn status_names_the_hosts_and_pids_of_the_leader_and_its_standbys() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let leader = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let leader = setup.replica(INTERVAL, &[]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let standby = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
+    let standby = setup.replica(INTERVAL, &[]);
     let standby_backend = wait_for("the standby's session", secs(10.0), || {
         let backends = cluster.backends_of(standby.pid());
         (backends.len() == 1).then(|| backends[0])
@@ -328,20 +322,17 @@ fn step_down(cluster: &Cluster, id: i32) -> std::process::Output {
 
 #[test]
 fn step_down_hands_over_to_a_standby_and_says_so() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script(
-        "job.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "trap 'echo \"stopped $$\" >> \"$EVENTS\"; exit 0' TERM\nwhile :; do sleep 0.02; done",
     );
-    let job = job.to_str().unwrap();
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
     // No leader: nothing to ask.
     assert_eq!(step_down(cluster, id).status.code(), Some(1));
     // A 1 s interval: the old leader stays out for one interval, long enough for the queue
     // head to be granted the lock even on a loaded machine (at 200 ms a stalled standby could
     // miss it, and the old leader took it back: seen once in CI).
-    let leader = Replica::start(cluster, id, "1s", &["--", job]);
+    let leader = setup.replica("1s", &[]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     // A lone leader is not asked: nobody could take over, and its COMMAND would only restart.
     let out = step_down(cluster, id);
@@ -350,7 +341,7 @@ fn step_down_hands_over_to_a_standby_and_says_so() {
         String::from_utf8_lossy(&out.stdout).contains("no standby is there to take over"),
         "{out:?}"
     );
-    let standby = Replica::start(cluster, id, "1s", &["--", job]);
+    let standby = setup.replica("1s", &[]);
     wait_for("the standby in the lock queue", secs(10.0), || {
         (cluster.waiters(id) == 1).then_some(())
     });
@@ -380,15 +371,12 @@ fn step_down_hands_over_to_a_standby_and_says_so() {
 /// a standby that can take over, so the leader is not asked and its COMMAND goes on.
 #[test]
 fn step_down_right_after_the_only_standby_exited_does_not_ask() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let job = job.to_str().unwrap();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
     // A 3 s interval: the dead standby's wait would stay queued for seconds.
-    let leader = Replica::start(cluster, id, "3s", &["--", job]);
+    let leader = setup.replica("3s", &[]);
     scratch.wait_starts(1, secs(10.0));
-    let mut standby = Replica::start(cluster, id, "3s", &["--", job]);
+    let mut standby = setup.replica("3s", &[]);
     wait_for("the standby in the lock queue", secs(10.0), || {
         (cluster.waiters(id) == 1).then_some(())
     });
@@ -556,11 +544,7 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
     assert!(scratch.starts().is_empty());
 
     let unreachable = leaderrun()
-        .args([
-            "doctor",
-            "--dsn",
-            "host=127.0.0.1 port=1 user=postgres dbname=postgres",
-        ])
+        .args(["doctor", "--dsn", UNREACHABLE_DSN])
         .output()
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(125));

@@ -25,6 +25,10 @@ use nix::unistd::Pid;
 /// The check interval most tests run with: short, so that a test waits little for a check.
 pub const INTERVAL: &str = "200ms";
 
+/// A DSN of a server nobody listens on: port 1 of the loopback refuses every connection at
+/// once, so a replica given it fails its checks without waiting for a timeout.
+pub const UNREACHABLE_DSN: &str = "host=127.0.0.1 port=1 user=postgres dbname=postgres";
+
 /// `s` seconds.
 pub fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -206,6 +210,51 @@ impl Scratch {
             let starts = self.starts();
             (starts.len() >= n).then_some(starts)
         })
+    }
+}
+
+/// The set-up most tests of the binary share: a lock id no other test uses, on `cluster`, and a
+/// scratch directory with the child script `child.sh` ([`Scratch::child_script`]) that the
+/// replicas run as COMMAND.
+pub struct Setup<'c> {
+    /// The cluster the lock lives on.
+    pub cluster: &'c Cluster,
+    /// The lock id (class [`CLASS`]).
+    pub id: i32,
+    /// The scratch directory: the script and its event log.
+    pub scratch: Scratch,
+    script: String,
+}
+
+impl<'c> Setup<'c> {
+    /// A fresh lock id on `cluster` and a child script that runs `body` after recording its
+    /// start.
+    pub fn new(cluster: &'c Cluster, body: &str) -> Setup<'c> {
+        let scratch = Scratch::new();
+        let script = scratch.child_script("child.sh", body);
+        Setup {
+            cluster,
+            id: unique_lock_id(),
+            script: script.to_str().expect("a UTF-8 temp path").to_owned(),
+            scratch,
+        }
+    }
+
+    /// The child script's path, to give as COMMAND.
+    pub fn script(&self) -> &str {
+        &self.script
+    }
+
+    /// Starts `leaderrun --dsn … --lock-id ID --check-interval INTERVAL OPTIONS... -- SCRIPT`.
+    pub fn replica(&self, interval: &str, options: &[&str]) -> Replica {
+        let mut args = options.to_vec();
+        args.extend(["--", self.script()]);
+        Replica::start(self.cluster, self.id, interval, &args)
+    }
+
+    /// `n` replicas of [`Setup::replica`], started one after the other.
+    pub fn replicas(&self, n: usize, interval: &str, options: &[&str]) -> Vec<Replica> {
+        (0..n).map(|_| self.replica(interval, options)).collect()
     }
 }
 
