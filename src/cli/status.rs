@@ -673,3 +673,6 @@ pub fn step_down_main(
         EXIT_FAILURE
     })
 }
+
+#[cfg(test)]
+mod tests;
