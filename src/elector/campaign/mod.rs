@@ -375,3 +375,6 @@ impl Drop for Campaign<'_> {
         self.shared.running.store(false, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests;
