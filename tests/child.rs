@@ -1,5 +1,6 @@
 //! Child supervision with real processes and real signals: process groups, adopted orphans,
-//! PID 1, the one reaper, and signals at awkward moments.
+//! PID 1, the one reaper, signals at awkward moments, the stop signal and the grace, helpers
+//! left behind, and the descriptors COMMAND inherits.
 
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::time::{Duration, Instant};

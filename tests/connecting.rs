@@ -1,6 +1,7 @@
 //! Connecting as libpq does, through the binary and the library against a real PostgreSQL:
 //! failover past a hung host within its `connect_timeout`, `target_session_attrs`, the
-//! database that some setting must name, and passwords that no error carries.
+//! database that some setting must name, passwords that no error carries, and a Unix socket
+//! whatever `sslmode` says.
 
 use std::process::Output;
 use std::time::{Duration, Instant};

@@ -1,5 +1,6 @@
 //! The modes of docs/guarantees.md#modes with a real PostgreSQL and real processes: cron one-shots,
-//! --wait, the ticker, restarts, timeouts, takeover delay and name-derived lock ids.
+//! --wait, the ticker and `--tick-at-grant`, restarts, timeouts, takeover delay and name-derived
+//! lock ids.
 
 use std::time::Instant;
 

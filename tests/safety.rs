@@ -1,5 +1,6 @@
 //! The guarantees of docs/guarantees.md#safety-guarantees with real components: partitions through
-//! a TCP proxy, a paused leaderrun, fencing tokens over forced terms.
+//! a TCP proxy, a paused leaderrun, fencing tokens over forced terms, the session's timers and
+//! the TCP timers of the lock session.
 
 use std::time::Instant;
 
