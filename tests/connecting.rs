@@ -311,16 +311,7 @@ fn leaderrun_knows_its_sessions_whatever_their_application_name() {
         table.contains(&format!("leaderrun pid {}", leader.pid())),
         "{table}"
     );
-    let out = leaderrun()
-        .args([
-            "--dsn",
-            &cluster.dsn(),
-            "--lock-id",
-            &id.to_string(),
-            "step-down",
-        ])
-        .output()
-        .unwrap();
+    let out = crate::support::step_down(cluster, id);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     standby.wait_log(
         "background leader lock acquired",

@@ -184,17 +184,9 @@ fn a_standby_is_not_ready_while_its_checks_fail() {
     scratch.wait_starts(1, secs(10.0));
     let proxy = crate::support::proxy::Proxy::start(cluster.addr());
     let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            proxy.port()
-        ),
-        "--lock-id",
-        &id.to_string(),
-    ])
-    .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
-    .args(["--", job]);
+    cmd.args(["--dsn", &proxy.dsn(), "--lock-id", &id.to_string()])
+        .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+        .args(["--", job]);
     let standby = Replica::spawn(cmd);
     let addr = probe_addr(&standby);
     wait_for("the standby to be ready", secs(10.0), || {

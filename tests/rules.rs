@@ -337,9 +337,7 @@ fn is_descendant_of(pid: i32, ancestor: i32) -> bool {
 fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_bound() {
     if !crate::support::cluster::has_idle_session_timeout(
         "rules::a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_bound",
-        "the test partitions through a userspace proxy, whose sockets keep answering the \
-         server's TCP keepalives, so only idle_session_timeout frees the lock here \
-         (safety::the_lock_session_carries_tcp_timers_and_13_says_so_once covers 13's TCP bound)",
+        crate::support::proxy::PARTITION_NEEDS_IDLE_SESSION_TIMEOUT,
     ) {
         return;
     }
@@ -365,10 +363,7 @@ fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_boun
     let mut cmd = leaderrun();
     cmd.args([
         "--dsn",
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            proxy.port()
-        ),
+        &proxy.dsn(),
         "--lock-id",
         &id.to_string(),
         "--check-interval",

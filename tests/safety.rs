@@ -28,14 +28,7 @@ fn through_proxy(
     script: &str,
 ) -> Replica {
     let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            proxy.port()
-        ),
-    ])
-    .args([
+    cmd.args(["--dsn", &proxy.dsn()]).args([
         "--lock-id",
         &id.to_string(),
         "--check-interval",
@@ -51,9 +44,7 @@ fn through_proxy(
 fn a_partitioned_leaders_child_is_dead_before_the_standby_starts() {
     if !has_idle_session_timeout(
         "safety::a_partitioned_leaders_child_is_dead_before_the_standby_starts",
-        "the test partitions through a userspace proxy, whose sockets keep answering the \
-         server's TCP keepalives, so only idle_session_timeout frees the lock here \
-         (safety::the_lock_session_carries_tcp_timers_and_13_says_so_once covers 13's TCP bound)",
+        crate::support::proxy::PARTITION_NEEDS_IDLE_SESSION_TIMEOUT,
     ) {
         return;
     }

@@ -7,8 +7,8 @@ use std::io::Write;
 use nix::sys::signal::Signal;
 
 use crate::support::{
-    holder_lines, hostname, leaderrun, secs, status, unique_lock_id, wait_for, wait_status_waiters,
-    Cluster, Replica, Scratch, Setup, CLASS, INTERVAL, UNREACHABLE_DSN,
+    holder_lines, hostname, leaderrun, secs, status, step_down, unique_lock_id, wait_for,
+    wait_status_waiters, Cluster, Replica, Scratch, Setup, CLASS, INTERVAL, UNREACHABLE_DSN,
 };
 
 #[test]
@@ -305,19 +305,6 @@ fn status_and_doctor_take_negative_lock_keys_in_every_form() {
         report["lock"],
         format!("{CLASS}:{}", leaderrun::pg::lock::lock_id_for_name("-5"))
     );
-}
-
-fn step_down(cluster: &Cluster, id: i32) -> std::process::Output {
-    crate::support::leaderrun()
-        .args([
-            "--dsn",
-            &cluster.dsn(),
-            "--lock-id",
-            &id.to_string(),
-            "step-down",
-        ])
-        .output()
-        .expect("run leaderrun step-down")
 }
 
 #[test]

@@ -159,12 +159,7 @@ pub fn failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
     let (mut latency, mut overlap) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let proxy = Proxy::start(cluster.addr());
-        let via = (how == "partition").then(|| {
-            format!(
-                "host=127.0.0.1 port={} user=postgres dbname=postgres",
-                proxy.port()
-            )
-        });
+        let via = (how == "partition").then(|| proxy.dsn());
         let interval = if how == "partition" { "1s" } else { "5s" };
         let (scratch, replicas, _) = start_pair(cluster, interval, via);
         let first = scratch.starts()[0].clone();

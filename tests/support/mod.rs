@@ -355,6 +355,20 @@ pub fn status_with(
     cmd.output().expect("run leaderrun status")
 }
 
+/// `leaderrun step-down --dsn DSN --lock-id ID`.
+pub fn step_down(cluster: &Cluster, id: i32) -> std::process::Output {
+    leaderrun()
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id.to_string(),
+            "step-down",
+        ])
+        .output()
+        .expect("run leaderrun step-down")
+}
+
 /// Waits until `leaderrun status` lists exactly `waiters` as the sessions waiting for the
 /// lock, both in `--json` (`"waiters": [PID, ...]`) and in the table (`waiters        PID, ...`
 /// or `none`), in pid order as it prints them; panics with both outputs at the deadline.
