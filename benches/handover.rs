@@ -19,12 +19,10 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-mod measure;
-
 use std::time::Duration;
 
-use measure::{
-    check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, floor_handover,
+use support::measure::{
+    self, check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, floor_handover,
     floor_process, footprint, graceful, one_shot, one_shot_overhead, progress, readyz,
     tree_failover, Row,
 };

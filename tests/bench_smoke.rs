@@ -1,7 +1,7 @@
 //! The benchmark's measurements run and produce numbers that a broken election would not
 //! (one run each, with generous bounds; the figures themselves are the benchmark's business).
 
-use crate::measure::{failover, graceful, one_shot, tree_failover, Row};
+use crate::support::measure::{failover, graceful, one_shot, tree_failover, Row};
 use crate::support::Cluster;
 
 /// The check interval of `graceful` and `failover` (the default, 5 s).

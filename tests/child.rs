@@ -1,21 +1,17 @@
 //! Child supervision with real processes and real signals: process groups, adopted orphans,
-//! PID 1, the one reaper, and signals at awkward moments.
+//! PID 1, the one reaper, signals at awkward moments, the stop signal and the grace, helpers
+//! left behind, and the descriptors COMMAND inherits.
 
-use std::os::unix::process::ExitStatusExt;
-use std::time::Duration;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::support::{
-    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+    alive, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+    Setup, INTERVAL,
 };
-
-const INTERVAL: &str = "200ms";
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
 
 /// Whether process `holder` has a pidfd of `pid` open (`Pid:` in its fdinfo, Linux 5.10).
 fn holds_pidfd_of(holder: i32, pid: i32) -> bool {
@@ -30,20 +26,14 @@ fn holds_pidfd_of(holder: i32, pid: i32) -> bool {
 
 #[test]
 fn a_grandchild_that_called_setsid_is_stopped_on_demotion() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
     // The background job is not a group leader, so setsid(1) calls setsid() itself and
     // execs sleep: that sleep has its own session and group, outside the child's group.
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "setsid sleep 600 &\necho \"escaped $!\" >> \"$EVENTS\"\nexec sleep 600",
     );
-    let mut replica = Replica::start(
-        cluster,
-        unique_lock_id(),
-        INTERVAL,
-        &["--", script.to_str().unwrap()],
-    );
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
+    let mut replica = setup.replica(INTERVAL, &[]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     let escaped = scratch.recorded_pid("escaped ");
     wait_for(
@@ -84,19 +74,13 @@ fn kill_9_of_leaderrun_also_ends_a_grandchild_that_called_setsid() {
     // Without a cgroup the process group does not reach it, and its parent dies with
     // leaderrun (PDEATHSIG): the watchdog must have found it while the tree ran. Its own child
     // (started after setsid, in its group) must die too.
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "setsid sh -c 'sleep 600 & echo \"below $!\" >> \"$0\"; exec sleep 600' \"$EVENTS\" &\n\
          echo \"escaped $!\" >> \"$EVENTS\"\nexec sleep 600",
     );
-    let mut replica = Replica::start(
-        cluster,
-        unique_lock_id(),
-        INTERVAL,
-        &["--", script.to_str().unwrap()],
-    );
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &[]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     let escaped = scratch.recorded_pid("escaped ");
     let below = scratch.recorded_pid("below ");
@@ -127,14 +111,9 @@ fn kill_9_of_leaderrun_also_ends_a_grandchild_that_called_setsid() {
 
 #[test]
 fn a_stopped_child_is_still_stopped_by_sigterm() {
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--grace", "60s", "--", script.to_str().unwrap()],
-    );
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &["--grace", "60s"]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     kill(Pid::from_raw(start.pid), Signal::SIGSTOP).unwrap();
     wait_for("the child to be stopped", secs(2.0), || {
@@ -161,12 +140,10 @@ fn the_main_childs_status_is_never_taken_by_the_reaper() {
 
 #[test]
 fn sigterm_at_any_moment_of_start_up_leaves_no_child_and_no_hang() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
     for round in 0..30u64 {
-        let mut replica = Replica::start(cluster, unique_lock_id(), "100ms", &["--", script]);
+        let mut replica = setup.replica("100ms", &[]);
         // Spread the signal over start-up: handler install, connect, grant, spawn, running.
         std::thread::sleep(Duration::from_millis(round * 4));
         replica.signal(Signal::SIGTERM);
@@ -370,4 +347,129 @@ fn only_a_panic_that_unwinds_the_tree_kills_it() {
     });
     // Reap it by pid: the test binary's other children are not ours to wait for.
     let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+}
+
+#[test]
+fn helpers_left_by_an_exited_command_are_stopped_before_exit() {
+    let setup = Setup::new(
+        Cluster::shared(),
+        "sleep 600 & echo \"bg $!\" >> \"$EVENTS\"\nexit 5",
+    );
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &[]);
+    let status = replica.wait_exit(secs(10.0));
+    assert_eq!(status.code(), Some(5));
+    let background: i32 = scratch.recorded_pid("bg ");
+    assert!(!alive(background), "helper {background} outlived leaderrun");
+}
+
+#[test]
+fn child_sees_only_stdio_descriptors() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let leaked = std::fs::File::create(scratch.file("leak")).unwrap();
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &cluster.dsn(),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+    ])
+    .args(["--check-interval", INTERVAL, "--", script.to_str().unwrap()]);
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&leaked);
+    // SAFETY: dup2 between fork and exec; gives leaderrun an inherited fd 7 without CLOEXEC.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 of a descriptor onto itself keeps its close-on-exec flag: clear it then.
+            let done = if raw == 7 {
+                libc::fcntl(7, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, 7)
+            };
+            if done < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let replica = Replica::spawn(cmd);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // leaderrun itself has fd 7 and its database socket…
+    assert!(std::path::Path::new(&format!("/proc/{}/fd/7", replica.pid())).exists());
+    // …the child has only 0, 1 and 2, once it is `sleep` (until its `exec` the shell still
+    // holds its own descriptor of the script it reads).
+    wait_for("the child to exec sleep", secs(5.0), || {
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", start.pid)).ok()?;
+        (comm.trim() == "sleep").then_some(())
+    });
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", start.pid))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    fds.sort();
+    assert_eq!(fds, ["0", "1", "2"]);
+}
+
+#[test]
+fn a_child_ignoring_the_stop_signal_is_killed_after_the_grace() {
+    // An ignored TERM survives exec, so `sleep` ignores it too.
+    let setup = Setup::new(Cluster::shared(), "trap '' TERM\nexec sleep 600");
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &["--grace", "1s"]);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    replica.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    wait_for("the child to be SIGKILLed", secs(4.0), || {
+        (!alive(start.pid)).then_some(())
+    });
+    let took = sent.elapsed();
+    assert!(took >= secs(0.9), "killed after {took:?}, before the grace");
+    assert_eq!(replica.wait_exit(secs(2.0)).code(), Some(137));
+}
+
+#[test]
+fn a_second_sigterm_while_stopping_kills_at_once() {
+    let setup = Setup::new(Cluster::shared(), "trap '' TERM\nexec sleep 600");
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &["--grace", "60s"]);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    replica.signal(Signal::SIGTERM);
+    replica.wait_log("stopping the child", 1, secs(2.0));
+    assert!(
+        alive(start.pid),
+        "TERM is ignored; only the grace or a second TERM ends it"
+    );
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(replica.wait_exit(secs(3.0)).code(), Some(137));
+    assert!(!alive(start.pid));
+}
+
+#[test]
+fn stop_signal_and_forwarded_signals_reach_the_child() {
+    let setup = Setup::new(
+        Cluster::shared(),
+        "trap 'echo hup >> \"$EVENTS\"' HUP\n\
+         trap 'echo usr1 >> \"$EVENTS\"; exit 0' USR1\n\
+         while :; do sleep 0.05; done",
+    );
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
+    let replica = setup.replica(INTERVAL, &["--stop-signal", "USR1"]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    replica.signal(Signal::SIGHUP);
+    wait_for("HUP to reach the child", secs(3.0), || {
+        scratch.events().contains(&"hup".to_owned()).then_some(())
+    });
+    assert!(
+        alive(first.pid),
+        "HUP is passed on, it does not stop the child"
+    );
+    // Demotion sends the configured stop signal.
+    cluster.terminate_backend(first.backend_pid);
+    wait_for("USR1 to reach the child", secs(3.0), || {
+        scratch.events().contains(&"usr1".to_owned()).then_some(())
+    });
+    // The same process leads again and starts COMMAND afresh.
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    assert_eq!((second.ppid, second.term), (replica.pid(), 2));
 }

@@ -1,6 +1,7 @@
 //! Connecting as libpq does, through the binary and the library against a real PostgreSQL:
 //! failover past a hung host within its `connect_timeout`, `target_session_attrs`, the
-//! database that some setting must name, and passwords that no error carries.
+//! database that some setting must name, passwords that no error carries, and a Unix socket
+//! whatever `sslmode` says.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -310,20 +311,41 @@ fn leaderrun_knows_its_sessions_whatever_their_application_name() {
         table.contains(&format!("leaderrun pid {}", leader.pid())),
         "{table}"
     );
-    let out = leaderrun()
-        .args([
-            "--dsn",
-            &cluster.dsn(),
-            "--lock-id",
-            &id.to_string(),
-            "step-down",
-        ])
-        .output()
-        .unwrap();
+    let out = crate::support::step_down(cluster, id);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     standby.wait_log(
         "background leader lock acquired",
         1,
         Duration::from_secs(10),
     );
+}
+
+#[test]
+fn a_unix_socket_connects_without_tls_whatever_sslmode_says() {
+    let cluster = Cluster::shared();
+    for mode in ["prefer", "require"] {
+        let dsn = format!(
+            "host={} port={} user=postgres dbname=postgres sslmode={mode}",
+            cluster.socket_dir().display(),
+            cluster.addr().port()
+        );
+        let out = leaderrun()
+            .args([
+                "--once",
+                "--dsn",
+                &dsn,
+                "--lock-id",
+                &unique_lock_id().to_string(),
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

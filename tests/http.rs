@@ -13,7 +13,9 @@ use leaderrun::cli::http::{
     CONNECTION_LIFETIME, HEAD_TIMEOUT, MAX_CONNECTIONS, MAX_REQUESTS_PER_CONNECTION,
 };
 
-use crate::support::{leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch};
+use crate::support::{
+    leaderrun, probe_addr, secs, unique_lock_id, wait_for, Cluster, Replica, Scratch,
+};
 
 /// The bound (docs/guarantees.md#observing-a-replica) for a probe's answer while others misbehave.
 const PROBE_BOUND: Duration = Duration::from_millis(100);
@@ -24,10 +26,6 @@ const PROBE_WORST: Duration = Duration::from_millis(250);
 const PROBES: usize = 16;
 /// Scheduling slack on top of the server's time limits.
 const SLACK: Duration = Duration::from_secs(3);
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
 
 /// One HTTP/1.0 request on a new connection; the status code (0 for none) and how long the
 /// whole exchange took, from connect to the server's close.
@@ -88,16 +86,6 @@ fn closed_by_server(stream: &TcpStream, within: Duration) -> bool {
             return false;
         }
     }
-}
-
-/// The address a replica started with `--http-addr 127.0.0.1:0` bound, from its log.
-fn probe_addr(replica: &Replica) -> SocketAddr {
-    wait_for("the HTTP address in the log", secs(5.0), || {
-        let log = replica.log();
-        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-        let addr = line.split("addr=").nth(1)?.split_whitespace().next()?;
-        addr.parse().ok()
-    })
 }
 
 fn threads(pid: i32) -> usize {

@@ -1,19 +1,15 @@
 //! The modes of docs/guarantees.md#modes with a real PostgreSQL and real processes: cron one-shots,
-//! --wait, the ticker, restarts, timeouts, takeover delay and name-derived lock ids.
+//! --wait, the ticker and `--tick-at-grant`, restarts, timeouts, takeover delay and name-derived
+//! lock ids.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
 use crate::support::{
-    alive, leaderrun, unique_lock_id, wait_for, Cluster, Replica, Scratch, CLASS,
+    alive, leaderrun, secs, unique_lock_id, wait_for, Cluster, Replica, Scratch, Setup, CLASS,
+    INTERVAL, UNREACHABLE_DSN,
 };
-
-const INTERVAL: &str = "200ms";
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
 
 /// A replica that holds lock `id` (its child sleeps) until dropped.
 fn holder(cluster: &Cluster, id: i32, scratch: &Scratch) -> Replica {
@@ -106,11 +102,9 @@ fn once_while_another_session_holds_the_lock_exits_silently() {
 
 #[test]
 fn once_when_leading_runs_to_the_end_and_releases() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exit 9");
-    let mut once = Replica::start(cluster, id, INTERVAL, &["-n", "--", job.to_str().unwrap()]);
+    let setup = Setup::new(Cluster::shared(), "exit 9");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let mut once = setup.replica(INTERVAL, &["-n"]);
     assert_eq!(once.wait_exit(secs(5.0)).code(), Some(9));
     assert_eq!(scratch.starts().len(), 1);
     assert!(cluster.lock_holders(CLASS, id).is_empty());
@@ -119,13 +113,7 @@ fn once_when_leading_runs_to_the_end_and_releases() {
 #[test]
 fn once_against_an_unreachable_database_is_an_error() {
     let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
-        "--once",
-        "--",
-        "true",
-    ]);
+    cmd.args(["--dsn", UNREACHABLE_DSN, "--once", "--", "true"]);
     let mut once = Replica::spawn(cmd);
     assert_eq!(once.wait_exit(secs(10.0)).code(), Some(125));
     assert!(
@@ -135,11 +123,7 @@ fn once_against_an_unreachable_database_is_an_error() {
     );
     // --wait too, once the wait is over.
     let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        "host=127.0.0.1 port=1 user=postgres dbname=postgres",
-    ])
-    .args([
+    cmd.args(["--dsn", UNREACHABLE_DSN]).args([
         "--check-interval",
         INTERVAL,
         "--wait",
@@ -202,14 +186,8 @@ fn a_wait_shorter_than_the_check_interval_still_means_conflict() {
 
 #[test]
 fn very_long_intervals_still_connect() {
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exit 0");
-    let mut once = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        "10h",
-        &["--once", "--", job.to_str().unwrap()],
-    );
+    let setup = Setup::new(Cluster::shared(), "exit 0");
+    let mut once = setup.replica("10h", &["--once"]);
     assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0), "{}", once.log());
 }
 
@@ -233,22 +211,9 @@ fn wait_succeeds_when_the_holder_lets_go() {
 
 #[test]
 fn losing_leadership_mid_run_in_once_exits_with_the_conflict_code() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let mut once = Replica::start(
-        cluster,
-        unique_lock_id(),
-        INTERVAL,
-        &[
-            "-v",
-            "--once",
-            "--conflict-exit-code",
-            "42",
-            "--",
-            job.to_str().unwrap(),
-        ],
-    );
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
+    let mut once = setup.replica(INTERVAL, &["-v", "--once", "--conflict-exit-code", "42"]);
     let start = scratch.wait_starts(1, secs(5.0))[0].clone();
     cluster.terminate_backend(start.backend_pid);
     assert_eq!(once.wait_exit(secs(5.0)).code(), Some(42));
@@ -263,18 +228,10 @@ fn losing_leadership_mid_run_in_once_exits_with_the_conflict_code() {
 
 #[test]
 fn a_ticker_on_two_replicas_runs_only_on_the_leader_and_never_overlaps() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
     // Each run takes longer than the period, so some ticks fall due while one runs.
-    let job = scratch.child_script(
-        "job.sh",
-        "echo \"begin $(date +%s%N)\" >> \"$EVENTS\"\nsleep 0.45\necho \"end $(date +%s%N)\" >> \"$EVENTS\"",
-    );
-    let job = job.to_str().unwrap();
-    let replicas: Vec<Replica> = (0..2)
-        .map(|_| Replica::start(cluster, id, INTERVAL, &["--every", "300ms", "--", job]))
-        .collect();
+    let setup = Setup::new(Cluster::shared(), "echo \"begin $(date +%s%N)\" >> \"$EVENTS\"\nsleep 0.45\necho \"end $(date +%s%N)\" >> \"$EVENTS\"");
+    let scratch = &setup.scratch;
+    let replicas: Vec<Replica> = setup.replicas(2, INTERVAL, &["--every", "300ms"]);
     scratch.wait_starts(4, secs(10.0));
     let starts = scratch.starts();
     assert!(
@@ -287,7 +244,7 @@ fn a_ticker_on_two_replicas_runs_only_on_the_leader_and_never_overlaps() {
         1,
         secs(5.0),
     );
-    let (begins, ends) = (stamps(&scratch, "begin "), stamps(&scratch, "end "));
+    let (begins, ends) = (stamps(scratch, "begin "), stamps(scratch, "end "));
     for (i, end) in ends.iter().enumerate() {
         if let Some(next) = begins.get(i + 1) {
             assert!(
@@ -301,14 +258,9 @@ fn a_ticker_on_two_replicas_runs_only_on_the_leader_and_never_overlaps() {
 
 #[test]
 fn a_failed_tick_is_logged_and_ticking_goes_on() {
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exit 3");
-    let replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--every", "200ms", "--", job.to_str().unwrap()],
-    );
+    let setup = Setup::new(Cluster::shared(), "exit 3");
+    let scratch = &setup.scratch;
+    let replica = setup.replica(INTERVAL, &["--every", "200ms"]);
     scratch.wait_starts(3, secs(10.0));
     replica.wait_log(
         "WARN tick failed: COMMAND exited with exit code 3",
@@ -319,21 +271,9 @@ fn a_failed_tick_is_logged_and_ticking_goes_on() {
 
 #[test]
 fn a_ticker_timeout_is_a_failed_tick() {
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &[
-            "--every",
-            "200ms",
-            "--timeout",
-            "300ms",
-            "--",
-            job.to_str().unwrap(),
-        ],
-    );
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let replica = setup.replica(INTERVAL, &["--every", "200ms", "--timeout", "300ms"]);
     let first = scratch.wait_starts(2, secs(10.0))[0].clone();
     assert!(!alive(first.pid));
     replica.wait_log(
@@ -345,16 +285,14 @@ fn a_ticker_timeout_is_a_failed_tick() {
 
 #[test]
 fn restart_always_backs_off_doubling() {
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "echo \"at $(date +%s%N)\" >> \"$EVENTS\"\nexit 1");
-    let replica = Replica::start(
+    let setup = Setup::new(
         Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--restart", "always", "--", job.to_str().unwrap()],
+        "echo \"at $(date +%s%N)\" >> \"$EVENTS\"\nexit 1",
     );
+    let scratch = &setup.scratch;
+    let replica = setup.replica(INTERVAL, &["--restart", "always"]);
     scratch.wait_starts(4, secs(10.0));
-    let at = stamps(&scratch, "at ");
+    let at = stamps(scratch, "at ");
     let starts = scratch.starts();
     assert!(
         starts.iter().all(|s| s.term == 1),
@@ -375,18 +313,13 @@ fn restart_always_backs_off_doubling() {
 
 #[test]
 fn restart_on_failure_ends_after_a_success() {
-    let scratch = Scratch::new();
     // Fails twice, then succeeds.
-    let job = scratch.child_script(
-        "job.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "n=$(grep -c '^start ' \"$EVENTS\")\n[ \"$n\" -ge 3 ] && exit 0\nexit 2",
     );
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["-q", "--restart", "on-failure", "--", job.to_str().unwrap()],
-    );
+    let scratch = &setup.scratch;
+    let mut replica = setup.replica(INTERVAL, &["-q", "--restart", "on-failure"]);
     assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
     assert_eq!(scratch.starts().len(), 3);
     // Each failure is a WARN, so a crash loop shows even at -q.
@@ -420,15 +353,10 @@ fn timeout_stops_the_command_and_exits_124() {
 
 #[test]
 fn takeover_delay_holds_command_back_while_the_lock_is_verified() {
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
     let started = Instant::now();
-    let replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["-v", "--takeover-delay", "1s", "--", job.to_str().unwrap()],
-    );
+    let replica = setup.replica(INTERVAL, &["-v", "--takeover-delay", "1s"]);
     replica.wait_log("background leader lock acquired", 1, secs(5.0));
     scratch.wait_starts(1, secs(5.0));
     assert!(started.elapsed() >= secs(1.0));
@@ -680,4 +608,70 @@ fn a_role_with_connection_limit_1_leads_on_its_one_session() {
     assert_eq!(lead.wait_exit(secs(10.0)).code(), Some(0), "{}", lead.log());
     assert_eq!(scratch.starts().len(), 2);
     assert!(!lead.log().contains("pooler"), "{}", lead.log());
+}
+
+#[test]
+fn tick_at_grant_runs_at_the_grant_then_on_the_cadence() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    // A period of an hour: without --tick-at-grant nothing would run for an hour.
+    let _every = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &[
+            "--every",
+            "1h",
+            "--tick-at-grant",
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    scratch.wait_starts(1, secs(10.0));
+    // With a takeover delay, the first run follows the delay; the environment form too.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    let mut cmd = leaderrun();
+    cmd.env("LEADERRUN_TICK_AT_GRANT", "1")
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .args([
+            "--check-interval",
+            INTERVAL,
+            "--every",
+            "1h",
+            "--takeover-delay",
+            "300ms",
+        ])
+        .args(["--", job.to_str().unwrap()]);
+    let delayed = Replica::spawn(cmd);
+    scratch.wait_starts(1, secs(10.0));
+    delayed.wait_log("takeover delay", 1, secs(1.0));
+    // The ticker keeps its cadence after the run at the grant.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    let _fast = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &[
+            "--every",
+            "500ms",
+            "--tick-at-grant",
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    scratch.wait_starts(3, secs(10.0));
+    // And it needs --every.
+    let out = leaderrun()
+        .args(["--once", "--tick-at-grant", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
 }

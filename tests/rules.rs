@@ -9,12 +9,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::support::{
-    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+    alive, leader_of, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica,
+    Scratch, Setup, INTERVAL,
 };
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
 
 fn now_ns() -> f64 {
     SystemTime::now()
@@ -67,15 +64,12 @@ fn a_failed_check_on_a_live_session_stops_the_child_before_the_lock_moves() {
 
 #[test]
 fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "echo \"ran $LEADERRUN_TERM $(date +%s%N)\" >> \"$EVENTS\"",
     );
-    let script = script.to_str().unwrap();
-    let leader = Replica::start(cluster, id, "200ms", &["--every", "100ms", "--", script]);
+    let scratch = &setup.scratch;
+    let leader = setup.replica("200ms", &["--every", "100ms"]);
     let runs = |scratch: &Scratch| -> Vec<(u64, f64)> {
         scratch
             .events()
@@ -88,7 +82,7 @@ fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
             .collect()
     };
     wait_for("a few ticks", secs(10.0), || {
-        (runs(&scratch).len() >= 3).then_some(())
+        (runs(scratch).len() >= 3).then_some(())
     });
     // Frozen for 5 safe windows (2 × 200 ms each): every timer is due at once on resume.
     leader.signal(Signal::SIGSTOP);
@@ -97,12 +91,12 @@ fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
     leader.signal(Signal::SIGCONT);
     leader.wait_log("background leader lock lost", 1, secs(5.0));
     wait_for("ticks in a new term", secs(10.0), || {
-        runs(&scratch)
+        runs(scratch)
             .iter()
             .any(|(term, _)| *term >= 2)
             .then_some(())
     });
-    let stale: Vec<_> = runs(&scratch)
+    let stale: Vec<_> = runs(scratch)
         .into_iter()
         .filter(|(term, at)| *term == 1 && *at >= resumed)
         .collect();
@@ -115,26 +109,13 @@ fn after_a_freeze_past_the_safe_window_no_tick_runs_in_the_old_term() {
 
 #[test]
 fn term_while_stopping_helpers_left_behind_is_not_lost() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
     // COMMAND exits at once and leaves a helper that ignores TERM: the stop waits the grace.
-    let script = scratch.child_script(
-        "child.sh",
+    let setup = Setup::new(
+        Cluster::shared(),
         "(trap '' TERM; exec sleep 600) &\necho \"helper $!\" >> \"$EVENTS\"\nexit 0",
     );
-    let mut leader = Replica::start(
-        cluster,
-        unique_lock_id(),
-        "200ms",
-        &[
-            "--restart",
-            "always",
-            "--grace",
-            "3s",
-            "--",
-            script.to_str().unwrap(),
-        ],
-    );
+    let scratch = &setup.scratch;
+    let mut leader = setup.replica("200ms", &["--restart", "always", "--grace", "3s"]);
     let helper = scratch.recorded_pid("helper ");
     leader.wait_log("child exited", 1, secs(10.0));
     leader.signal(Signal::SIGTERM);
@@ -356,9 +337,7 @@ fn is_descendant_of(pid: i32, ancestor: i32) -> bool {
 fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_bound() {
     if !crate::support::cluster::has_idle_session_timeout(
         "rules::a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_bound",
-        "the test partitions through a userspace proxy, whose sockets keep answering the \
-         server's TCP keepalives, so only idle_session_timeout frees the lock here \
-         (operate::the_lock_session_carries_tcp_timers_and_13_says_so_once covers 13's TCP bound)",
+        crate::support::proxy::PARTITION_NEEDS_IDLE_SESSION_TIMEOUT,
     ) {
         return;
     }
@@ -384,10 +363,7 @@ fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_boun
     let mut cmd = leaderrun();
     cmd.args([
         "--dsn",
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            proxy.port()
-        ),
+        &proxy.dsn(),
         "--lock-id",
         &id.to_string(),
         "--check-interval",
@@ -423,14 +399,9 @@ fn a_grant_that_reaches_a_client_that_stopped_listening_is_freed_within_the_boun
 
 #[test]
 fn a_watchdog_that_dies_is_replaced_and_still_guards_the_tree() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script(
-        "child.sh",
-        "sh -c 'trap \"\" TERM; echo \"worker $$\" >> \"$0\"; exec sleep 600' \"$EVENTS\" &\nexec sleep 600",
-    );
-    let mut leader = Replica::start(cluster, id, "200ms", &["--", script.to_str().unwrap()]);
+    let setup = Setup::new(Cluster::shared(), "sh -c 'trap \"\" TERM; echo \"worker $$\" >> \"$0\"; exec sleep 600' \"$EVENTS\" &\nexec sleep 600");
+    let scratch = &setup.scratch;
+    let mut leader = setup.replica("200ms", &[]);
     scratch.wait_starts(1, secs(10.0));
     let worker = scratch.recorded_pid("worker ");
     let first = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
@@ -453,4 +424,84 @@ fn a_watchdog_that_dies_is_replaced_and_still_guards_the_tree() {
     wait_for("the watchdog to exit", secs(1.0), || {
         (!alive(second)).then_some(())
     });
+}
+
+#[test]
+fn a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves() {
+    let setup = Setup::new(
+        Cluster::shared(),
+        "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+         trap 'echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
+         while :; do sleep 0.02; done",
+    );
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    // A grace of 1 s, so that a loaded machine still runs the child's TERM trap (its end
+    // stamp) before SIGKILL; idle_session_timeout is then 3 × 200 ms + 1 s.
+    let mut replicas: Vec<Replica> =
+        setup.replicas(2, INTERVAL, &["--grace", "1s", "--log-format", "json"]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let leader = leader_of(&mut replicas, &first);
+    // leaderrun alone is stopped; its tree runs on. Its watchdog stops the tree once the proof
+    // ran out (2 × 200 ms) and no heartbeat came for half an interval; only the server's
+    // idle_session_timeout (1.6 s) frees the lock, later.
+    leader.signal(Signal::SIGSTOP);
+    let paused = Instant::now();
+    if crate::support::cluster::server_major() == 13 {
+        // No idle_session_timeout: the watchdog still stops the tree, but the frozen session
+        // keeps the lock (no second leader, and no leader) until leaderrun wakes.
+        wait_for(
+            "the watchdog to stop the paused leader's tree",
+            secs(5.0),
+            || (!alive(first.pid)).then_some(()),
+        );
+        // Past where idle_session_timeout (1.6 s) would have freed it on 14 and later.
+        std::thread::sleep(secs(2.5).saturating_sub(paused.elapsed()));
+        assert_eq!(
+            cluster.lock_holders(crate::support::CLASS, id),
+            [first.backend_pid]
+        );
+        assert_eq!(scratch.starts().len(), 1);
+        leader.signal(Signal::SIGCONT);
+        scratch.wait_starts(2, secs(10.0));
+        return;
+    }
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    let took = paused.elapsed();
+    assert_ne!(second.ppid, first.ppid);
+    assert!(
+        took >= secs(0.5),
+        "the lock moved after {took:?}, before idle_session_timeout could end the session"
+    );
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
+    assert!(
+        ended < began,
+        "overlap: old ended {ended:.3}, new began {began:.3}"
+    );
+    // On resume the old leader finds its tree gone and its lock lost.
+    leader.signal(Signal::SIGCONT);
+    wait_for(
+        &format!("the resumed leader's demotion; log:\n{}", leader.log()),
+        secs(2.0),
+        || {
+            leader
+                .log()
+                .contains("background leader lock lost")
+                .then_some(())
+        },
+    );
+    assert!(!alive(first.pid));
+    // The watchdog said so in leaderrun's log format (here JSON), at WARN.
+    let log = leader.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("watchdog: leaderrun stopped answering"))
+        .unwrap_or_else(|| panic!("no watchdog line:\n{log}"));
+    let object: serde_json::Value = serde_json::from_str(line).expect(line);
+    assert_eq!(object["level"], "WARN", "{line}");
+    assert!(
+        object["timestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{line}"
+    );
 }

@@ -1,7 +1,8 @@
 //! The guarantees of docs/guarantees.md#safety-guarantees with real components: partitions through
-//! a TCP proxy, a paused leaderrun, fencing tokens over forced terms.
+//! a TCP proxy, a paused leaderrun, fencing tokens over forced terms, the session's timers and
+//! the TCP timers of the lock session.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
@@ -11,12 +12,8 @@ use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
 use crate::support::{
-    alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+    alive, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch, Setup,
 };
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
 
 /// Child script that records `began PID NS` and, on TERM, `ended PID NS`.
 const TIMED_CHILD: &str = "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
@@ -31,14 +28,7 @@ fn through_proxy(
     script: &str,
 ) -> Replica {
     let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            proxy.port()
-        ),
-    ])
-    .args([
+    cmd.args(["--dsn", &proxy.dsn()]).args([
         "--lock-id",
         &id.to_string(),
         "--check-interval",
@@ -54,9 +44,7 @@ fn through_proxy(
 fn a_partitioned_leaders_child_is_dead_before_the_standby_starts() {
     if !has_idle_session_timeout(
         "safety::a_partitioned_leaders_child_is_dead_before_the_standby_starts",
-        "the test partitions through a userspace proxy, whose sockets keep answering the \
-         server's TCP keepalives, so only idle_session_timeout frees the lock here \
-         (operate::the_lock_session_carries_tcp_timers_and_13_says_so_once covers 13's TCP bound)",
+        crate::support::proxy::PARTITION_NEEDS_IDLE_SESSION_TIMEOUT,
     ) {
         return;
     }
@@ -98,7 +86,7 @@ fn a_resumed_leader_stops_its_child_before_any_round_trip() {
     if !has_idle_session_timeout(
         "safety::a_resumed_leader_stops_its_child_before_any_round_trip",
         "a frozen leader keeps the lock until it wakes, so no standby takes over \
-         (binary::a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves checks that on 13)",
+         (rules::a_paused_leaders_tree_is_stopped_by_its_watchdog_before_the_lock_moves checks that on 13)",
     ) {
         return;
     }
@@ -145,14 +133,9 @@ fn a_resumed_leader_stops_its_child_before_any_round_trip() {
 
 #[test]
 fn fencing_tokens_increase_over_forced_terms() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
-    let _replicas: Vec<Replica> = (0..2)
-        .map(|_| Replica::start(cluster, id, "200ms", &["--", script]))
-        .collect();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
+    let _replicas: Vec<Replica> = setup.replicas(2, "200ms", &[]);
     for round in 1..=4 {
         let start = scratch.wait_starts(round, secs(10.0))[round - 1].clone();
         cluster.terminate_backend(start.backend_pid);
@@ -346,4 +329,61 @@ fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
     // Still exactly one child after the standby has been refused a few times.
     standby.wait_log("lock held by another session", 3, secs(5.0));
     assert_eq!(scratch.starts().len(), 1);
+}
+
+/// The lock session's server end carries the TCP timers leaderrun pins on it, so the server
+/// frees the lock of a leader cut off by the network within about idle_session_timeout even
+/// where that setting does not exist (PostgreSQL 13): its keepalive timer runs out within
+/// `tcp_keepalives_idle` (idle_session_timeout / 2), not the kernel's default two hours. On 13
+/// the long-running mode says the weaker guarantee once; `--once` stays quiet on every major.
+#[test]
+fn the_lock_session_carries_tcp_timers_and_13_says_so_once() {
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, scratch) = (setup.cluster, &setup.scratch);
+    // Interval 1 s: idle_session_timeout 4 s, keepalives after 2 s of quiet.
+    let replica = setup.replica("1s", &[]);
+    let backend = scratch.wait_starts(1, secs(10.0))[0].backend_pid;
+    let client_port: u16 = cluster.sql(&format!(
+        "SELECT client_port FROM pg_stat_activity WHERE pid = {backend}"
+    ))[0]
+        .parse()
+        .unwrap();
+    // /proc/net/tcp: local and remote address as HEXIP:HEXPORT, state 01 = established, then
+    // `tr:when` (timer 2 = keepalive; when in clock ticks of 1/100 s).
+    let (local, remote) = (
+        format!(":{:04X}", cluster.addr().port()),
+        format!(":{client_port:04X}"),
+    );
+    let timer_secs = wait_for("the server end's keepalive timer", secs(10.0), || {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        table.lines().find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 || !f[1].ends_with(&local) || !f[2].ends_with(&remote) || f[3] != "01" {
+                return None;
+            }
+            let (timer, when) = f[5].split_once(':')?;
+            (timer == "02").then(|| u64::from_str_radix(when, 16).ok().map(|t| t as f64 / 100.0))?
+        })
+    });
+    assert!(
+        timer_secs <= 2.5,
+        "the lock session's server end probes after {timer_secs} s of quiet, not 2 s"
+    );
+
+    let weaker = "the server has no idle_session_timeout";
+    let on_13 = crate::support::cluster::server_major() == 13;
+    if on_13 {
+        replica.wait_log(weaker, 1, secs(5.0));
+    }
+    let once_id = unique_lock_id();
+    let mut once = Replica::start(cluster, once_id, "1s", &["--once", "--", "true"]);
+    assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0));
+    assert!(!once.log().contains(weaker), "{}", once.log());
+    assert!(!once.log().contains("WARN"), "{}", once.log());
+    assert_eq!(
+        replica.log().matches(weaker).count(),
+        usize::from(on_13),
+        "{}",
+        replica.log()
+    );
 }

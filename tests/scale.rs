@@ -7,11 +7,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::support::{alive, status, unique_lock_id, wait_for, Cluster, Replica, Scratch, Start};
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
+use crate::support::{
+    alive, secs, status, unique_lock_id, wait_for, Cluster, Replica, Scratch, Setup, Start,
+};
 
 /// The standbys `leaderrun status --json` lists, and how many of them wait in a queue.
 fn standbys(cluster: &Cluster, id: i32, extra: &[&str]) -> (usize, usize, serde_json::Value) {
@@ -24,15 +22,10 @@ fn standbys(cluster: &Cluster, id: i32, extra: &[&str]) -> (usize, usize, serde_
 
 #[test]
 fn many_standbys_keep_a_line_of_two_and_hand_over_at_once() {
-    let cluster = Cluster::shared();
-    let id = unique_lock_id();
-    let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", "exec sleep 600");
-    let script = script.to_str().unwrap();
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
     // The default interval: a standby not in line would need up to 5 s to notice a release.
-    let mut replicas: Vec<Replica> = (0..12)
-        .map(|_| Replica::start(cluster, id, "5s", &["--", script]))
-        .collect();
+    let mut replicas: Vec<Replica> = setup.replicas(12, "5s", &[]);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     // Eleven standbys, all listed by status, and exactly two of them in the server's queues
     // (the queue head waits for the lock, the second for the head's place).

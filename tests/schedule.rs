@@ -418,9 +418,9 @@ fn a_locked_history_table_leaves_the_job_alone() {
     replica.wait_log("history: created the table", 1, secs(10.0));
     scratch.wait_starts(2, secs(10.0));
     // The leader's /metrics: when its last run started, and when its last success ended.
-    let addr = crate::operate::probe_addr(&replica);
+    let addr = crate::support::probe_addr(&replica);
     let metric = |name: &str| {
-        crate::operate::sample(&crate::operate::http(addr, "GET", "/metrics").1, name)
+        crate::support::sample(&crate::support::http(addr, "GET", "/metrics").1, name)
             .unwrap_or_else(|| panic!("{name} missing"))
     };
     let success = wait_for("a success on /metrics", secs(5.0), || {

@@ -3,13 +3,8 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
-use crate::support::{alive, unique_lock_id, wait_for, Cluster, Scratch};
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
+use crate::support::{alive, secs, unique_lock_id, wait_for, Cluster, Scratch};
 
 /// An interactive bash in a detached tmux session of its own (own server socket).
 struct Pane {

@@ -778,3 +778,6 @@ pub fn step_down_main(
         EXIT_FAILURE
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -139,3 +139,6 @@ pub(super) fn receive(
     }
     Ok(Message::decode(&buf[..n]).map(|m| (m, attached)))
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,10 +1,16 @@
-//! Test support: a real PostgreSQL cluster, the real binary, and waits with deadlines.
+//! Test support: a real PostgreSQL cluster, the real binary, and waits with deadlines. Also
+//! the support of `benches/handover.rs`, which includes this module by path (and nothing else
+//! of the tests).
 
 pub mod cluster;
+// The benchmark's measurements: the benchmark runs them all, the smoke test only a few.
+#[allow(dead_code)]
+pub mod measure;
 pub mod pooler;
 pub mod proxy;
 
-use std::io::Read;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -15,6 +21,18 @@ use std::time::{Duration, Instant};
 pub use cluster::Cluster;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+
+/// The check interval most tests run with: short, so that a test waits little for a check.
+pub const INTERVAL: &str = "200ms";
+
+/// A DSN of a server nobody listens on: port 1 of the loopback refuses every connection at
+/// once, so a replica given it fails its checks without waiting for a timeout.
+pub const UNREACHABLE_DSN: &str = "host=127.0.0.1 port=1 user=postgres dbname=postgres";
+
+/// `s` seconds.
+pub fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
 
 /// A lock id no other test in this process uses, so tests can share one cluster.
 pub fn unique_lock_id() -> i32 {
@@ -195,6 +213,51 @@ impl Scratch {
     }
 }
 
+/// The set-up most tests of the binary share: a lock id no other test uses, on `cluster`, and a
+/// scratch directory with the child script `child.sh` ([`Scratch::child_script`]) that the
+/// replicas run as COMMAND.
+pub struct Setup<'c> {
+    /// The cluster the lock lives on.
+    pub cluster: &'c Cluster,
+    /// The lock id (class [`CLASS`]).
+    pub id: i32,
+    /// The scratch directory: the script and its event log.
+    pub scratch: Scratch,
+    script: String,
+}
+
+impl<'c> Setup<'c> {
+    /// A fresh lock id on `cluster` and a child script that runs `body` after recording its
+    /// start.
+    pub fn new(cluster: &'c Cluster, body: &str) -> Setup<'c> {
+        let scratch = Scratch::new();
+        let script = scratch.child_script("child.sh", body);
+        Setup {
+            cluster,
+            id: unique_lock_id(),
+            script: script.to_str().expect("a UTF-8 temp path").to_owned(),
+            scratch,
+        }
+    }
+
+    /// The child script's path, to give as COMMAND.
+    pub fn script(&self) -> &str {
+        &self.script
+    }
+
+    /// Starts `leaderrun --dsn … --lock-id ID --check-interval INTERVAL OPTIONS... -- SCRIPT`.
+    pub fn replica(&self, interval: &str, options: &[&str]) -> Replica {
+        let mut args = options.to_vec();
+        args.extend(["--", self.script()]);
+        Replica::start(self.cluster, self.id, interval, &args)
+    }
+
+    /// `n` replicas of [`Setup::replica`], started one after the other.
+    pub fn replicas(&self, n: usize, interval: &str, options: &[&str]) -> Vec<Replica> {
+        (0..n).map(|_| self.replica(interval, options)).collect()
+    }
+}
+
 /// A running `leaderrun` process with its stderr (and stdout) collected.
 pub struct Replica {
     child: Child,
@@ -290,6 +353,20 @@ pub fn status_with(
         cmd.arg("--json");
     }
     cmd.output().expect("run leaderrun status")
+}
+
+/// `leaderrun step-down --dsn DSN --lock-id ID`.
+pub fn step_down(cluster: &Cluster, id: i32) -> std::process::Output {
+    leaderrun()
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id.to_string(),
+            "step-down",
+        ])
+        .output()
+        .expect("run leaderrun step-down")
 }
 
 /// Waits until `leaderrun status` lists exactly `waiters` as the sessions waiting for the
@@ -448,4 +525,75 @@ impl Drop for Replica {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The replica among `replicas` whose child made the start record `start` (its parent).
+pub fn leader_of<'a>(replicas: &'a mut [Replica], start: &Start) -> &'a mut Replica {
+    replicas
+        .iter_mut()
+        .find(|r| r.pid() == start.ppid)
+        .expect("the child's parent is one of the replicas")
+}
+
+/// One HTTP/1.0 request to a replica's HTTP port; returns the status code (0 when the answer
+/// has none) and the body. Panics when the port does not answer within 5 s.
+pub fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the probe port");
+    stream.set_read_timeout(Some(secs(5.0))).unwrap();
+    write!(stream, "{method} {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    stream
+        .read_to_string(&mut raw)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}; read so far: {raw:?}"));
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The body of `GET /metrics` from `addr`.
+pub fn metrics(addr: SocketAddr) -> String {
+    http(addr, "GET", "/metrics").1
+}
+
+/// The address a replica started with `--http-addr 127.0.0.1:0` bound, from its log (waits
+/// up to 5 s for the line).
+pub fn probe_addr(replica: &Replica) -> SocketAddr {
+    wait_for("the HTTP address in the log", secs(5.0), || {
+        let log = replica.log();
+        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+        let addr = line.split("addr=").nth(1)?.split_whitespace().next()?;
+        addr.parse().ok()
+    })
+}
+
+/// The value of an unlabelled sample `name` in a Prometheus text exposition.
+pub fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// This machine's host name, as leaderrun puts it in `application_name`.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Lines of a replica's `log` that name the lock's holder (a standby's "the lock is held by").
+pub fn holder_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("the lock is held by"))
+        .map(str::to_owned)
+        .collect()
 }

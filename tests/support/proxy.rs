@@ -60,6 +60,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>, record: Opt
     }
 }
 
+/// Why a test that partitions through a [`Proxy`] needs `idle_session_timeout` (PostgreSQL 14
+/// and later): the proxy's sockets keep answering the server's TCP keepalives, so only that
+/// setting frees the lock of a leader behind it.
+pub const PARTITION_NEEDS_IDLE_SESSION_TIMEOUT: &str =
+    "the test partitions through a userspace proxy, whose sockets keep answering the \
+     server's TCP keepalives, so only idle_session_timeout frees the lock here \
+     (safety::the_lock_session_carries_tcp_timers_and_13_says_so_once covers 13's TCP bound)";
+
 impl Proxy {
     /// Listens on 127.0.0.1 (any free port) and forwards each connection to `target`.
     pub fn start(target: SocketAddr) -> Proxy {
@@ -117,6 +125,14 @@ impl Proxy {
 
     pub fn port(&self) -> u16 {
         self.addr.port()
+    }
+
+    /// A DSN that reaches the cluster through this proxy (as `postgres`, database `postgres`).
+    pub fn dsn(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port()
+        )
     }
 
     pub fn forward(&self) {

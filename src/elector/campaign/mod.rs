@@ -462,3 +462,6 @@ impl Drop for Campaign<'_> {
         self.shared.running.store(false, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests;

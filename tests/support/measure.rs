@@ -1,12 +1,14 @@
-//! The measurements of the `handover` benchmark, shared with the smoke test in the test suite.
+//! The measurements of the `handover` benchmark (`benches/handover.rs`), here in the test
+//! support so that both the benchmark and the test suite's smoke test (`tests/bench_smoke.rs`)
+//! take them from one owner: the benchmark includes this support, never the other way round.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::support::proxy::Proxy;
-use crate::support::{
+use super::proxy::Proxy;
+use super::{
     alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch, CLASS,
 };
 use nix::sys::signal::Signal;
@@ -157,12 +159,7 @@ pub fn failover(cluster: &Cluster, how: &str, runs: usize) -> (Row, Row) {
     let (mut latency, mut overlap) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let proxy = Proxy::start(cluster.addr());
-        let via = (how == "partition").then(|| {
-            format!(
-                "host=127.0.0.1 port={} user=postgres dbname=postgres",
-                proxy.port()
-            )
-        });
+        let via = (how == "partition").then(|| proxy.dsn());
         let interval = if how == "partition" { "1s" } else { "5s" };
         let (scratch, replicas, _) = start_pair(cluster, interval, via);
         let first = scratch.starts()[0].clone();
@@ -685,7 +682,7 @@ impl Lean {
     pub fn start(cluster: &Cluster, id: i32, interval: &str, args: &[&str], log: PathBuf) -> Lean {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
         // The environment of `support::leaderrun()`.
-        crate::support::clear_settings_env(&mut cmd);
+        super::clear_settings_env(&mut cmd);
         let file = std::fs::File::create(&log).expect("standby log");
         let child = cmd
             .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
@@ -721,7 +718,7 @@ impl Drop for Lean {
 
 /// Gives every signal this process ignores (but SIGPIPE, which std resets in each child) its
 /// default disposition, so children started without `pre_exec` get the dispositions
-/// [`crate::support::default_signals`] would give them (a handled signal is reset by exec).
+/// [`super::default_signals`] would give them (a handled signal is reset by exec).
 pub fn default_ignored_signals() {
     for sig in 1..32 {
         if matches!(sig, libc::SIGKILL | libc::SIGSTOP | libc::SIGPIPE) {
@@ -1067,7 +1064,7 @@ pub fn cron_herd(n: usize, max_connections: u32, runs: usize) -> Vec<Row> {
                         None => sh.env_remove(key),
                     };
                 }
-                crate::support::default_signals(&mut sh);
+                super::default_signals(&mut sh);
                 sh.env("LR_GATE", &fifo)
                     .args(["-c", "read _ < \"$LR_GATE\"; exec \"$0\" \"$@\"", bin])
                     .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])

@@ -1,0 +1,307 @@
+//! The pure parts of `status`: the table and the `--json` shape of a report built from given
+//! rows, and who a session is from its `application_name` or its statement's comment. The
+//! queries themselves run against a real server in the integration tests (tests/status.rs).
+
+use super::{who, Leader, Report, Slot, Standby};
+
+/// A leaderrun leader of slot `slot` with every field known.
+fn leader(slot: u32, lock: &str) -> Leader {
+    Leader {
+        slot,
+        lock: lock.to_owned(),
+        pid: 4711,
+        leaderrun: true,
+        host: Some("web-1".to_owned()),
+        leaderrun_pid: Some(901),
+        application_name: Some("leaderrun@web-1:901".to_owned()),
+        client_addr: Some("10.0.0.7".to_owned()),
+        client_port: Some(51234),
+        backend_start: Some("2026-01-02T03:04:05Z".to_owned()),
+        term: Some(3),
+        since: Some("2026-01-02T03:04:06Z".to_owned()),
+        leading_seconds: Some(90),
+        fencing_token: Some(17),
+    }
+}
+
+/// A report of the key `7:42` with one slot and nothing else in it.
+fn report() -> Report {
+    Report {
+        lock: "7:42".to_owned(),
+        lock_class: 7,
+        lock_id: 42,
+        database: "jobs".to_owned(),
+        server: "host=db port=5432".to_owned(),
+        slots: 1,
+        leader: None,
+        slot_leaders: vec![Slot {
+            slot: 0,
+            lock: "7:42".to_owned(),
+            leader: None,
+        }],
+        waiters: Vec::new(),
+        standbys: Vec::new(),
+        more_slots_held: Vec::new(),
+        runs: Vec::new(),
+        schedule: None,
+        tz: None,
+        next_due_at: None,
+    }
+}
+
+/// A leaderrun standby on `host` in line at `place` (or not in line) of slot `slot`.
+fn standby(backend_pid: i32, host: &str, place: Option<u32>, slot: Option<u32>) -> Standby {
+    let mut s = Standby::seen(
+        backend_pid,
+        Some(format!("leaderrun@{host}:{backend_pid}")),
+        None,
+        None,
+    );
+    s.place = place;
+    s.slot = slot;
+    s
+}
+
+/// The leader's lines of the table, in order.
+const LEADER_LINES: &str = "\
+leader         web-1, leaderrun pid 901
+leader pid     4711 (backend)
+application    leaderrun@web-1:901
+client         10.0.0.7:51234
+backend start  2026-01-02T03:04:05Z
+leading since  2026-01-02T03:04:06Z (1m 30s)
+term           3 (terms of this leader process)
+fencing token  17 (grows across all replicas)
+";
+
+#[test]
+fn a_free_lock_is_three_lines() {
+    assert_eq!(
+        report().table(),
+        "lock           7:42 (database jobs, host=db port=5432)\n\
+         leader         none\n\
+         waiters        none\n"
+    );
+}
+
+#[test]
+fn a_leader_and_its_standbys_each_get_their_lines() {
+    let mut r = report();
+    r.leader = Some(leader(0, "7:42"));
+    r.slot_leaders[0].leader = r.leader.clone();
+    r.waiters = vec![5001, 5002];
+    let mut head = standby(5001, "web-2", Some(1), Some(0));
+    head.queued = true;
+    head.waiting_since = Some("2026-01-02T03:05:00Z".to_owned());
+    let mut second = standby(5002, "web-3", Some(2), Some(0));
+    second.queued = true;
+    let trying = standby(5003, "web-4", None, None);
+    let mut psql = Standby::seen(5004, Some("psql".to_owned()), None, None);
+    psql.queued = true;
+    r.standbys = vec![head, second, trying, psql];
+    let want = format!(
+        "lock           7:42 (database jobs, host=db port=5432)\n\
+         {LEADER_LINES}\
+         waiters        5001, 5002\n\
+         standby        web-2, leaderrun pid 5001 (backend 5001), queue head, waiting since 2026-01-02T03:05:00Z\n\
+         standby        web-3, leaderrun pid 5002 (backend 5002), place 2 in line\n\
+         standby        web-4, leaderrun pid 5003 (backend 5003), tries every check interval\n\
+         standby        not leaderrun: application_name=psql (backend 5004), waiting\n"
+    );
+    assert_eq!(r.table(), want);
+}
+
+#[test]
+fn what_is_not_known_says_so() {
+    let mut r = report();
+    let stranger = Leader {
+        leaderrun: false,
+        host: None,
+        leaderrun_pid: None,
+        application_name: Some("psql".to_owned()),
+        client_addr: None,
+        client_port: None,
+        backend_start: None,
+        term: None,
+        since: None,
+        leading_seconds: None,
+        fencing_token: None,
+        ..leader(0, "7:42")
+    };
+    r.leader = Some(stranger);
+    let table = r.table();
+    for line in [
+        "leader         not leaderrun: application_name=psql",
+        "client         local socket or not visible",
+        "backend start  unknown",
+        "leading since  unknown",
+        "term           unknown (terms of this leader process)",
+        "fencing token  unknown (grows across all replicas)",
+    ] {
+        assert!(table.lines().any(|l| l == line), "{line:?} not in\n{table}");
+    }
+    // An address without a port (0: not known) is the address alone; a start time without
+    // the seconds led is the time alone.
+    let mut partial = leader(0, "7:42");
+    partial.client_port = Some(0);
+    partial.leading_seconds = None;
+    r.leader = Some(partial);
+    let table = r.table();
+    assert!(table.contains("\nclient         10.0.0.7\n"), "{table}");
+    assert!(
+        table.contains("\nleading since  2026-01-02T03:04:06Z\n"),
+        "{table}"
+    );
+}
+
+#[test]
+fn with_slots_every_slot_gets_its_leader_or_none() {
+    let mut r = report();
+    r.slots = 2;
+    r.slot_leaders = vec![
+        Slot {
+            slot: 0,
+            lock: "7:42".to_owned(),
+            leader: None,
+        },
+        Slot {
+            slot: 1,
+            lock: "8:42".to_owned(),
+            leader: Some(leader(1, "8:42")),
+        },
+    ];
+    r.leader = r.slot_leaders[1].leader.clone();
+    r.standbys = vec![
+        standby(5001, "web-2", Some(1), Some(0)),
+        standby(5002, "web-3", Some(2), Some(1)),
+    ];
+    r.more_slots_held = vec![3, 5];
+    let want = format!(
+        "lock           7:42 (database jobs, host=db port=5432)\n\
+         slots          1 of 2 held\n\
+         slot           0 (lock 7:42)\n\
+         leader         none\n\
+         slot           1 (lock 8:42)\n\
+         {LEADER_LINES}\
+         waiters        none\n\
+         more slots     3, 5 held too: give --slots 6 (or more) to see them\n\
+         standby        web-2, leaderrun pid 5001 (backend 5001), queue head of slot 0\n\
+         standby        web-3, leaderrun pid 5002 (backend 5002), place 2 in line for slot 1\n"
+    );
+    assert_eq!(r.table(), want);
+}
+
+/// The keys of a JSON object, sorted.
+fn keys(value: &serde_json::Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = value
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys
+}
+
+#[test]
+fn the_json_shape_is_stable() {
+    let mut r = report();
+    r.leader = Some(leader(0, "7:42"));
+    r.slot_leaders[0].leader = r.leader.clone();
+    r.waiters = vec![5001];
+    let mut head = standby(5001, "web-2", Some(1), Some(0));
+    head.queued = true;
+    r.standbys = vec![head, Standby::seen(5004, None, None, None)];
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        keys(&json),
+        [
+            "database",
+            "leader",
+            "lock",
+            "lock_class",
+            "lock_id",
+            "more_slots_held",
+            "next_due_at",
+            "runs",
+            "schedule",
+            "server",
+            "slot_leaders",
+            "slots",
+            "standbys",
+            "tz",
+            "waiters"
+        ]
+    );
+    assert_eq!(
+        keys(&json["leader"]),
+        [
+            "application_name",
+            "backend_start",
+            "client_addr",
+            "client_port",
+            "fencing_token",
+            "host",
+            "leaderrun",
+            "leaderrun_pid",
+            "leading_seconds",
+            "lock",
+            "pid",
+            "since",
+            "slot",
+            "term"
+        ]
+    );
+    assert_eq!(keys(&json["slot_leaders"][0]), ["leader", "lock", "slot"]);
+    assert_eq!(json["slot_leaders"][0]["leader"], json["leader"]);
+    let standby_keys = [
+        "application_name",
+        "backend_pid",
+        "client_addr",
+        "host",
+        "leaderrun",
+        "leaderrun_pid",
+        "place",
+        "queued",
+        "slot",
+        "waiting_since",
+    ];
+    assert_eq!(keys(&json["standbys"][0]), standby_keys);
+    assert_eq!(keys(&json["standbys"][1]), standby_keys);
+    // Values keep their JSON types; what is not known is null, not left out.
+    assert_eq!(json["lock"], "7:42");
+    assert_eq!(json["lock_class"], 7);
+    assert_eq!(json["waiters"], serde_json::json!([5001]));
+    assert_eq!(json["more_slots_held"], serde_json::json!([]));
+    assert_eq!(json["leader"]["leaderrun_pid"], 901);
+    assert_eq!(json["leader"]["fencing_token"], 17);
+    assert_eq!(json["standbys"][0]["place"], 1);
+    assert_eq!(json["standbys"][0]["queued"], true);
+    let unknown = &json["standbys"][1];
+    for key in ["application_name", "host", "leaderrun_pid", "place", "slot"] {
+        assert!(unknown[key].is_null(), "{key}: {unknown}");
+    }
+    assert_eq!(unknown["leaderrun"], false);
+    // No leader: null.
+    let json = serde_json::to_value(report()).unwrap();
+    assert!(json["leader"].is_null(), "{json}");
+}
+
+#[test]
+fn a_session_is_known_by_its_application_name_or_its_statements_comment() {
+    assert_eq!(
+        who(Some("leaderrun@web-1:901"), None),
+        (Some("web-1".to_owned()), Some(901))
+    );
+    // PGAPPNAME or the DSN renamed it: its statements still say who it is.
+    assert_eq!(
+        who(Some("billing"), Some("/* by=web-2:77 */ SELECT 1")),
+        (Some("web-2".to_owned()), Some(77))
+    );
+    assert_eq!(who(Some("psql"), Some("SELECT 1")), (None, None));
+    assert_eq!(who(None, None), (None, None));
+    let seen = Standby::seen(12, Some("leaderrun@web-1:901".to_owned()), None, None);
+    assert!(seen.leaderrun && !seen.queued && seen.place.is_none());
+    assert_eq!(seen.leaderrun_pid, Some(901));
+    assert!(!Standby::seen(13, Some("psql".to_owned()), None, None).leaderrun);
+}

@@ -1,0 +1,145 @@
+//! leaderrun's exit status through the binary (docs/guarantees.md#exit-codes): COMMAND's status
+//! passed on, its death by a signal passed on, a stopped leader's 143, usage errors' 125, and
+//! a missing or unexecutable COMMAND.
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::Instant;
+
+use nix::sys::signal::Signal;
+
+use crate::support::{leaderrun, secs, unique_lock_id, Cluster, Replica, Scratch, Setup, INTERVAL};
+
+#[test]
+fn exit_status_of_command_is_passed_on() {
+    let cluster = Cluster::shared();
+    let cases: [(&str, Option<i32>, Option<i32>); 4] = [
+        ("echo to-stdout; echo to-stderr >&2; exit 7", Some(7), None),
+        ("exit 0", Some(0), None),
+        ("kill -KILL $$", Some(137), None),
+        ("kill -TERM $$", Some(143), None),
+    ];
+    for (body, code, signal) in cases {
+        let mut replica = Replica::start(
+            cluster,
+            unique_lock_id(),
+            INTERVAL,
+            &["--", "sh", "-c", body],
+        );
+        let status = replica.wait_exit(secs(10.0));
+        assert_eq!(
+            (status.code(), status.signal()),
+            (code, signal),
+            "{body}: {}",
+            replica.log()
+        );
+        if body.starts_with("echo") {
+            // stdio passes through untouched; leaderrun's own lines go to stderr only.
+            assert_eq!(replica.stdout(), "to-stdout\n");
+            assert!(replica.log().contains("to-stderr\n"));
+        }
+    }
+}
+
+#[test]
+fn child_dying_of_sigint_makes_leaderrun_die_of_sigint() {
+    let mut replica = Replica::start(
+        Cluster::shared(),
+        unique_lock_id(),
+        INTERVAL,
+        &["--", "sh", "-c", "kill -INT $$"],
+    );
+    let status = replica.wait_exit(secs(10.0));
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{}", replica.log());
+}
+
+/// `systemctl stop` sends SIGTERM: a leader whose COMMAND dies of it exits 143 (128 + 15), so
+/// the README's unit counts 143 as success; without it the unit shows "failed" after every stop.
+#[test]
+fn a_stopped_leader_exits_143_and_the_systemd_unit_counts_it_as_success() {
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let mut leader = setup.replica(INTERVAL, &[]);
+    scratch.wait_starts(1, secs(10.0));
+    leader.signal(Signal::SIGTERM);
+    let status = leader.wait_exit(secs(5.0));
+    assert_eq!(status.code(), Some(143), "log:\n{}", leader.log());
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let unit = readme
+        .split("### systemd")
+        .nth(1)
+        .and_then(|s| s.split("```").nth(1))
+        .expect("the README's systemd unit");
+    assert!(unit.lines().any(|l| l == "SuccessExitStatus=143"), "{unit}");
+}
+
+#[test]
+fn usage_errors_exit_125_without_a_backtrace() {
+    let cases: &[&[&str]] = &[
+        &[],
+        &["--check-interval", "5", "--", "true"],
+        &["--check-interval", "0s", "--", "true"],
+        &["--grace", "-1s", "--", "true"],
+        &["--lock-id", "2147483648", "--", "true"],
+        &["--lock-class", "x", "--", "true"],
+        &["--stop-signal", "NOPE", "--", "true"],
+        &["--frobnicate", "--", "true"],
+        &["--dsn", "postgres://u:hunter2@h:notaport/db", "--", "true"],
+        &["--dsn", "mysql://u:hunter2@h/db", "--", "true"],
+        &["--stop-signal", "STOP", "--", "true"],
+        &["--check-interval", "1000h", "--", "true"],
+    ];
+    for args in cases {
+        let out = leaderrun().args(*args).output().expect("run leaderrun");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {stderr}");
+        assert!(!stderr.contains("backtrace"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{args:?}: {stderr}");
+        assert!(!stderr.trim().is_empty(), "{args:?}: no message");
+    }
+    let out = leaderrun()
+        .args(["--check-interval", "-1s", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must not be negative"));
+    let out = leaderrun().arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--check-interval"));
+}
+
+#[test]
+fn missing_or_unexecutable_command_exits_at_once() {
+    let scratch = Scratch::new();
+    let plain = scratch.file("plain.txt");
+    std::fs::write(&plain, "not a program").unwrap();
+    let bad_interpreter = scratch.child_script("bad.sh", "exit 0");
+    let text = std::fs::read_to_string(&bad_interpreter).unwrap();
+    std::fs::write(
+        &bad_interpreter,
+        text.replace("#!/bin/sh", "#!/nonexistent/interp"),
+    )
+    .unwrap();
+    // Nothing listens on this port: the checks must happen before any connection attempt.
+    let dsn = "host=127.0.0.1 port=1 user=postgres dbname=postgres connect_timeout=30";
+    let cases = [
+        ("no-such-command-leaderrun", 127),
+        ("./no/such/file", 127),
+        (plain.to_str().unwrap(), 126),
+        (scratch.path().to_str().unwrap(), 126),
+        (bad_interpreter.to_str().unwrap(), 127),
+    ];
+    for (command, code) in cases {
+        let started = Instant::now();
+        let out = leaderrun()
+            .args(["--dsn", dsn, "--", command])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(started.elapsed() < secs(2.0));
+    }
+}

@@ -1,0 +1,380 @@
+//! What leaderrun writes, through the binary against a real PostgreSQL: JSON log lines and
+//! their fields, the start line, hints for common slips, a standby naming the lock's holder,
+//! quiet one-shots, a failure printed once, password hints, and a password that appears
+//! nowhere.
+
+use std::net::SocketAddr;
+
+use nix::sys::signal::Signal;
+
+use crate::support::{
+    holder_lines, hostname, http, leaderrun, metrics, probe_addr, secs, unique_lock_id, wait_for,
+    Cluster, Replica, Scratch, Setup, INTERVAL, UNREACHABLE_DSN,
+};
+
+/// `leaderrun_checks_total{outcome="refused"}` of a replica.
+fn refusals(addr: SocketAddr) -> u64 {
+    metrics(addr)
+        .lines()
+        .find(|l| l.starts_with("leaderrun_checks_total{outcome=\"refused\"}"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+#[test]
+fn json_log_lines_parse_and_carry_fields() {
+    let setup = Setup::new(Cluster::shared(), "exit 0");
+    let mut replica = setup.replica(INTERVAL, &["--log-format", "json"]);
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    let lines: Vec<serde_json::Value> = replica
+        .log()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.len() >= 4);
+    for line in &lines {
+        assert!(
+            line["timestamp"].is_string()
+                && line["level"].is_string()
+                && line["message"].is_string(),
+            "{line}"
+        );
+    }
+    let acquired = lines
+        .iter()
+        .find(|l| l["message"] == "background leader lock acquired")
+        .expect("acquisition line");
+    assert_eq!(acquired["level"], "INFO");
+    assert!(acquired["term"].is_u64() && acquired["backend_pid"].is_i64());
+    let exited = lines
+        .iter()
+        .find(|l| l["message"] == "child exited")
+        .unwrap();
+    assert_eq!(exited["status"], "exit code 0");
+}
+
+/// The default key is the plexsphere API's own leader lock: the start line says so in words.
+#[test]
+fn the_start_line_names_the_default_key_in_words() {
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let dsn = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let start_line = |extra: &[&str]| {
+        let out = leaderrun()
+            .args(["-v", "--once", "--dsn", &dsn])
+            .args(extra)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        log.lines()
+            .find(|l| l.contains("campaigning for the background leader lock"))
+            .unwrap_or_else(|| panic!("no start line:\n{log}"))
+            .to_owned()
+    };
+    let default = start_line(&[]);
+    assert!(
+        default.contains("lock_is=\"the plexsphere background leader lock"),
+        "{default}"
+    );
+    let own = start_line(&["--lock-name", "nightly-report"]);
+    assert!(own.contains("lock_is=\"a key of its own\""), "{own}");
+}
+
+/// Newcomers' slips get a hint that says what to check: a mistyped subcommand, flock's word
+/// order, a refused connection, a database that does not exist.
+#[test]
+fn slips_get_hints_that_say_what_to_check() {
+    let cluster = Cluster::shared();
+    let run = |args: &[&str]| {
+        let out = leaderrun().args(args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let dsn = cluster.dsn();
+    // A near miss of a subcommand is not run as a program...
+    let (code, text) = run(&["statsu"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("did you mean status?"), "{text}");
+    let (code, text) = run(&["--dsn", &dsn, "step-dwon"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("did you mean step-down?"), "{text}");
+    // ... unless it comes after `--`.
+    let (code, text) = run(&["--dsn", &dsn, "--", "statsu"]);
+    assert_eq!(code, Some(127), "{text}");
+    assert!(!text.contains("did you mean"), "{text}");
+    // flock's word order: there is no lock-file argument.
+    let (code, text) = run(&["--dsn", &dsn, "-n", "/nonexistent/lock/x", "true"]);
+    assert_eq!(code, Some(127), "{text}");
+    assert!(text.contains("no lock-file argument"), "{text}");
+    // A refused connection: is the server running there? Not pg_hba.conf.
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let nobody = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let (code, text) = run(&["--dsn", &nobody, "--once", "--", "true"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(
+        text.contains("hint: is the server running on that host and accepting TCP connections"),
+        "{text}"
+    );
+    let (code, text) = run(&["--dsn", &nobody, "doctor"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(text.contains("check the host and port"), "{text}");
+    assert!(!text.contains("pg_hba"), "{text}");
+    // A database that does not exist: its name, and where it comes from.
+    let missing = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=leaderrun_no_such_db",
+        cluster.addr().port()
+    );
+    let (code, text) = run(&["--dsn", &missing, "doctor"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(
+        text.contains("\"leaderrun_no_such_db\" does not exist"),
+        "{text}"
+    );
+    assert!(text.contains("check the database name"), "{text}");
+    assert!(!text.contains("pg_hba"), "{text}");
+}
+
+#[test]
+fn a_standby_says_who_holds_the_lock_once_and_again_when_the_holder_changes() {
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let scratch = &setup.scratch;
+    let mut first = setup.replica(INTERVAL, &[]);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let host = hostname();
+    let standbys: Vec<Replica> = setup.replicas(2, INTERVAL, &["--http-addr", "127.0.0.1:0"]);
+    for standby in &standbys {
+        standby.wait_log("the lock is held by", 1, secs(10.0));
+        let line = &holder_lines(&standby.log())[0];
+        assert!(
+            line.contains(&format!(
+                "INFO the lock is held by leaderrun on {host} (pid {}), backend {}, leading since ",
+                first.pid(),
+                start.backend_pid
+            )),
+            "{line}"
+        );
+        // Nothing more while nothing changes: three more refused checks, still one line.
+        let addr = probe_addr(standby);
+        let seen = refusals(addr);
+        wait_for("three more refused checks", secs(10.0), || {
+            (refusals(addr) >= seen + 3).then_some(())
+        });
+        assert_eq!(holder_lines(&standby.log()).len(), 1, "{}", standby.log());
+    }
+    // The leader hands over: one standby leads, the other names its new holder.
+    first.signal(Signal::SIGTERM);
+    first.wait_exit(secs(10.0));
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    let (leading, waiting): (Vec<&Replica>, Vec<&Replica>) =
+        standbys.iter().partition(|r| r.pid() == second.ppid);
+    assert_eq!((leading.len(), waiting.len()), (1, 1));
+    let waiting = waiting[0];
+    waiting.wait_log("the lock is held by", 2, secs(10.0));
+    let line = &holder_lines(&waiting.log())[1];
+    assert!(
+        line.contains(&format!(
+            "the lock is held by leaderrun on {host} (pid {}), backend {}",
+            leading[0].pid(),
+            second.backend_pid
+        )),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_one_shot_that_led_prints_only_what_command_prints() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "echo report done\necho to stderr >&2");
+    for mode in [&["--once"][..], &["--wait", "5s"]] {
+        let mut args = mode.to_vec();
+        args.extend(["--", job.to_str().unwrap()]);
+        let mut once = Replica::start(cluster, unique_lock_id(), INTERVAL, &args);
+        assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0));
+        assert_eq!(once.stdout(), "report done\n");
+        assert_eq!(
+            once.log(),
+            "to stderr\n",
+            "{mode:?}: only COMMAND's own stderr"
+        );
+    }
+    // -v shows the INFO lines, the fencing token in the acquisition line among them.
+    let mut verbose = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &["-v", "--once", "--", job.to_str().unwrap()],
+    );
+    assert_eq!(verbose.wait_exit(secs(10.0)).code(), Some(0));
+    let log = verbose.log();
+    let start = scratch.starts().last().unwrap().clone();
+    let acquired = log
+        .lines()
+        .find(|l| l.contains("INFO background leader lock acquired"))
+        .unwrap_or_else(|| panic!("no acquisition line:\n{log}"));
+    assert!(
+        acquired.contains(&format!("fencing_token={}", start.fencing_token)),
+        "{acquired}"
+    );
+    assert!(log.contains("INFO child started"), "{log}");
+    // The settings line names the database the lock lives in.
+    let settings = log
+        .lines()
+        .find(|l| l.contains("campaigning for the background leader lock"))
+        .unwrap_or_else(|| panic!("no settings line:\n{log}"));
+    assert!(
+        settings.contains("database=postgres database_from=dsn"),
+        "{settings}"
+    );
+}
+
+#[test]
+fn a_connection_failure_is_printed_once() {
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", UNREACHABLE_DSN, "--once", "--", "true"]);
+    let mut once = Replica::spawn(cmd);
+    assert_eq!(once.wait_exit(secs(10.0)).code(), Some(125));
+    let log = once.log();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(
+        lines[0].contains("ERROR could not check the lock: connect to host=127.0.0.1 port=1")
+            && lines[0].contains("Connection refused"),
+        "{log}"
+    );
+    // --wait: each failed try is one WARN with its cause; the verdict does not repeat it.
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", UNREACHABLE_DSN]).args([
+        "--check-interval",
+        INTERVAL,
+        "--wait",
+        "500ms",
+        "--",
+        "true",
+    ]);
+    let mut wait = Replica::spawn(cmd);
+    assert_eq!(wait.wait_exit(secs(10.0)).code(), Some(125));
+    let log = wait.log();
+    let refused = log.matches("Connection refused").count();
+    let warned = log.matches("WARN leader: acquire lock connection").count();
+    assert!(warned >= 1 && refused == warned, "{log}");
+    assert_eq!(log.matches("ERROR").count(), 1, "{log}");
+}
+
+#[test]
+fn passwords_get_hints_and_a_warning_on_the_command_line() {
+    let cluster = Cluster::start_private();
+    cluster.require_password("pwuser", "s3cret-pw");
+    let home = Scratch::new();
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=pwuser dbname=postgres",
+        cluster.addr().port()
+    );
+    let id = unique_lock_id().to_string();
+    let run = |dsn: &str, env: &[(&str, &str)]| {
+        let mut cmd = leaderrun();
+        cmd.env("HOME", home.path())
+            .args(["--dsn", dsn, "--lock-id", &id, "--once", "--", "true"]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut replica = Replica::spawn(cmd);
+        let code = replica.wait_exit(secs(10.0)).code();
+        (code, replica.log())
+    };
+    // No password anywhere.
+    let (code, log) = run(&dsn, &[]);
+    assert_eq!(code, Some(125), "{log}");
+    assert_eq!(log.lines().count(), 1, "{log}");
+    for needle in [
+        "password missing",
+        "PGPASSWORD",
+        "~/.pgpass",
+        "~/.pg_service.conf",
+    ] {
+        assert!(log.contains(needle), "{needle:?} not in {log}");
+    }
+    // PGPASSWORD: quiet.
+    let (code, log) = run(&dsn, &[("PGPASSWORD", "s3cret-pw")]);
+    assert_eq!((code, log.as_str()), (Some(0), ""));
+    // In --dsn, keyword and URL form: it works, with a WARN that names no password.
+    let url = format!(
+        "postgres://pwuser:s3cret-pw@127.0.0.1:{}/postgres",
+        cluster.addr().port()
+    );
+    for dsn in [format!("{dsn} password=s3cret-pw"), url] {
+        let (code, log) = run(&dsn, &[]);
+        assert_eq!(code, Some(0), "{log}");
+        assert!(
+            log.contains("WARN the password is written into --dsn")
+                && log.contains("ps")
+                && log.contains("PGPASSWORD or ~/.pgpass"),
+            "{log}"
+        );
+        assert!(!log.contains("s3cret"), "{log}");
+    }
+    // The same DSN in LEADERRUN_DSN is not on the command line: no warning.
+    let mut cmd = leaderrun();
+    cmd.env("HOME", home.path())
+        .env("LEADERRUN_DSN", format!("{dsn} password=s3cret-pw"))
+        .args(["--lock-id", &id, "--once", "--", "true"]);
+    let mut replica = Replica::spawn(cmd);
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    assert_eq!(replica.log(), "");
+}
+
+#[test]
+fn the_password_appears_nowhere() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let go = scratch.file("go");
+    let job = scratch.child_script(
+        "job.sh",
+        &format!(
+            "env > \"$EVENTS.env\"\nwhile [ ! -e '{}' ]; do sleep 0.02; done",
+            go.display()
+        ),
+    );
+    // Trust auth accepts any password; what matters is where it shows up.
+    let dsn = format!("{} password=hunter2", cluster.dsn());
+    let mut cmd = leaderrun();
+    cmd.args(["-vv", "--dsn", &dsn, "--lock-id", &id.to_string()])
+        .args(["--http-addr", "127.0.0.1:0", "--", job.to_str().unwrap()]);
+    let mut replica = Replica::spawn(cmd);
+    let addr = probe_addr(&replica);
+    let metrics = http(addr, "GET", "/metrics").1;
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    let mut outputs = vec![replica.log(), metrics];
+    for sub in ["status", "doctor"] {
+        let out = leaderrun().args([sub, "--dsn", &dsn]).output().unwrap();
+        outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        outputs.push(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    // The child's whole environment: leaderrun adds nothing that carries it, and the caller set
+    // no PGPASSWORD (`leaderrun()` clears PG*), so the child must not get one either.
+    let env = std::fs::read_to_string(scratch.path().join("events.env")).unwrap();
+    assert!(
+        env.lines().any(|l| l.starts_with("LEADERRUN_TERM=")),
+        "not the child's environment:\n{env}"
+    );
+    assert!(
+        !env.lines().any(|l| l.starts_with("PGPASSWORD=")),
+        "PGPASSWORD set in the child:\n{env}"
+    );
+    outputs.push(env);
+    for output in &outputs {
+        assert!(!output.contains("hunter2"), "password leaked:\n{output}");
+    }
+    assert!(outputs[0].contains("background leader lock acquired"));
+}

@@ -1,0 +1,573 @@
+//! `status`, `step-down` and `doctor` through the binary against a real PostgreSQL: who leads
+//! and who stands by (hosts, pids, a holder that is not leaderrun), negative lock keys, the
+//! hand-over `step-down` asks for, and `doctor` on a primary, a hot standby and its database.
+
+use std::io::Write;
+
+use nix::sys::signal::Signal;
+
+use crate::support::{
+    holder_lines, hostname, leaderrun, secs, status, step_down, unique_lock_id, wait_for,
+    wait_status_waiters, Cluster, Replica, Scratch, Setup, CLASS, INTERVAL, UNREACHABLE_DSN,
+};
+
+#[test]
+fn status_shows_the_leader_or_none() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let none = status(cluster, id, false);
+    assert_eq!(none.status.code(), Some(1));
+    let table = String::from_utf8_lossy(&none.stdout);
+    assert!(table.contains("leader         none"), "{table}");
+    assert!(table.contains("waiters        none"), "{table}");
+
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let _leader = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // The term shows from its first check, 50 ms after the grant (README).
+    let report: serde_json::Value = wait_for("status to show the term", secs(5.0), || {
+        let out = status(cluster, id, true);
+        assert_eq!(out.status.code(), Some(0));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (!report["leader"]["term"].is_null()).then_some(report)
+    });
+    assert_eq!(report["lock"], format!("{CLASS}:{id}"));
+    assert_eq!(report["database"], "postgres");
+    assert_eq!(report["waiters"], serde_json::json!([]));
+    let leader = &report["leader"];
+    assert_eq!(leader["pid"], start.backend_pid);
+    assert_eq!(leader["term"], 1);
+    assert_eq!(leader["fencing_token"], start.fencing_token);
+    assert_eq!(leader["client_addr"], "127.0.0.1");
+    assert!(leader["since"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        leader["application_name"].as_str().unwrap(),
+        format!(
+            "leaderrun@{}:{}",
+            nix::unistd::gethostname().unwrap().to_string_lossy(),
+            start.ppid
+        )
+    );
+    let table = String::from_utf8(status(cluster, id, false).stdout).unwrap();
+    assert!(
+        table.contains(&format!("leader pid     {}", start.backend_pid)),
+        "{table}"
+    );
+    assert!(table.contains("leading since"), "{table}");
+    assert!(table.contains("waiters        none"), "{table}");
+
+    // Two standbys wait in the server's queue: both are listed as waiters, the leader is not.
+    let standbys: Vec<Replica> = (0..2)
+        .map(|_| Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]))
+        .collect();
+    let waiting: Vec<i32> = standbys
+        .iter()
+        .map(|r| {
+            wait_for("the standby's session", secs(10.0), || {
+                let backends = cluster.backends_of(r.pid());
+                (backends.len() == 1).then(|| backends[0])
+            })
+        })
+        .collect();
+    assert!(!waiting.contains(&start.backend_pid));
+    wait_status_waiters(cluster, id, &waiting, secs(5.0));
+    let report: serde_json::Value =
+        serde_json::from_slice(&status(cluster, id, true).stdout).unwrap();
+    assert_eq!(report["leader"]["pid"], start.backend_pid);
+    assert_eq!(scratch.starts().len(), 1);
+
+    let unreachable = leaderrun()
+        .args(["status", "--dsn", UNREACHABLE_DSN])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(125));
+}
+
+#[test]
+fn status_names_the_hosts_and_pids_of_the_leader_and_its_standbys() {
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let leader = setup.replica(INTERVAL, &[]);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let standby = setup.replica(INTERVAL, &[]);
+    let standby_backend = wait_for("the standby's session", secs(10.0), || {
+        let backends = cluster.backends_of(standby.pid());
+        (backends.len() == 1).then(|| backends[0])
+    });
+    let host = hostname();
+    let report = wait_for("the standby listed by status", secs(5.0), || {
+        let out = status(cluster, id, true);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        // The leader's term and token show from its term's first check on, which a loaded
+        // machine may run after the standby queues.
+        (report["standbys"].as_array()?.len() == 1
+            && report["standbys"][0]["queued"] == true
+            && report["leader"]["term"] == 1
+            && out.status.code() == Some(0))
+        .then_some(report)
+    });
+    let l = &report["leader"];
+    assert_eq!(l["leaderrun"], true, "{report}");
+    assert_eq!(l["host"], host.as_str());
+    assert_eq!(l["leaderrun_pid"], leader.pid());
+    assert_eq!(l["pid"], start.backend_pid);
+    assert_eq!(l["client_addr"], "127.0.0.1");
+    assert_eq!(l["term"], 1);
+    assert_eq!(l["fencing_token"], start.fencing_token);
+    assert!(l["since"].as_str().unwrap().ends_with('Z'), "{report}");
+    let s = &report["standbys"][0];
+    assert_eq!(s["leaderrun"], true, "{report}");
+    assert_eq!(s["host"], host.as_str());
+    assert_eq!(s["leaderrun_pid"], standby.pid());
+    assert_eq!(s["backend_pid"], standby_backend);
+    assert_eq!(s["client_addr"], "127.0.0.1");
+    // pg_locks.waitstart is new in PostgreSQL 14.
+    if crate::support::cluster::server_major() >= 14 {
+        assert!(
+            s["waiting_since"].as_str().unwrap().ends_with('Z'),
+            "{report}"
+        );
+    } else {
+        assert!(s["waiting_since"].is_null(), "{report}");
+    }
+    assert_eq!(report["waiters"], serde_json::json!([standby_backend]));
+    // The only standby is the queue head: place 1 in the line of slot 0.
+    assert_eq!(s["place"], 1, "{report}");
+    assert_eq!(s["slot"], 0, "{report}");
+
+    let table = String::from_utf8(status(cluster, id, false).stdout).unwrap();
+    for line in [
+        format!("leader         {host}, leaderrun pid {}", leader.pid()),
+        format!("leader pid     {} (backend)", start.backend_pid),
+        format!(
+            "fencing token  {} (grows across all replicas)",
+            start.fencing_token
+        ),
+        format!(
+            "standby        {host}, leaderrun pid {} (backend {standby_backend}), queue head{}",
+            standby.pid(),
+            if crate::support::cluster::server_major() >= 14 {
+                ", waiting since "
+            } else {
+                "\n"
+            }
+        ),
+    ] {
+        assert!(table.contains(&line), "{line:?} not in\n{table}");
+    }
+}
+
+#[test]
+fn a_holder_that_is_not_leaderrun_leads_too() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let mut psql = cluster.psql_session();
+    writeln!(
+        psql.stdin.as_mut().unwrap(),
+        "SELECT pg_advisory_lock({CLASS}, {id});"
+    )
+    .unwrap();
+    let holder = wait_for("psql to hold the lock", secs(10.0), || {
+        cluster.lock_holders(CLASS, id).first().copied()
+    });
+    let out = status(cluster, id, true);
+    assert_eq!(out.status.code(), Some(0), "a leader holds the lock");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let l = &report["leader"];
+    assert_eq!(l["pid"], holder);
+    assert_eq!(l["leaderrun"], false);
+    assert_eq!(l["application_name"], "psql");
+    assert!(
+        l["host"].is_null() && l["leaderrun_pid"].is_null(),
+        "{report}"
+    );
+    assert!(
+        l["term"].is_null() && l["fencing_token"].is_null(),
+        "{report}"
+    );
+    let table = status(cluster, id, false);
+    assert_eq!(table.status.code(), Some(0));
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.contains("leader         not leaderrun: application_name=psql"),
+        "{table}"
+    );
+
+    // A standby started by hand says who holds the lock, once.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let standby = Replica::start(cluster, id, INTERVAL, &["--", job.to_str().unwrap()]);
+    standby.wait_log("the lock is held by", 1, secs(10.0));
+    let lines = holder_lines(&standby.log());
+    assert!(
+        lines[0].contains(" INFO ")
+            && lines[0].contains(&format!(
+                "the lock is held by not leaderrun: application_name=psql, backend {holder}, session started "
+            )),
+        "{lines:?}"
+    );
+    let _ = psql.kill();
+    let _ = psql.wait();
+    scratch.wait_starts(1, secs(10.0));
+}
+
+#[test]
+fn status_and_doctor_take_negative_lock_keys_in_every_form() {
+    let cluster = Cluster::shared();
+    let dsn = cluster.dsn();
+    // A negative id and a negative class no other test uses.
+    let id = -unique_lock_id();
+    let class = -7;
+    let (id_arg, class_arg) = (id.to_string(), class.to_string());
+    let id_eq = format!("--lock-id={id}");
+    let class_eq = format!("--lock-class={class}");
+    let forms: [Vec<&str>; 3] = [
+        vec!["--lock-class", &class_arg, "--lock-id", &id_arg],
+        vec![&class_eq, &id_eq],
+        vec!["--lock-id", &id_arg, "--lock-class", &class_arg],
+    ];
+    let run = |sub: &str, form: &[&str], before: bool| {
+        let mut cmd = leaderrun();
+        if before {
+            cmd.args(form).arg(sub);
+        } else {
+            cmd.arg(sub).args(form);
+        }
+        let out = cmd.args(["--dsn", &dsn]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr,
+        )
+    };
+    // Nobody holds the key: status answers "no leader" (1), not a usage error (125).
+    for form in &forms {
+        for before in [false, true] {
+            let (code, stdout, stderr) = run("status", form, before);
+            assert_eq!(code, Some(1), "status {form:?}: {stdout}{stderr}");
+            assert!(stdout.contains("leader         none"), "{stdout}");
+        }
+    }
+
+    // A leader on the negative key, started with the same forms: status finds it under each.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--check-interval", INTERVAL])
+        .args(&forms[0])
+        .args(["--", job.to_str().unwrap()]);
+    let _leader = Replica::spawn(cmd);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    assert_eq!(start.lock, format!("{class}:{id}"));
+    assert_eq!(cluster.lock_holders(class, id), vec![start.backend_pid]);
+    for form in &forms {
+        for before in [false, true] {
+            let (code, stdout, stderr) = run("status", form, before);
+            assert_eq!(code, Some(0), "status {form:?}: {stdout}{stderr}");
+            assert!(
+                stdout.contains(&format!("leader pid     {}", start.backend_pid)),
+                "{stdout}"
+            );
+        }
+    }
+    let mut cmd = leaderrun();
+    let out = cmd
+        .args(["status", "--json", "--dsn", &dsn])
+        .args(&forms[0])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["lock"], format!("{class}:{id}"));
+    assert_eq!(report["leader"]["pid"], start.backend_pid);
+
+    // doctor takes the same forms and proves exclusion on the negative class beside the leader.
+    for form in &forms {
+        let (code, stdout, stderr) = run("doctor", form, false);
+        assert_eq!(code, Some(0), "doctor {form:?}: {stdout}{stderr}");
+        assert!(
+            stdout.contains(&format!(
+                "{class}:{id} is held by backend {}",
+                start.backend_pid
+            )),
+            "doctor {form:?}: {stdout}"
+        );
+    }
+    assert_eq!(cluster.lock_holders(class, id), vec![start.backend_pid]);
+
+    // A name that looks like a negative number is a name, after status as in a run.
+    let (code, stdout, stderr) = run("status", &["--lock-name", "-5", "--json"], false);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        report["lock"],
+        format!("{CLASS}:{}", leaderrun::pg::lock::lock_id_for_name("-5"))
+    );
+}
+
+#[test]
+fn step_down_hands_over_to_a_standby_and_says_so() {
+    let setup = Setup::new(
+        Cluster::shared(),
+        "trap 'echo \"stopped $$\" >> \"$EVENTS\"; exit 0' TERM\nwhile :; do sleep 0.02; done",
+    );
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    // No leader: nothing to ask.
+    assert_eq!(step_down(cluster, id).status.code(), Some(1));
+    // A 1 s interval: the old leader stays out for one interval, long enough for the queue
+    // head to be granted the lock even on a loaded machine (at 200 ms a stalled standby could
+    // miss it, and the old leader took it back: seen once in CI).
+    let leader = setup.replica("1s", &[]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // A lone leader is not asked: nobody could take over, and its COMMAND would only restart.
+    let out = step_down(cluster, id);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no standby is there to take over"),
+        "{out:?}"
+    );
+    let standby = setup.replica("1s", &[]);
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    let out = step_down(cluster, id);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stepped down"));
+    let second = scratch.wait_starts(2, secs(5.0))[1].clone();
+    assert_eq!(second.ppid, standby.pid());
+    // The old child got the stop signal and ended before the new one started; the old leader
+    // goes on as a standby.
+    assert!(scratch.events().contains(&format!("stopped {}", first.pid)));
+    assert!(!crate::support::alive(first.pid));
+    leader.wait_log("stepping down on request", 1, secs(2.0));
+    assert_eq!(cluster.waiters(id), 0);
+    wait_for("the old leader to queue as a standby", secs(5.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+}
+
+/// Right after the only standby exited, its wait may still be queued on the server: it is not
+/// a standby that can take over, so the leader is not asked and its COMMAND goes on.
+#[test]
+fn step_down_right_after_the_only_standby_exited_does_not_ask() {
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    // A 3 s interval: the dead standby's wait would stay queued for seconds.
+    let leader = setup.replica("3s", &[]);
+    scratch.wait_starts(1, secs(10.0));
+    let mut standby = setup.replica("3s", &[]);
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    standby.signal(Signal::SIGKILL);
+    standby.wait_exit(secs(5.0));
+    let started = std::time::Instant::now();
+    let out = step_down(cluster, id);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no standby is there to take over"),
+        "{out:?}"
+    );
+    assert!(started.elapsed() < secs(5.0));
+    assert!(!leader.log().contains("stepping down"), "{}", leader.log());
+    assert_eq!(scratch.starts().len(), 1);
+    assert_eq!(cluster.waiters(id), 0);
+}
+
+#[test]
+fn step_down_cannot_ask_a_holder_that_is_not_leaderrun() {
+    let cluster = Cluster::start_private();
+    let id = unique_lock_id();
+    let mut psql = std::process::Command::new(cluster.psql_path())
+        .args([
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.addr().port().to_string(),
+        ])
+        .args(["-U", "postgres", "-d", "postgres"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    writeln!(
+        psql.stdin.as_mut().unwrap(),
+        "SELECT pg_advisory_lock({}, {id});",
+        crate::support::CLASS
+    )
+    .unwrap();
+    wait_for("psql to hold the lock", secs(10.0), || {
+        (cluster.lock_holders(crate::support::CLASS, id).len() == 1).then_some(())
+    });
+    let out = step_down(&cluster, id);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not leaderrun"));
+    let _ = psql.kill();
+    let _ = psql.wait();
+}
+
+/// `doctor --scratch-id` takes the scratch key it is given, and says which it took; a scratch
+/// key someone holds is a failed check with a hint, not a broken lock.
+#[test]
+fn doctor_takes_the_scratch_id_it_is_given_and_says_so() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let held = unique_lock_id();
+    let _holder = Replica::start(cluster, held, INTERVAL, &["--", job.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    let doctor = |scratch_id: i32| {
+        let out = leaderrun()
+            .args([
+                "--dsn",
+                &cluster.dsn(),
+                "--lock-id",
+                &unique_lock_id().to_string(),
+            ])
+            .args(["doctor", "--scratch-id", &scratch_id.to_string()])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let free = unique_lock_id();
+    let (code, text) = doctor(free);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!(
+            "scratch key {CLASS}:{free}; --scratch-id picks the id"
+        )),
+        "{text}"
+    );
+    let (code, text) = doctor(held);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "the scratch key {CLASS}:{held} is held by another session"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("pick a free id of the class with --scratch-id"),
+        "{text}"
+    );
+}
+
+#[test]
+fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
+    let primary = Cluster::start_private();
+    let doctor = |cluster: &Cluster| {
+        leaderrun()
+            .args(["doctor", "--dsn", &cluster.dsn()])
+            .output()
+            .unwrap()
+    };
+    let good = doctor(&primary);
+    let text = String::from_utf8_lossy(&good.stdout);
+    assert_eq!(good.status.code(), Some(0), "{text}");
+    // PostgreSQL 13 is outside the supported range and has no idle_session_timeout: doctor
+    // warns about both, and passes.
+    let on_13 = crate::support::cluster::server_major() == 13;
+    for (check, level) in [
+        ("connect", "ok"),
+        ("version", if on_13 { "warn" } else { "ok" }),
+        ("primary", "ok"),
+        ("exclusion", "ok"),
+        ("session", "ok"),
+        ("idle timeout", if on_13 { "warn" } else { "ok" }),
+        ("tls", "ok"),
+        ("leader", "ok"),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(level) && l.contains(check)),
+            "{check}: {text}"
+        );
+    }
+    let Some(standby) = Cluster::standby_of(
+        &primary,
+        "status::doctor_passes_on_a_primary_and_fails_on_a_hot_standby (the standby half)",
+    ) else {
+        return;
+    };
+    let bad = doctor(&standby);
+    let text = String::from_utf8_lossy(&bad.stdout);
+    assert_eq!(bad.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL  primary") && text.contains("in recovery"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hint: point the DSN at the primary"),
+        "{text}"
+    );
+
+    // And the election itself refuses to lead there, saying why.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let replica = Replica::start(
+        &standby,
+        unique_lock_id(),
+        INTERVAL,
+        &["--", job.to_str().unwrap()],
+    );
+    replica.wait_log("ERROR leader: server", 2, secs(5.0));
+    assert!(replica
+        .log()
+        .contains("is in recovery (a hot standby); refusing to lead"));
+    assert!(scratch.starts().is_empty());
+
+    let unreachable = leaderrun()
+        .args(["doctor", "--dsn", UNREACHABLE_DSN])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(125));
+}
+
+#[test]
+fn doctor_says_which_database_the_lock_lives_in() {
+    let cluster = Cluster::shared();
+    let port = cluster.addr().port();
+    let doctor = |dsn: &str| {
+        let out = leaderrun().args(["doctor", "--dsn", dsn]).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = doctor(&format!("host=127.0.0.1 port={port} user=postgres"));
+    assert_eq!(
+        code,
+        Some(0),
+        "a default database is a warning, not a failure: {text}"
+    );
+    assert!(
+        text.contains(
+            "warn  database      the lock lives in database postgres, which no setting named"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("hint: advisory locks are per database"),
+        "{text}"
+    );
+    let (code, text) = doctor(&cluster.dsn());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("ok    database      the lock lives in database postgres (from dsn)"),
+        "{text}"
+    );
+}
