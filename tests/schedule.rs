@@ -14,10 +14,10 @@ use crate::support::{
 
 const INTERVAL: &str = "200ms";
 
-/// How long the three replicas of the failover test run their two-second schedule. The
-/// issue asks for a minute; twenty seconds hold ten due times, a `kill -9` and a SIGTERM of
-/// the leader, and keep the suite short.
-const FAILOVER_RUN: Duration = Duration::from_secs(20);
+/// How long the three replicas of the failover test run their two-second schedule: a minute,
+/// thirty due times across a `kill -9` and a SIGTERM of the leader. It runs beside the rest of
+/// the suite, which takes longer than that on two cores.
+const FAILOVER_RUN: Duration = Duration::from_secs(60);
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)

@@ -1,5 +1,8 @@
 //! The history writer: a bounded queue in front of a task with a connection of its own (see
 //! [`crate::history`]).
+//!
+//! One file because it is one task: its connection, its queue and the statements it runs on
+//! them (create, insert, finish, mark lost, prune) share the same failure handling.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

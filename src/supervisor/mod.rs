@@ -6,8 +6,9 @@
 //! [`Supervisor::run`] is a loop over one event type, [`Event`]: a signal, a term that began,
 //! the end of the term, a change of the check tally, the state's deadline, a tick of
 //! `--every`, a due time of `--schedule` and a catch-up's answer (`due`), a poll of the
-//! child's tree, the election failing. Each event is handled by one function, which moves the one `State` value on; each mode (docs/guarantees.md#modes) is a small
-//! policy over those events (`Supervisor::after_stop` and friends). A stop is a state the loop
+//! child's tree, the election failing. Each event is handled by one function, which moves the
+//! one `State` value on; each mode (docs/guarantees.md#modes) is a small policy over those
+//! events (`Supervisor::after_stop` and friends). A stop is a state the loop
 //! drives (signal, grace, SIGKILL, a bound), not a function that swallows events, so nothing
 //! that arrives meanwhile is lost.
 //!
@@ -31,6 +32,10 @@
 //! The supervisor takes its signals ([`SignalStream`]), its terms ([`Election`]) and its
 //! processes ([`Spawner`]) from injected sources, so its tests drive every mode in-process
 //! with fake terms and fake children under `tokio::time::pause`.
+//!
+//! Over 600 lines because the loop, its `Event`, its `State` and the `Supervisor` they move
+//! are one thing: the rules (rules.rs), the modes (modes.rs), due times (due.rs) and reporting
+//! (report.rs) are apart.
 
 use std::future::Future;
 use std::pin::Pin;
