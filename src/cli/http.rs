@@ -26,6 +26,13 @@
 //!   it tries again every [`ACCEPT_RETRY`]: the port serves again as soon as the cause is gone.
 //!
 //! `GET` and `HEAD` work; other methods get 405, other paths 404.
+//!
+//! Why hyper's HTTP/1 server and not tiny_http, which served the port before: tiny_http gives
+//! each connection a thread of its own with no bound on their number (2000 idle connections:
+//! 2005 threads, and the port refused everyone for good once the descriptors ran out), has no
+//! limit on the time a request head may take, and aborted the process on a request announcing
+//! a huge body; none of that can be changed from outside it. hyper serves connections as
+//! tasks on the one thread above and leaves accepting, admission and time limits to us.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
