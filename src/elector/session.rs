@@ -346,6 +346,17 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Closes the session at once, a statement in flight or not, and returns once its socket
+    /// is closed (the connection's task has ended; bounded by 100 ms, past which it ends
+    /// anyway): the server then frees whatever the session held. For a standby's session that
+    /// lost the race to another of this replica's sessions, before a term begins on that one.
+    pub(crate) async fn close_now(mut self) {
+        self.task.abort();
+        let _ = timeout(Duration::from_millis(100), &mut self.task).await;
+    }
+}
+
 impl Drop for Session {
     /// A dropped session (demotion, failed try, panic) closes its socket now, which makes the
     /// server end the backend and free any lock it held.
