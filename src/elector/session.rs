@@ -1,5 +1,6 @@
-//! The elector's one session: the timers pinned on it, the lock statements prepared on it, and
-//! statements bounded by a deadline (docs/field-notes.md#half-open-connections-and-pinned-timers).
+//! The elector's session (with slots, a queue head's extra heads too: `campaign::heads`): the
+//! timers pinned on it, the lock statements prepared on it, and statements bounded by a deadline
+//! (docs/field-notes.md#half-open-connections-and-pinned-timers).
 //! Connecting is in `connecting`; the statements' text in [`crate::pg::lock`].
 
 use std::os::fd::RawFd;
@@ -123,7 +124,9 @@ pub(crate) fn shown_in_base_units(shown: &str, base: Duration) -> Option<u64> {
     Some((unit.as_nanos() * u128::from(number) / base.as_nanos()) as u64)
 }
 
-/// The one database session of an elector, with its connection driven on its own task.
+/// A database session of an elector, with its connection driven on its own task: the one it
+/// tries and holds the lock on, or an extra head of a queue head with slots
+/// (docs/election.md#slots).
 pub(crate) struct Session {
     /// `None` only while [`Session::close`] runs.
     pub(crate) client: Option<Client>,

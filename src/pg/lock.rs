@@ -271,6 +271,31 @@ mod tests {
     }
 
     #[test]
+    fn a_head_takes_place_one_and_looks_for_every_slot_with_no_head() {
+        let lock = LockKey { class: 7, id: -2 };
+        let take = head_sql(lock, 1);
+        assert!(take.starts_with(&standby_comment(lock)), "{take}");
+        assert!(
+            take.ends_with(&format!(
+                "SELECT pg_try_advisory_lock(({})::int8)",
+                lock.slot(1).queue_key(1)
+            )),
+            "{take}"
+        );
+        let look = headless_sql(lock, 3);
+        assert!(look.starts_with(&standby_comment(lock)), "{look}");
+        // pg_locks' halves as unsigned numbers: the id, each slot's class and its place 1.
+        assert!(
+            look.contains(&format!("objid::int8 = {}", (-2i32) as u32)),
+            "{look}"
+        );
+        for k in 0..3u32 {
+            let row = format!("({k}, {}, {})", 7 + k, (7 + k) ^ 0x8000_0000);
+            assert!(look.contains(&row), "{row} in {look}");
+        }
+    }
+
+    #[test]
     fn lock_name_golden_values() {
         // Pinned: computed independently (Python hashlib) and never to change.
         assert_eq!(lock_id_for_name("plexsphere"), -1_450_088_986);
