@@ -2,7 +2,8 @@
 //!
 //! # Theory of operation
 //!
-//! An [`Elector`] owns at most one PostgreSQL session. [`Elector::run`] checks once when it
+//! An [`Elector`] owns at most one PostgreSQL session (with slots, a queue head also keeps one
+//! for each other slot it heads, docs/election.md#slots). [`Elector::run`] checks once when it
 //! starts and then every check interval:
 //!
 //! * **Standby.** The check runs `pg_try_advisory_lock(class, id)` (guarded by

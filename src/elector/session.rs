@@ -1,5 +1,6 @@
-//! The elector's one session: the timers pinned on it, the lock statements prepared on it, and
-//! statements bounded by a deadline (docs/field-notes.md#half-open-connections-and-pinned-timers).
+//! The elector's session (with slots, a queue head's extra heads too: `campaign::heads`): the
+//! timers pinned on it, the lock statements prepared on it, and statements bounded by a deadline
+//! (docs/field-notes.md#half-open-connections-and-pinned-timers).
 //! Connecting is in `connecting`; the statements' text in [`crate::pg::lock`].
 
 use std::os::fd::RawFd;
@@ -123,7 +124,9 @@ pub(crate) fn shown_in_base_units(shown: &str, base: Duration) -> Option<u64> {
     Some((unit.as_nanos() * u128::from(number) / base.as_nanos()) as u64)
 }
 
-/// The one database session of an elector, with its connection driven on its own task.
+/// A database session of an elector, with its connection driven on its own task: the one it
+/// tries and holds the lock on, or an extra head of a queue head with slots
+/// (docs/election.md#slots).
 pub(crate) struct Session {
     /// `None` only while [`Session::close`] runs.
     pub(crate) client: Option<Client>,
@@ -343,6 +346,17 @@ impl Session {
         };
         let _ = timeout(bound, &mut self.task).await;
         // Drop aborts the task if it is still running.
+    }
+}
+
+impl Session {
+    /// Closes the session at once, a statement in flight or not, and returns once its socket
+    /// is closed (the connection's task has ended; bounded by 100 ms, past which it ends
+    /// anyway): the server then frees whatever the session held. For a standby's session that
+    /// lost the race to another of this replica's sessions, before a term begins on that one.
+    pub(crate) async fn close_now(mut self) {
+        self.task.abort();
+        let _ = timeout(Duration::from_millis(100), &mut self.task).await;
     }
 }
 

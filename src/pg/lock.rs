@@ -157,6 +157,51 @@ pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32) -> Stri
     statement(lock, slots, &cases, &wait)
 }
 
+/// Text of a queue head's look for slots with no head, for a lock of `slots` slots (N > 1;
+/// docs/election.md#slots): one row, one `pg_locks` read, an int4[] of the slots, in order,
+/// whose key is held and whose place 1 in line ([`LockKey::queue_key`]) is not, so that no
+/// standby waits for that key in the server's queue. A standby that heads another slot's line
+/// waits for those as well, each on a session of its own ([`head_sql`]). A free slot is not
+/// listed: the head's wait takes it at once.
+pub(crate) fn headless_sql(lock: LockKey, slots: u32) -> String {
+    let rows: Vec<String> = (0..slots)
+        .map(|k| {
+            let key = lock.slot(k);
+            // pg_locks shows the halves as oid: compared as int8, unsigned.
+            format!(
+                "({k}, {}, {})",
+                key.class as u32,
+                (key.queue_key(1) >> 32) as u32
+            )
+        })
+        .collect();
+    format!(
+        "{} {} WITH held AS (SELECT classid::int8 AS class, objsubid FROM pg_locks \
+         WHERE locktype = 'advisory' AND granted AND objid::int8 = {} \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())) \
+         SELECT ARRAY(SELECT s.k FROM (VALUES {}) AS s(k, slot_class, place_class) \
+         WHERE EXISTS (SELECT 1 FROM held WHERE class = s.slot_class AND objsubid = 2) \
+         AND NOT EXISTS (SELECT 1 FROM held WHERE class = s.place_class AND objsubid = 1) \
+         ORDER BY s.k)",
+        standby_comment(lock),
+        super::holder::identity_comment(),
+        lock.id as u32,
+        rows.join(", ")
+    )
+}
+
+/// Text of the try that makes a session the queue head of slot `slot`: one row, whether it
+/// was granted place 1 in that slot's line ([`LockKey::queue_key`]). The head then waits with
+/// [`wait_sql`] for `(slot, 1)`, as a head that took its place with [`try_sql`] does.
+pub(crate) fn head_sql(lock: LockKey, slot: u32) -> String {
+    format!(
+        "{} {} SELECT pg_try_advisory_lock(({})::int8)",
+        standby_comment(lock),
+        super::holder::identity_comment(),
+        lock.slot(slot).queue_key(1)
+    )
+}
+
 fn try_case(key: LockKey, code: u32) -> String {
     format!(
         " WHEN pg_try_advisory_lock(({})::int4, ({})::int4) THEN {code}",
@@ -222,6 +267,31 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_head_takes_place_one_and_looks_for_every_slot_with_no_head() {
+        let lock = LockKey { class: 7, id: -2 };
+        let take = head_sql(lock, 1);
+        assert!(take.starts_with(&standby_comment(lock)), "{take}");
+        assert!(
+            take.ends_with(&format!(
+                "SELECT pg_try_advisory_lock(({})::int8)",
+                lock.slot(1).queue_key(1)
+            )),
+            "{take}"
+        );
+        let look = headless_sql(lock, 3);
+        assert!(look.starts_with(&standby_comment(lock)), "{look}");
+        // pg_locks' halves as unsigned numbers: the id, each slot's class and its place 1.
+        assert!(
+            look.contains(&format!("objid::int8 = {}", (-2i32) as u32)),
+            "{look}"
+        );
+        for k in 0..3u32 {
+            let row = format!("({k}, {}, {})", 7 + k, (7 + k) ^ 0x8000_0000);
+            assert!(look.contains(&row), "{row} in {look}");
         }
     }
 

@@ -14,6 +14,7 @@ use super::term::{TermControl, TermEnd};
 use super::{CheckOutcome, Shared};
 use crate::error::{Chain, Error};
 
+mod heads;
 mod leader;
 mod standby;
 
@@ -65,6 +66,10 @@ pub(crate) enum Role {
         holder_seen: Vec<i32>,
         /// Since when tries fail on a momentarily full or starting server, in a row.
         transient_since: Option<Instant>,
+        /// With `--slots N`, while `session` heads one slot's line: a session of its own for
+        /// each other slot it heads, one that had no head (at most N − 1; `heads`). Whichever
+        /// session is granted a slot becomes the lock session, and the others are closed.
+        heads: Vec<Session>,
     },
     /// Leading on `session`, the lock session, for `term`. The term's proof ends 2 check
     /// intervals after the send time of the last check that proved the lock (or of the
@@ -87,6 +92,7 @@ impl Default for Role {
             session: None,
             holder_seen: Vec::new(),
             transient_since: None,
+            heads: Vec::new(),
         }
     }
 }
@@ -121,11 +127,24 @@ impl Role {
         }
     }
 
-    /// Takes a standby's session (to close it or throw it away); a leader keeps its own.
+    /// Takes a standby's session (to close it or throw it away); a leader keeps its own. A
+    /// standby's extra heads are closed at once: they are kept only beside a session in line,
+    /// and nothing ever ran under a grant they may have (closing one gives it back).
     pub(crate) fn take_standby_session(&mut self) -> Option<Session> {
         match self {
-            Role::Standby { session, .. } => session.take(),
+            Role::Standby { session, heads, .. } => {
+                heads.clear();
+                session.take()
+            }
             Role::Leader { .. } => None,
+        }
+    }
+
+    /// Takes a standby's extra heads, for one check's wait; none on a leader.
+    pub(crate) fn take_heads(&mut self) -> Vec<Session> {
+        match self {
+            Role::Standby { heads, .. } => std::mem::take(heads),
+            Role::Leader { .. } => Vec::new(),
         }
     }
 
@@ -137,6 +156,7 @@ impl Role {
                     session: Some(session),
                     holder_seen: Vec::new(),
                     transient_since: None,
+                    heads: Vec::new(),
                 };
                 Some(term)
             }

@@ -15,6 +15,22 @@ use crate::error::{Chain, Error};
 use crate::pg::lock::{standby_comment, wait_sql, LockKey};
 use crate::pg::within;
 
+/// A wait's answer: the row when it was granted, `None` when it timed out on the server
+/// (`lock_timeout`, 55P03: what is ahead is still held, and the session keeps its place).
+pub(crate) fn lock_timeout_is_refusal(
+    result: Result<tokio_postgres::Row, Error>,
+) -> Result<Option<tokio_postgres::Row>, Error> {
+    match result {
+        Err(Error::Query { source, .. })
+            if source.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+        {
+            Ok(None)
+        }
+        Err(err) => Err(err),
+        Ok(row) => Ok(Some(row)),
+    }
+}
+
 impl Campaign<'_> {
     pub(crate) async fn try_acquire(&mut self) {
         self.waited = Duration::ZERO;
@@ -193,7 +209,7 @@ impl Campaign<'_> {
             return Ok(CheckOutcome::Failed);
         };
         let mut row = match session.place {
-            Some(place) => self.wait_in_line(place).await?,
+            Some(place) => self.wait_in_place(place).await?,
             None => {
                 let Some(statement) = session.try_lock.as_ref() else {
                     return Ok(CheckOutcome::Failed);
@@ -238,10 +254,46 @@ impl Campaign<'_> {
                         session.place = Some(place);
                     }
                     debug!(target: "leaderrun::elector", lock = %self.shared.config.lock.slot(place.0), place = place.1, "in line: waiting in the server's queue");
-                    row = self.wait_in_line(place).await?;
+                    row = self.wait_in_place(place).await?;
                 }
             }
         }
+    }
+
+    /// The wait of this check at `place` (slot, place) in the line: a queue head of a lock
+    /// with slots also waits for the slots that have no head ([`Self::wait_as_heads`]); every
+    /// other place is one wait on the session ([`Self::wait_in_line`]).
+    pub(crate) async fn wait_in_place(
+        &mut self,
+        place: (u32, u32),
+    ) -> Result<Option<tokio_postgres::Row>, Error> {
+        if place.1 == 1 && self.shared.config.effective_slots() > 1 {
+            self.wait_as_heads(place).await
+        } else {
+            self.wait_in_line(place).await
+        }
+    }
+
+    /// The prepared wait of `place` (slot, place) on the session ([`wait_sql`]), prepared
+    /// the first time this session holds that place.
+    pub(crate) async fn prepared_wait(
+        &mut self,
+        place: (u32, u32),
+    ) -> Result<tokio_postgres::Statement, Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let Some(session) = self.role.session_mut() else {
+            return Err(Error::SessionClosed(None));
+        };
+        if let Some((_, statement)) = session.waits.iter().find(|(p, _)| *p == place) {
+            return Ok(statement.clone());
+        }
+        let sql = wait_sql(config.lock, config.effective_slots(), place.0, place.1);
+        let statement = session
+            .prepare("prepare the wait in line", bound, &sql)
+            .await?;
+        session.waits.push((place, statement.clone()));
+        Ok(statement)
     }
 
     /// The wait of the standby at `place` (slot, place) in the line ([`wait_sql`]), bounded
@@ -253,19 +305,10 @@ impl Campaign<'_> {
         &mut self,
         place: (u32, u32),
     ) -> Result<Option<tokio_postgres::Row>, Error> {
+        let statement = self.prepared_wait(place).await?;
         let config = &self.shared.config;
         let bound = config.io_bound();
-        let Some(session) = self.role.session_mut() else {
-            return Err(Error::SessionClosed(None));
-        };
-        if !session.waits.iter().any(|(p, _)| *p == place) {
-            let sql = wait_sql(config.lock, config.effective_slots(), place.0, place.1);
-            let statement = session
-                .prepare("prepare the wait in line", bound, &sql)
-                .await?;
-            session.waits.push((place, statement));
-        }
-        let Some((_, statement)) = session.waits.iter().find(|(p, _)| *p == place) else {
+        let Some(session) = self.role.session() else {
             return Err(Error::SessionClosed(None));
         };
         // The wait is queued on the server as soon as it is sent: a standby is ready from
@@ -276,7 +319,7 @@ impl Campaign<'_> {
             .bounded(
                 "wait for the advisory lock",
                 config.effective_check_interval() + bound,
-                statement,
+                &statement,
                 &[],
             )
             .await;
@@ -288,15 +331,7 @@ impl Campaign<'_> {
         if let Some(metrics) = &self.shared.metrics {
             metrics.wait_seconds.observe(waited.as_secs_f64());
         }
-        match result {
-            Err(Error::Query { source, .. })
-                if source.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
-            {
-                Ok(None)
-            }
-            Err(err) => Err(err),
-            Ok(row) => Ok(Some(row)),
-        }
+        lock_timeout_is_refusal(result)
     }
 
     /// Opens a second session and tries the lock this session was just granted: it must be
