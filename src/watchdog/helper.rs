@@ -576,10 +576,13 @@ impl Guard {
             }
             if self.cgroup.is_none() {
                 if let Some(scan) = self.escaped.scan_in(self.tree) {
-                    if scan == 0 {
+                    let next = if scan == 0 {
                         self.escaped.scan(self.tree);
-                    }
-                    wait = wait.min(ESCAPE_SCAN_NS.min(scan.max(1)));
+                        ESCAPE_SCAN_NS
+                    } else {
+                        scan
+                    };
+                    wait = wait.min(next);
                 }
             }
             // The session is watched while a tree runs that leaderrun is not stopping.
