@@ -15,6 +15,10 @@ fn main() -> ExitCode {
     if leaderrun::watchdog::is_watchdog() {
         return leaderrun::watchdog::main();
     }
+    // And the init of COMMAND's PID namespace (`--pid-namespace`).
+    if leaderrun::process::pidns::is_init() {
+        return leaderrun::process::pidns::init_main();
+    }
     // Handlers first: a signal that arrives during start-up waits in the stream.
     let signals = match leaderrun::process::signals::install() {
         Ok(signals) => signals,

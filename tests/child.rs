@@ -327,7 +327,7 @@ fn only_a_panic_that_unwinds_the_tree_kills_it() {
     use leaderrun::process::child::{Child, Command};
     let argv = vec![std::ffi::OsString::from("sleep"), "600".into()];
     let command = Command::resolve(argv, std::env::var_os("PATH").as_deref()).unwrap();
-    let child = Child::spawn(&command, &[], None, None, Default::default()).unwrap();
+    let child = Child::spawn(&command, &[], Default::default()).unwrap();
     let pid = leaderrun::process::child::Tree::pid(&child) as i32;
     // A panic that is caught and survived elsewhere leaves the child alone.
     let caught = std::thread::spawn(|| std::panic::catch_unwind(|| panic!("caught and survived")))

@@ -283,6 +283,23 @@ pub struct Cli {
     #[arg(long, env = "LEADERRUN_CGROUP", help_heading = "Timing")]
     pub cgroup: bool,
 
+    /// Run COMMAND under an init of leaderrun's, PID 1 of a PID namespace of its own, so that
+    /// nothing of its tree outlives leaderrun, even killed together with its watchdog
+    ///
+    /// When that init dies (it dies with leaderrun, by its parent-death signal) the kernel kills
+    /// every process of the namespace, descendants that left the process group or the session
+    /// included. COMMAND sees itself as pid 2 and its parent as 1 (/proc is not remounted: ps
+    /// still shows the machine's pids); its environment, descriptors, signals, terminal and exit
+    /// status are as without the flag. Needs CAP_SYS_ADMIN (root, or root of a user namespace);
+    /// without it leaderrun exits 125 at start.
+    #[arg(
+        long,
+        env = "LEADERRUN_PID_NAMESPACE",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        help_heading = "Timing"
+    )]
+    pub pid_namespace: bool,
+
     /// With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]
     ///
     /// Even when COMMAND ends sooner, so a host whose cron fires a little later finds the lock

@@ -134,6 +134,17 @@ pub async fn run(
     config.registry = Some(metrics.registry().clone());
     // COMMAND's own cgroup where one can be made, and the watchdog, before anything runs.
     let cgroup = crate::process::cgroup::Cgroup::create(settings.cgroup).map(Arc::new);
+    let pid_namespace = match settings
+        .pid_namespace
+        .then(crate::process::pidns::PidNamespace::new)
+        .transpose()
+    {
+        Ok(namespace) => namespace.map(Arc::new),
+        Err(err) => {
+            error!("{}", Chain(&err));
+            return Exit::Code(exit_codes::FAILURE);
+        }
+    };
     let watchdog = Arc::new(Watchdog::new(WatchdogPlan {
         grace: settings.timing.grace,
         stall: settings.timing.watchdog_stall(),
@@ -213,6 +224,7 @@ pub async fn run(
         foreground: terminal.as_ref().map(Terminal::fd),
         cgroup,
         helper: watchdog.helper_pid(),
+        pid_namespace,
     };
     let plan = plan(&settings);
     let spawner = WatchedSpawner {

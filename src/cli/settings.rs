@@ -36,6 +36,8 @@ pub struct Settings {
     pub timeout: Option<Duration>,
     /// `--cgroup`: run COMMAND in a cgroup of its own even where moving it there is slow.
     pub cgroup: bool,
+    /// `--pid-namespace`: run COMMAND under an init of its own PID namespace.
+    pub pid_namespace: bool,
     /// `--conflict-exit-code`.
     pub conflict_exit_code: u8,
     /// `--http-addr`.
@@ -75,6 +77,7 @@ impl Cli {
             || self.grace.is_some()
             || self.http_addr.is_some()
             || self.cgroup
+            || self.pid_namespace
             || self.catch_up.is_some()
             || self.history
             || self.history_keep.is_some()
@@ -277,6 +280,7 @@ impl Cli {
             conflict_exit_code: self.conflict_exit_code,
             http_addr: self.http_addr,
             cgroup: self.cgroup,
+            pid_namespace: self.pid_namespace,
             // Checked by `validate`; an error here cannot happen but is no reason to panic.
             schedule: self.parsed_schedule().ok().flatten(),
             history: self.history,

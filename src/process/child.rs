@@ -49,6 +49,7 @@ use std::sync::Arc;
 use tracing::{debug, warn};
 
 use crate::process::cgroup::Cgroup;
+use crate::process::pidns::{self, PidNamespace, Report};
 
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -324,8 +325,13 @@ impl HelperPid {
 /// `/proc/self/task/*/children`: a subreaper's orphans are re-parented to one of its threads.
 /// `None` when that cannot be read (no `/proc`); then only the process group can be reached.
 pub fn own_children(helper: Option<Pid>) -> Option<Vec<Pid>> {
-    let helper = helper.map_or(0, Pid::as_raw);
-    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    children_of("/proc/self/task", helper)
+}
+
+/// The children of every thread under `tasks` (a `/proc/PID/task` directory) but `skip`.
+fn children_of(tasks: &str, skip: Option<Pid>) -> Option<Vec<Pid>> {
+    let helper = skip.map_or(0, Pid::as_raw);
+    let tasks = std::fs::read_dir(tasks).ok()?;
     let mut out = Vec::new();
     let mut read_any = false;
     for task in tasks.flatten() {
@@ -397,6 +403,9 @@ pub struct ProcessSpawner {
     pub cgroup: Option<Arc<Cgroup>>,
     /// leaderrun's helper process, never counted as part of a tree.
     pub helper: HelperPid,
+    /// With `--pid-namespace`: COMMAND runs under an init of its own, PID 1 of a new PID
+    /// namespace ([`crate::process::pidns`]).
+    pub pid_namespace: Option<Arc<PidNamespace>>,
 }
 
 impl Spawner for ProcessSpawner {
@@ -404,9 +413,12 @@ impl Spawner for ProcessSpawner {
         Ok(Box::new(Child::spawn(
             &self.command,
             env,
-            self.foreground,
-            self.cgroup.clone(),
-            self.helper.clone(),
+            Placement {
+                foreground: self.foreground,
+                cgroup: self.cgroup.clone(),
+                helper: self.helper.clone(),
+                pid_namespace: self.pid_namespace.as_deref(),
+            },
         )?))
     }
 
@@ -415,7 +427,94 @@ impl Spawner for ProcessSpawner {
     }
 }
 
-/// A running COMMAND: the leader of its own process group.
+/// Variables of leaderrun's environment that COMMAND does not inherit.
+///
+/// systemd's notification socket belongs to leaderrun (the main process), as sd_notify's
+/// unset_environment would have it. Socket activation's descriptors were leaderrun's and are
+/// closed in the child (every descriptor above 2 is): a socket-activated COMMAND would take
+/// whatever it opens as descriptor 3 for a listening socket.
+pub const NOT_INHERITED: [&str; 6] = [
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+];
+
+/// COMMAND's environment as `NAME=VALUE` entries: leaderrun's own without
+/// [`NOT_INHERITED`], with `env` set over it.
+fn child_environment(env: &[(&str, String)]) -> Vec<OsString> {
+    let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(name, _)| {
+            !NOT_INHERITED.iter().any(|n| name == n) && !env.iter().any(|(n, _)| name == n)
+        })
+        .collect();
+    vars.extend(
+        env.iter()
+            .map(|(n, v)| (OsString::from(n), OsString::from(v))),
+    );
+    vars.into_iter()
+        .map(|(name, value)| {
+            let mut entry = name;
+            entry.push("=");
+            entry.push(value);
+            entry
+        })
+        .collect()
+}
+
+/// Where a [`Child`] runs, besides its own process group.
+#[derive(Debug, Default)]
+pub struct Placement<'a> {
+    /// The controlling terminal's descriptor when leaderrun owns its foreground: the child's
+    /// group becomes the terminal's foreground group before exec.
+    pub foreground: Option<RawFd>,
+    /// COMMAND's cgroup, where leaderrun could make one.
+    pub cgroup: Option<Arc<Cgroup>>,
+    /// leaderrun's helper process, never counted as part of a tree.
+    pub helper: HelperPid,
+    /// A PID namespace of its own, under an init of leaderrun's ([`crate::process::pidns`]).
+    pub pid_namespace: Option<&'a PidNamespace>,
+}
+
+/// How long a spawn in a PID namespace waits for its init to say whether COMMAND was exec'd:
+/// it answers within milliseconds unless it is stopped or the machine is overloaded beyond use.
+const INIT_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The init of COMMAND's PID namespace, as its [`Child`] sees it.
+#[derive(Debug)]
+struct Init {
+    /// The read end of the init's report pipe (non-blocking).
+    reports: std::os::fd::OwnedFd,
+    /// The init has been reaped: the kernel has ended everything in the namespace.
+    reaped: bool,
+    /// `/proc/PID/task` of the init, whose children are the namespace's orphans.
+    tasks: String,
+}
+
+impl Init {
+    /// Every report that is there now.
+    fn drain(&self) -> Vec<Report> {
+        use std::os::fd::AsRawFd;
+        let mut out = Vec::new();
+        loop {
+            let mut buf = [0u8; 8];
+            // SAFETY: read into a local buffer from our own non-blocking descriptor.
+            let n = unsafe { libc::read(self.reports.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+            if n != 8 {
+                if n < 0 && Errno::last() == Errno::EINTR {
+                    continue;
+                }
+                return out;
+            }
+            out.extend(Report::decode(buf));
+        }
+    }
+}
+
+/// A running COMMAND: the leader of its own process group (with `--pid-namespace`, the init
+/// of its namespace leads the group, and COMMAND is in it).
 #[derive(Debug)]
 pub struct Child {
     pid: Pid,
@@ -429,64 +528,99 @@ pub struct Child {
     cgroup: Option<Arc<Cgroup>>,
     /// leaderrun's helper, left out of the orphans.
     helper: HelperPid,
+    /// With `--pid-namespace`: the init that leads the group (`pid`).
+    init: Option<Init>,
 }
 
 impl Child {
-    /// Starts `command` in a new process group with `env` added to the inherited environment;
-    /// with `foreground` (the controlling terminal's descriptor) the child's group becomes the
-    /// terminal's foreground group before exec.
+    /// Starts `command` in a new process group with `env` added to the inherited environment,
+    /// placed as `placement` says.
     ///
     /// Must be called on the thread that lives as long as the process (the binary's main
     /// thread), because `PR_SET_PDEATHSIG` is tied to the forking thread.
     ///
     /// # Errors
     /// [`SpawnError::Spawn`] when fork or exec fails; exec's errno is reported through the
-    /// spawn, so [`SpawnError::exit_code`] gives 126/127 like a shell.
+    /// spawn (in a PID namespace, by its init), so [`SpawnError::exit_code`] gives 126/127
+    /// like a shell.
     pub fn spawn(
         command: &Command,
         env: &[(&str, String)],
-        foreground: Option<RawFd>,
-        cgroup: Option<Arc<Cgroup>>,
-        helper: HelperPid,
+        placement: Placement<'_>,
     ) -> Result<Child, SpawnError> {
-        let mut cmd = std::process::Command::new(&command.program);
-        cmd.arg0(&command.argv[0])
-            .args(&command.argv[1..])
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            // systemd's notification socket belongs to leaderrun (the main process), as
-            // sd_notify's unset_environment would have it.
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            // Socket activation's descriptors were leaderrun's and are closed in the child
-            // (every descriptor above 2 is): a socket-activated COMMAND would take whatever
-            // it opens as descriptor 3 for a listening socket.
-            .env_remove("LISTEN_FDS")
-            .env_remove("LISTEN_PID")
-            .env_remove("LISTEN_FDNAMES");
+        let Placement {
+            foreground,
+            cgroup,
+            helper,
+            pid_namespace,
+        } = placement;
+        let program = || command.argv[0].to_string_lossy().into_owned();
+        let failed = |source: std::io::Error| SpawnError::Spawn {
+            program: program(),
+            source,
+        };
+        // The init's report pipe: the write end goes to the init as descriptor 3.
+        let reports = match pid_namespace {
+            Some(_) => Some(
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                    .map_err(|errno| failed(errno.into()))?,
+            ),
+            None => None,
+        };
         let parent = nix::unistd::getpid().as_raw();
         let keep_ignored = crate::process::signals::ignored_at_entry();
         let tty = foreground.unwrap_or(-1);
         let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
-        // SAFETY: the closure runs between fork and exec and only makes raw syscalls
-        // (no allocation, no locks), as required in a forked child of a threaded process.
-        unsafe {
-            cmd.pre_exec(move || {
-                prepare_child(
-                    parent,
-                    tty,
-                    keep_ignored,
-                    procs.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
-                )
-            });
-        }
-        let child = cmd.spawn().map_err(|source| SpawnError::Spawn {
-            program: command.argv[0].to_string_lossy().into_owned(),
-            source,
-        })?;
-        let pid = Pid::from_raw(child.id() as i32);
-        // Dropping std's handle neither waits nor kills; `reap` is the only waiter.
-        drop(child);
+        let ns = ChildNamespace {
+            parent_pidfd: pid_namespace.map_or(-1, PidNamespace::parent_pidfd),
+            report: reports.as_ref().map_or(-1, |(_, w)| {
+                use std::os::fd::AsRawFd;
+                w.as_raw_fd()
+            }),
+        };
+        let prepare = move || {
+            prepare_child(
+                parent,
+                tty,
+                keep_ignored,
+                procs.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
+                ns,
+            )
+        };
+        let (pid, init) = match (pid_namespace, reports) {
+            (Some(namespace), Some((read, write))) => {
+                let pid = namespace
+                    .spawn_init(
+                        &command.program,
+                        &command.argv,
+                        &child_environment(env),
+                        prepare,
+                    )
+                    .map_err(failed)?;
+                drop(write);
+                (pid, Some(await_exec(pid, read).map_err(failed)?))
+            }
+            _ => {
+                let mut cmd = std::process::Command::new(&command.program);
+                cmd.arg0(&command.argv[0])
+                    .args(&command.argv[1..])
+                    .envs(env.iter().map(|(k, v)| (k, v)));
+                for name in NOT_INHERITED {
+                    cmd.env_remove(name);
+                }
+                // SAFETY: the closure runs between fork and exec and only makes raw syscalls
+                // (no allocation, no locks), as required in a forked child of a threaded
+                // process.
+                unsafe {
+                    cmd.pre_exec(prepare);
+                }
+                let child = cmd.spawn().map_err(failed)?;
+                let pid = Pid::from_raw(child.id() as i32);
+                // Dropping std's handle neither waits nor kills; `reap` is the only waiter.
+                drop(child);
+                (pid, None)
+            }
+        };
         Ok(Child {
             pid,
             status: None,
@@ -496,6 +630,7 @@ impl Child {
             signalled: HashSet::new(),
             cgroup,
             helper,
+            init,
         })
     }
 
@@ -509,13 +644,32 @@ impl Child {
     /// Adopted orphans count only when this process is the tree's subreaper (or PID 1):
     /// otherwise its other children are none of the tree's business (a program that embeds
     /// the library, a test binary).
+    ///
+    /// In a PID namespace the orphans are the init's children outside the group (COMMAND's
+    /// group gets every signal through the group).
     fn orphans(&self) -> Option<Vec<Pid>> {
-        let all = match &self.cgroup {
-            Some(cgroup) => Some(cgroup.pids()),
-            None if is_reaper() => own_children(self.helper.get()),
-            None => Some(Vec::new()),
+        let all = match (&self.cgroup, &self.init) {
+            (Some(cgroup), _) => Some(cgroup.pids()),
+            (None, Some(init)) if init.reaped => Some(Vec::new()),
+            (None, Some(init)) => children_of(&init.tasks, None).map(|children| {
+                children
+                    .into_iter()
+                    .filter(|&p| nix::unistd::getpgid(Some(p)).ok() != Some(self.pid))
+                    .collect()
+            }),
+            (None, None) if is_reaper() => own_children(self.helper.get()),
+            (None, None) => Some(Vec::new()),
         };
         all.map(|all| all.into_iter().filter(|&p| p != self.pid).collect())
+    }
+
+    /// Whether the process that leads the group (COMMAND, or its namespace's init) has been
+    /// reaped.
+    fn leader_reaped(&self) -> bool {
+        match &self.init {
+            Some(init) => init.reaped,
+            None => self.status.is_some(),
+        }
     }
 }
 
@@ -554,10 +708,36 @@ impl Tree for Child {
 
     fn poll(&mut self) -> TreeState {
         let reaped = reap(Some(self.pid));
-        if let Some(status) = reaped.main {
-            self.status = Some(status);
+        let mut stopped_now = reaped.main_stopped;
+        match &mut self.init {
+            None => {
+                if let Some(status) = reaped.main {
+                    self.status = Some(status);
+                }
+            }
+            Some(init) => {
+                // The init itself never stops (it has no handler); COMMAND's stop is reported.
+                stopped_now = None;
+                // Read after the reap: an init that was reaped wrote all it had.
+                for report in init.drain() {
+                    match report {
+                        Report::Status(raw) => match pidns::decode_status(raw) {
+                            Some(Ok(status)) => self.status = Some(status),
+                            Some(Err(sig)) => stopped_now = Some(sig),
+                            None => {}
+                        },
+                        Report::Started | Report::ExecFailed(_) => {}
+                    }
+                }
+                if let Some(own) = reaped.main {
+                    init.reaped = true;
+                    // Killed before COMMAND ended (SIGKILL after the grace): the init's end
+                    // is COMMAND's.
+                    self.status.get_or_insert(own);
+                }
+            }
         }
-        let stopped = reaped.main_stopped.or(self.stopped.take());
+        let stopped = stopped_now.or(self.stopped.take());
         if self.empty {
             return TreeState {
                 main: self.status,
@@ -580,11 +760,13 @@ impl Tree for Child {
             }
         }
         if self.status.is_some() {
-            let orphans_left = match (&self.cgroup, orphans) {
-                (Some(cgroup), _) => cgroup.populated(),
-                (None, Some(orphans)) => !orphans.is_empty(),
+            let orphans_left = match (&self.cgroup, &self.init, orphans) {
+                (Some(cgroup), _, _) => cgroup.populated() || !self.leader_reaped(),
+                // The namespace is empty once its init is reaped.
+                (None, Some(init), _) => !init.reaped,
+                (None, None, Some(orphans)) => !orphans.is_empty(),
                 // Without /proc: any child at all counts.
-                (None, None) => reaped.children_left,
+                (None, None, None) => reaped.children_left,
             };
             self.empty = !self.group_alive() && !orphans_left;
         }
@@ -604,7 +786,8 @@ impl Drop for Child {
             if let Some(cgroup) = &self.cgroup {
                 cgroup.kill();
             }
-            if self.status.is_none() {
+            if !self.leader_reaped() {
+                // COMMAND, or its namespace's init, whose death ends the namespace.
                 let _ = kill(self.pid, Signal::SIGKILL);
             }
             for orphan in self.orphans().unwrap_or_default() {
@@ -614,6 +797,68 @@ impl Drop for Child {
     }
 }
 
+/// Waits for the init of a new namespace (`pid`) to say whether COMMAND was exec'd, on its
+/// report pipe (`reports`, which is made non-blocking for [`Child::poll`]).
+///
+/// # Errors
+/// exec's error as the init reported it; `ETIMEDOUT` or `EPIPE` when the init did not answer
+/// within [`INIT_ANSWER_WAIT`] or died first (it is then killed and left to the reaper).
+fn await_exec(pid: Pid, reports: std::os::fd::OwnedFd) -> std::io::Result<Init> {
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + INIT_ANSWER_WAIT;
+    let mut buf = [0u8; 8];
+    let answer = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: reports.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd of ours.
+        let ready =
+            unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if ready < 0 && Errno::last() == Errno::EINTR {
+            continue;
+        }
+        if ready <= 0 {
+            break Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        }
+        // SAFETY: read into a local buffer; the pipe is blocking until below, and readable.
+        let n = unsafe { libc::read(reports.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+        if n < 0 && Errno::last() == Errno::EINTR {
+            continue;
+        }
+        break match (n == 8).then(|| Report::decode(buf)).flatten() {
+            Some(Report::Started) => Ok(()),
+            Some(Report::ExecFailed(errno)) => Err(std::io::Error::from_raw_os_error(errno)),
+            _ => Err(std::io::Error::from_raw_os_error(libc::EPIPE)),
+        };
+    };
+    if let Err(err) = answer {
+        let _ = kill(pid, Signal::SIGKILL);
+        return Err(err);
+    }
+    nix::fcntl::fcntl(
+        &reports,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )?;
+    Ok(Init {
+        reports,
+        reaped: false,
+        tasks: format!("/proc/{pid}/task"),
+    })
+}
+
+/// What the pre-exec half needs for a child that is the init of a new PID namespace; `-1`
+/// for each without one.
+#[derive(Clone, Copy, Debug)]
+struct ChildNamespace {
+    /// A pidfd of leaderrun: `getppid()` is 0 across the namespace's border.
+    parent_pidfd: RawFd,
+    /// The report pipe's write end, which goes to [`pidns::REPORT_FD`].
+    report: RawFd,
+}
+
 /// Runs in the forked child before exec: raw syscalls only
 /// (docs/field-notes.md#only-raw-syscalls-before-exec).
 fn prepare_child(
@@ -621,6 +866,7 @@ fn prepare_child(
     tty: RawFd,
     keep_ignored: u64,
     cgroup_procs: *const libc::c_char,
+    ns: ChildNamespace,
 ) -> std::io::Result<()> {
     // SAFETY: plain syscalls on values we own; no allocation, no locks.
     unsafe {
@@ -654,7 +900,17 @@ fn prepare_child(
             return Err(std::io::Error::last_os_error());
         }
         // leaderrun may have died between fork and prctl: then nothing would ever signal us.
-        if libc::getppid() != parent {
+        // Across a namespace's border getppid() is 0: there leaderrun's pidfd says it.
+        if ns.parent_pidfd >= 0 {
+            let mut pfd = libc::pollfd {
+                fd: ns.parent_pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            if libc::poll(&mut pfd, 1, 0) != 0 {
+                libc::_exit(125);
+            }
+        } else if libc::getppid() != parent {
             libc::_exit(125);
         }
         // Handlers are reset by exec, but ignored signals stay ignored: restore the default
@@ -690,6 +946,15 @@ fn prepare_child(
                 if flags >= 0 {
                     libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
                 }
+            }
+        }
+        // The init's report pipe, the one descriptor it keeps (dup2 onto itself would keep
+        // close-on-exec).
+        if ns.report >= 0 {
+            if ns.report == pidns::REPORT_FD {
+                libc::fcntl(pidns::REPORT_FD, libc::F_SETFD, 0);
+            } else if libc::dup2(ns.report, pidns::REPORT_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
             }
         }
     }

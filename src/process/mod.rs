@@ -1,11 +1,13 @@
 //! The process layer of the binary: COMMAND as a child in a process group of its own and its one
 //! reaper ([`child`]), an optional cgroup for its tree ([`cgroup`]), the signals leaderrun acts on
-//! ([`signals`]), the controlling terminal handed to COMMAND's group ([`terminal`]), and the
+//! ([`signals`]), the controlling terminal handed to COMMAND's group ([`terminal`]), COMMAND under an init of its
+//! own PID namespace ([`pidns`], `--pid-namespace`), and the
 //! memory settings leaderrun applies to itself ([`memory`]). Nothing here knows about the
 //! election: the supervisor and the watchdog tie the two together.
 
 pub mod cgroup;
 pub mod child;
 pub mod memory;
+pub mod pidns;
 pub mod signals;
 pub mod terminal;

@@ -63,7 +63,7 @@ pub fn is_watchdog() -> bool {
 }
 
 /// A pidfd for `pid`, `None` where the kernel has none (before 5.3) or it is gone.
-fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     // SAFETY: the kernel just gave us this descriptor.
