@@ -32,6 +32,7 @@ mod libpq;
 mod logs;
 mod metrics;
 mod modes;
+mod pidns;
 mod probes;
 mod rules;
 mod safety;
