@@ -49,6 +49,7 @@ Register-ArgumentCompleter -Native -CommandName 'leaderrun' -ScriptBlock {
             [CompletionResult]::new('--http-addr', '--http-addr', [CompletionResultType]::ParameterName, 'Serve /metrics, /healthz and /readyz on this address (off by default)')
             [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)')
             [CompletionResult]::new('--cgroup', '--cgroup', [CompletionResultType]::ParameterName, 'Run COMMAND in a cgroup v2 group of its own, so that a descendant that left its process group (setsid) is stopped with the rest')
+            [CompletionResult]::new('--pid-namespace', '--pid-namespace', [CompletionResultType]::ParameterName, 'Run COMMAND under an init of leaderrun''s, PID 1 of a PID namespace of its own, so that nothing of its tree outlives leaderrun, even killed together with its watchdog')
             [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
             [CompletionResult]::new('--once', '--once', [CompletionResultType]::ParameterName, 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)')
             [CompletionResult]::new('--history', '--history', [CompletionResultType]::ParameterName, 'Record each run of COMMAND (any mode) in a table of the lock''s database')

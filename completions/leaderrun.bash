@@ -47,7 +47,7 @@ _leaderrun() {
 
     case "${cmd}" in
         leaderrun)
-            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --slots --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --min-hold --once --wait --every --schedule --tz --catch-up --history --history-table --history-keep --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor step-down help"
+            opts="-k -s -n -w -E -v -q -c -h -V --dsn --lock-class --lock-id --lock-name --slots --check-interval --grace --stop-signal --takeover-delay --timeout --cgroup --pid-namespace --min-hold --once --wait --every --schedule --tz --catch-up --history --history-table --history-keep --tick-at-grant --restart --conflict-exit-code --verbose --quiet --log-format --http-addr --help --version status doctor step-down help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

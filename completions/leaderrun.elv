@@ -46,6 +46,7 @@ set edit:completion:arg-completer[leaderrun] = {|@words|
             cand --http-addr 'Serve /metrics, /healthz and /readyz on this address (off by default)'
             cand -c 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)'
             cand --cgroup 'Run COMMAND in a cgroup v2 group of its own, so that a descendant that left its process group (setsid) is stopped with the rest'
+            cand --pid-namespace 'Run COMMAND under an init of leaderrun''s, PID 1 of a PID namespace of its own, so that nothing of its tree outlives leaderrun, even killed together with its watchdog'
             cand -n 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
             cand --once 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
             cand --history 'Record each run of COMMAND (any mode) in a table of the lock''s database'

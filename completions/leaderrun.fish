@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_leaderrun_global_optspecs
-    string join \n dsn= lock-class= lock-id= lock-name= slots= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= cgroup min-hold= n/once w/wait= every= schedule= tz= catch-up= history history-table= history-keep= tick-at-grant restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
+    string join \n dsn= lock-class= lock-id= lock-name= slots= check-interval= k/grace= s/stop-signal= takeover-delay= timeout= cgroup pid-namespace min-hold= n/once w/wait= every= schedule= tz= catch-up= history history-table= history-keep= tick-at-grant restart= E/conflict-exit-code= v/verbose q/quiet log-format= http-addr= c= h/help V/version
 end
 
 function __fish_leaderrun_needs_command
@@ -51,6 +51,7 @@ json\t'One JSON object per line'"
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l http-addr -d 'Serve /metrics, /healthz and /readyz on this address (off by default)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s c -d 'Run `sh -c STRING` as COMMAND (instead of COMMAND after --)' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l cgroup -d 'Run COMMAND in a cgroup v2 group of its own, so that a descendant that left its process group (setsid) is stopped with the rest'
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -l pid-namespace -d 'Run COMMAND under an init of leaderrun\'s, PID 1 of a PID namespace of its own, so that nothing of its tree outlives leaderrun, even killed together with its watchdog'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s n -l once -d 'One check, then run COMMAND (leading) or exit with the conflict code (not leading)'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l history -d 'Record each run of COMMAND (any mode) in a table of the lock\'s database'
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l tick-at-grant -d 'With --every: also run COMMAND at once when this copy becomes leader, then on the cadence'

@@ -191,7 +191,8 @@ pub fn man_page() -> Vec<u8> {
          another. A session the server ends itself frees the lock within the old tree's stop time. \
          Left to LEADERRUN_FENCING_TOKEN: a freeze of the whole machine, a stopped leaderrun whose \
          watchdog was killed, and leaderrun and its watchdog killed together (then only COMMAND's \
-         direct child dies, unless leaderrun is PID 1 of its own PID namespace). Log output never \
+         direct child dies, unless COMMAND runs in a PID namespace of its own, --pid-namespace, or \
+         leaderrun is PID 1 of one). Log output never \
          holds leaderrun up: lines stderr does not take are dropped and counted \
          (leaderrun_log_lines_dropped_total).",
     );
