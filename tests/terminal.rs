@@ -277,3 +277,57 @@ fn after_ctrl_z_and_bg_the_shell_keeps_the_terminal() {
     pane.wait_screen("rc=143", 1);
     assert!(!alive(start.pid));
 }
+
+#[test]
+fn with_pid_namespace_ctrl_z_and_fg_and_ctrl_c_work_as_without_it() {
+    if leaderrun::process::pidns::PidNamespace::new().is_err() {
+        return crate::support::cluster::skip(
+            "with_pid_namespace_ctrl_z_and_fg_and_ctrl_c_work_as_without_it",
+            "no CAP_SYS_ADMIN: PID namespaces cannot be made here",
+        );
+    }
+    let scratch = Scratch::new();
+    // Inside the namespace `$$` is 2: the shell reads its machine pid from /proc itself.
+    let script = scratch.child_script(
+        "child.sh",
+        "read me _ < /proc/self/stat; echo \"host $me\" >> \"$EVENTS\"\n\
+         while :; do echo tick >> \"$EVENTS\"; sleep 0.05; done",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line(&leaderrun_line(&format!(
+        "--pid-namespace -- {}",
+        script.display()
+    )));
+    scratch.wait_starts(1, secs(10.0));
+    let child = scratch.recorded_pid("host ");
+    let parent = |pid: i32| -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit_once(") ")
+            .unwrap()
+            .1
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let init = parent(child);
+    let leaderrun = parent(init);
+    pane.key("C-z");
+    pane.wait_screen("Stopped", 1);
+    wait_for("child and leaderrun to be stopped", secs(3.0), || {
+        (state(child) == Some('T') && state(leaderrun) == Some('T')).then_some(())
+    });
+    pane.type_line("fg");
+    let ticks = scratch.events().len();
+    wait_for("the child to tick again", secs(3.0), || {
+        (scratch.events().len() > ticks + 2).then_some(())
+    });
+    assert_ne!(state(leaderrun), Some('T'));
+    pane.key("C-c");
+    wait_for("leaderrun to exit", secs(5.0), || {
+        (!alive(leaderrun) && !alive(init) && !alive(child)).then_some(())
+    });
+    pane.type_line("echo \"r\"\"c=$?\"");
+    pane.wait_screen("rc=130", 1);
+}
