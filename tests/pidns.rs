@@ -188,19 +188,31 @@ fn a_descendant_that_left_the_group_gets_the_stop_signal_not_only_sigkill() {
         scratch,
         "escaped.sh",
         "escaped",
-        "trap 'echo termed >> \"$EVENTS\"; exit 0' TERM; while :; do sleep 0.05; done",
+        "trap 'echo termed >> \"$EVENTS\"; exit 0' TERM; echo armed >> \"$EVENTS\"\n\
+         while :; do sleep 0.05; done",
     );
     let mut replica = setup.replica(INTERVAL, &["--pid-namespace", "--grace", "60s"]);
     scratch.wait_starts(1, secs(10.0));
     let escaped = scratch.recorded_pid("escaped ");
+    wait_for("the escaped one's trap", secs(5.0), || {
+        scratch.events().iter().any(|l| l == "armed").then_some(())
+    });
     replica.signal(Signal::SIGTERM);
+    let deadline = Instant::now() + secs(10.0);
+    while !scratch.events().iter().any(|l| l == "termed") {
+        assert!(
+            Instant::now() < deadline,
+            "the escaped process got no stop signal within 10 s: {:?}, escaped alive: {}, \
+             its status: {:?}\n{}",
+            scratch.events(),
+            alive(escaped),
+            std::fs::read_to_string(format!("/proc/{escaped}/status")).ok(),
+            replica.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let status = replica.wait_exit(secs(10.0));
     assert_eq!(status.code(), Some(143), "{}", replica.log());
-    assert!(
-        scratch.events().iter().any(|l| l == "termed"),
-        "{:?}",
-        scratch.events()
-    );
     assert!(!alive(escaped));
 }
 

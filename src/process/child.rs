@@ -702,7 +702,12 @@ impl Tree for Child {
         }
         for orphan in self.orphans().unwrap_or_default() {
             let _ = kill(orphan, sig);
-            self.signalled.insert(orphan);
+            // Only the stop signal counts as sent: an orphan that shows up between a stop and
+            // its SIGCONT (its parent died of the stop) got the SIGCONT alone, and must still
+            // get the stop signal at the next poll.
+            if sig != Signal::SIGCONT {
+                self.signalled.insert(orphan);
+            }
         }
     }
 
@@ -999,6 +1004,62 @@ mod tests {
             ExitStatus::Signal(Signal::SIGKILL).to_string(),
             "signal 9 (SIGKILL)"
         );
+    }
+
+    /// A stop is two passes, the stop signal and then SIGCONT; a descendant that left the group
+    /// and is re-parented between them (its parent died of the stop signal) is seen first by
+    /// the SIGCONT pass, and must still get the stop signal at the next poll. Real processes;
+    /// this test process is the subreaper (no other unit test starts processes).
+    #[test]
+    fn an_orphan_first_seen_by_the_sigcont_pass_still_gets_the_stop_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("events");
+        let write = |name: &str, body: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            path
+        };
+        let ev = events.display();
+        let escaped = write(
+            "escaped.sh",
+            format!(
+                "trap 'echo termed >> {ev}; exit 0' TERM\necho \"armed $$\" >> {ev}\n\
+                 while :; do sleep 0.05; done"
+            ),
+        );
+        let main = write("main.sh", format!("setsid {} &\nwait", escaped.display()));
+        become_subreaper().unwrap();
+        let command = Command::resolve(vec![main.into_os_string()], None).unwrap();
+        let mut child = Child::spawn(&command, &[], Placement::default()).unwrap();
+        let read = || std::fs::read_to_string(&events).unwrap_or_default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let until = |what: &str, cond: &mut dyn FnMut() -> bool| {
+            while !cond() {
+                assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        until("the escaped one's trap", &mut || read().contains("armed"));
+        let pid: i32 = read()
+            .lines()
+            .find_map(|l| l.strip_prefix("armed ")?.trim().parse().ok())
+            .unwrap();
+        let parent_of = |pid: i32| -> Option<i32> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+        };
+        child.signal_all(Signal::SIGTERM);
+        // Its parent dies of the stop signal and it is re-parented here before the SIGCONT.
+        until("the escaped one re-parented", &mut || {
+            parent_of(pid) == Some(std::process::id() as i32)
+        });
+        child.signal_all(Signal::SIGCONT);
+        until("the stop signal to reach it", &mut || {
+            child.poll();
+            read().contains("termed")
+        });
+        until("the tree to be empty", &mut || child.poll().empty);
     }
 
     #[test]
