@@ -19,7 +19,18 @@ fn main() -> ExitCode {
     if leaderrun::process::pidns::is_init() {
         return leaderrun::process::pidns::init_main();
     }
-    // Handlers first: a signal that arrives during start-up waits in the stream.
+    // Signals wait (blocked) until the handlers exist: a signal that arrives during start-up
+    // is delivered to them, then waits in the stream.
+    let blocked = leaderrun::process::signals::block_all();
+    let cli = leaderrun::cli::parse();
+    // The watchdog of the run mode is forked now, while this is the only thread, and needs no
+    // exec (docs/process-model.md#the-watchdog).
+    let early = match cli.action {
+        // SAFETY: no thread exists yet: the signal thread, the runtime and the log's writer
+        // all start below.
+        None => unsafe { leaderrun::watchdog::EarlyWatchdog::fork() },
+        Some(_) => None,
+    };
     let signals = match leaderrun::process::signals::install() {
         Ok(signals) => signals,
         Err(err) => {
@@ -27,18 +38,22 @@ fn main() -> ExitCode {
             return ExitCode::from(FAILURE);
         }
     };
-    let cli = leaderrun::cli::parse();
+    drop(blocked);
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
     leaderrun::cli::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
-    let exit = run(cli, signals);
+    let exit = run(cli, signals, early);
     // Queued log lines get a bounded moment to reach stderr; the exit never waits on them.
     leaderrun::cli::logging::finish();
     exit.finish()
 }
 
 /// Everything after the log is set up: the exit to make.
-fn run(cli: leaderrun::cli::Cli, signals: leaderrun::process::signals::SignalStream) -> Exit {
+fn run(
+    cli: leaderrun::cli::Cli,
+    signals: leaderrun::process::signals::SignalStream,
+    early: Option<leaderrun::watchdog::EarlyWatchdog>,
+) -> Exit {
     let settings = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => settings,
         Err(err) => {
@@ -75,6 +90,6 @@ fn run(cli: leaderrun::cli::Cli, signals: leaderrun::process::signals::SignalStr
             settings.database_from,
             scratch_id,
         )),
-        None => runner::main(settings, signals),
+        None => runner::main(settings, signals, early),
     }
 }

@@ -25,12 +25,12 @@ use crate::process::child::{self, Command, ProcessSpawner};
 use crate::process::signals::SignalStream;
 use crate::process::terminal::Terminal;
 use crate::supervisor::{Election, Exit, Plan, Supervisor};
-use crate::watchdog::{Watchdog, WatchdogPlan, WatchedSpawner};
+use crate::watchdog::{EarlyWatchdog, Watchdog, WatchdogPlan, WatchedSpawner};
 
 /// Runs the default command from checked settings and the signal handlers `main` installed
 /// first (docs/field-notes.md#handlers-before-anything-else). Errors are logged; the result is the
 /// exit status of docs/guarantees.md#exit-codes.
-pub fn main(settings: Settings, signals: SignalStream) -> Exit {
+pub fn main(settings: Settings, signals: SignalStream, early: Option<EarlyWatchdog>) -> Exit {
     // COMMAND is looked up before campaigning: a typo must not wait silently as a standby.
     let path = std::env::var_os("PATH");
     let command = match Command::resolve(settings.command.clone(), path.as_deref()) {
@@ -56,7 +56,7 @@ pub fn main(settings: Settings, signals: SignalStream) -> Exit {
             return Exit::Code(exit_codes::FAILURE);
         }
     };
-    runtime.block_on(run(settings, command, signals, terminal))
+    runtime.block_on(run(settings, command, signals, terminal, early))
 }
 
 /// flock's word order, `leaderrun -n /var/lock/x cmd`: a path that cannot be run, followed by
@@ -128,6 +128,7 @@ pub async fn run(
     command: Command,
     signals: SignalStream,
     terminal: Option<Terminal>,
+    early: Option<EarlyWatchdog>,
 ) -> Exit {
     let metrics = Metrics::new();
     let mut config = elector_config(&settings);
@@ -152,26 +153,35 @@ pub async fn run(
         cgroup: cgroup.as_ref().map(|c| c.dir().to_owned()),
     }));
     config.keeper = Some(watchdog.clone());
-    // Started now, on a thread of its own, while the first connect waits for the server: off
+    // The watchdog `main` forked before any thread existed gets its plan and is this handle's
+    // (no exec). Without one (the fork failed, or a caller that did not fork), one is started
+    // now, by exec, on a thread of its own, while the first connect waits for the server: off
     // the path of the first grant (a one-shot's) and of every later handover. A grant that
     // comes first waits for it (`SessionKeeper::keep` takes the same lock).
-    let starting = watchdog.clone();
-    let started = std::thread::Builder::new()
-        .name("watchdog-start".into())
-        .stack_size(256 * 1024)
-        .spawn(move || {
-            if !starting.ready() {
+    let adopted = early.is_some_and(|early| watchdog.adopt(early));
+    let starter = if adopted {
+        None
+    } else {
+        let starting = watchdog.clone();
+        let started = std::thread::Builder::new()
+            .name("watchdog-start".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                if !starting.ready() {
+                    warn!(
+                        "cannot start the watchdog; if leaderrun is killed, COMMAND's helpers \
+                         may outlive it"
+                    );
+                }
+            });
+        match started {
+            Ok(starter) => Some(starter),
+            Err(err) => {
                 warn!(
-                    "cannot start the watchdog; if leaderrun is killed, COMMAND's helpers may \
-                     outlive it"
+                    "cannot start a thread for the watchdog's start; it starts at the grant: {err}"
                 );
+                None
             }
-        });
-    let starter = match started {
-        Ok(starter) => Some(starter),
-        Err(err) => {
-            warn!("cannot start a thread for the watchdog's start; it starts at the grant: {err}");
-            None
         }
     };
     // On every way out of here from now on, the watchdog is ended and reaped last.

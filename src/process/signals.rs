@@ -108,6 +108,37 @@ pub fn install() -> std::io::Result<SignalStream> {
     Ok(SignalStream { rx })
 }
 
+/// Every signal blocked on the calling thread until this drops, when the mask it had is
+/// restored and what arrived meanwhile is delivered (to the handlers, once [`install`] ran).
+/// `main` holds one from its first line until the handlers are installed, so that the
+/// watchdog forked in between ([`crate::watchdog::EarlyWatchdog::fork`]) does not lengthen the
+/// time in which a signal meets no handler, and the signal thread [`install`] starts never
+/// takes one (the handlers run on the main thread, or on threads started later).
+pub struct Blocked {
+    old: libc::sigset_t,
+}
+
+/// Blocks every signal on this thread until the [`Blocked`] drops.
+pub fn block_all() -> Blocked {
+    // SAFETY: sigset_t is plain data; pthread_sigmask changes this thread's mask only.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        Blocked { old }
+    }
+}
+
+impl Drop for Blocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `block_all` on this thread.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+        }
+    }
+}
+
 /// The sending end of a [`SignalStream`] made by [`SignalStream::channel`].
 pub type SignalSender = mpsc::UnboundedSender<Signal>;
 

@@ -57,6 +57,74 @@ pub(super) struct Held {
     stopping: bool,
 }
 
+/// A watchdog forked at the very start of leaderrun, before any other thread exists, that runs
+/// the watchdog's code in the forked child at once, without an exec (an exec of the binary, its
+/// loader and Rust's start-up cost about 1.5 ms of CPU on a one-shot's path). It waits for its
+/// plan until [`Watchdog::adopt`] sends it. Dropped without being adopted (a usage error,
+/// COMMAND not found), it is told to end (its pair closes) and reaped.
+pub struct EarlyWatchdog {
+    link: Option<Link>,
+}
+
+impl EarlyWatchdog {
+    /// Forks the watchdog: in the child, a session of its own (`setsid`), the watchdog's
+    /// dispositions, name (`lr-watchdog`) and command line, `/dev/null` on stdin and stdout,
+    /// then its loop once the plan came; in leaderrun, the handle. Every signal is blocked
+    /// across the fork (the child sets its dispositions before it takes any; leaderrun gets
+    /// what arrived meanwhile when its mask is restored). `None` when the pair or the fork
+    /// fails: the exec path starts one later.
+    ///
+    /// # Safety
+    /// No other thread may exist in the process: the child runs Rust code (it allocates), which
+    /// a lock held by a thread that the fork did not copy would deadlock.
+    pub unsafe fn fork() -> Option<EarlyWatchdog> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .ok()?;
+        let leaderrun = std::process::id() as i32;
+        // SAFETY: sigset_t is plain data; the masks are this thread's own.
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        // SAFETY: one thread (the caller's promise): the child may run any code.
+        let pid = libc::fork();
+        if pid == 0 {
+            drop(ours);
+            // A session of its own: no terminal signals, no stop of leaderrun's group.
+            libc::setsid();
+            super::helper::forked_main(theirs, leaderrun);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        drop(theirs);
+        if pid < 0 {
+            return None;
+        }
+        Some(EarlyWatchdog {
+            link: Some(Link {
+                fd: ours,
+                pid: pid as u32,
+                pidfd: pidfd_open(pid as u32),
+            }),
+        })
+    }
+}
+
+impl Drop for EarlyWatchdog {
+    fn drop(&mut self) {
+        if let Some(Link { fd, pid, .. }) = self.link.take() {
+            // End of file before a plan: it exits at once.
+            drop(fd);
+            let pid = Pid::from_raw(pid as i32);
+            while let Err(Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
+        }
+    }
+}
+
 /// leaderrun's handle on its watchdog process. Cheap to share; every call is a non-blocking
 /// send of a few bytes, except [`SessionKeeper::release`], which waits for the answer.
 pub struct Watchdog {
@@ -98,6 +166,53 @@ impl Watchdog {
         self.helper.clone()
     }
 
+    /// The watchdog's settings as arguments: an exec'd one's command line (before leaderrun's
+    /// pid), a forked one's plan message.
+    fn plan_args(&self) -> Vec<OsString> {
+        vec![
+            self.plan.grace.as_millis().to_string().into(),
+            self.plan.stall.as_millis().to_string().into(),
+            (self.plan.stop_signal as i32).to_string().into(),
+            self.plan
+                .cgroup
+                .as_ref()
+                .map_or_else(|| OsString::from("-"), |d| d.as_os_str().to_owned()),
+            if JSON_LOGS.load(Ordering::Relaxed) {
+                "json".into()
+            } else {
+                "text".into()
+            },
+        ]
+    }
+
+    /// Takes over the watchdog `main` forked at start ([`EarlyWatchdog::fork`]) and sends it
+    /// its plan, the first message on its pair: it is this handle's watchdog from now on, as
+    /// if [`Watchdog::ready`] had started it, without an exec or a thread. `false` when it is
+    /// gone already (it is reaped; the first [`Watchdog::ready`] starts one by exec).
+    pub fn adopt(&self, mut early: EarlyWatchdog) -> bool {
+        let mut held = self.lock();
+        if held.closed || held.link.is_some() {
+            return false;
+        }
+        let Some(link) = early.link.take() else {
+            return false;
+        };
+        if let Err(err) = send_plan(link.fd.as_fd(), &self.plan_args()) {
+            warn!(
+                pid = link.pid,
+                "the watchdog forked at start is gone ({err}); starting one"
+            );
+            early.link = Some(link);
+            return false;
+        }
+        self.helper.set(Some(link.pid));
+        debug!(pid = link.pid, "watchdog forked at start");
+        held.link = Some(link);
+        held.unanswered = 0;
+        self.started.notify_one();
+        true
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -133,20 +248,7 @@ impl Watchdog {
         let theirs_fd = theirs.as_raw_fd();
         let mut cmd = std::process::Command::new("/proc/self/exe");
         cmd.arg0(ARGV0)
-            .arg(self.plan.grace.as_millis().to_string())
-            .arg(self.plan.stall.as_millis().to_string())
-            .arg((self.plan.stop_signal as i32).to_string())
-            .arg(
-                self.plan
-                    .cgroup
-                    .as_ref()
-                    .map_or_else(|| OsString::from("-"), |d| d.as_os_str().to_owned()),
-            )
-            .arg(if JSON_LOGS.load(Ordering::Relaxed) {
-                "json"
-            } else {
-                "text"
-            })
+            .args(self.plan_args())
             .arg(std::process::id().to_string())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null());

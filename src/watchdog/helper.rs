@@ -148,9 +148,95 @@ pub(super) fn say(level: &str, message: &str) {
 /// In the watchdog process: its lines are JSON (its fifth argument is `json`).
 pub(super) static WATCHDOG_JSON: AtomicBool = AtomicBool::new(false);
 
-/// The watchdog process: `leaderrun-watchdog GRACE_MS STALL_MS STOP_SIGNAL CGROUP|- text|json
-/// LEADERRUN_PID`, its end of the pair on descriptor 3. Runs until leaderrun is gone.
+/// The watchdog process started by exec (a replacement, started while leaderrun has threads):
+/// `leaderrun-watchdog GRACE_MS STALL_MS STOP_SIGNAL CGROUP|- text|json LEADERRUN_PID`, its end
+/// of the pair on descriptor 3. Runs until leaderrun is gone.
 pub fn main() -> ExitCode {
+    become_watchdog();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // The tree is walked from leaderrun's children only while leaderrun is our parent: had it
+    // died before we got here, our parent would be init, whose children are not the tree's.
+    let root = args
+        .get(5)
+        .and_then(|a| a.parse::<i32>().ok())
+        .filter(|&pid| pid == nix::unistd::getppid().as_raw())
+        .unwrap_or(0);
+    // SAFETY: leaderrun put our end of the pair on descriptor 3 before exec.
+    let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    guard_for(&args, root).run(control.as_fd());
+    ExitCode::SUCCESS
+}
+
+/// The watchdog forked at leaderrun's start, before any other thread existed
+/// ([`super::EarlyWatchdog::fork`]): the same loop as [`main`], without an exec. `control` is its
+/// end of the pair, `leaderrun` the pid that forked it. It waits for its settings (the plan,
+/// the first message on the pair, sent once leaderrun has read its own) and then guards; it
+/// ends with `_exit`, so nothing of leaderrun's start-up state (stdio buffers, exit handlers)
+/// runs twice. Never returns.
+pub(super) fn forked_main(control: OwnedFd, leaderrun: i32) -> ! {
+    become_watchdog();
+    // SAFETY: an empty mask (leaderrun blocked every signal across the fork; an exec'd
+    // watchdog starts with none blocked, as std's spawn leaves it), and /dev/null on stdin and
+    // stdout, as the exec'd watchdog has them: nothing waits on output, and a pipe on
+    // leaderrun's stdout is not held open by the watchdog.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            if null > 1 {
+                libc::close(null);
+            }
+        }
+    }
+    show_as_watchdog();
+    let root = if nix::unistd::getppid().as_raw() == leaderrun {
+        leaderrun
+    } else {
+        0
+    };
+    if let Some(args) = receive_plan(control.as_fd()) {
+        guard_for(&args, root).run(control.as_fd());
+    }
+    // SAFETY: _exit ends the process at once, running nothing of leaderrun's.
+    unsafe { libc::_exit(0) }
+}
+
+/// Waits for the plan message ([`PLAN`]) and returns its arguments (those of [`main`] but the
+/// last); `None` at end of file (leaderrun is gone before it sent one: there is nothing to
+/// guard) or when the pair fails.
+fn receive_plan(control: BorrowedFd<'_>) -> Option<Vec<String>> {
+    let mut buf = vec![0u8; 8192];
+    loop {
+        // SAFETY: recv into a live buffer of the length given.
+        let n = unsafe { libc::recv(control.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            if Errno::last() == Errno::EINTR {
+                continue;
+            }
+            return None;
+        }
+        let n = n as usize;
+        if n == 0 {
+            return None;
+        }
+        if buf[0] != PLAN {
+            continue;
+        }
+        return Some(
+            buf[1..n]
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect(),
+        );
+    }
+}
+
+/// The dispositions and name of a watchdog, exec'd or forked.
+fn become_watchdog() {
     // Nothing but leaderrun's end of file or SIGKILL ends it: INT/TERM/HUP to a whole process
     // group or cgroup reach leaderrun too, whose exit is the watchdog's cue.
     for sig in [
@@ -170,14 +256,54 @@ pub fn main() -> ExitCode {
             libc::signal(sig, libc::SIG_IGN);
         }
     }
-    // `/proc/PID/comm` says what it is, not "exe", and without the word "leaderrun": `pkill -9
-    // leaderrun` and `killall leaderrun` match that name, and a watchdog killed with leaderrun
-    // cannot kill the tree. `ps` still shows its argv[0], `leaderrun-watchdog`.
+    // `/proc/PID/comm` says what it is, not "exe" or "leaderrun", and without the word
+    // "leaderrun": `pkill -9 leaderrun` and `killall leaderrun` match that name, and a
+    // watchdog killed with leaderrun cannot kill the tree. `ps` shows its argv[0],
+    // `leaderrun-watchdog` (for a forked one, see [`show_as_watchdog`]).
     // SAFETY: PR_SET_NAME with a NUL-terminated name of at most 16 bytes.
     unsafe {
         libc::prctl(libc::PR_SET_NAME, c"lr-watchdog".as_ptr(), 0, 0, 0);
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
+}
+
+/// Makes a forked watchdog's command line (`/proc/PID/cmdline`, what `ps` and `pgrep -f` show)
+/// read `leaderrun-watchdog`, as an exec'd one's does, instead of a copy of leaderrun's: its
+/// argument strings are overwritten in place (the area `/proc/self/stat` names, fields 48 and
+/// 49), truncated where they were shorter, the rest zeroed. A `--dsn` with a password is no
+/// longer shown twice. The area is this process's own copy (written after the fork).
+fn show_as_watchdog() {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return;
+    };
+    // `rest` starts at field 3 (state); arg_start and arg_end are fields 48 and 49.
+    let mut fields = rest.split_ascii_whitespace().skip(45);
+    let (Some(Ok(start)), Some(Ok(end))) = (
+        fields.next().map(str::parse::<usize>),
+        fields.next().map(str::parse::<usize>),
+    ) else {
+        return;
+    };
+    if start == 0 || end <= start {
+        return;
+    }
+    let name = super::ARGV0.as_bytes();
+    let len = end - start;
+    // SAFETY: [start, end) is this process's argument area (on its stack, writable), which
+    // nothing reads after this but the kernel for /proc/PID/cmdline.
+    unsafe {
+        let area = std::slice::from_raw_parts_mut(start as *mut u8, len);
+        area.fill(0);
+        let n = name.len().min(len.saturating_sub(1));
+        area[..n].copy_from_slice(&name[..n]);
+    }
+}
+
+/// The watchdog's state from its arguments (see [`main`]) and leaderrun's pid (`root`, 0: not
+/// our parent any more).
+fn guard_for(args: &[String], root: i32) -> Guard {
     let ms =
         |i: usize| Duration::from_millis(args.get(i).and_then(|a| a.parse().ok()).unwrap_or(1000));
     let (grace, stall) = (ms(0), ms(1));
@@ -191,16 +317,7 @@ pub fn main() -> ExitCode {
         .get(3)
         .filter(|a| *a != "-")
         .and_then(|d| Cgroup::open(std::path::Path::new(d)));
-    // The tree is walked from leaderrun's children only while leaderrun is our parent: had it
-    // died before we got here, our parent would be init, whose children are not the tree's.
-    let root = args
-        .get(5)
-        .and_then(|a| a.parse::<i32>().ok())
-        .filter(|&pid| pid == nix::unistd::getppid().as_raw())
-        .unwrap_or(0);
-    // SAFETY: leaderrun put our end of the pair on descriptor 3 before exec.
-    let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
-    let mut guard = Guard {
+    Guard {
         escaped: Escaped {
             root,
             me: std::process::id() as i32,
@@ -217,9 +334,7 @@ pub fn main() -> ExitCode {
         grace,
         stop_signal,
         cgroup,
-    };
-    guard.run(control.as_fd());
-    ExitCode::SUCCESS
+    }
 }
 
 /// The boottime clock ([`boottime`]) in nanoseconds, for the watchdog's loop. This and

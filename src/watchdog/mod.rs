@@ -8,8 +8,11 @@
 //! closes leaderrun's descriptors, and with them the lock session, before it signals anyone:
 //! after `kill -9` of a leader, the rest of a `sh -c 'worker & worker; wait'` tree would run on
 //! beside the next leader's child. So a small helper process, the watchdog, is started before
-//! the first child. It is leaderrun's own binary, exec'd in a session of its own (terminal
-//! signals and a stop of leaderrun's process group do not reach it), and it holds:
+//! the first child, in a session of its own (terminal signals and a stop of leaderrun's process
+//! group do not reach it). In the run mode `main` forks it before any other thread exists and
+//! the child runs the watchdog's loop at once, without an exec ([`EarlyWatchdog`]; it waits for
+//! its settings, the plan, which [`Watchdog::adopt`] sends). A replacement started later, when
+//! threads exist, is leaderrun's own binary exec'd as [`ARGV0`]. It holds:
 //!
 //! * one end of a `SOCK_SEQPACKET` pair from leaderrun, over which it learns the process group
 //!   (and cgroup) of the running tree, a heartbeat carrying the end of the current proof, and,
@@ -41,10 +44,11 @@ mod client;
 mod helper;
 mod protocol;
 
-pub use client::{use_json_logs, Watchdog, WatchdogPlan, WatchedSpawner};
+pub use client::{use_json_logs, EarlyWatchdog, Watchdog, WatchdogPlan, WatchedSpawner};
 pub use helper::main;
 
-/// `argv[0]` of the watchdog process: how `main` recognises it, and how `ps` shows it.
+/// `argv[0]` of an exec'd watchdog process: how `main` recognises it, and how `ps` shows it (a
+/// forked one writes it over its copy of leaderrun's arguments).
 pub const ARGV0: &str = "leaderrun-watchdog";
 /// How long the watchdog waits for a killed tree to be gone before it gives up on it.
 pub const KILL_WAIT: Duration = Duration::from_secs(5);

@@ -69,6 +69,37 @@ impl Message {
     }
 }
 
+/// The kind byte of the plan: the first datagram a forked watchdog gets, its settings as the
+/// NUL-separated arguments an exec'd one is started with (grace, stall, stop signal, cgroup,
+/// log format). Longer than a [`Message`], and read only before the loop starts.
+pub(super) const PLAN: u8 = b'P';
+
+/// Sends the plan ([`PLAN`]) made of `args`, without blocking.
+pub(super) fn send_plan(fd: BorrowedFd<'_>, args: &[std::ffi::OsString]) -> nix::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut bytes = vec![PLAN];
+    for (i, arg) in args.iter().enumerate() {
+        if i > 0 {
+            bytes.push(0);
+        }
+        bytes.extend_from_slice(arg.as_bytes());
+    }
+    let iov = [IoSlice::new(&bytes)];
+    loop {
+        match sendmsg::<()>(
+            fd.as_raw_fd(),
+            &iov,
+            &[],
+            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 /// Sends one message, never blocking and never raising SIGPIPE.
 pub(super) fn send_on(
     fd: BorrowedFd<'_>,

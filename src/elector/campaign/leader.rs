@@ -320,6 +320,8 @@ impl Campaign<'_> {
             return;
         };
         let mut unlock_failed = false;
+        // The server took an unlock on this session.
+        let mut unlocked = false;
         if let Some(control) = control {
             let term = control.term();
             let lock = session.granted.unwrap_or(self.shared.config.lock);
@@ -328,14 +330,15 @@ impl Campaign<'_> {
                 "SELECT pg_advisory_unlock(({})::int4, ({})::int4)",
                 lock.class, lock.id
             );
-            let unlocked = match session.client.as_ref() {
+            let result = match session.client.as_ref() {
                 Some(client) => within("unlock", UNLOCK_BOUND, client.simple_query(&unlock))
                     .await
                     .map(|_| ()),
                 None => Err(Error::SessionClosed(None)),
             };
-            unlock_failed = unlocked.is_err();
-            match unlocked {
+            unlock_failed = result.is_err();
+            unlocked = result.is_ok();
+            match result {
                 Ok(_) => info!(
                     target: "leaderrun::elector",
                     term = term.number(),
@@ -350,8 +353,14 @@ impl Campaign<'_> {
                 ),
             }
         }
+        // After an unlock the server took, the lock is free and the close ends the session by
+        // Terminate, which the backend obeys whoever else holds a copy of the socket: the
+        // watchdog is told to drop its copy without waiting for its answer (a round trip to
+        // another process, on a one-shot's path to its exit; leaderrun reaps the watchdog before
+        // it exits anyway). When the unlock failed, the close is what frees the lock, and the
+        // copy must be gone first.
         if let (Some(keeper), Some(_)) = (&self.shared.config.keeper, session.socket) {
-            keeper.release(true);
+            keeper.release(!unlocked);
         }
         session.close(unlock_failed).await;
     }
