@@ -19,7 +19,7 @@
 //!   namespace: root, or root of a user namespace), so a missing privilege is an error at
 //!   start, not at the first grant.
 //! * To spawn, leaderrun forks with `clone(CLONE_NEWPID)`, so the child is PID 1 of a new
-//!   namespace, and execs its own binary as `leaderrun-init` ([`PidNamespace::spawn_init`]).
+//!   namespace, and execs its own binary as `leaderrun-init` (`PidNamespace::spawn_init`).
 //! * The init ([`init_main`]) starts COMMAND as its child in its own process group (the group
 //!   leaderrun signals), reports on a pipe whether exec worked and every stop and the end of
 //!   COMMAND (raw wait statuses), reaps every orphan of the namespace, and exits once it has
