@@ -3,12 +3,13 @@
 //! subject (its header says what it covers); run one with `cargo test --test tests -- NAME::`.
 //!
 //! * The product's promises: `rules` (the three rules, docs/guarantees.md#the-three-rules),
-//!   `safety` (partitions, pauses, fencing tokens, session timers), `fence` (nothing outside
+//!   `safety` (partitions, pauses, fencing tokens, session timers), `faults` (a randomized run
+//!   of overlapping kills, freezes, partitions and restarts), `fence` (nothing outside
 //!   the election holds up the fence: stderr, reaping, the watchdog killed).
 //! * Electing: `failover` (one leader, failover and hand-over), `scale` (many standbys,
 //!   `--slots`), `election` (the library's `Elector`), `connecting` and `libpq` (connecting as
 //!   libpq does), `tls`.
-//! * COMMAND: `child` (groups, orphans, signals, the grace), `exits` (exit codes), `modes`
+//! * COMMAND: `child` (groups, orphans, signals, the grace), `pidns` (`--pid-namespace`), `exits` (exit codes), `modes`
 //!   (one-shots, `--wait`, the ticker, restarts, timeouts), `terminal` (a real tty).
 //! * Operating it: `status` (`status`, `step-down`, `doctor`), `probes` (`/healthz`,
 //!   `/readyz`, systemd notification), `metrics` (`/metrics`), `logs` (log lines and
@@ -26,6 +27,7 @@ mod docs;
 mod election;
 mod exits;
 mod failover;
+mod faults;
 mod fence;
 mod http;
 mod libpq;
