@@ -294,20 +294,22 @@ fn as_pid_1_it_reaps_every_orphan() {
 
 #[test]
 fn exec_failure_after_start_is_reported_through_the_spawn() {
-    // The script is executable at lookup, but open for writing while leaderrun execs it, so
-    // exec fails with ETXTBSY: that errno comes back through the spawn as 126, not a guess.
+    exec_failure_is_reported_as_126(&[]);
+}
+
+/// The script is executable at lookup, but open for writing while it is exec'd, so exec fails
+/// with ETXTBSY: that errno comes back through the spawn as 126, not a guess. `options` go
+/// before `--` (`pidns` runs it with `--pid-namespace`, where the init execs it).
+pub fn exec_failure_is_reported_as_126(options: &[&str]) {
     let scratch = Scratch::new();
     let script = scratch.child_script("busy.sh", "exit 0");
     let _writer = std::fs::OpenOptions::new()
         .append(true)
         .open(&script)
         .unwrap();
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--", script.to_str().unwrap()],
-    );
+    let mut args = options.to_vec();
+    args.extend(["--", script.to_str().unwrap()]);
+    let mut replica = Replica::start(Cluster::shared(), unique_lock_id(), INTERVAL, &args);
     assert_eq!(
         replica.wait_exit(secs(10.0)).code(),
         Some(126),

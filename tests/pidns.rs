@@ -221,31 +221,7 @@ fn exec_failure_is_reported_through_the_spawn_as_without_the_flag() {
     if !privileged("exec_failure_is_reported_through_the_spawn_as_without_the_flag") {
         return;
     }
-    // Executable at lookup, open for writing when the init execs it: ETXTBSY, 126.
-    let scratch = Scratch::new();
-    let script = scratch.child_script("busy.sh", "exit 0");
-    let _writer = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&script)
-        .unwrap();
-    let mut replica = Replica::start(
-        Cluster::shared(),
-        unique_lock_id(),
-        INTERVAL,
-        &["--pid-namespace", "--", script.to_str().unwrap()],
-    );
-    assert_eq!(
-        replica.wait_exit(secs(10.0)).code(),
-        Some(126),
-        "{}",
-        replica.log()
-    );
-    let log = replica.log();
-    assert!(
-        log.contains("cannot start") && log.contains("busy"),
-        "{log}"
-    );
-    assert!(scratch.starts().is_empty());
+    crate::child::exec_failure_is_reported_as_126(&["--pid-namespace"]);
 }
 
 #[test]
