@@ -22,6 +22,11 @@
 //!   empty when the main child is reaped, its group is gone and no adopted orphan is left
 //!   (docs/field-notes.md#stopped-means-the-whole-tree, #descendants-that-leave-the-group).
 //!
+//! * With `--pid-namespace` the direct child is an init of leaderrun's, PID 1 of a new PID
+//!   namespace, and COMMAND its child in the same group ([`crate::process::pidns`]): the tree
+//!   then dies with the init, and so with leaderrun, whatever kills it; COMMAND's status comes
+//!   from the init's report pipe, and the tree is empty once the init is reaped.
+//!
 //! This module knows processes, not policy: when to signal, how long to wait and what a stop
 //! means is the [`crate::supervisor`]'s business, through the [`Tree`] and [`Spawner`] traits
 //! (which its tests implement with fake processes).
