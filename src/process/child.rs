@@ -335,7 +335,7 @@ pub fn own_children(helper: Option<Pid>) -> Option<Vec<Pid>> {
 
 /// The children of every thread under `tasks` (a `/proc/PID/task` directory) but `skip`.
 fn children_of(tasks: &str, skip: Option<Pid>) -> Option<Vec<Pid>> {
-    let helper = skip.map_or(0, Pid::as_raw);
+    let skip = skip.map_or(0, Pid::as_raw);
     let tasks = std::fs::read_dir(tasks).ok()?;
     let mut out = Vec::new();
     let mut read_any = false;
@@ -347,7 +347,7 @@ fn children_of(tasks: &str, skip: Option<Pid>) -> Option<Vec<Pid>> {
         out.extend(
             list.split_ascii_whitespace()
                 .filter_map(|p| p.parse::<i32>().ok())
-                .filter(|&p| p != helper)
+                .filter(|&p| p != skip)
                 .map(Pid::from_raw),
         );
     }

@@ -279,7 +279,9 @@ pub fn init_main() -> ExitCode {
     let report = unsafe { OwnedFd::from_raw_fd(REPORT_FD) };
     // SAFETY: fcntl on our own descriptor: COMMAND must not inherit it.
     unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
-    let chld_ignored = sigchld_ignored();
+    // leaderrun was started with SIGCHLD ignored, and COMMAND keeps that
+    // (docs/field-notes.md#ignored-dispositions-survive-exec).
+    let chld_ignored = crate::process::signals::is_ignored(libc::SIGCHLD);
     // SAFETY: plain signal(2) on this single-threaded process.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     let mut cmd = std::process::Command::new(&program);
@@ -337,17 +339,6 @@ fn send(fd: &OwnedFd, report: Report) {
     // runtime ignores it before main).
     unsafe {
         libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
-    }
-}
-
-/// Whether SIGCHLD was ignored when the init started (leaderrun was started with it ignored,
-/// and COMMAND keeps that, docs/field-notes.md#ignored-dispositions-survive-exec).
-fn sigchld_ignored() -> bool {
-    // SAFETY: sigaction with a null new action only reads the current one.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) == 0
-            && old.sa_sigaction == libc::SIG_IGN
     }
 }
 

@@ -56,7 +56,7 @@ pub fn ignored_at_entry() -> u64 {
 }
 
 /// Whether `sig` is ignored right now.
-fn is_ignored(sig: i32) -> bool {
+pub(crate) fn is_ignored(sig: i32) -> bool {
     // SAFETY: sigaction with a null new action only reads the current one.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
