@@ -3,7 +3,7 @@
 //! while, a partition of a replica (its proxy stops forwarding without closing), SIGTERM of a
 //! replica, `pg_terminate_backend` of the lock's holder and a restart of the server. Every
 //! replica that ends is replaced. What must hold throughout (docs/guarantees.md#the-three-rules):
-//! one COMMAND tree at a time (no two trees' ticks overlap), fencing tokens that grow with each
+//! one COMMAND tree at a time (an exact `flock` check, and no two trees' ticks overlap), fencing tokens that grow with each
 //! tree, and nothing of any tree left at the end.
 //!
 //! Bounded in time: 30 s by default; `LEADERRUN_FAULTS_SECS` runs it longer and
@@ -27,8 +27,9 @@ use crate::support::*;
 
 const INTERVAL: &str = "200ms";
 
-/// Three processes per tree, each ticking every 50 ms with the tree's id (the main child's
-/// pid as the machine sees it, read from `/proc`: under `--pid-namespace` `$$` is not): the
+/// Three processes per tree, each ticking every 200 ms (rarely: the run shares 2 cores with
+/// the rest of the suite, whose timing tests it must not starve) with the tree's id (the main
+/// child's pid as the machine sees it, read from `/proc`: under `--pid-namespace` `$$` is not): the
 /// main child, a worker in its group, and a descendant that left it with `setsid`.
 /// None reacts to the stop signal, so each stop takes the whole grace and ends in SIGKILL.
 /// All of them (and everything they start) hold one `flock` on the scratch directory's
@@ -40,11 +41,11 @@ const TREE: &str = "exec 9>>\"$(dirname \"$EVENTS\")/tree.lock\"\n\
      trap \"\" TERM\n\
      read T _ < /proc/self/stat\n\
      echo \"token $T $LEADERRUN_FENCING_TOKEN\" >> \"$EVENTS\"\n\
-     tick='read me _ < /proc/self/stat; echo \"pid $0 $me\" >> \"$1\"; while :; do echo \"tick $0 $(date +%s%N)\" >> \"$1\"; sleep 0.05; done'\n\
+     tick='read me _ < /proc/self/stat; echo \"pid $0 $me\" >> \"$1\"; while :; do echo \"tick $0 $(date +%s%N)\" >> \"$1\"; sleep 0.2; done'\n\
      sh -c \"$tick\" $T \"$EVENTS\" &\n\
      setsid sh -c \"$tick\" $T \"$EVENTS\" &\n\
      echo \"pid $T $T\" >> \"$EVENTS\"\n\
-     while :; do echo \"tick $T $(date +%s%N)\" >> \"$EVENTS\"; sleep 0.05; done";
+     while :; do echo \"tick $T $(date +%s%N)\" >> \"$EVENTS\"; sleep 0.2; done";
 
 /// One replica's place: its proxy, and the replica running there now.
 struct Slot {

@@ -206,8 +206,12 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
     let due_times = (FAILOVER_RUN.as_secs() / 2) as usize;
     assert!(
         runs.len() + 3 >= due_times,
-        "{} runs for about {due_times} due times: {runs:?}",
-        runs.len()
+        "{} runs for about {due_times} due times: {runs:?}\n{}",
+        runs.len(),
+        replicas
+            .iter()
+            .map(|r| format!("--- replica {}\n{}", r.pid(), r.log()))
+            .collect::<String>()
     );
     let leaders: std::collections::HashSet<i32> = scratch.starts().iter().map(|s| s.ppid).collect();
     assert_eq!(leaders.len(), 3, "each replica led in turn");
