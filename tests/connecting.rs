@@ -349,3 +349,44 @@ fn a_unix_socket_connects_without_tls_whatever_sslmode_says() {
         );
     }
 }
+
+/// The physical floor of a one-shot is a connect plus about one round trip (BENCHMARKS.md):
+/// its check travels with the session's set-up (timers pinned, statements prepared, the try),
+/// so after the startup the lock session carries three flights in all: set-up with the try,
+/// the unlock, and the Terminate. Counted on the wire, through a recording proxy.
+#[test]
+fn a_one_shot_tries_in_the_set_up_flight() {
+    let cluster = Cluster::shared();
+    let proxy = Proxy::recording(cluster.addr());
+    let marker = std::env::temp_dir().join(format!("leaderrun-flights-{}", unique_lock_id()));
+    let out = leaderrun()
+        .args([
+            "--once",
+            "--dsn",
+            &format!("{} sslmode=disable", proxy.dsn()),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(marker.exists(), "COMMAND ran");
+    let _ = std::fs::remove_file(&marker);
+    // Startup, set-up with the try, unlock, Terminate. Through a proxy the server sees
+    // another address than the socket's, so the grant is proven with a second session (the
+    // pooler probe, docs/field-notes.md#transaction-mode-poolers-move-the-session): startup,
+    // try, Terminate. The last flights may reach the proxy after leaderrun exited: the
+    // counts are read until they are the expected ones or 5 s passed.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let flights = loop {
+        let flights = proxy.client_flights();
+        if flights == [4, 3] || Instant::now() > deadline {
+            break flights;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(flights, [4, 3], "client flights per connection");
+}

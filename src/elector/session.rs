@@ -158,7 +158,33 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// Connects, pins the timers and prepares the lock statements, in one round trip after
+    /// the startup.
     pub(crate) async fn open(config: &Config, target: &str) -> Result<Session, Error> {
+        let (session, _) = Session::open_with(config, target, false).await?;
+        Ok(session)
+    }
+
+    /// [`Session::open`] with the standby's first try ([`try_sql`], unprepared) in the same
+    /// flight, after the timers: a new session's first check costs no round trip of its own.
+    /// The server runs the flight in order, so the try runs under the pinned timers; a session
+    /// whose pinning failed is never used, and dropping it frees whatever the try took. Returns
+    /// the session and the try's answer (its row, or why it failed: the caller handles that as
+    /// any failed try, on a session it may not reuse).
+    pub(crate) async fn open_and_try(
+        config: &Config,
+        target: &str,
+    ) -> Result<(Session, Result<tokio_postgres::Row, Error>), Error> {
+        let (session, answer) = Session::open_with(config, target, true).await?;
+        let answer = answer.unwrap_or(Err(Error::SessionClosed(None)));
+        Ok((session, answer))
+    }
+
+    async fn open_with(
+        config: &Config,
+        target: &str,
+        try_now: bool,
+    ) -> Result<(Session, Option<Result<tokio_postgres::Row, Error>>), Error> {
         let bound = config.io_bound();
         let ((client, closed, task), fd) =
             connect_socket(&config.connect, &config.tls, target, bound).await?;
@@ -200,15 +226,41 @@ impl Session {
             let waits = waits.into_iter().collect::<Result<Vec<_>, _>>()?;
             Ok((try_lock?, places.iter().copied().zip(waits).collect()))
         };
-        let (pinned, prepared) = tokio::join!(
+        // join! polls in the order written, and each request is sent at its first poll: the
+        // timers go first, the try last.
+        let first_try = async {
+            if try_now {
+                Some(
+                    within(
+                        "try advisory lock",
+                        bound,
+                        client.query_typed(&try_sql, &[]),
+                    )
+                    .await,
+                )
+            } else {
+                None
+            }
+        };
+        let (pinned, prepared, answer) = tokio::join!(
             session.pin_timers(config, bound),
-            within("prepare the lock statements", bound, prepared)
+            within("prepare the lock statements", bound, prepared),
+            first_try
         );
+        let answer = answer.map(|rows| {
+            rows.and_then(|mut rows| match rows.len() {
+                1 => Ok(rows.remove(0)),
+                n => Err(Error::UnexpectedRows {
+                    what: "try advisory lock",
+                    rows: n,
+                }),
+            })
+        });
         session.backend_pid = pinned?;
         let (try_lock, waits) = prepared?;
         session.try_lock = Some(try_lock);
         session.waits = waits;
-        Ok(session)
+        Ok((session, answer))
     }
 
     /// Sets [`server_timers`] and reads them back from `pg_settings`, in one round trip (one

@@ -1,7 +1,7 @@
 //! A TCP proxy that can forward, blackhole (stop forwarding in both directions while keeping
 //! every socket open, like a partition) and cut (close every connection). A recording proxy
 //! also keeps what the server sent on each connection, to read the server's own answers to a
-//! client (see [`messages`]).
+//! client (see [`messages`]), and counts the client's flights (round trips) on each.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -12,8 +12,18 @@ use std::time::Duration;
 const FORWARD: u8 = 0;
 const BLACKHOLE: u8 = 1;
 
-/// Bytes one connection received from the server.
-type Recording = Arc<Mutex<Vec<u8>>>;
+/// What one connection carried: the bytes the server sent, and the client's flights.
+#[derive(Default)]
+struct Carried {
+    from_server: Vec<u8>,
+    /// Runs of client bytes, each ended by bytes from the server: one per round trip the
+    /// client waited for, and one for what it sent last.
+    client_flights: usize,
+    /// The direction of the last bytes: `true` from the client.
+    last_from_client: Option<bool>,
+}
+
+type Recording = Arc<Mutex<Carried>>;
 
 pub struct Proxy {
     addr: SocketAddr,
@@ -23,7 +33,15 @@ pub struct Proxy {
     recordings: Option<Arc<Mutex<Vec<Recording>>>>,
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>, record: Option<Recording>) {
+/// Forwards `from` to `to`; with `record`, notes the bytes before forwarding them (so a
+/// reply is always noted after what it answers), `from_client` saying which side `from` is.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    mode: Arc<AtomicU8>,
+    record: Option<Recording>,
+    from_client: bool,
+) {
     from.set_read_timeout(Some(Duration::from_millis(10)))
         .unwrap();
     let mut buf = [0u8; 16 * 1024];
@@ -45,7 +63,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mode: Arc<AtomicU8>, record: Opt
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 if let Some(record) = &record {
-                    record.lock().unwrap().extend_from_slice(&buf[..n]);
+                    let mut carried = record.lock().unwrap();
+                    if from_client && carried.last_from_client != Some(true) {
+                        carried.client_flights += 1;
+                    }
+                    carried.last_from_client = Some(from_client);
+                    if !from_client {
+                        carried.from_server.extend_from_slice(&buf[..n]);
+                    }
                 }
                 if to.write_all(&buf[..n]).is_err() {
                     return;
@@ -97,15 +122,16 @@ impl Proxy {
                     all.push(client.try_clone().unwrap());
                     all.push(server.try_clone().unwrap());
                 }
-                let from_server = rec.as_ref().map(|all: &Arc<Mutex<Vec<Recording>>>| {
+                let carried = rec.as_ref().map(|all: &Arc<Mutex<Vec<Recording>>>| {
                     let one = Recording::default();
                     all.lock().unwrap().push(one.clone());
                     one
                 });
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (m1, m2) = (m.clone(), m.clone());
-                std::thread::spawn(move || pump(client, server, m1, None));
-                std::thread::spawn(move || pump(s2, c2, m2, from_server));
+                let carried2 = carried.clone();
+                std::thread::spawn(move || pump(client, server, m1, carried, true));
+                std::thread::spawn(move || pump(s2, c2, m2, carried2, false));
             }
         });
         Proxy {
@@ -120,7 +146,20 @@ impl Proxy {
     pub fn server_bytes(&self) -> Vec<Vec<u8>> {
         let all = self.recordings.as_ref().expect("a recording proxy");
         let all = all.lock().unwrap();
-        all.iter().map(|r| r.lock().unwrap().clone()).collect()
+        all.iter()
+            .map(|r| r.lock().unwrap().from_server.clone())
+            .collect()
+    }
+
+    /// How many flights the client sent on each connection so far, in accept order: the
+    /// round trips it waited for, and its last flight (a Terminate, say).
+    #[allow(dead_code)]
+    pub fn client_flights(&self) -> Vec<usize> {
+        let all = self.recordings.as_ref().expect("a recording proxy");
+        let all = all.lock().unwrap();
+        all.iter()
+            .map(|r| r.lock().unwrap().client_flights)
+            .collect()
     }
 
     pub fn port(&self) -> u16 {

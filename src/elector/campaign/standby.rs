@@ -198,19 +198,23 @@ impl Campaign<'_> {
         let config = &self.shared.config;
         let bound = config.io_bound();
         let slots = config.effective_slots();
+        // A new session's first try travels with its set-up (Session::open_and_try).
+        let mut first = None;
         if let Role::Standby { session: None, .. } = self.role {
-            let opened = Session::open(config, &self.shared.target).await?;
+            let (opened, answer) = Session::open_and_try(config, &self.shared.target).await?;
             if let Role::Standby { session, .. } = &mut self.role {
                 *session = Some(opened);
             }
             self.shared.checks.send_modify(|c| c.sessions_opened += 1);
+            first = Some(answer);
         }
         let Some(session) = self.role.session() else {
             return Ok(CheckOutcome::Failed);
         };
-        let mut row = match session.place {
-            Some(place) => self.wait_in_place(place).await?,
-            None => {
+        let mut row = match (first, session.place) {
+            (Some(answer), _) => Some(answer?),
+            (None, Some(place)) => self.wait_in_place(place).await?,
+            (None, None) => {
                 let Some(statement) = session.try_lock.as_ref() else {
                     return Ok(CheckOutcome::Failed);
                 };
