@@ -185,7 +185,7 @@ pub async fn run(
         }
     };
     // On every way out of here from now on, the watchdog is ended and reaped last.
-    let _reaped = ReapOnExit {
+    let reaped = ReapOnExit {
         watchdog: watchdog.clone(),
         starter,
     };
@@ -271,6 +271,9 @@ pub async fn run(
         supervisor = supervisor.with_history(history.clone());
     }
     let exit = supervisor.run().await;
+    // No tree runs any more: the watchdog exits while the session is released, and is only
+    // reaped at the end (one-shot: a few hundred microseconds off the exit).
+    reaped.watchdog.end_early();
     trim.abort();
     heartbeat.abort();
     watching.abort();

@@ -43,6 +43,12 @@ pub(super) struct Link {
     pidfd: Option<OwnedFd>,
 }
 
+/// A watchdog whose pair is closed already, still to be reaped.
+pub(super) struct Ending {
+    pid: u32,
+    pidfd: Option<OwnedFd>,
+}
+
 #[derive(Default)]
 pub(super) struct Held {
     link: Option<Link>,
@@ -51,8 +57,10 @@ pub(super) struct Held {
     beat: u64,
     /// Releases sent without waiting whose acknowledgements are still to come.
     unanswered: usize,
-    /// [`Watchdog::shutdown`] ran: no new watchdog is started.
+    /// [`Watchdog::shutdown`] or [`Watchdog::end_early`] ran: no new watchdog is started.
     closed: bool,
+    /// The watchdog told to end by [`Watchdog::end_early`], not reaped yet.
+    ending: Option<Ending>,
     /// leaderrun is stopping the reported tree.
     stopping: bool,
 }
@@ -423,6 +431,32 @@ impl Watchdog {
     }
 }
 
+impl Watchdog {
+    /// Tells the watchdog to end now, when no tree is reported (none runs, none is being
+    /// stopped): it exits while leaderrun still unlocks and closes the session, and
+    /// [`Watchdog::shutdown`] then only reaps it. Returns whether it was told. With a tree
+    /// reported it is left alone (its end would kill the tree and close its copy of the
+    /// session while leaderrun may still hold the lock through its own): `shutdown` ends it
+    /// after the release, as always. Its copy of the session keeps nothing: leaderrun's unlock
+    /// frees the lock, and its Terminate ends the session, whatever copies remain. No watchdog
+    /// is started after this.
+    pub fn end_early(&self) -> bool {
+        let mut held = self.lock();
+        if held.tree != 0 || held.stopping || held.ending.is_some() {
+            return false;
+        }
+        held.closed = true;
+        let Some(link) = held.link.take() else {
+            return false;
+        };
+        // Only the pair closes (its cue to end); the pid and the pidfd stay for the reap.
+        let Link { fd, pid, pidfd } = link;
+        drop(fd);
+        held.ending = Some(Ending { pid, pidfd });
+        true
+    }
+}
+
 impl SessionKeeper for Watchdog {
     fn keep(&self, socket: BorrowedFd<'_>) {
         let copy = match socket.try_clone_to_owned() {
@@ -497,15 +531,21 @@ impl Watchdog {
     /// is started after this. Call once, last, on every exit path after the first
     /// [`Watchdog::ready`].
     pub fn shutdown(&self) {
-        let link = {
+        let ending = {
             let mut held = self.lock();
             held.closed = true;
-            held.link.take()
+            // Closing its end of the pair is the watchdog's cue to end.
+            match held.link.take() {
+                Some(Link { fd, pid, pidfd }) => {
+                    drop(fd);
+                    Some(Ending { pid, pidfd })
+                }
+                None => held.ending.take(),
+            }
         };
-        let Some(Link { fd, pid, pidfd }) = link else {
+        let Some(Ending { pid, pidfd }) = ending else {
             return;
         };
-        drop(fd);
         let pid = Pid::from_raw(pid as i32);
         let bound = KILL_WAIT + Duration::from_secs(1);
         let exited = match &pidfd {
