@@ -143,3 +143,39 @@ fn missing_or_unexecutable_command_exits_at_once() {
         assert!(started.elapsed() < secs(2.0));
     }
 }
+
+/// An executable file without an interpreter line (`#!`) runs under `/bin/sh`, as `execvp`
+/// and a POSIX shell run it: cron scripts often have none. COMMAND is started by leaderrun's
+/// own spawn (src/process/spawn.rs), which falls back to the shell on ENOEXEC as execvp does.
+#[test]
+fn a_script_without_an_interpreter_line_runs_under_sh() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new();
+    let script = scratch.file("no-interpreter-line");
+    let marker = scratch.file("ran");
+    std::fs::write(
+        &script,
+        format!("echo \"$0 $1\" > '{}'\nexit 3\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = leaderrun()
+        .args(["--once", "--dsn", &Cluster::shared().dsn(), "--lock-id"])
+        .arg(unique_lock_id().to_string())
+        .arg("--")
+        .arg(&script)
+        .arg("first")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The shell was given the script's path as $0 and the arguments after it.
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap(),
+        format!("{} first\n", script.display())
+    );
+}

@@ -48,7 +48,6 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::{debug, warn};
@@ -606,23 +605,17 @@ impl Child {
                 (pid, Some(await_exec(pid, read).map_err(failed)?))
             }
             _ => {
-                let mut cmd = std::process::Command::new(&command.program);
-                cmd.arg0(&command.argv[0])
-                    .args(&command.argv[1..])
-                    .envs(env.iter().map(|(k, v)| (k, v)));
-                for name in NOT_INHERITED {
-                    cmd.env_remove(name);
+                // SAFETY: `prepare` makes raw syscalls only (no allocation, no locks), as a
+                // child that shares our memory until exec requires.
+                let pid = unsafe {
+                    super::spawn::spawn(
+                        &command.program,
+                        &command.argv,
+                        &child_environment(env),
+                        &prepare,
+                    )
                 }
-                // SAFETY: the closure runs between fork and exec and only makes raw syscalls
-                // (no allocation, no locks), as required in a forked child of a threaded
-                // process.
-                unsafe {
-                    cmd.pre_exec(prepare);
-                }
-                let child = cmd.spawn().map_err(failed)?;
-                let pid = Pid::from_raw(child.id() as i32);
-                // Dropping std's handle neither waits nor kills; `reap` is the only waiter.
-                drop(child);
+                .map_err(failed)?;
                 (pid, None)
             }
         };
@@ -935,8 +928,8 @@ fn prepare_child(
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         // No descriptor of ours survives exec
-        // (docs/field-notes.md#no-descriptor-leaks-into-the-child). Mark, don't close: std's
-        // exec-error pipe must stay open until exec so 126/127 are reported through the spawn.
+        // (docs/field-notes.md#no-descriptor-leaks-into-the-child). Mark, don't close: exec
+        // closes them once it succeeds (one syscall, whatever the number of descriptors).
         let marked = libc::syscall(
             libc::SYS_close_range,
             3 as libc::c_uint,

@@ -1,7 +1,8 @@
 //! The process layer of the binary: COMMAND as a child in a process group of its own and its one
 //! reaper ([`child`]), an optional cgroup for its tree ([`cgroup`]), the signals leaderrun acts on
 //! ([`signals`]), the controlling terminal handed to COMMAND's group ([`terminal`]), COMMAND under an init of its
-//! own PID namespace ([`pidns`], `--pid-namespace`), and the
+//! own PID namespace ([`pidns`], `--pid-namespace`), the vfork-style start of COMMAND
+//! (`spawn`), and the
 //! memory settings leaderrun applies to itself ([`memory`]). Nothing here knows about the
 //! election: the supervisor and the watchdog tie the two together.
 
@@ -10,4 +11,5 @@ pub mod child;
 pub mod memory;
 pub mod pidns;
 pub mod signals;
+pub(crate) mod spawn;
 pub mod terminal;
