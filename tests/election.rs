@@ -309,3 +309,30 @@ async fn a_demoted_leaders_failure_no_longer_fails_readiness() {
     assert_eq!(health.readiness(&elector), Ok("leader, term 2".to_owned()));
     running.stop().await;
 }
+
+/// `Config::early_connect`: the first session of the elector is the socket begun before the
+/// elector was built (a one-shot's connect overlaps its start-up): the server sees the lock
+/// session at that socket's port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_session_is_the_connect_begun_early() {
+    let cluster = Cluster::shared();
+    let mut config = config(unique_lock_id(), None);
+    let early = leaderrun::elector::EarlyConnect::start(&config.connect, &config.tls)
+        .expect("an IP address needs no lookup");
+    let local = early.local_addr().expect("a TCP socket");
+    assert!(!early.is_taken());
+    config.early_connect = Some(early.clone());
+    let elector = Elector::new(config).unwrap();
+    let running = run(&elector);
+    let term = timeout(WAIT, elector.wait_for_term()).await.expect("leads");
+    assert!(early.is_taken(), "the first attempt took the early socket");
+    let backend = term.lease().expect("a lease").backend_pid;
+    assert_eq!(
+        cluster.sql(&format!(
+            "SELECT client_port FROM pg_stat_activity WHERE pid = {backend}"
+        )),
+        [local.port().to_string()],
+        "the lock session is the early socket"
+    );
+    running.stop().await;
+}

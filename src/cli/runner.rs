@@ -1,9 +1,9 @@
 //! The binary's default command: build the real parts and run the [`Supervisor`] on them.
 //!
-//! Resolve COMMAND, claim the terminal, become a subreaper, start the election on a
-//! current-thread runtime on the main thread (the thread that forks every child and lives as
-//! long as they do, as `PR_SET_PDEATHSIG` needs), serve the probes, then hand everything to the
-//! supervisor. The modes themselves live in [`crate::supervisor`].
+//! Begin a one-shot's connect, resolve COMMAND, claim the terminal, become a subreaper, start
+//! the election on a current-thread runtime on the main thread (the thread that forks every
+//! child and lives as long as they do, as `PR_SET_PDEATHSIG` needs), serve the probes, then
+//! hand everything to the supervisor. The modes themselves live in [`crate::supervisor`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use crate::cli::health::Health;
 use crate::cli::http::Observed;
 use crate::cli::metrics::Metrics;
 use crate::cli::{Mode, Settings};
-use crate::elector::{Checks, Config, Elector, Term};
+use crate::elector::{Checks, Config, EarlyConnect, Elector, Term};
 use crate::error::Chain;
 use crate::history::{History, HistorySettings};
 use crate::process::child::{self, Command, ProcessSpawner};
@@ -31,6 +31,12 @@ use crate::watchdog::{EarlyWatchdog, Watchdog, WatchdogPlan, WatchedSpawner};
 /// first (docs/field-notes.md#handlers-before-anything-else). Errors are logged; the result is the
 /// exit status of docs/guarantees.md#exit-codes.
 pub fn main(settings: Settings, signals: SignalStream, early: Option<EarlyWatchdog>) -> Exit {
+    // A one-shot's connect begins first: the server starts its backend (most of a connect's
+    // time) while the rest of start-up runs. A one-shot only: the other modes spread their
+    // first check (a fleet started together must not connect at once).
+    let early_connect = matches!(settings.mode, Mode::OneShot { wait: None, .. })
+        .then(|| EarlyConnect::start(&settings.connect, &settings.tls))
+        .flatten();
     // COMMAND is looked up before campaigning: a typo must not wait silently as a standby.
     let path = std::env::var_os("PATH");
     let command = match Command::resolve(settings.command.clone(), path.as_deref()) {
@@ -56,7 +62,14 @@ pub fn main(settings: Settings, signals: SignalStream, early: Option<EarlyWatchd
             return Exit::Code(exit_codes::FAILURE);
         }
     };
-    runtime.block_on(run(settings, command, signals, terminal, early))
+    runtime.block_on(run(
+        settings,
+        command,
+        signals,
+        terminal,
+        early,
+        early_connect,
+    ))
 }
 
 /// flock's word order, `leaderrun -n /var/lock/x cmd`: a path that cannot be run, followed by
@@ -122,17 +135,20 @@ pub fn plan(settings: &Settings) -> Plan {
 }
 
 /// Runs the mode `settings` selects on the real election and real processes; returns the exit
-/// status of docs/guarantees.md#exit-codes.
+/// status of docs/guarantees.md#exit-codes. `early`: the watchdog `main` forked;
+/// `early_connect`: the first host's connect, begun already.
 pub async fn run(
     settings: Settings,
     command: Command,
     signals: SignalStream,
     terminal: Option<Terminal>,
     early: Option<EarlyWatchdog>,
+    early_connect: Option<Arc<EarlyConnect>>,
 ) -> Exit {
     let metrics = Metrics::new();
     let mut config = elector_config(&settings);
     config.registry = Some(metrics.registry().clone());
+    config.early_connect = early_connect;
     // COMMAND's own cgroup where one can be made, and the watchdog, before anything runs.
     let cgroup = crate::process::cgroup::Cgroup::create(settings.cgroup).map(Arc::new);
     let pid_namespace = match settings

@@ -41,9 +41,149 @@ pub async fn connect(
     target: &str,
     bound: Duration,
 ) -> Result<Connected, Error> {
-    connect_socket(config, tls, target, bound)
+    connect_socket(config, tls, target, bound, None)
         .await
         .map(|(connected, _)| connected)
+}
+
+/// A connection to the first host of a plan begun before the elector runs: a one-shot's
+/// socket connects (and the server starts its backend, most of a connect's time) while
+/// leaderrun is still starting up. The first attempt at that very address or socket path
+/// takes it; a socket nobody took closes unused when this drops (the server logs nothing for
+/// a connection that sent nothing).
+#[derive(Debug, Default)]
+pub struct EarlyConnect {
+    socket: std::sync::Mutex<Option<(EarlyTarget, std::os::fd::OwnedFd)>>,
+}
+
+#[derive(Debug, PartialEq)]
+enum EarlyTarget {
+    Tcp(std::net::SocketAddr),
+    Unix(std::path::PathBuf),
+}
+
+impl EarlyConnect {
+    /// Starts a non-blocking connect to the first host `connect` and `tls` name (as
+    /// [`connect`] tries them), when it needs no name lookup: a Unix socket, `hostaddr`, or a
+    /// host that is an IP address. `None` when the hosts are tried in random order
+    /// (`load_balance_hosts=random`), when a lookup would be needed, or when the socket cannot
+    /// be started (the first attempt then connects as always). Needs no runtime.
+    pub fn start(
+        connect: &tokio_postgres::Config,
+        tls: &TlsSettings,
+    ) -> Option<std::sync::Arc<EarlyConnect>> {
+        use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType, SockaddrStorage};
+        use std::os::fd::AsRawFd;
+        let plan = if tls.plan.hosts.is_empty() {
+            plan_of(connect)
+        } else {
+            tls.plan.clone()
+        };
+        if plan.random_order {
+            return None;
+        }
+        let host = plan.hosts.first()?;
+        let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+        // A TCP connect completes later (the socket turns writable); a Unix one at once, or
+        // fails (EAGAIN with a full backlog: then the first attempt connects as always).
+        let (target, fd) = match &host.address {
+            Address::Unix(dir) => {
+                let path = dir.join(format!(".s.PGSQL.{}", host.port));
+                let addr = nix::sys::socket::UnixAddr::new(&path).ok()?;
+                let fd = socket(AddressFamily::Unix, SockType::Stream, flags, None).ok()?;
+                nix::sys::socket::connect(fd.as_raw_fd(), &addr).ok()?;
+                (EarlyTarget::Unix(path), fd)
+            }
+            Address::Tcp { name, addr } => {
+                let ip = addr.or_else(|| name.parse().ok())?;
+                let addr = std::net::SocketAddr::new(ip, host.port);
+                let family = if ip.is_ipv4() {
+                    AddressFamily::Inet
+                } else {
+                    AddressFamily::Inet6
+                };
+                let fd = socket(family, SockType::Stream, flags, None).ok()?;
+                match nix::sys::socket::connect(fd.as_raw_fd(), &SockaddrStorage::from(addr)) {
+                    Ok(()) | Err(nix::errno::Errno::EINPROGRESS) => {}
+                    Err(_) => return None,
+                }
+                (EarlyTarget::Tcp(addr), fd)
+            }
+        };
+        Some(std::sync::Arc::new(EarlyConnect {
+            socket: std::sync::Mutex::new(Some((target, fd))),
+        }))
+    }
+
+    /// The early TCP socket's own address (the port the server sees it from); `None` for a
+    /// Unix socket, or once an attempt took it.
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        use nix::sys::socket::{getsockname, SockaddrStorage};
+        let slot = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        let (EarlyTarget::Tcp(_), fd) = slot.as_ref()? else {
+            return None;
+        };
+        let local = getsockname::<SockaddrStorage>(std::os::fd::AsRawFd::as_raw_fd(fd)).ok()?;
+        local
+            .as_sockaddr_in()
+            .map(|v4| std::net::SocketAddr::V4((*v4).into()))
+            .or_else(|| {
+                local
+                    .as_sockaddr_in6()
+                    .map(|v6| std::net::SocketAddr::V6((*v6).into()))
+            })
+    }
+
+    /// Whether a connect attempt took the socket.
+    pub fn is_taken(&self) -> bool {
+        self.socket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    fn take(&self, target: &EarlyTarget) -> Option<std::os::fd::OwnedFd> {
+        let mut slot = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.take() {
+            Some((t, fd)) if t == *target => Some(fd),
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+
+    /// The early TCP socket to `addr`, once connected (within `deadline`); `None` when there is
+    /// none for `addr`. `Some(Err)`: its connect failed (as a new one would).
+    async fn take_tcp(
+        &self,
+        addr: std::net::SocketAddr,
+        deadline: tokio::time::Instant,
+    ) -> Option<Result<tokio::net::TcpStream, Option<std::io::Error>>> {
+        let fd = self.take(&EarlyTarget::Tcp(addr))?;
+        let stream = match tokio::net::TcpStream::from_std(std::net::TcpStream::from(fd)) {
+            Ok(stream) => stream,
+            Err(err) => return Some(Err(Some(err))),
+        };
+        // As tokio's own connect: writable once the handshake is done, then its outcome.
+        match tokio::time::timeout_at(deadline, stream.writable()).await {
+            Err(_) => return Some(Err(None)),
+            Ok(Err(err)) => return Some(Err(Some(err))),
+            Ok(Ok(())) => {}
+        }
+        Some(match stream.take_error() {
+            Ok(None) => Ok(stream),
+            Ok(Some(err)) | Err(err) => Err(Some(err)),
+        })
+    }
+
+    /// The early Unix socket to `path` (connected already); `None` when there is none.
+    fn take_unix(&self, path: &std::path::Path) -> Option<std::io::Result<tokio::net::UnixStream>> {
+        let fd = self.take(&EarlyTarget::Unix(path.to_owned()))?;
+        Some(tokio::net::UnixStream::from_std(
+            std::os::unix::net::UnixStream::from(fd),
+        ))
+    }
 }
 
 /// The plan of a configuration built without the resolver (tests, embedders): its hosts and
@@ -106,12 +246,14 @@ pub(super) enum Attempt {
 }
 
 /// [`connect`], and the connection's socket (owned by the connection's task: valid while it
-/// runs). The socket is the lock session's by construction.
+/// runs). The socket is the lock session's by construction. `early`: a socket begun before
+/// ([`EarlyConnect`]), used by the attempt at its address.
 pub(crate) async fn connect_socket(
     config: &tokio_postgres::Config,
     tls: &TlsSettings,
     target: &str,
     bound: Duration,
+    early: Option<&EarlyConnect>,
 ) -> Result<(Connected, RawFd), Error> {
     let plan = if tls.plan.hosts.is_empty() {
         plan_of(config)
@@ -145,7 +287,17 @@ pub(crate) async fn connect_socket(
     for wanted in passes {
         for &i in &order {
             let host = &plan.hosts[i];
-            match attempt(config, tls, connector.as_ref(), host, *wanted, per_host).await {
+            match attempt(
+                config,
+                tls,
+                connector.as_ref(),
+                host,
+                *wanted,
+                per_host,
+                early,
+            )
+            .await
+            {
                 Ok(found) => return Ok(found),
                 Err(Attempt::Next(err)) => last = Some(err),
                 Err(Attempt::Stop(err)) => return Err(err),
@@ -166,6 +318,7 @@ pub(super) async fn attempt(
     host: &HostTarget,
     wanted: SessionAttrs,
     per_host: Duration,
+    early: Option<&EarlyConnect>,
 ) -> Result<(Connected, RawFd), Attempt> {
     use tokio_postgres::tls::MakeTlsConnect;
     let target = host_description(config, host);
@@ -195,14 +348,17 @@ pub(super) async fn attempt(
         Address::Unix(dir) => {
             let path = dir.join(format!(".s.PGSQL.{}", host.port));
             let deadline = tokio::time::Instant::now() + per_host;
-            let stream =
-                match tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(&path))
-                    .await
-                {
-                    Err(_) => return Err(timed_out(&target)),
-                    Ok(Err(err)) => return Err(socket_err(err)),
-                    Ok(Ok(stream)) => stream,
-                };
+            let connected = match early.and_then(|e| e.take_unix(&path)) {
+                Some(connected) => Ok(connected),
+                None => {
+                    tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(&path)).await
+                }
+            };
+            let stream = match connected {
+                Err(_) => return Err(timed_out(&target)),
+                Ok(Err(err)) => return Err(socket_err(err)),
+                Ok(Ok(stream)) => stream,
+            };
             // libpq never uses TLS over a Unix socket, whatever sslmode says.
             config.ssl_mode(tokio_postgres::config::SslMode::Disable);
             return handshake(&config, stream, None, wanted, deadline, &target).await;
@@ -244,18 +400,29 @@ pub(super) async fn attempt(
     let mut last = None;
     for addr in addrs {
         let deadline = tokio::time::Instant::now() + per_host;
-        let stream =
-            match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await {
-                Err(_) => {
-                    last = Some(timed_out(&target));
-                    continue;
-                }
-                Ok(Err(err)) => {
-                    last = Some(socket_err(err));
-                    continue;
-                }
-                Ok(Ok(stream)) => stream,
-            };
+        let connected = match early {
+            Some(early) => early.take_tcp(addr, deadline).await,
+            None => None,
+        };
+        let connected = match connected {
+            Some(Ok(stream)) => Ok(Ok(stream)),
+            Some(Err(None)) => Err(()),
+            Some(Err(Some(err))) => Ok(Err(err)),
+            None => tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr))
+                .await
+                .map_err(|_| ()),
+        };
+        let stream = match connected {
+            Err(()) => {
+                last = Some(timed_out(&target));
+                continue;
+            }
+            Ok(Err(err)) => {
+                last = Some(socket_err(err));
+                continue;
+            }
+            Ok(Ok(stream)) => stream,
+        };
         let _ = stream.set_nodelay(true);
         set_tcp_timers(&stream, &config);
         let over_tls = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -71,7 +71,7 @@ use crate::timing::Timing;
 
 pub use crate::pg::lock::standby_comment;
 pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
-pub use connecting::{connect, Connected};
+pub use connecting::{connect, Connected, EarlyConnect};
 pub use session::{boottime, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
@@ -167,6 +167,11 @@ pub struct Config {
     pub registry: Option<Registry>,
     /// Keeps a copy of the lock session's socket (see [`SessionKeeper`]); `None`: nobody.
     pub keeper: Option<std::sync::Arc<dyn SessionKeeper>>,
+    /// A connect to the first host begun before the elector was built
+    /// ([`EarlyConnect::start`]): the first session's attempt at that host uses it. For a
+    /// program whose first check must come as early as it can (a one-shot); `None`: every
+    /// session connects when it is opened.
+    pub early_connect: Option<std::sync::Arc<EarlyConnect>>,
 }
 
 impl Config {
@@ -186,6 +191,7 @@ impl Config {
             span: tracing::Span::none(),
             registry: None,
             keeper: None,
+            early_connect: None,
         }
     }
 

@@ -186,8 +186,14 @@ impl Session {
         try_now: bool,
     ) -> Result<(Session, Option<Result<tokio_postgres::Row, Error>>), Error> {
         let bound = config.io_bound();
-        let ((client, closed, task), fd) =
-            connect_socket(&config.connect, &config.tls, target, bound).await?;
+        let ((client, closed, task), fd) = connect_socket(
+            &config.connect,
+            &config.tls,
+            target,
+            bound,
+            config.early_connect.as_deref(),
+        )
+        .await?;
         let mut session = Session {
             fd,
             client: Some(client),
