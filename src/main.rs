@@ -31,36 +31,47 @@ fn main() -> ExitCode {
         None => unsafe { leaderrun::watchdog::EarlyWatchdog::fork() },
         Some(_) => None,
     };
-    let signals = match leaderrun::process::signals::install() {
-        Ok(signals) => signals,
-        Err(err) => {
-            eprintln!("leaderrun: cannot install signal handlers: {err}");
-            return ExitCode::from(FAILURE);
-        }
-    };
-    drop(blocked);
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
+    // The log's writer thread is born with every signal blocked, so no handler ever runs on it.
     leaderrun::cli::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
-    let exit = run(cli, signals, early);
+    let exit = match cli.settings(&|name| std::env::var(name).ok()) {
+        Ok(settings) => {
+            // A one-shot's connect begins before the handlers exist: the server starts its
+            // backend while the rest of start-up runs (a signal meanwhile waits, blocked).
+            let early_connect = match cli.action {
+                None => runner::early_connect(&settings),
+                Some(_) => None,
+            };
+            match leaderrun::process::signals::install() {
+                Ok(signals) => {
+                    drop(blocked);
+                    run(cli.action, settings, signals, early, early_connect)
+                }
+                Err(err) => {
+                    tracing::error!("cannot install signal handlers: {err}");
+                    Exit::Code(FAILURE)
+                }
+            }
+        }
+        Err(err) => {
+            tracing::error!("{}", Chain(&err));
+            Exit::Code(FAILURE)
+        }
+    };
     // Queued log lines get a bounded moment to reach stderr; the exit never waits on them.
     leaderrun::cli::logging::finish();
     exit.finish()
 }
 
-/// Everything after the log is set up: the exit to make.
+/// Everything after the settings and the handlers: the exit to make.
 fn run(
-    cli: leaderrun::cli::Cli,
+    action: Option<Action>,
+    settings: leaderrun::cli::Settings,
     signals: leaderrun::process::signals::SignalStream,
     early: Option<leaderrun::watchdog::EarlyWatchdog>,
+    early_connect: Option<std::sync::Arc<leaderrun::elector::EarlyConnect>>,
 ) -> Exit {
-    let settings = match cli.settings(&|name| std::env::var(name).ok()) {
-        Ok(settings) => settings,
-        Err(err) => {
-            tracing::error!("{}", Chain(&err));
-            return Exit::Code(FAILURE);
-        }
-    };
     let bound = runner::elector_config(&settings).io_bound();
     let (connect, tls, lock, slots) = (
         &settings.connect,
@@ -68,7 +79,7 @@ fn run(
         settings.lock,
         settings.slots,
     );
-    match cli.action {
+    match action {
         Some(Action::Status { json }) => Exit::Code(status::status_main(
             connect,
             tls,
@@ -90,6 +101,6 @@ fn run(
             settings.database_from,
             scratch_id,
         )),
-        None => runner::main(settings, signals, early),
+        None => runner::main(settings, signals, early, early_connect),
     }
 }

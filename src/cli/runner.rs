@@ -27,16 +27,16 @@ use crate::process::terminal::Terminal;
 use crate::supervisor::{Election, Exit, Plan, Supervisor};
 use crate::watchdog::{EarlyWatchdog, Watchdog, WatchdogPlan, WatchedSpawner};
 
-/// Runs the default command from checked settings and the signal handlers `main` installed
-/// first (docs/field-notes.md#handlers-before-anything-else). Errors are logged; the result is the
+/// Runs the default command from checked settings, the signal handlers `main` installed
+/// (docs/field-notes.md#handlers-before-anything-else), the watchdog it forked and the connect it
+/// began ([`early_connect`]). Errors are logged; the result is the
 /// exit status of docs/guarantees.md#exit-codes.
-pub fn main(settings: Settings, signals: SignalStream, early: Option<EarlyWatchdog>) -> Exit {
-    // A one-shot's connect begins first: the server starts its backend (most of a connect's
-    // time) while the rest of start-up runs. A one-shot only: the other modes spread their
-    // first check (a fleet started together must not connect at once).
-    let early_connect = matches!(settings.mode, Mode::OneShot { wait: None, .. })
-        .then(|| EarlyConnect::start(&settings.connect, &settings.tls))
-        .flatten();
+pub fn main(
+    settings: Settings,
+    signals: SignalStream,
+    early: Option<EarlyWatchdog>,
+    early_connect: Option<Arc<EarlyConnect>>,
+) -> Exit {
     // COMMAND is looked up before campaigning: a typo must not wait silently as a standby.
     let path = std::env::var_os("PATH");
     let command = match Command::resolve(settings.command.clone(), path.as_deref()) {
@@ -70,6 +70,16 @@ pub fn main(settings: Settings, signals: SignalStream, early: Option<EarlyWatchd
         early,
         early_connect,
     ))
+}
+
+/// A one-shot's connect to its first host, begun now ([`EarlyConnect::start`]): the server
+/// starts its backend (most of a connect's time) while the rest of start-up runs. A one-shot
+/// only: the other modes spread their first check (a fleet started together must not connect
+/// at once). `main` calls it as early as the settings exist.
+pub fn early_connect(settings: &Settings) -> Option<Arc<EarlyConnect>> {
+    matches!(settings.mode, Mode::OneShot { wait: None, .. })
+        .then(|| EarlyConnect::start(&settings.connect, &settings.tls))
+        .flatten()
 }
 
 /// flock's word order, `leaderrun -n /var/lock/x cmd`: a path that cannot be run, followed by
