@@ -1,7 +1,8 @@
 //! Starting COMMAND the way `posix_spawn` does: `clone(CLONE_VM | CLONE_VFORK)` on a stack of
 //! its own, so that no page table is copied and no page of leaderrun's is copied on write
-//! while the child gets to `execve` (a fork of leaderrun costs 0.3–2 ms on a handover's path;
-//! this costs about a tenth of that, see BENCHMARKS.md). The parent waits in the kernel until
+//! while the child gets to `execve` (from the spawn to the exec of a shell, measured on a
+//! failover: 0.5–2 ms with a fork, 0.2–0.4 ms this way; BENCHMARKS.md). The parent waits in
+//! the kernel until
 //! the child has exec'd or exited, so an exec failure is known when [`spawn`] returns, as
 //! with std's spawn.
 //!
