@@ -475,3 +475,73 @@ fn stop_signal_and_forwarded_signals_reach_the_child() {
     let second = scratch.wait_starts(2, secs(5.0))[1].clone();
     assert_eq!((second.ppid, second.term), (replica.pid(), 2));
 }
+
+/// The datagram a child sends before exec ([`leaderrun::process::child::Announcement`]) comes
+/// with the child's pid (`SCM_CREDENTIALS`), and it comes even when the exec then fails: it
+/// is sent before the exec, so nothing of COMMAND ever runs unannounced.
+#[test]
+fn the_child_announces_itself_before_exec_with_its_pid() {
+    use leaderrun::process::child::{Announcement, Child, Command, Placement};
+    use nix::sys::socket::{
+        recvmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessageOwned, MsgFlags,
+        SockFlag, SockType,
+    };
+    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    setsockopt(&theirs, sockopt::PassCred, &true).unwrap();
+    let announced = |theirs: &OwnedFd| -> Option<(Vec<u8>, i32)> {
+        let mut buf = [0u8; 32];
+        let mut space = nix::cmsg_space!(libc::ucred);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(
+            theirs.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_DONTWAIT,
+        )
+        .ok()?;
+        let pid = msg.cmsgs().ok()?.find_map(|c| match c {
+            ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
+            _ => None,
+        })?;
+        let n = msg.bytes;
+        Some((buf[..n].to_vec(), pid))
+    };
+    let spawn = |argv: Vec<std::ffi::OsString>| {
+        let command = Command::resolve(argv, std::env::var_os("PATH").as_deref()).unwrap();
+        let placement = Placement {
+            announce: Some(Announcement {
+                socket: ours.as_fd(),
+                datagram: b"here I am",
+            }),
+            ..Placement::default()
+        };
+        Child::spawn(&command, &[], placement)
+    };
+    let child = spawn(vec!["sleep".into(), "600".into()]).unwrap();
+    let pid = leaderrun::process::child::Tree::pid(&child) as i32;
+    assert_eq!(announced(&theirs), Some((b"here I am".to_vec(), pid)));
+    drop(child);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    // An executable file that cannot be exec'd (open for writing: ETXTBSY).
+    let scratch = Scratch::new();
+    let busy = scratch.child_script("busy.sh", "exit 0");
+    let _writer = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&busy)
+        .unwrap();
+    let failed = spawn(vec![busy.into_os_string()]).unwrap_err();
+    assert_eq!(failed.exit_code(), 126, "{failed}");
+    let (datagram, sender) = announced(&theirs).expect("announced before the failed exec");
+    assert_eq!(datagram, b"here I am");
+    assert!(
+        sender > 0 && !alive(sender),
+        "the failed child {sender} was reaped"
+    );
+}

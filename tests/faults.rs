@@ -36,8 +36,18 @@ const INTERVAL: &str = "200ms";
 /// `tree.lock` through an inherited descriptor, which the kernel lets go only when the last of
 /// them is dead: a tree that cannot take it at once records an overlap, exactly, whatever the
 /// ticks' resolution.
-const TREE: &str = "exec 9>>\"$(dirname \"$EVENTS\")/tree.lock\"\n\
-     flock -n 9 || { echo \"overlap $$ $(date +%s%N)\" >> \"$EVENTS\"; flock 9; }\n\
+/// An overlap records, besides its time, every process whose descriptor 9 is the file then
+/// (`pid(comm):state`, the machine's pids, from `/proc`): which earlier tree lived on, and
+/// whether it was exiting.
+const TREE: &str = "L=\"$(dirname \"$EVENTS\")/tree.lock\"\n\
+     exec 9>>\"$L\"\n\
+     flock -n 9 || {\n\
+       at=$(date +%s%N); held=\n\
+       for f in /proc/[0-9]*/fd/9; do\n\
+         [ \"$(readlink \"$f\" 2>/dev/null)\" = \"$L\" ] || continue\n\
+         p=${f#/proc/}; p=${p%%/*}; read _ c s _ < /proc/$p/stat 2>/dev/null; held=\"$held $p$c:$s\"\n\
+       done\n\
+       echo \"overlap $$ $at held by$held\" >> \"$EVENTS\"; flock 9; }\n\
      trap \"\" TERM\n\
      read T _ < /proc/self/stat\n\
      echo \"token $T $LEADERRUN_FENCING_TOKEN\" >> \"$EVENTS\"\n\
@@ -230,7 +240,14 @@ fn check(events: &[String], replicas: &[Replica], seed: u64) {
         .collect();
     assert!(
         overlaps.is_empty(),
-        "seed {seed}: a tree started while a process of an earlier one lived: {overlaps:?}\n{}",
+        "seed {seed}: a tree started while a process of an earlier one lived: {overlaps:?}\n\
+         --- events but ticks\n{}\n{}",
+        events
+            .iter()
+            .filter(|l| !l.starts_with("tick "))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n"),
         logs()
     );
     let tokens: BTreeMap<i32, i64> = setup_tokens(events);

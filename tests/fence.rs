@@ -675,3 +675,82 @@ fn a_broken_stderr_never_aborts_a_leader() {
     let status = leader.wait().unwrap();
     assert_eq!(status.code(), Some(143));
 }
+
+/// The tree's leader as leaderrun is starting it: a child of `leaderrun` (not its watchdog)
+/// whose environment is COMMAND's already (with `--pid-namespace`, the init has exec'd itself:
+/// the spawn has not returned, and leaderrun has not told its watchdog of the tree yet).
+fn starting_tree_of(leaderrun: i32) -> Option<i32> {
+    let tasks = std::fs::read_dir(format!("/proc/{leaderrun}/task")).ok()?;
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for child in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+        {
+            let environ = std::fs::read(format!("/proc/{child}/environ")).unwrap_or_default();
+            if environ
+                .split(|&b| b == 0)
+                .any(|var| var.starts_with(b"LEADERRUN_FENCING_TOKEN="))
+            {
+                return Some(child);
+            }
+        }
+    }
+    None
+}
+
+/// leaderrun frozen (SIGSTOP) the moment its COMMAND starts, before the spawn returned (with
+/// `--pid-namespace` that takes milliseconds: the init execs itself, then COMMAND): the
+/// watchdog knows the tree all the same, from the tree's own announcement before exec, and
+/// stops it once the proof runs out, while leaderrun stays frozen. Told only by leaderrun
+/// after the spawn, it knew no tree and the tree ran on beside the next leader's.
+#[test]
+fn a_leaderrun_frozen_as_command_starts_is_fenced_by_its_watchdog() {
+    let setup = Setup::new(
+        Cluster::shared(),
+        "read T _ < /proc/self/stat\necho \"host $T\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let namespaced = leaderrun::process::pidns::PidNamespace::new().is_ok();
+    let options: &[&str] = if namespaced {
+        &["--grace", "200ms", "--pid-namespace"]
+    } else {
+        &["--grace", "200ms"]
+    };
+    let leader = setup.replica("200ms", options);
+    let pid = leader.pid();
+    // No pause between looks: the window is a millisecond or two.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let tree = loop {
+        if let Some(tree) = starting_tree_of(pid) {
+            break tree;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no COMMAND started\n{}",
+            leader.log()
+        );
+    };
+    leader.signal(Signal::SIGSTOP);
+    let frozen = Instant::now();
+    let command = wait_for("COMMAND to run", secs(10.0), || {
+        setup
+            .scratch
+            .events()
+            .iter()
+            .find_map(|l| l.strip_prefix("host ")?.trim().parse::<i32>().ok())
+    });
+    // The safe window (2 × 200 ms) and the stall (100 ms) after the last check, then the
+    // grace; 5 s leaves room for a loaded machine.
+    wait_for(
+        "the watchdog to stop the frozen leader's tree",
+        secs(5.0),
+        || (!alive(command) && !alive(tree)).then_some(()),
+    );
+    eprintln!(
+        "tree {tree} (COMMAND {command}) stopped {:?} after the freeze",
+        frozen.elapsed()
+    );
+    leader.signal(Signal::SIGCONT);
+    leader.wait_log("stopped COMMAND's tree", 1, secs(5.0));
+    leader.signal(Signal::SIGTERM);
+}

@@ -45,7 +45,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -382,13 +382,32 @@ pub trait Tree: std::fmt::Debug {
     fn poll(&mut self) -> TreeState;
 }
 
+/// A datagram the child sends on a descriptor of its own just before exec, the last thing it
+/// does: whoever reads the other end learns of the tree before anything of it runs. The
+/// watchdog uses it ([`crate::watchdog::WatchedSpawner`]): a leaderrun frozen or killed between
+/// the child's exec and its own report would otherwise leave the tree unguarded.
+#[derive(Clone, Copy, Debug)]
+pub struct Announcement<'a> {
+    /// A `SOCK_SEQPACKET` (or `SOCK_DGRAM`) socket; sent without blocking and without
+    /// SIGPIPE, and a failed send is not an error (the reader is gone, and the spawn's caller
+    /// tells it the tree again).
+    pub socket: BorrowedFd<'a>,
+    /// The datagram's bytes.
+    pub datagram: &'a [u8],
+}
+
 /// Starts COMMAND: the supervisor's one way to make a [`Tree`].
 pub trait Spawner {
-    /// Starts COMMAND with `env` added to the inherited environment.
+    /// Starts COMMAND with `env` added to the inherited environment; `announce`, when given,
+    /// is sent by the child itself just before exec ([`Announcement`]).
     ///
     /// # Errors
     /// [`SpawnError`] as [`Child::spawn`] reports it.
-    fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError>;
+    fn spawn(
+        &mut self,
+        env: &[(&'static str, String)],
+        announce: Option<Announcement<'_>>,
+    ) -> Result<Box<dyn Tree>, SpawnError>;
 
     /// Reaps children that belong to no running tree (leftovers of an earlier term, strays
     /// adopted as PID 1 or subreaper).
@@ -413,7 +432,11 @@ pub struct ProcessSpawner {
 }
 
 impl Spawner for ProcessSpawner {
-    fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError> {
+    fn spawn(
+        &mut self,
+        env: &[(&'static str, String)],
+        announce: Option<Announcement<'_>>,
+    ) -> Result<Box<dyn Tree>, SpawnError> {
         Ok(Box::new(Child::spawn(
             &self.command,
             env,
@@ -422,6 +445,7 @@ impl Spawner for ProcessSpawner {
                 cgroup: self.cgroup.clone(),
                 helper: self.helper.clone(),
                 pid_namespace: self.pid_namespace.as_deref(),
+                announce,
             },
         )?))
     }
@@ -480,6 +504,9 @@ pub struct Placement<'a> {
     pub helper: HelperPid,
     /// A PID namespace of its own, under an init of leaderrun's ([`crate::process::pidns`]).
     pub pid_namespace: Option<&'a PidNamespace>,
+    /// Sent by the child just before exec (in a PID namespace, by its init, before it execs
+    /// itself as the init): the process that leads the tree's group is its sender.
+    pub announce: Option<Announcement<'a>>,
 }
 
 /// How long a spawn in a PID namespace waits for its init to say whether COMMAND was exec'd:
@@ -557,6 +584,7 @@ impl Child {
             cgroup,
             helper,
             pid_namespace,
+            announce,
         } = placement;
         let program = || command.argv[0].to_string_lossy().into_owned();
         let failed = |source: std::io::Error| SpawnError::Spawn {
@@ -582,6 +610,10 @@ impl Child {
                 w.as_raw_fd()
             }),
         };
+        let announce = announce.map(|a| {
+            use std::os::fd::AsRawFd;
+            (a.socket.as_raw_fd(), a.datagram)
+        });
         let prepare = move || {
             prepare_child(
                 parent,
@@ -589,6 +621,7 @@ impl Child {
                 keep_ignored,
                 procs.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
                 ns,
+                announce,
             )
         };
         let (pid, init) = match (pid_namespace, reports) {
@@ -870,6 +903,7 @@ fn prepare_child(
     keep_ignored: u64,
     cgroup_procs: *const libc::c_char,
     ns: ChildNamespace,
+    announce: Option<(RawFd, &[u8])>,
 ) -> std::io::Result<()> {
     // SAFETY: plain syscalls on values we own; no allocation, no locks.
     unsafe {
@@ -959,6 +993,17 @@ fn prepare_child(
             } else if libc::dup2(ns.report, pidns::REPORT_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+        }
+        // Last: the watchdog learns of the tree from the tree itself, before it runs, so no
+        // moment exists in which it runs and the watchdog does not know it (leaderrun's own
+        // report comes only once the spawn returned). A send that fails is left to that report.
+        if let Some((socket, datagram)) = announce {
+            libc::send(
+                socket,
+                datagram.as_ptr().cast(),
+                datagram.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            );
         }
     }
     Ok(())

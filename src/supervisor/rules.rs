@@ -193,7 +193,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             };
             return self.term_ended(TermEnd::LeadershipLost);
         };
-        match self.spawner.spawn(&child_env(&term)) {
+        match self.spawner.spawn(&child_env(&term), None) {
             Ok(tree) => {
                 match (due, &self.schedule) {
                     (Some(due), Some(schedule)) => {

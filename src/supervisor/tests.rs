@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::cli::health::Health;
 use crate::cli::metrics::Metrics;
 use crate::elector::{boottime, Checks};
-use crate::process::child::{ExitStatus, SpawnError, Spawner, Tree, TreeState};
+use crate::process::child::{Announcement, ExitStatus, SpawnError, Spawner, Tree, TreeState};
 use crate::process::signals::{SignalSender, SignalStream};
 use crate::supervisor::{
     Backoff, Election, Exit, Mode, Plan, Restart, Supervisor, BACKOFF_INITIAL, BACKOFF_RESET_AFTER,
@@ -172,7 +172,11 @@ struct FakeSpawner {
 }
 
 impl Spawner for FakeSpawner {
-    fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError> {
+    fn spawn(
+        &mut self,
+        env: &[(&'static str, String)],
+        _: Option<Announcement<'_>>,
+    ) -> Result<Box<dyn Tree>, SpawnError> {
         if self.fail {
             return Err(SpawnError::NotFound {
                 program: "job".into(),
@@ -699,7 +703,11 @@ fn a_stop_is_bounded_even_when_the_tree_never_empties() {
         }
         struct Spawns;
         impl Spawner for Spawns {
-            fn spawn(&mut self, _: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError> {
+            fn spawn(
+                &mut self,
+                _: &[(&'static str, String)],
+                _: Option<Announcement<'_>>,
+            ) -> Result<Box<dyn Tree>, SpawnError> {
                 Ok(Box::new(Immortal))
             }
             fn reap_strays(&mut self) {}

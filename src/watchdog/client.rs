@@ -13,12 +13,11 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 use tracing::{debug, warn};
 
 use crate::elector::{boottime, SessionKeeper};
-use crate::process::child::{HelperPid, SpawnError, Spawner, Tree, TreeState};
+use crate::process::child::{Announcement, HelperPid, SpawnError, Spawner, Tree, TreeState};
 
 use super::protocol::*;
 use super::{pidfd_open, ARGV0, KILL_WAIT, RELEASE_WAIT};
@@ -86,13 +85,7 @@ impl EarlyWatchdog {
     /// No other thread may exist in the process: the child runs Rust code (it allocates), which
     /// a lock held by a thread that the fork did not copy would deadlock.
     pub unsafe fn fork() -> Option<EarlyWatchdog> {
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .ok()?;
+        let (ours, theirs) = pair().ok()?;
         let leaderrun = std::process::id() as i32;
         // SAFETY: sigset_t is plain data; the masks are this thread's own.
         let mut all: libc::sigset_t = std::mem::zeroed();
@@ -236,12 +229,7 @@ impl Watchdog {
     /// watchdog that knows the tree and kills it. Queued after the spawn, a kill -9 in between
     /// left a watchdog that knew nothing and the tree running.
     fn spawn(&self, held: &Held) -> std::io::Result<Link> {
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )?;
+        let (ours, theirs) = pair()?;
         {
             let fd = ours.as_fd();
             send_on(fd, Message::Tree(held.tree), None)?;
@@ -348,6 +336,12 @@ impl Watchdog {
         }
         held.stopping = true;
         self.send(&mut held, Message::Stopping, None);
+    }
+
+    /// A duplicate of leaderrun's end of the pair to the running watchdog (close-on-exec), for
+    /// a child to announce itself on (`None` while none runs).
+    fn announcer(&self) -> Option<OwnedFd> {
+        self.lock().link.as_ref()?.fd.try_clone().ok()
     }
 
     /// A duplicate of the current watchdog's pidfd (`None` while none runs, or without pidfds):
@@ -608,13 +602,38 @@ pub struct WatchedSpawner<S> {
 }
 
 impl<S: Spawner> Spawner for WatchedSpawner<S> {
-    fn spawn(&mut self, env: &[(&'static str, String)]) -> Result<Box<dyn Tree>, SpawnError> {
+    /// The child announces itself to the watchdog before exec ([`Message::Announce`]; an
+    /// `announce` given here is not used), and leaderrun reports the tree again once the spawn
+    /// returned, which also tells a watchdog started meanwhile.
+    fn spawn(
+        &mut self,
+        env: &[(&'static str, String)],
+        _announce: Option<Announcement<'_>>,
+    ) -> Result<Box<dyn Tree>, SpawnError> {
         if !self.watchdog.ready() {
             warn!("no watchdog runs: if leaderrun is killed, COMMAND's helpers may outlive it");
         }
         // What the watchdog said of an earlier tree is no news of this one.
         let _ = self.watchdog.stopped_the_tree();
-        let tree = self.inner.spawn(env)?;
+        // A copy of our end of the pair, the child's own: a watchdog replaced meanwhile only
+        // makes its send fail, it never reaches another descriptor.
+        let socket = self.watchdog.announcer();
+        let datagram = Message::Announce.encode();
+        let announce = socket.as_ref().map(|socket| Announcement {
+            socket: socket.as_fd(),
+            datagram: &datagram,
+        });
+        let tree = match self.inner.spawn(env, announce) {
+            Ok(tree) => tree,
+            Err(err) => {
+                // The child may have announced itself before its exec failed.
+                if socket.is_some() {
+                    self.watchdog.tree(None);
+                }
+                return Err(err);
+            }
+        };
+        drop(socket);
         self.watchdog.tree(Some(tree.pid() as i32));
         Ok(Box::new(WatchedTree {
             inner: tree,

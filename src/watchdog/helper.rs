@@ -402,8 +402,9 @@ pub(super) fn write_now(line: &str) {
 pub(super) enum Step {
     /// The server closed the lock session (end of file or an error on the watched copy).
     SessionClosed,
-    /// A message, and the descriptor that came with it.
-    Message(Message, Option<OwnedFd>),
+    /// A message, the descriptor that came with it, and its sender's pid (`SCM_CREDENTIALS`,
+    /// as this PID namespace sees it; `None` without them).
+    Message(Message, Option<OwnedFd>, Option<i32>),
     /// Nothing within the time (or a signal, or a message that is not one).
     Nothing,
     /// End of file: leaderrun is gone.
@@ -448,9 +449,10 @@ pub(super) fn next_message(fd: RawFd, within_ns: u64, session: RawFd) -> Step {
         };
     }
     let mut buf = [0u8; 16];
-    // Room for a control message with one descriptor (as `cmsg_space!([RawFd; 1])`), aligned
+    // Room for the sender's credentials (every datagram has them: `SO_PASSCRED`) and a
+    // control message with one descriptor (as `cmsg_space!(libc::ucred, [RawFd; 1])`), aligned
     // for `cmsghdr`; more descriptors than that are closed by the kernel.
-    let mut space = [0u64; 4];
+    let mut space = [0u64; 8];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -471,11 +473,21 @@ pub(super) fn next_message(fd: RawFd, within_ns: u64, session: RawFd) -> Step {
         };
     }
     let mut attached = None;
+    let mut sender = None;
     // SAFETY: the CMSG macros walk the control buffer recvmsg filled; each SCM_RIGHTS entry
-    // holds descriptors the kernel just gave us.
+    // holds descriptors the kernel just gave us, an SCM_CREDENTIALS entry one ucred.
     unsafe {
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET
+                && (*cmsg).cmsg_type == libc::SCM_CREDENTIALS
+                && (*cmsg).cmsg_len as usize
+                    >= libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32) as usize
+            {
+                let creds = libc::CMSG_DATA(cmsg).cast::<libc::ucred>().read_unaligned();
+                // 0: a sender outside this PID namespace, which names no process here.
+                sender = (creds.pid > 0).then_some(creds.pid);
+            }
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
                 let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
@@ -491,7 +503,7 @@ pub(super) fn next_message(fd: RawFd, within_ns: u64, session: RawFd) -> Step {
         return Step::Eof;
     }
     match Message::decode(&buf[..n as usize]) {
-        Some(message) => Step::Message(message, attached),
+        Some(message) => Step::Message(message, attached, sender),
         None => Step::Nothing,
     }
 }
@@ -708,7 +720,7 @@ impl Guard {
                 _ => -1,
             };
             match next_message(control.as_raw_fd(), wait, watched) {
-                Step::Message(message, fd) => self.handle(control, message, fd),
+                Step::Message(message, fd, sender) => self.handle(control, message, fd, sender),
                 Step::SessionClosed => {
                     // The lock is free already; the copy keeps nothing alive any more.
                     drop(self.session.take());
@@ -780,7 +792,18 @@ impl Guard {
     }
 
     #[inline(always)]
-    fn handle(&mut self, control: BorrowedFd<'_>, message: Message, fd: Option<OwnedFd>) {
+    fn handle(
+        &mut self,
+        control: BorrowedFd<'_>,
+        message: Message,
+        fd: Option<OwnedFd>,
+        sender: Option<i32>,
+    ) {
+        let message = match (message, sender) {
+            // The tree's leader itself, before its exec: its group is the tree.
+            (Message::Announce, Some(pid)) => Message::Tree(pid),
+            (message, _) => message,
+        };
         match message {
             Message::Tree(pgid) => {
                 // A tree was just reported: leaderrun is alive now. Heartbeats come only while
@@ -806,7 +829,8 @@ impl Guard {
                 drop(self.session.take());
                 let _ = send_on(control, Message::Released, None);
             }
-            Message::Released => {}
+            // Without its sender's pid it names nothing; leaderrun's report follows.
+            Message::Released | Message::Announce => {}
         }
     }
 

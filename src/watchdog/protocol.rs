@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{
+    recvmsg, sendmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessage,
+    ControlMessageOwned, MsgFlags, SockFlag, SockType,
+};
 
 /// The descriptor the watchdog finds its end of the pair on.
 pub(super) const CONTROL_FD: RawFd = 3;
@@ -31,6 +34,12 @@ pub(super) enum Message {
     /// The watchdog stopped the tree itself (leaderrun froze, or did not act on a session the
     /// server closed).
     Stopped,
+    /// A tree runs in the sender's process group: sent by COMMAND's child (or its namespace's
+    /// init) itself, just before exec, so the watchdog knows the tree before anything of it
+    /// runs, whatever becomes of leaderrun meanwhile. The sender's pid is the kernel's
+    /// (`SCM_CREDENTIALS`: the watchdog's end has `SO_PASSCRED`), as the watchdog's PID
+    /// namespace sees it.
+    Announce,
 }
 
 impl Message {
@@ -43,6 +52,7 @@ impl Message {
             Message::Released => (b'A', 0),
             Message::Stopping => (b'K', 0),
             Message::Stopped => (b'W', 0),
+            Message::Announce => (b'M', 0),
         };
         let mut out = [0u8; 9];
         out[0] = kind;
@@ -64,9 +74,26 @@ impl Message {
             b'A' => Message::Released,
             b'K' => Message::Stopping,
             b'W' => Message::Stopped,
+            b'M' => Message::Announce,
             _ => return None,
         })
     }
+}
+
+/// A new pair: leaderrun's end, then the watchdog's, which has `SO_PASSCRED` so that every
+/// datagram it receives carries its sender's pid ([`Message::Announce`] needs it: the sender
+/// is a child about to exec, which may not know its own pid as the watchdog sees it, being the
+/// init of a PID namespace). Set here, before either end is shared, so no datagram can come
+/// without it.
+pub(super) fn pair() -> nix::Result<(OwnedFd, OwnedFd)> {
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    setsockopt(&theirs, sockopt::PassCred, &true)?;
+    Ok((ours, theirs))
 }
 
 /// The kind byte of the plan: the first datagram a forked watchdog gets, its settings as the
@@ -146,7 +173,8 @@ pub(super) fn receive(
         Err(err) => return Err(err),
     }
     let mut buf = [0u8; 16];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
+    // Room for the sender's credentials too: the watchdog's end gets them with every datagram.
+    let mut space = nix::cmsg_space!(libc::ucred, [RawFd; 1]);
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
     let msg = recvmsg::<()>(
         fd.as_raw_fd(),

@@ -1,17 +1,17 @@
 //! The wire format alone: every kind's encoding and decoding, what decoding refuses, and a
-//! message (with and without a descriptor) over a real `SOCK_SEQPACKET` pair.
+//! message (with and without a descriptor) over a real `SOCK_SEQPACKET` pair, whose watchdog
+//! end learns each sender's pid.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
 use super::{receive, send_on, Message};
 
 /// One of every kind, with values at the edges of their range.
-const EVERY_KIND: [Message; 11] = [
+const EVERY_KIND: [Message; 12] = [
     Message::Tree(0),
     Message::Tree(4242),
     Message::Tree(i32::MAX),
@@ -23,17 +23,13 @@ const EVERY_KIND: [Message; 11] = [
     Message::Released,
     Message::Stopping,
     Message::Stopped,
+    Message::Announce,
 ];
 
-/// A connected pair, as leaderrun and its watchdog hold it.
+/// A connected pair, as leaderrun and its watchdog hold it (the second end with
+/// `SO_PASSCRED`).
 fn pair() -> (OwnedFd, OwnedFd) {
-    socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .expect("socketpair")
+    super::pair().expect("socketpair")
 }
 
 #[test]
@@ -56,6 +52,7 @@ fn the_encoding_is_a_kind_byte_then_the_value_little_endian() {
         (Message::Released, b'A'),
         (Message::Stopping, b'K'),
         (Message::Stopped, b'W'),
+        (Message::Announce, b'M'),
     ] {
         assert_eq!(message.encode(), [kind, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
@@ -63,7 +60,7 @@ fn the_encoding_is_a_kind_byte_then_the_value_little_endian() {
     let mut kinds: Vec<u8> = EVERY_KIND.iter().map(|m| m.encode()[0]).collect();
     kinds.sort_unstable();
     kinds.dedup();
-    assert_eq!(kinds.len(), 7);
+    assert_eq!(kinds.len(), 8);
 }
 
 #[test]
@@ -81,7 +78,7 @@ fn a_bad_length_is_refused() {
 
 #[test]
 fn an_unknown_kind_is_refused() {
-    let known = [b'T', b'H', b'S', b'R', b'A', b'K', b'W'];
+    let known = [b'T', b'H', b'S', b'R', b'A', b'K', b'W', b'M'];
     for kind in 0..=u8::MAX {
         let mut buf = [0u8; 9];
         buf[0] = kind;
@@ -159,4 +156,25 @@ fn a_datagram_that_is_no_message_is_not_taken_for_one() {
         let got = receive(theirs.as_fd(), Duration::from_secs(5));
         assert!(matches!(got, Ok(None)), "{bad:?}: {got:?}");
     }
+}
+
+#[test]
+fn the_watchdog_end_learns_each_senders_pid_beside_a_descriptor() {
+    let (ours, theirs) = pair();
+    let (_read_end, write_end) = nix::unistd::pipe().expect("pipe");
+    send_on(ours.as_fd(), Message::Session, Some(write_end.as_fd())).expect("send");
+    send_on(ours.as_fd(), Message::Announce, None).expect("send");
+    let step = super::super::helper::next_message(theirs.as_raw_fd(), 5_000_000_000, -1);
+    let super::super::helper::Step::Message(Message::Session, Some(_), Some(pid)) = step else {
+        panic!("no session with its descriptor and its sender");
+    };
+    assert_eq!(pid, std::process::id() as i32);
+    let step = super::super::helper::next_message(theirs.as_raw_fd(), 5_000_000_000, -1);
+    assert!(
+        matches!(
+            step,
+            super::super::helper::Step::Message(Message::Announce, None, Some(p)) if p == pid
+        ),
+        "the announcement and its sender"
+    );
 }
