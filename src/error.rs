@@ -203,6 +203,18 @@ impl fmt::Display for Chain<'_> {
                          the one the lock lives in (dbname= in the DSN, or PGDATABASE)",
                     )?;
                 }
+                // A role the DBA took pg_logical_emit_message from: the grant's durable
+                // fencing token needs it (docs/field-notes.md#a-fencing-number-must-survive-a-crash).
+                if *db.code() == tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
+                    && db.message().contains("pg_logical_emit_message")
+                {
+                    f.write_str(
+                        "; hint: a grant writes its fencing token to the WAL with \
+                         pg_logical_emit_message, so that it survives a crash of the server: \
+                         GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) \
+                         TO the role",
+                    )?;
+                }
                 // Prepared statements that collide or vanish between statements: the session
                 // is being shared or swapped
                 // (docs/field-notes.md#transaction-mode-poolers-move-the-session).

@@ -1,10 +1,11 @@
 //! A randomized fault run: three replicas on a private cluster, each behind a proxy of its own,
 //! and faults at random moments, overlapping: `kill -9` of a replica, SIGSTOP of a replica for a
 //! while, a partition of a replica (its proxy stops forwarding without closing), SIGTERM of a
-//! replica, `pg_terminate_backend` of the lock's holder and a restart of the server. Every
+//! replica, `pg_terminate_backend` of the lock's holder, a restart of the server and a crash of
+//! it (an immediate stop, then a start: fencing tokens must grow across it too). Every
 //! replica that ends is replaced. What must hold throughout (docs/guarantees.md#the-three-rules):
-//! one COMMAND tree at a time (an exact `flock` check, and no two trees' ticks overlap), fencing tokens that grow with each
-//! tree, and nothing of any tree left at the end.
+//! one COMMAND tree at a time (an exact `flock` check, and no two trees' ticks overlap),
+//! fencing tokens that grow with each tree, and nothing of any tree left at the end.
 //!
 //! Bounded in time: 30 s by default; `LEADERRUN_FAULTS_SECS` runs it longer and
 //! `LEADERRUN_FAULTS_SEED` replays a run (the seed is printed).
@@ -140,7 +141,8 @@ fn random_overlapping_faults_keep_one_tree_at_a_time_and_leave_nothing() {
             45..65 => "freeze",
             65..75 => "SIGTERM",
             75..90 => "terminate the holder's backend",
-            _ => "restart the server",
+            90..95 => "restart the server",
+            _ => "crash the server",
         };
         *faults.entry(fault).or_default() += 1;
         let began = Instant::now();
@@ -180,6 +182,11 @@ fn random_overlapping_faults_keep_one_tree_at_a_time_and_leave_nothing() {
                 for backend in cluster.lock_holders(CLASS, setup.id) {
                     cluster.terminate_backend(backend);
                 }
+            }
+            "crash the server" => {
+                // An immediate stop: no checkpoint, nothing flushed on the way out.
+                cluster.kill();
+                cluster.start();
             }
             _ => cluster.restart(),
         }

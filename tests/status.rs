@@ -486,6 +486,7 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
         ("version", if on_13 { "warn" } else { "ok" }),
         ("primary", "ok"),
         ("exclusion", "ok"),
+        ("fencing token", "ok"),
         ("session", "ok"),
         ("idle timeout", if on_13 { "warn" } else { "ok" }),
         ("tls", "ok"),
@@ -514,6 +515,8 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
         text.contains("hint: point the DSN at the primary"),
         "{text}"
     );
+    // A standby cannot write the token's WAL record: the check is left to the primary's.
+    assert!(!text.contains("fencing token"), "{text}");
 
     // And the election itself refuses to lead there, saying why.
     let scratch = Scratch::new();
@@ -570,4 +573,48 @@ fn doctor_says_which_database_the_lock_lives_in() {
         text.contains("ok    database      the lock lives in database postgres (from dsn)"),
         "{text}"
     );
+}
+
+/// A role that may not run `pg_logical_emit_message` (a DBA revoked it from PUBLIC) could take
+/// the lock but not the durable fencing token that goes with a grant: doctor says so, with the
+/// GRANT that fixes it, and a replica leads nowhere (its grants fail and free the lock).
+#[test]
+fn doctor_fails_for_a_role_that_cannot_make_the_fencing_token_durable() {
+    let cluster = Cluster::start_private();
+    cluster.sql(
+        "CREATE ROLE plain LOGIN; \
+         REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC",
+    );
+    let dsn = cluster.dsn().replace("user=postgres", "user=plain");
+    let out = leaderrun()
+        .args(["doctor", "--dsn", &dsn])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL  fencing token") && text.contains("permission denied"),
+        "{text}"
+    );
+    assert!(
+        text.contains("GRANT EXECUTE ON FUNCTION pg_logical_emit_message"),
+        "{text}"
+    );
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", INTERVAL, "--", job.to_str().unwrap()]);
+    let replica = Replica::spawn(cmd);
+    replica.wait_log(
+        "permission denied for function pg_logical_emit_message",
+        2,
+        secs(10.0),
+    );
+    assert!(
+        replica.log().contains("hint: a grant writes its fencing token"),
+        "{}",
+        replica.log()
+    );
+    assert!(scratch.starts().is_empty(), "{}", replica.log());
 }

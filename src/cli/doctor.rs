@@ -165,7 +165,9 @@ pub async fn findings(
         out.extend(num.parse::<u32>().ok().map(|n| version_finding(n / 10_000)));
     }
 
-    match one::<bool>(a, "SELECT pg_is_in_recovery()", bound).await {
+    let recovery = one::<bool>(a, "SELECT pg_is_in_recovery()", bound).await;
+    let primary = matches!(recovery, Ok(false));
+    match recovery {
         Ok(false) => out.push(Finding::pass("primary", "the server is not in recovery")),
         Ok(true) => out.push(Finding::fail(
             "primary",
@@ -214,6 +216,29 @@ pub async fn findings(
              or through a session-mode pooler",
         )),
         Err(err) => out.push(Finding::fail("exclusion", Chain(&err).to_string(), permission_hint(&err))),
+    }
+
+    // The grant's fencing token, taken as a grant takes it (a WAL record and a flushed commit):
+    // a role without EXECUTE on pg_logical_emit_message could never lead. A hot standby cannot
+    // write, and is a failure of its own above.
+    if primary {
+        let sql = format!("SELECT ({})", crate::pg::lock::DURABLE_TOKEN);
+        match one::<i64>(a, &sql, bound).await {
+            Ok(token) => out.push(Finding::pass(
+                "fencing token",
+                format!(
+                    "a grant's token can be taken and flushed to the WAL before its answer \
+                     ({token} now)"
+                ),
+            )),
+            Err(err) => out.push(Finding::fail(
+                "fencing token",
+                Chain(&err).to_string(),
+                "a grant takes its fencing token with pg_logical_emit_message(true, \
+                 'leaderrun', …), so that it survives a crash of the server: GRANT EXECUTE ON \
+                 FUNCTION pg_logical_emit_message(boolean, text, text) TO the role",
+            )),
+        }
     }
 
     // The session keeps its backend and its session state between statements.

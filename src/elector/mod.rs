@@ -16,7 +16,8 @@
 //! * **Grant.** The session becomes the lock session. Its `idle_session_timeout` (the seed's
 //!   bound on an orphaned lock session) was pinned when it connected, before its first try, so
 //!   a grant never runs without it even for a moment. A fencing token is read
-//!   (`txid_current()`, docs/field-notes.md#the-fencing-number-comes-from-the-server), and a new
+//!   (`txid_current()`, docs/field-notes.md#the-fencing-number-comes-from-the-server, made
+//!   durable before the answer, docs/field-notes.md#a-fencing-number-must-survive-a-crash), and a new
 //!   [`Term`] begins.
 //! * **Leader.** The check proves ownership in one round trip: the backend that answers is the
 //!   one the lock was granted to, it holds the granted `pg_locks` row for (current database,

@@ -40,9 +40,11 @@ pub struct Lease {
     pub slot: u32,
     /// `pg_backend_pid()` of the lock session.
     pub backend_pid: i32,
-    /// `txid_current()` taken on the lock session right after the grant: greater than the
-    /// token of every earlier term of any replica on the same cluster
-    /// (docs/field-notes.md#the-fencing-number-comes-from-the-server).
+    /// `txid_current()` taken on the lock session right after the grant, and flushed to the
+    /// server's WAL before the answer: greater than the token of every earlier term of any
+    /// replica on the same cluster, across a crash of the server too
+    /// (docs/field-notes.md#the-fencing-number-comes-from-the-server,
+    /// docs/field-notes.md#a-fencing-number-must-survive-a-crash).
     pub fencing_token: i64,
     /// `current_database()` of the lock session (advisory locks are per database).
     pub database: String,

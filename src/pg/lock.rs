@@ -97,7 +97,8 @@ pub fn lock_id_for_name(name: &str) -> i32 {
 ///
 /// One row: `r` (int4: the slot granted, 0 … N−1; p·N + k: place p in the line of slot k;
 /// −1: refused; NULL: in recovery), the fencing token (int8, `txid_current()` taken after the
-/// grant, in the same statement; NULL unless a slot was granted), `current_database()`,
+/// grant, in the same statement, and flushed to the WAL before the answer ([`DURABLE_TOKEN`]);
+/// NULL unless a slot was granted), `current_database()`,
 /// `host(inet_client_addr())`, `inet_client_port()`. The leading comment is how `leaderrun
 /// status` finds standbys in `pg_stat_activity`.
 pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool) -> String {
@@ -211,7 +212,7 @@ fn try_case(key: LockKey, code: u32) -> String {
 
 fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str) -> String {
     format!(
-        "{} {} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN txid_current() END, \
+        "{} {} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN ({DURABLE_TOKEN}) END, \
          current_database(), host(inet_client_addr()), inet_client_port() \
          FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{cases} ELSE {otherwise} END \
          AS r OFFSET 0) AS t",
@@ -220,6 +221,21 @@ fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str) -> String 
         slots - 1
     )
 }
+
+/// The fencing token of a grant, durable before the answer leaves the server
+/// (docs/field-notes.md#a-fencing-number-must-survive-a-crash): `txid_current()` assigns the
+/// transaction an id, but a transaction that writes no WAL commits asynchronously
+/// (PostgreSQL's `RecordTransactionCommit` flushes only when the transaction wrote WAL), so a
+/// crash soon after the grant lost the id and the next grant after recovery got the same one
+/// again, or a smaller one. A transactional `pg_logical_emit_message` (prefix `leaderrun`, no
+/// table, any `wal_level`) makes the transaction write WAL, and `synchronous_commit` for this
+/// transaction alone, the server's own value unless it is `off` (then `local`), makes its commit
+/// wait for the flush. Evaluated only for a grant (the `CASE` around it); the subquery's
+/// `OFFSET 0` keeps its volatile columns, used or not.
+pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT txid_current() AS token, \
+     set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
+     WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) AS durable, \
+     pg_logical_emit_message(true, 'leaderrun', 'fencing token') AS logged OFFSET 0) AS g";
 
 /// The comment that starts every standby statement of `lock`: `pg_stat_activity.query`
 /// shows it for a standby between its checks and while it waits, which is how `leaderrun
