@@ -806,8 +806,10 @@ impl Guard {
         };
         match message {
             Message::Tree(pgid) => {
-                // A tree was just reported: leaderrun is alive now. Heartbeats come only while
-                // a tree runs, so the freeze clock starts here.
+                // A tree was just reported: leaderrun is alive now (or its spawn is under way:
+                // the tree's own announcement, sent inside the safe window, so the clock moves
+                // by at most the stall). Heartbeats come only while a tree runs, so the freeze
+                // clock starts here.
                 self.tree = pgid;
                 self.escaped.next_scan = 0;
                 self.stopping = false;
