@@ -612,7 +612,9 @@ fn doctor_fails_for_a_role_that_cannot_make_the_fencing_token_durable() {
         secs(10.0),
     );
     assert!(
-        replica.log().contains("hint: a grant writes its fencing token"),
+        replica
+            .log()
+            .contains("hint: a grant writes its fencing token"),
         "{}",
         replica.log()
     );

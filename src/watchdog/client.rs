@@ -602,9 +602,10 @@ pub struct WatchedSpawner<S> {
 }
 
 impl<S: Spawner> Spawner for WatchedSpawner<S> {
-    /// The child announces itself to the watchdog before exec ([`Message::Announce`]; an
-    /// `announce` given here is not used), and leaderrun reports the tree again once the spawn
-    /// returned, which also tells a watchdog started meanwhile.
+    /// The child announces itself to the watchdog before exec (an `M` datagram,
+    /// docs/process-model.md#its-protocol; an `announce` given here is not used), and
+    /// leaderrun reports the tree again once the spawn returned, which also tells a watchdog
+    /// started meanwhile.
     fn spawn(
         &mut self,
         env: &[(&'static str, String)],
