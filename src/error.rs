@@ -208,11 +208,11 @@ impl fmt::Display for Chain<'_> {
                 if *db.code() == tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
                     && db.message().contains("pg_logical_emit_message")
                 {
-                    f.write_str(
+                    write!(
+                        f,
                         "; hint: a grant writes its fencing token to the WAL with \
-                         pg_logical_emit_message, so that it survives a crash of the server: \
-                         GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) \
-                         TO the role",
+                         pg_logical_emit_message, so that it survives a crash of the server: {}",
+                        crate::pg::lock::DURABLE_TOKEN_GRANT
                     )?;
                 }
                 // Prepared statements that collide or vanish between statements: the session

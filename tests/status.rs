@@ -581,9 +581,13 @@ fn doctor_says_which_database_the_lock_lives_in() {
 #[test]
 fn doctor_fails_for_a_role_that_cannot_make_the_fencing_token_durable() {
     let cluster = Cluster::start_private();
+    // Every overload, whatever the major calls it (17 added a fourth argument).
     cluster.sql(
         "CREATE ROLE plain LOGIN; \
-         REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC",
+         DO $$ DECLARE f regprocedure; BEGIN \
+           FOR f IN SELECT oid FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP \
+             EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); \
+           END LOOP; END $$",
     );
     let dsn = cluster.dsn().replace("user=postgres", "user=plain");
     let out = leaderrun()
@@ -619,4 +623,33 @@ fn doctor_fails_for_a_role_that_cannot_make_the_fencing_token_durable() {
         replica.log()
     );
     assert!(scratch.starts().is_empty(), "{}", replica.log());
+    drop(replica);
+
+    // The hint's GRANT, in the form this major names, is what gives the role back its token.
+    let hint = text
+        .lines()
+        .find(|line| line.contains("GRANT EXECUTE ON FUNCTION"))
+        .unwrap();
+    let signatures: Vec<&str> = hint
+        .match_indices("pg_logical_emit_message(boolean")
+        .map(|(at, _)| &hint[at..at + hint[at..].find(')').unwrap() + 1])
+        .collect();
+    assert_eq!(signatures.len(), 2, "{hint}");
+    let exists = |signature: &str| {
+        cluster.sql(&format!(
+            "SELECT to_regprocedure('{signature}') IS NOT NULL"
+        )) == ["t"]
+    };
+    let signature = signatures
+        .iter()
+        .find(|s| exists(s))
+        .unwrap_or_else(|| panic!("the hint names no signature this server has: {hint}"));
+    cluster.sql(&format!("GRANT EXECUTE ON FUNCTION {signature} TO plain"));
+    let out = leaderrun()
+        .args(["doctor", "--dsn", &dsn])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("ok    fencing token"), "{text}");
 }

@@ -234,9 +234,11 @@ pub async fn findings(
             Err(err) => out.push(Finding::fail(
                 "fencing token",
                 Chain(&err).to_string(),
-                "a grant takes its fencing token with pg_logical_emit_message(true, \
-                 'leaderrun', …), so that it survives a crash of the server: GRANT EXECUTE ON \
-                 FUNCTION pg_logical_emit_message(boolean, text, text) TO the role",
+                format!(
+                    "a grant takes its fencing token with pg_logical_emit_message(true, \
+                     'leaderrun', …), so that it survives a crash of the server: {}",
+                    crate::pg::lock::DURABLE_TOKEN_GRANT
+                ),
             )),
         }
     }

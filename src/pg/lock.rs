@@ -237,6 +237,13 @@ pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT txid_current
      WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) AS durable, \
      pg_logical_emit_message(true, 'leaderrun', 'fencing token') AS logged OFFSET 0) AS g";
 
+/// What a DBA runs so that a role may take [`DURABLE_TOKEN`] again, for `doctor`'s hint and
+/// the error's: PostgreSQL 17 gave `pg_logical_emit_message` a fourth argument (`flush`, with a
+/// default), so the function's signature, which `GRANT` names, depends on the major.
+pub(crate) const DURABLE_TOKEN_GRANT: &str = "GRANT EXECUTE ON FUNCTION \
+     pg_logical_emit_message(boolean, text, text) TO the role (on PostgreSQL 17 and later: \
+     pg_logical_emit_message(boolean, text, text, boolean))";
+
 /// The comment that starts every standby statement of `lock`: `pg_stat_activity.query`
 /// shows it for a standby between its checks and while it waits, which is how `leaderrun
 /// status` lists standbys that are not in the lock queue.
