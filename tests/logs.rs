@@ -145,12 +145,16 @@ fn slips_get_hints_that_say_what_to_check() {
 
 #[test]
 fn a_standby_says_who_holds_the_lock_once_and_again_when_the_holder_changes() {
+    // A longer interval than the suite's: the test needs one term throughout, and at 200 ms a
+    // check that a loaded CI machine delays past its bound ends it (a new term, and rightly a
+    // second line).
+    let interval = "1s";
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");
     let scratch = &setup.scratch;
-    let mut first = setup.replica(INTERVAL, &[]);
+    let mut first = setup.replica(interval, &[]);
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     let host = hostname();
-    let standbys: Vec<Replica> = setup.replicas(2, INTERVAL, &["--http-addr", "127.0.0.1:0"]);
+    let standbys: Vec<Replica> = setup.replicas(2, interval, &["--http-addr", "127.0.0.1:0"]);
     for standby in &standbys {
         standby.wait_log("the lock is held by", 1, secs(10.0));
         let line = &holder_lines(&standby.log())[0];
@@ -160,7 +164,9 @@ fn a_standby_says_who_holds_the_lock_once_and_again_when_the_holder_changes() {
                 first.pid(),
                 start.backend_pid
             )),
-            "{line}"
+            "{line}\nstarts: {:?}\nleader's log:\n{}",
+            scratch.starts(),
+            first.log()
         );
         // Nothing more while nothing changes: three more refused checks, still one line.
         let addr = probe_addr(standby);
