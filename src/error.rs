@@ -80,6 +80,26 @@ pub enum Error {
         after: Duration,
     },
 
+    /// A statement that can grant the lock did not finish within its bound on a server whose
+    /// commits wait for a synchronous standby: the grant's fencing token is committed there as
+    /// durably as any write (docs/guarantees.md#fencing-tokens), so a synchronous standby that
+    /// is down holds every grant. The same timeout as [`Error::Timeout`], with what this
+    /// server adds to it.
+    #[error(
+        "{what} timed out after {}; this server makes every commit, a grant's too, wait for a \
+         synchronous standby (synchronous_standby_names = '{standbys}'): if the server is \
+         reachable, that standby may be down",
+        humantime::format_duration(*.after)
+    )]
+    AwaitingStandby {
+        /// What was bounded, e.g. `try advisory lock`.
+        what: &'static str,
+        /// The bound that passed.
+        after: Duration,
+        /// The server's `synchronous_standby_names`.
+        standbys: String,
+    },
+
     /// A statement that returns one row returned `rows` rows instead.
     #[error("{what} returned {rows} rows, not 1")]
     UnexpectedRows {

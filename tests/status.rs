@@ -653,3 +653,70 @@ fn doctor_fails_for_a_role_that_cannot_make_the_fencing_token_durable() {
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("ok    fencing token"), "{text}");
 }
+
+/// On a server whose commits wait for a synchronous standby, a grant waits too (its fencing
+/// token is committed as durably as any write there): with that standby down nobody can lead.
+/// doctor says so without waiting itself (every later check still answers), a one-shot's error
+/// names the setting, and once the server stops waiting the stranded grants end and a
+/// one-shot leads again.
+#[test]
+fn doctor_and_a_one_shot_say_when_a_synchronous_standby_holds_every_grant() {
+    let cluster = Cluster::start_private();
+    // The test clusters run with synchronous_commit off (on their command line, which only a
+    // database's or a role's own setting overrides), and off never waits for a standby.
+    cluster.sql("ALTER DATABASE postgres SET synchronous_commit = 'on'");
+    cluster.sql("ALTER SYSTEM SET synchronous_standby_names = 'nostandby'");
+    cluster.sql("SELECT pg_reload_conf()");
+    wait_for("the reload", secs(10.0), || {
+        (cluster.sql("SHOW synchronous_standby_names") == ["nostandby"]).then_some(())
+    });
+    let out = leaderrun()
+        .args(["doctor", "--dsn", &cluster.dsn()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL  fencing token")
+            && text.contains("synchronous_standby_names = 'nostandby'")
+            && text.contains("none streams"),
+        "{text}"
+    );
+    for check in ["session", "idle timeout", "tls", "leader"] {
+        assert!(text.contains(&format!("ok    {check}")), "{check}: {text}");
+    }
+
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    let id = unique_lock_id().to_string();
+    let once = |what: &str| {
+        let out = leaderrun()
+            .args(["--dsn", &cluster.dsn(), "--lock-id", &id])
+            .args(["--check-interval", INTERVAL, "--once", "--"])
+            .arg(&job)
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        eprintln!("{what}: {:?}\n{log}", out.status);
+        (out.status.code(), log)
+    };
+    let (code, log) = once("waiting for the standby");
+    assert_eq!(code, Some(125), "{log}");
+    assert!(
+        log.contains("try advisory lock timed out after 200ms")
+            && log.contains("synchronous_standby_names = 'nostandby'"),
+        "{log}"
+    );
+    assert!(scratch.starts().is_empty());
+
+    // The server stops waiting: the grant it held for a client long gone commits, that
+    // backend ends, and the lock is free again.
+    cluster.sql("ALTER SYSTEM RESET synchronous_standby_names");
+    cluster.sql("SELECT pg_reload_conf()");
+    wait_for("the stranded grant to end", secs(10.0), || {
+        (cluster.lock_holders(CLASS, id.parse().unwrap()).is_empty()).then_some(())
+    });
+    let (code, log) = once("after the reset");
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(scratch.starts().len(), 1, "{log}");
+}

@@ -648,7 +648,8 @@ pub enum Action {
     /// Opens two sessions and checks that the second cannot take a lock the first holds (on a
     /// scratch id of the same class, so a running leader is not disturbed), that the server is
     /// not in recovery, that a grant's fencing token can be taken and flushed to the WAL (the
-    /// role may run pg_logical_emit_message), that a session keeps its backend (no
+    /// role may run pg_logical_emit_message; a synchronous standby the commit waits for
+    /// streams), that a session keeps its backend (no
     /// transaction-mode pooler), that
     /// the server's major is supported (14 to 18) and idle_session_timeout can be set (a
     /// warning each on PostgreSQL 13, which runs with a weaker bound), and shows the database the

@@ -12,6 +12,7 @@ use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
 use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
 use crate::pg::conninfo::describe;
+use crate::pg::lock::{DURABLE_TOKEN, DURABLE_TOKEN_GRANT, SYNC_STANDBYS};
 use crate::pg::within;
 
 use super::status::{out, report, runtime};
@@ -94,6 +95,77 @@ fn permission_hint(err: &Error) -> String {
             .to_owned()
     } else {
         "see the error; the replicas would meet it too".to_owned()
+    }
+}
+
+/// `doctor`'s finding on the grant's fencing token ([`DURABLE_TOKEN`]): asked on `a` whether
+/// commits here wait for a synchronous standby and whether one streams, then taken on `b`.
+async fn fencing_token_finding(a: &Client, b: &Client, bound: Duration) -> Finding {
+    let standbys: Option<String> = one(a, &format!("SELECT {SYNC_STANDBYS}"), bound)
+        .await
+        .ok()
+        .flatten();
+    if let Some(names) = &standbys {
+        // Without pg_read_all_stats, sync_state reads NULL: unknown, so tried.
+        let streaming: Option<i64> = one(
+            a,
+            "SELECT count(*) FROM pg_stat_replication \
+             WHERE sync_state IS DISTINCT FROM 'async' AND sync_state IS DISTINCT FROM 'potential'",
+            bound,
+        )
+        .await
+        .ok();
+        if streaming == Some(0) {
+            return Finding::fail(
+                "fencing token",
+                format!(
+                    "every commit here waits for a synchronous standby \
+                     (synchronous_standby_names = '{names}'), a grant's too, and none streams \
+                     (pg_stat_replication): no replica can lead until one is back"
+                ),
+                "bring the synchronous standby back, or clear synchronous_standby_names if \
+                 this server should not wait for it (a grant's token is committed as durably as \
+                 every write here, so that a failover to that standby keeps tokens increasing)",
+            );
+        }
+    }
+    let sql = format!("SELECT ({DURABLE_TOKEN})");
+    match one::<i64>(b, &sql, bound).await {
+        Ok(token) => Finding::pass(
+            "fencing token",
+            format!(
+                "a grant's token can be taken and flushed to the WAL before its answer \
+                 ({token} now)"
+            ),
+        ),
+        Err(err @ Error::Timeout { .. }) => Finding::fail(
+            "fencing token",
+            Chain(&err).to_string(),
+            match &standbys {
+                Some(names) => format!(
+                    "a grant's commit waits for its WAL flush and for a synchronous standby \
+                     (synchronous_standby_names = '{names}'): the server's disk or that standby \
+                     did not answer in time"
+                ),
+                None => "a grant's commit waits for its WAL flush: the server's disk did not \
+                         answer in time"
+                    .to_owned(),
+            },
+        ),
+        Err(err) => {
+            let denied = matches!(&err, Error::Query { source, .. }
+                if source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE));
+            let hint = if denied {
+                format!(
+                    "a grant takes its fencing token with pg_logical_emit_message(true, \
+                     'leaderrun', …), so that it survives a crash of the server: \
+                     {DURABLE_TOKEN_GRANT}"
+                )
+            } else {
+                permission_hint(&err)
+            };
+            Finding::fail("fencing token", Chain(&err).to_string(), hint)
+        }
     }
 }
 
@@ -220,27 +292,12 @@ pub async fn findings(
 
     // The grant's fencing token, taken as a grant takes it (a WAL record and a flushed commit):
     // a role without EXECUTE on pg_logical_emit_message could never lead. A hot standby cannot
-    // write, and is a failure of its own above.
+    // write, and is a failure of its own above. On a server whose commits wait for a
+    // synchronous standby the token waits too: with no such standby streaming it would wait
+    // for good, so that is said instead of tried. It runs on `b`, which no later check uses:
+    // a token still waiting holds up nothing else.
     if primary {
-        let sql = format!("SELECT ({})", crate::pg::lock::DURABLE_TOKEN);
-        match one::<i64>(a, &sql, bound).await {
-            Ok(token) => out.push(Finding::pass(
-                "fencing token",
-                format!(
-                    "a grant's token can be taken and flushed to the WAL before its answer \
-                     ({token} now)"
-                ),
-            )),
-            Err(err) => out.push(Finding::fail(
-                "fencing token",
-                Chain(&err).to_string(),
-                format!(
-                    "a grant takes its fencing token with pg_logical_emit_message(true, \
-                     'leaderrun', …), so that it survives a crash of the server: {}",
-                    crate::pg::lock::DURABLE_TOKEN_GRANT
-                ),
-            )),
-        }
+        out.push(fencing_token_finding(a, b, bound).await);
     }
 
     // The session keeps its backend and its session state between statements.

@@ -155,6 +155,10 @@ pub(crate) struct Session {
     /// The connection's socket once the lock was granted on it ([`socket_of`]); not ours to
     /// close.
     pub(crate) socket: Option<RawFd>,
+    /// The server's `synchronous_standby_names` when its commits, a grant's too, wait for a
+    /// synchronous standby ([`SYNC_STANDBYS`](crate::pg::lock::SYNC_STANDBYS)), read when the
+    /// timers are pinned: a try that times out says so ([`Session::explain`]).
+    pub(crate) sync_standbys: Option<String>,
 }
 
 impl Session {
@@ -206,6 +210,7 @@ impl Session {
             closed,
             task,
             socket: None,
+            sync_standbys: None,
         };
         // One round trip for all of it: the timers are set and read back in one simple query,
         // and the statements are prepared in the same flight (tokio-postgres pipelines
@@ -262,7 +267,7 @@ impl Session {
                 }),
             })
         });
-        session.backend_pid = pinned?;
+        (session.backend_pid, session.sync_standbys) = pinned?;
         let (try_lock, waits) = prepared?;
         session.try_lock = Some(try_lock);
         session.waits = waits;
@@ -271,9 +276,13 @@ impl Session {
 
     /// Sets [`server_timers`] and reads them back from `pg_settings`, in one round trip (one
     /// simple query of two statements); a value the server did not take is logged at WARN
-    /// (the TCP ones only matter, and only stick, over TCP). Returns `pg_backend_pid()`, read
-    /// in the same round trip.
-    pub(crate) async fn pin_timers(&self, config: &Config, bound: Duration) -> Result<i32, Error> {
+    /// (the TCP ones only matter, and only stick, over TCP). Returns `pg_backend_pid()` and
+    /// [`SYNC_STANDBYS`](crate::pg::lock::SYNC_STANDBYS), read in the same round trip.
+    pub(crate) async fn pin_timers(
+        &self,
+        config: &Config,
+        bound: Duration,
+    ) -> Result<(i32, Option<String>), Error> {
         use tokio_postgres::SimpleQueryMessage;
         let timers = server_timers(config);
         let Some(client) = self.client.as_ref() else {
@@ -290,26 +299,32 @@ impl Session {
         // fresh backend about 2 ms.
         let sql = format!(
             "SELECT w.name, set_config(w.name, w.value, false), \
-                    (inet_server_addr() IS NULL)::text, pg_backend_pid()::text \
+                    (inet_server_addr() IS NULL)::text, pg_backend_pid()::text, \
+                    coalesce({}, '') \
              FROM (VALUES {}) AS w(name, value) \
              WHERE current_setting(w.name, true) IS NOT NULL",
+            crate::pg::lock::SYNC_STANDBYS,
             pairs.join(", ")
         );
         let messages = within("pin session timers", bound, client.simple_query(&sql)).await?;
-        let rows: Vec<[String; 4]> = messages
+        let rows: Vec<[String; 5]> = messages
             .iter()
             .filter_map(|m| match m {
-                SimpleQueryMessage::Row(row) if row.len() == 4 => Some(std::array::from_fn(|i| {
+                SimpleQueryMessage::Row(row) if row.len() == 5 => Some(std::array::from_fn(|i| {
                     row.get(i).unwrap_or_default().to_owned()
                 })),
                 _ => None,
             })
             .collect();
+        let sync_standbys = rows
+            .first()
+            .map(|r| r[4].clone())
+            .filter(|names| !names.is_empty());
         let mut backend_pid = None;
         if !rows.iter().any(|r| r[0] == "idle_session_timeout") {
             weaker_server(config);
         }
-        for [name, shown, unix_socket, pid] in rows {
+        for [name, shown, unix_socket, pid, _] in rows {
             let unix_socket = unix_socket == "true";
             backend_pid = pid.parse::<i32>().ok();
             if unix_socket && name.starts_with("tcp_") {
@@ -332,11 +347,27 @@ impl Session {
             }
         }
         match backend_pid {
-            Some(pid) => Ok(pid),
-            None => Ok(self
-                .bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
-                .await?
-                .get(0)),
+            Some(pid) => Ok((pid, sync_standbys)),
+            None => Ok((
+                self.bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
+                    .await?
+                    .get(0),
+                sync_standbys,
+            )),
+        }
+    }
+
+    /// `err` of a statement on this session, with what the server adds to a timeout: on a
+    /// server whose commits wait for a synchronous standby, a try or a wait that timed out may
+    /// be a grant waiting for that standby ([`Error::AwaitingStandby`]).
+    pub(crate) fn explain(&self, err: Error) -> Error {
+        match (err, &self.sync_standbys) {
+            (Error::Timeout { what, after }, Some(standbys)) => Error::AwaitingStandby {
+                what,
+                after,
+                standbys: standbys.clone(),
+            },
+            (err, _) => err,
         }
     }
 

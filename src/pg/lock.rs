@@ -237,6 +237,16 @@ pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT txid_current
      WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) AS durable, \
      pg_logical_emit_message(true, 'leaderrun', 'fencing token') AS logged OFFSET 0) AS g";
 
+/// `synchronous_standby_names` when a commit of this session waits for a synchronous standby
+/// (the names set and `synchronous_commit` one of `on`, `remote_write`, `remote_apply`), else
+/// NULL: [`DURABLE_TOKEN`] keeps the server's `synchronous_commit` (only `off` becomes `local`),
+/// so on such a server every grant waits for that standby, as every commit does
+/// (PostgreSQL's manual, "Synchronous Replication"), and a synchronous standby that is down
+/// holds every grant.
+pub(crate) const SYNC_STANDBYS: &str = "CASE WHEN current_setting('synchronous_standby_names') \
+     <> '' AND current_setting('synchronous_commit') IN ('on', 'remote_write', 'remote_apply') \
+     THEN current_setting('synchronous_standby_names') END";
+
 /// What a DBA runs so that a role may take [`DURABLE_TOKEN`] again, for `doctor`'s hint and
 /// the error's: PostgreSQL 17 gave `pg_logical_emit_message` a fourth argument (`flush`, with a
 /// default), so the function's signature, which `GRANT` names, depends on the major.

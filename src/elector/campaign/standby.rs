@@ -77,6 +77,10 @@ impl Campaign<'_> {
                 // docs/field-notes.md#a-timed-out-try-may-have-been-granted: whatever failed, the
                 // session may hold a grant we never saw; never reuse it.
                 let session = self.role.take_standby_session();
+                let err = match &session {
+                    Some(session) => session.explain(err),
+                    None => err,
+                };
                 self.drop_session(session);
                 if self.shared.config.warn_failed_tries {
                     warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
