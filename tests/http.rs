@@ -328,6 +328,79 @@ fn clients_that_pipeline_and_never_read_hold_up_no_probe() {
     leading.still_leads();
 }
 
+/// Two ways of asking `/metrics` too often, at once: a client that keeps opening connections,
+/// pipelines a hundred scrapes on each, never reads and drops each after half a second, and
+/// many scrapers in parallel, each on a new connection. Every probe still answers fast: the
+/// accept loop takes several waiting connections per turn, its backlog holds everyone
+/// connecting at once, and one rendering answers the scrapes of the next few milliseconds.
+/// Before, the probes waited up to 0.9 s behind the first and a second (a dropped SYN) behind
+/// the second.
+#[test]
+fn a_flood_of_scrapes_holds_up_no_probe() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const SCRAPERS: usize = 32;
+    let mut leading = Leading::start(None);
+    let addr = leading.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let scraped = Arc::new(AtomicUsize::new(0));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(100);
+            let mut held: std::collections::VecDeque<(Instant, TcpStream)> = Default::default();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(stream) = TcpStream::connect_timeout(&addr, secs(1.0)) {
+                    stream.set_nonblocking(true).unwrap();
+                    let _ = (&stream).write(requests.as_bytes());
+                    held.push_back((Instant::now(), stream));
+                }
+                while held
+                    .front()
+                    .is_some_and(|(at, _)| at.elapsed() > Duration::from_millis(500))
+                {
+                    held.pop_front();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let scrapers: Vec<_> = (0..SCRAPERS)
+        .map(|_| {
+            let (stop, scraped) = (stop.clone(), scraped.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut stream) = TcpStream::connect_timeout(&addr, secs(1.0)) else {
+                        continue;
+                    };
+                    let _ = stream.set_read_timeout(Some(secs(2.0)));
+                    let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+                    let mut answer = Vec::new();
+                    let _ = stream.read_to_end(&mut answer);
+                    if answer.starts_with(b"HTTP/1.0 200") || answer.starts_with(b"HTTP/1.1 200") {
+                        scraped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    wait_for("the scrapers to get answers", secs(10.0), || {
+        (scraped.load(Ordering::Relaxed) >= 500).then_some(())
+    });
+    probes_answer_fast(
+        addr,
+        &format!("a pipelining flood and {SCRAPERS} parallel scrapers"),
+    );
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    for scraper in scrapers {
+        scraper.join().unwrap();
+    }
+    println!("scrapes answered: {}", scraped.load(Ordering::Relaxed));
+    probes_answer_fast(addr, "after the flood");
+    leading.still_leads();
+}
+
 #[test]
 fn idle_connections_beyond_the_descriptor_limit_add_no_thread_nor_close_the_port() {
     // Fewer descriptors than the idle clients below: the server must keep to its share.

@@ -557,7 +557,8 @@ pub struct Cli {
 
     /// Serve /metrics, /healthz and /readyz on this address (off by default)
     ///
-    /// HOST:PORT or IP:PORT. :PORT means every interface (0.0.0.0:PORT, all IPv4 addresses):
+    /// HOST:PORT (the first address HOST resolves to) or IP:PORT ([::]:PORT for IPv6 and IPv4).
+    /// :PORT means every interface (0.0.0.0:PORT, all IPv4 addresses):
     /// whoever can reach the machine can read the metrics and probes; give 127.0.0.1:PORT or
     /// the pod's address to keep it local.
     ///

@@ -15,9 +15,19 @@
 //!   fit in [`HEAD_BUFFER`] bytes with at most [`MAX_HEADERS`] headers (else 431).
 //! - A connection lives at most [`CONNECTION_LIFETIME`] and carries at most
 //!   [`MAX_REQUESTS_PER_CONNECTION`] requests, and each connection gets one request per turn
-//!   among all of them (and the accept loop one connection per turn): a client that pipelines
-//!   requests and never reads the answers holds one slot at most that long, and a flood waits
-//!   its turn behind the probes instead of starving or evicting them.
+//!   among all of them: a client that pipelines requests and never reads the answers holds one
+//!   slot at most that long, and a flood waits its turn behind the probes instead of starving
+//!   them.
+//! - The accept loop takes up to [`ACCEPT_BATCH`] waiting connections per turn (a quarter of
+//!   the connection limit): fast enough that a probe's connection does not wait in the
+//!   kernel's queue behind a flood of them, and few enough that every connection it admits is
+//!   served before newer ones can evict it. The connections a batch evicts close as it ends,
+//!   so for that moment the port holds up to one batch of descriptors above the limit.
+//! - The kernel queues up to [`BACKLOG`] connections for it, so clients connecting at once
+//!   wait their turn rather than have their SYN dropped (a second's wait each).
+//! - A `/metrics` rendering (about 150 µs: the process collector reads `/proc`) answers every
+//!   `/metrics` request of the next [`METRICS_REUSE`]: scrapers in parallel, or pipelined, cost
+//!   one rendering per that time, not one each.
 //! - Request bodies are never read into memory: every endpoint ignores its body, and hyper
 //!   then closes a connection whose body was not read rather than wait for it, so an announced
 //!   `Content-Length` (however large) costs nothing.
@@ -74,6 +84,18 @@ pub const HEAD_BUFFER: usize = 8192;
 /// Headers one request may have.
 pub const MAX_HEADERS: usize = 32;
 
+/// Connections accepted per turn of the accept loop, at most; a quarter of the connection
+/// limit when that is less, so that a connection is served before a later batch can evict it.
+pub const ACCEPT_BATCH: usize = 8;
+
+/// The kernel's queue of connections not yet accepted (`listen(2)`'s backlog; the kernel caps
+/// it at `net.core.somaxconn`). std's 128 let a few hundred clients connecting at once fill it,
+/// and a probe's SYN was then dropped and sent again a second later.
+pub const BACKLOG: u32 = 1024;
+
+/// How long one `/metrics` rendering answers later `/metrics` requests.
+pub const METRICS_REUSE: Duration = Duration::from_millis(5);
+
 /// The pause before `accept` is tried again after it failed (e.g. `EMFILE`).
 pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
@@ -107,19 +129,35 @@ pub struct BindError {
 /// its runtime cannot be started.
 pub fn serve(addr: SocketAddr, observed: Observed) -> Result<SocketAddr, BindError> {
     let fail = |reason: String| BindError { addr, reason };
-    let std_listener = std::net::TcpListener::bind(addr).map_err(|e| fail(e.to_string()))?;
-    std_listener
-        .set_nonblocking(true)
+    // Bound before the runtime exists: a runtime dropped on the caller's (the election's
+    // runtime) would panic.
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(|e| fail(e.to_string()))?;
+    // As std's bind does: a restarted leaderrun rebinds a port in TIME_WAIT.
+    socket
+        .set_reuseaddr(true)
         .map_err(|e| fail(e.to_string()))?;
-    let bound = std_listener.local_addr().unwrap_or(addr);
+    socket.bind(addr).map_err(|e| fail(e.to_string()))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| fail(format!("cannot start its runtime: {e}")))?;
-    let listener = {
+    let listening = {
         let _context = runtime.enter();
-        TcpListener::from_std(std_listener).map_err(|e| fail(e.to_string()))?
+        socket.listen(BACKLOG)
     };
+    let listener = match listening {
+        Ok(listener) => listener,
+        Err(err) => {
+            runtime.shutdown_background();
+            return Err(fail(err.to_string()));
+        }
+    };
+    let bound = listener.local_addr().unwrap_or(addr);
     let limit = connection_limit();
     std::thread::Builder::new()
         .name("http".into())
@@ -152,15 +190,18 @@ fn share_of(soft: usize) -> usize {
 /// The open connections, oldest first, each with its id and the token that closes it.
 type Open = Arc<Mutex<VecDeque<(u64, CancellationToken)>>>;
 
-/// Closes the oldest open connection, if there is one; true when there was. Returns only once
-/// the evicted task has run and closed its socket (the runtime has this one thread).
-async fn evict_oldest(open: &Open) -> bool {
+/// Tells the oldest open connection to close, if there is one; true when there was. Its task
+/// closes the socket at its next turn: at once when `now` (this task yields to it; the runtime
+/// has this one thread), else by the end of this accept batch.
+async fn evict_oldest(open: &Open, now: bool) -> bool {
     let oldest = open.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
     match oldest {
         Some((_, token)) => {
             token.cancel();
-            // The cancelled task is queued already: it runs before this one resumes.
-            tokio::task::yield_now().await;
+            if now {
+                // The cancelled task is queued already: it runs before this one resumes.
+                tokio::task::yield_now().await;
+            }
             true
         }
         None => false,
@@ -168,11 +209,30 @@ async fn evict_oldest(open: &Open) -> bool {
 }
 
 async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) -> ! {
+    use futures_util::FutureExt;
     let open: Open = Arc::default();
+    let rendered: Rendered = Arc::default();
+    let batch = ACCEPT_BATCH.min(limit / 4).max(1);
     let mut next_id = 0u64;
     let mut failing = false;
+    let mut taken = 0;
     loop {
-        let stream = match listener.accept().await {
+        // Past the batch, or with nobody waiting, the others get their turn first.
+        let waiting = if taken < batch {
+            listener.accept().now_or_never()
+        } else {
+            None
+        };
+        let accepted = match waiting {
+            Some(accepted) => accepted,
+            None => {
+                taken = 0;
+                tokio::task::yield_now().await;
+                listener.accept().await
+            }
+        };
+        taken += 1;
+        let stream = match accepted {
             Ok((stream, _)) => {
                 failing = false;
                 stream
@@ -189,7 +249,7 @@ async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) ->
                 // Out of descriptors: make room among our own connections and try again.
                 let out_of_descriptors =
                     matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
-                if out_of_descriptors && evict_oldest(&open).await {
+                if out_of_descriptors && evict_oldest(&open, true).await {
                     continue;
                 }
                 // Or wait a little, and say so once per streak.
@@ -204,11 +264,13 @@ async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) ->
                 continue;
             }
         };
-        // Room first: the evicted socket is closed before the new one is served, so the count
-        // of descriptors stays at the bound even in a burst.
+        // Room first. The evicted sockets close when this batch ends (a yield per eviction
+        // would give every connection a turn per accepted one, and a flood of connections
+        // would again keep a probe's waiting): the descriptors stay within the limit and one
+        // batch.
         let full = open.lock().unwrap_or_else(|e| e.into_inner()).len() >= limit;
         if full {
-            evict_oldest(&open).await;
+            evict_oldest(&open, false).await;
         }
         let id = next_id;
         next_id += 1;
@@ -222,12 +284,13 @@ async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) ->
             token,
             open.clone(),
             observed.clone(),
+            rendered.clone(),
         ));
-        // One connection per turn too: a flood of new connections cannot evict a probe's
-        // before it has had its turn.
-        tokio::task::yield_now().await;
     }
 }
+
+/// The latest `/metrics` rendering and when it was made ([`METRICS_REUSE`]).
+type Rendered = Arc<Mutex<Option<(std::time::Instant, Bytes)>>>;
 
 /// Serves one connection until it ends, its time is up or a newer one evicts it.
 async fn connection(
@@ -236,10 +299,11 @@ async fn connection(
     token: CancellationToken,
     open: Open,
     observed: Observed,
+    rendered: Rendered,
 ) {
     let served = AtomicU32::new(0);
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let mut response = respond(&request, &observed);
+        let mut response = respond(&request, &observed, &rendered);
         // The body (if any) is dropped unread with the request.
         drop(request);
         if served.fetch_add(1, Ordering::Relaxed) + 1 >= MAX_REQUESTS_PER_CONNECTION {
@@ -274,8 +338,8 @@ async fn connection(
 
 type Reply = Response<Full<Bytes>>;
 
-fn text(status: StatusCode, body: String) -> Reply {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Reply {
+    let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
     response.headers_mut().insert(
         CONTENT_TYPE,
@@ -284,7 +348,7 @@ fn text(status: StatusCode, body: String) -> Reply {
     response
 }
 
-fn respond(request: &Request<Incoming>, observed: &Observed) -> Reply {
+fn respond(request: &Request<Incoming>, observed: &Observed, rendered: &Rendered) -> Reply {
     let path = request.uri().path();
     let known = matches!(path, "/metrics" | "/healthz" | "/readyz");
     if !known {
@@ -302,7 +366,18 @@ fn respond(request: &Request<Incoming>, observed: &Observed) -> Reply {
     }
     match path {
         "/metrics" => {
-            let mut response = text(StatusCode::OK, observed.metrics.render(&observed.elector));
+            let body = {
+                let mut latest = rendered.lock().unwrap_or_else(|e| e.into_inner());
+                match &*latest {
+                    Some((at, body)) if at.elapsed() < METRICS_REUSE => body.clone(),
+                    _ => {
+                        let body = Bytes::from(observed.metrics.render(&observed.elector));
+                        *latest = Some((std::time::Instant::now(), body.clone()));
+                        body
+                    }
+                }
+            };
+            let mut response = text(StatusCode::OK, body);
             response.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -351,6 +426,9 @@ mod tests {
                 "| {} s and {MAX_REQUESTS_PER_CONNECTION} requests",
                 CONNECTION_LIFETIME.as_secs()
             ),
+            format!("| up to {ACCEPT_BATCH} waiting connections per turn"),
+            format!("a backlog of {BACKLOG} in the kernel"),
+            format!("every scrape of the next {} ms", METRICS_REUSE.as_millis()),
         ];
         for row in &rows {
             assert!(readme.contains(row.as_str()), "README lacks {row:?}");
