@@ -322,3 +322,59 @@ fn systemd_hears_ready_status_watchdog_and_stopping() {
     receive_until("STOPPING=1", &mut seen);
     assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143));
 }
+
+/// A notification socket nobody reads (its queue holds about ten datagrams) holds up nothing:
+/// with WATCHDOG=1 every 50 ms and a STATUS= at every change, the leader keeps its term and its
+/// child, hands over after `pg_terminate_backend`, and ends at once on SIGTERM. Before, the
+/// next datagram blocked in `sendto` on the election's thread: the checks stopped and the
+/// watchdog stopped COMMAND within a second, and SIGTERM waited for a reader. Once the socket
+/// is read, READY=1 is among what it holds.
+#[test]
+fn a_notify_socket_nobody_reads_holds_up_nothing() {
+    let scratch = Scratch::new();
+    let socket_path = scratch.file("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "100000")
+        .args([
+            "--dsn",
+            &Cluster::shared().dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .args(["--check-interval", INTERVAL, "--", job.to_str().unwrap()]);
+    let mut replica = Replica::spawn(cmd);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // Well past the queue's ten datagrams: 40 pings, and as many checks.
+    let settled = std::time::Instant::now() + secs(2.0);
+    wait_for("two seconds of pings into a full queue", secs(5.0), || {
+        (std::time::Instant::now() >= settled).then_some(())
+    });
+    assert!(
+        crate::support::alive(first.pid),
+        "COMMAND was stopped: {}",
+        replica.log()
+    );
+    assert_eq!(scratch.starts().len(), 1, "{}", replica.log());
+    // A demotion and a new term, with STATUS= changes into the full queue.
+    Cluster::shared().terminate_backend(first.backend_pid);
+    scratch.wait_starts(2, secs(5.0));
+    let asked = std::time::Instant::now();
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143));
+    assert!(
+        asked.elapsed() < secs(2.0),
+        "SIGTERM took {:?}",
+        asked.elapsed()
+    );
+    socket.set_nonblocking(true).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = socket.recv(&mut buf) {
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(seen.iter().any(|m| m.contains("READY=1")), "{seen:?}");
+    assert!(!replica.log().contains("watchdog"), "{}", replica.log());
+}

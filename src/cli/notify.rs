@@ -4,6 +4,13 @@
 //! `database unreachable: <cause>`); STOPPING=1 on shutdown; WATCHDOG=1 every half
 //! `WATCHDOG_USEC` while the check loop is healthy (so a wedged loop gets restarted). Without
 //! `NOTIFY_SOCKET` nothing is sent.
+//!
+//! Every datagram is sent without waiting: this runs on the thread that stops COMMAND, and a
+//! notification socket whose reader stopped reading (its queue holds about ten datagrams)
+//! would block a plain `send`, and with it the election, the stops and the signals (found by
+//! hand: a leader froze in `sendto` and its watchdog stopped COMMAND). A datagram the socket
+//! does not take is dropped; READY=1 and the latest STATUS= are sent again until one goes
+//! through, WATCHDOG=1 at its next ping.
 
 use std::time::Duration;
 
@@ -13,9 +20,40 @@ use tracing::debug;
 use crate::cli::health::Health;
 use crate::elector::{CheckOutcome, Elector};
 
-fn send(states: &[NotifyState]) {
-    if let Err(err) = sd_notify::notify(false, states) {
-        debug!("systemd notify failed: {err}");
+/// How often READY=1 or a STATUS= the socket did not take is sent again.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// Sends `states` in one datagram to `NOTIFY_SOCKET` (a path, or `@name` in the abstract
+/// namespace, as libsystemd reads it), never waiting: true when the socket took it.
+fn send(states: &[NotifyState]) -> bool {
+    use std::fmt::Write as _;
+    use std::os::unix::ffi::OsStrExt;
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return true;
+    };
+    let mut message = String::new();
+    for state in states {
+        let _ = writeln!(message, "{state}");
+    }
+    let sent = (|| {
+        let bytes = target.as_bytes();
+        let addr = match bytes.strip_prefix(b"@") {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                std::os::unix::net::SocketAddr::from_abstract_name(name)?
+            }
+            None => std::os::unix::net::SocketAddr::from_pathname(&target)?,
+        };
+        let socket = std::os::unix::net::UnixDatagram::unbound()?;
+        socket.set_nonblocking(true)?;
+        socket.send_to_addr(message.as_bytes(), &addr)
+    })();
+    match sent {
+        Ok(_) => true,
+        Err(err) => {
+            debug!("systemd notify failed: {err}");
+            false
+        }
     }
 }
 
@@ -50,9 +88,12 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
     let mut terms = elector.watch_term();
     let mut ready = false;
     let mut last_status = String::new();
+    // Whether the latest READY=1 or STATUS= still waits for the socket to take it.
+    let mut owed = false;
     let mut ping = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     loop {
         tokio::select! {
+            _ = tokio::time::sleep(RETRY), if owed => {}
             changed = checks.changed() => {
                 if changed.is_err() {
                     return;
@@ -65,7 +106,7 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
             }
             _ = ping.tick(), if watchdog.is_some() => {
                 if health.liveness(&elector).is_ok() {
-                    send(&[NotifyState::Watchdog]);
+                    let _ = send(&[NotifyState::Watchdog]);
                 }
                 continue;
             }
@@ -77,12 +118,16 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
         }
         let status = status_line(&elector);
         if !ready {
-            ready = true;
-            send(&[NotifyState::Ready, NotifyState::Status(&status)]);
-            last_status = status;
-        } else if status != last_status {
-            send(&[NotifyState::Status(&status)]);
-            last_status = status;
+            ready = send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+            owed = !ready;
+            if ready {
+                last_status = status;
+            }
+        } else if status != last_status || owed {
+            owed = !send(&[NotifyState::Status(&status)]);
+            if !owed {
+                last_status = status;
+            }
         }
     }
 }
@@ -103,6 +148,6 @@ fn watchdog_period() -> Option<Duration> {
 /// STOPPING=1: leaderrun is shutting down.
 pub fn stopping() {
     if std::env::var_os("NOTIFY_SOCKET").is_some() {
-        send(&[NotifyState::Stopping]);
+        let _ = send(&[NotifyState::Stopping]);
     }
 }
