@@ -545,3 +545,49 @@ fn the_child_announces_itself_before_exec_with_its_pid() {
         "the failed child {sender} was reaped"
     );
 }
+
+/// A parent that blocked TERM, INT and CHLD before starting us (the mask survives exec) takes
+/// no stop request away: leaderrun unblocks the signals it handles, so SIGTERM still ends a
+/// leader and its child, and COMMAND's exit is seen at once, not at the reaper's next timer.
+/// Before, both stayed pending for good (`ShdPnd` in `/proc`) and only SIGKILL or an unblocked
+/// signal ended leaderrun.
+#[test]
+fn signals_the_parent_blocked_are_still_acted_on() {
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &Cluster::shared().dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", INTERVAL, "--"])
+        .arg(&job);
+    // SAFETY: sigprocmask between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD] {
+                libc::sigaddset(&mut set, sig);
+            }
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let mut replica = Replica::spawn(cmd);
+    let child = scratch.wait_starts(1, secs(10.0))[0].pid;
+    let blocked = std::fs::read_to_string(format!("/proc/{}/status", replica.pid()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:").map(|v| v.trim().to_owned()))
+        .unwrap();
+    let blocked = u64::from_str_radix(&blocked, 16).unwrap();
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD] {
+        assert_eq!(
+            blocked & (1 << (sig - 1)),
+            0,
+            "signal {sig} blocked: {blocked:#x}"
+        );
+    }
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143));
+    assert!(!alive(child), "COMMAND outlived leaderrun");
+}

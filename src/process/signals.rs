@@ -47,6 +47,10 @@ pub const FORWARDED: [Signal; 8] = [
 /// Signals ignored at entry, bit N for signal N; see [`ignored_at_entry`].
 static IGNORED_AT_ENTRY: AtomicU64 = AtomicU64::new(0);
 
+/// The signals [`install`] handles, bit N for signal N: [`Blocked`]'s drop unblocks them
+/// whatever mask leaderrun inherited.
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+
 /// The signals (bit N for signal N) whose disposition was "ignore" when [`install`] ran, so
 /// the child keeps them ignored. SIGPIPE is never among them: Rust's runtime ignores it before
 /// `main`, so its disposition at entry is unknown, and like std, leaderrun gives the child the
@@ -92,7 +96,11 @@ pub fn install() -> std::io::Result<SignalStream> {
     .filter(|&sig| ignored & (1 << sig) == 0)
     .chain([SIGCHLD])
     .collect();
-    let mut signals = Signals::new(wanted)?;
+    let mut signals = Signals::new(wanted.iter().copied())?;
+    HANDLED.store(
+        wanted.iter().fold(0u64, |bits, &sig| bits | 1 << sig),
+        Ordering::Release,
+    );
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("signals".into())
@@ -109,7 +117,8 @@ pub fn install() -> std::io::Result<SignalStream> {
 }
 
 /// Every signal blocked on the calling thread until this drops, when the mask it had is
-/// restored and what arrived meanwhile is delivered (to the handlers, once [`install`] ran).
+/// restored, less every signal the handlers take (a parent may have blocked them), and what
+/// arrived meanwhile is delivered (to the handlers, once [`install`] ran).
 /// `main` holds one from its first line until the handlers are installed, so that the
 /// watchdog forked in between ([`crate::watchdog::EarlyWatchdog::fork`]) does not lengthen the
 /// time in which a signal meets no handler, and the signal thread [`install`] starts never
@@ -132,9 +141,22 @@ pub fn block_all() -> Blocked {
 
 impl Drop for Blocked {
     fn drop(&mut self) {
-        // SAFETY: restores the mask saved by `block_all` on this thread.
+        // A parent that blocked TERM, INT or CHLD before starting us (a mask survives exec)
+        // would leave them pending for good: every other thread blocks every signal, so a stop
+        // request would never be acted on and every exit of COMMAND would wait for the
+        // reaper's timer. What the handlers take is unblocked; the rest of the mask is kept
+        // (COMMAND starts with an empty one anyway).
+        let handled = HANDLED.load(Ordering::Acquire);
+        // SAFETY: sigset_t is plain data; restores the mask saved by `block_all` on this
+        // thread, less the handled signals.
         unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+            let mut mask = self.old;
+            for sig in 1..64 {
+                if handled & (1 << sig) != 0 {
+                    libc::sigdelset(&mut mask, sig);
+                }
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
         }
     }
 }
