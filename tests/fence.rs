@@ -319,6 +319,75 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
     drop(leader);
 }
 
+/// A stderr that blocks (a stalled pipe, filled) until the log's queue is full too: the lines
+/// the queue refuses are counted, and once the reader reads again the first report says how
+/// many, all of them. Before, the report joined the still full queue and was itself dropped,
+/// and the one after said "1".
+#[test]
+fn a_full_log_queue_is_reported_whole_once_stderr_takes_lines_again() {
+    let cluster = Cluster::shared();
+    let (read, write) = pipe(true);
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let mut cmd = leaderrun();
+    // A tick every 5 ms at debug level: several hundred lines a second.
+    cmd.args(["-vv", "--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args([
+            "--check-interval",
+            "100ms",
+            "--every",
+            "5ms",
+            "--http-addr",
+            &http,
+        ])
+        .args(["--", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write));
+    let leader = Muted {
+        child: cmd.spawn().expect("spawn leaderrun"),
+        _reader: None,
+    };
+    let addr: SocketAddr = http.parse().unwrap();
+    let counted = wait_for("the full queue to refuse lines", secs(60.0), || {
+        sample(&metrics(addr)?, DROPPED).filter(|&n| n >= 100.0)
+    });
+    let mut reader = std::fs::File::from(read);
+    let drained = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 65536];
+        let deadline = Instant::now() + secs(20.0);
+        while Instant::now() < deadline {
+            match reader.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+            if String::from_utf8_lossy(&out).contains("were dropped") {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    });
+    let out = drained.join().unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.contains("log line(s) were dropped"))
+        .unwrap_or_else(|| panic!("no report of dropped lines in {} bytes", out.len()));
+    let field = |name: &str| -> f64 {
+        line.split(&format!("{name}="))
+            .nth(1)
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+    };
+    assert!(
+        field("dropped") >= counted,
+        "{line}: {counted} counted before the reader read"
+    );
+    drop(leader);
+}
+
 /// The environment variable that makes [`no_zombie_is_left_to_a_parent_that_does_not_reap`]
 /// the non-reaping parent itself, in a process of its own: `DSN LOCK_ID`.
 const AS_PARENT: &str = "FENCE_TEST_NON_REAPING_PARENT";

@@ -61,16 +61,23 @@ impl Write for Stderr {
             return Ok(buf.len());
         }
         let dropped = dropped_lines();
-        if dropped > self.reported {
+        // Through the subscriber, so it has the format of every other line; it joins the
+        // queue this thread is draining, so only once that queue has room again: into a full
+        // one it was itself dropped, and the next report said "1".
+        if dropped > self.reported && pending() < QUEUE_LINES as u64 / 2 {
             let lost = dropped - self.reported;
+            let before = self.reported;
             self.reported = dropped;
-            // Through the subscriber, so it has the format of every other line; it joins the
-            // queue this thread is draining.
             tracing::warn!(
                 dropped = lost,
                 total = dropped,
                 "{lost} log line(s) were dropped: stderr did not take them"
             );
+            // Refused after all (the queue filled meanwhile): said again later, this line
+            // included.
+            if dropped_lines() > dropped {
+                self.reported = before;
+            }
         }
         Ok(buf.len())
     }
@@ -78,6 +85,15 @@ impl Write for Stderr {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// Lines in the queue: handed to it, neither refused nor finished by the writer thread.
+fn pending() -> u64 {
+    let refused = QUEUE_DROPS.get().map_or(0, |c| c.dropped_lines() as u64);
+    QUEUED
+        .load(Ordering::Relaxed)
+        .saturating_sub(refused)
+        .saturating_sub(DONE.load(Ordering::Relaxed))
 }
 
 /// Writes all of `buf` to descriptor 2 (blocking: only the writer thread calls it); false on
@@ -195,13 +211,6 @@ pub fn finish() {
     };
     let deadline = Instant::now() + EXIT_FLUSH;
     let mut pause = Duration::from_micros(50);
-    let pending = || {
-        let refused = QUEUE_DROPS.get().map_or(0, |c| c.dropped_lines() as u64);
-        QUEUED
-            .load(Ordering::Relaxed)
-            .saturating_sub(refused)
-            .saturating_sub(DONE.load(Ordering::Relaxed))
-    };
     while pending() > 0 && Instant::now() < deadline {
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(5));
