@@ -378,3 +378,52 @@ fn a_notify_socket_nobody_reads_holds_up_nothing() {
     assert!(seen.iter().any(|m| m.contains("READY=1")), "{seen:?}");
     assert!(!replica.log().contains("watchdog"), "{}", replica.log());
 }
+
+/// A leader cut off from the server (a blackholed proxy) is demoted when its check times out
+/// and then stops a COMMAND that ignores the stop signal for the whole grace, reaching nobody
+/// meanwhile. `/readyz` says at once that it cannot reach the server (before, it said
+/// `standby` for two intervals), and `/healthz` stays 200 throughout the grace: the loop waits
+/// for the tree by design (before, 503 for about the grace, which a liveness probe would
+/// answer with a restart).
+#[test]
+fn a_leader_cut_off_is_not_ready_and_stays_live_while_it_stops_its_tree() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "trap '' TERM\nwhile :; do sleep 0.05; done");
+    let proxy = crate::support::proxy::Proxy::start(cluster.addr());
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &proxy.dsn(),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+    ])
+    .args(["--check-interval", INTERVAL, "--grace", "3s"])
+    .args(["--http-addr", "127.0.0.1:0", "--"])
+    .arg(&job);
+    let leader = Replica::spawn(cmd);
+    let child = scratch.wait_starts(1, secs(10.0))[0].pid;
+    let addr = probe_addr(&leader);
+    wait_for("the leader to be ready", secs(5.0), || {
+        (http(addr, "GET", "/readyz").0 == 200).then_some(())
+    });
+    proxy.blackhole();
+    leader.wait_log("stopping the child", 1, secs(10.0));
+    let stopping = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while crate::support::alive(child) && stopping.elapsed() < secs(10.0) {
+        let health = http(addr, "GET", "/healthz");
+        let ready = http(addr, "GET", "/readyz");
+        seen.push((stopping.elapsed(), health.clone(), ready.clone()));
+        assert_eq!(health.0, 200, "/healthz while stopping: {seen:?}");
+        assert_eq!(ready.0, 503, "/readyz while stopping: {seen:?}");
+        assert!(ready.1.starts_with("cannot reach the server: "), "{seen:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!crate::support::alive(child), "COMMAND outlived the grace");
+    assert!(
+        seen.len() > 20,
+        "the stop took {:?}, not the grace",
+        stopping.elapsed()
+    );
+}

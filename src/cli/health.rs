@@ -7,6 +7,7 @@
 //! |---|---|
 //! | booted, no check yet | not ready |
 //! | standby whose latest check could not reach the server | not ready, with that check's error |
+//! | just demoted: the leader's check got no answer in time | not ready, with that check's error |
 //! | standby before any check has reached the server | not ready |
 //! | leader, last run/tick succeeded (or none yet) | ready |
 //! | leader, last run/tick failed | not ready, with that run's error, until a later one succeeds |
@@ -34,6 +35,9 @@ pub struct Health {
     booted: Instant,
     /// `/healthz` limit, [`Timing::liveness_limit`].
     liveness_limit: Duration,
+    /// The grace: while a demoted term's tree is being stopped, the loop waits for it (at most
+    /// the grace, then SIGKILL) before it checks again.
+    grace: Duration,
     /// The latest failed run or tick: (term, reason). Cleared by a later success.
     failure: Mutex<Option<(u64, String)>>,
 }
@@ -44,6 +48,7 @@ impl Health {
         Health {
             booted: Instant::now(),
             liveness_limit: timing.liveness_limit(),
+            grace: timing.grace,
             failure: Mutex::new(None),
         }
     }
@@ -59,17 +64,25 @@ impl Health {
     }
 
     /// `/healthz`: the check loop has run within 3 check intervals (counting from boot until
-    /// the first check). `Err` carries the reason for a 503.
+    /// the first check), or, while a demoted term's tree is still being stopped (the loop
+    /// waits for it before it checks again, the release only after the tree is dead), within
+    /// that and the grace. `Err` carries the reason for a 503.
     pub fn liveness(&self, elector: &Elector) -> Result<String, String> {
-        let limit = self.liveness_limit;
+        let stopping = elector.is_releasing();
+        let limit = if stopping {
+            self.liveness_limit + self.grace
+        } else {
+            self.liveness_limit
+        };
         let since = elector.checks().last_at.unwrap_or(self.booted);
         let age = since.elapsed();
         if age <= limit {
             Ok("ok".to_owned())
         } else {
             Err(format!(
-                "no check for {} (limit: 3 check intervals, {})",
+                "no check for {} (limit: 3 check intervals{}, {})",
                 humantime::format_duration(Duration::from_millis(age.as_millis() as u64)),
+                if stopping { " and the grace" } else { "" },
                 humantime::format_duration(limit)
             ))
         }
@@ -98,10 +111,14 @@ fn standby_readiness(checks: &Checks) -> Result<String, String> {
     }
     match checks.last {
         None => Err("booted, no check yet".to_owned()),
-        Some(CheckOutcome::Failed) => Err(format!(
-            "cannot reach the server: {}",
-            checks.last_error.as_deref().unwrap_or("unknown error")
-        )),
+        // A leader's check that got no answer in time demoted it: no check has reached the
+        // server since, as with a standby's failed one.
+        Some(CheckOutcome::Failed) | Some(CheckOutcome::Lost) if !checks.last_reached => {
+            Err(format!(
+                "cannot reach the server: {}",
+                checks.last_error.as_deref().unwrap_or("unknown error")
+            ))
+        }
         Some(_) => Ok("standby".to_owned()),
     }
 }

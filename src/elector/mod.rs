@@ -290,6 +290,11 @@ pub struct Checks {
     pub last_latency: Duration,
     /// The latest failure, with its cause chain.
     pub last_error: Option<String>,
+    /// Whether the latest check got an answer from the server in time: false for a
+    /// [`CheckOutcome::Failed`] one, and for a [`CheckOutcome::Lost`] one that timed out or
+    /// whose answer came after its safe window (a lost lock the server reported, or a session
+    /// it closed, reached it).
+    pub last_reached: bool,
     /// Sessions opened so far: non-zero once the server has been reached at all.
     pub sessions_opened: u64,
     /// A standby's wait is queued in the server's lock queue right now (cleared when the check
@@ -306,6 +311,8 @@ pub(crate) struct Shared {
     pub(crate) target: String,
     pub(crate) leader: AtomicBool,
     pub(crate) running: AtomicBool,
+    /// A demoted term's holds are being waited for before its session is released.
+    pub(crate) releasing: AtomicBool,
     pub(crate) terms: AtomicU64,
     pub(crate) current: watch::Sender<Term>,
     pub(crate) metrics: Option<Arc<ElectorMetrics>>,
@@ -351,6 +358,7 @@ impl Elector {
                 config,
                 leader: AtomicBool::new(false),
                 running: AtomicBool::new(false),
+                releasing: AtomicBool::new(false),
                 terms: AtomicU64::new(0),
                 current,
                 metrics,
@@ -367,6 +375,14 @@ impl Elector {
     /// thread (the seed's `IsLeader`).
     pub fn is_leader(&self) -> bool {
         self.shared.leader.load(Ordering::Acquire)
+    }
+
+    /// Whether the campaign is waiting, right now, for the work of a term that ended to stop
+    /// (every [`TermHold`](crate::TermHold) dropped) before it releases the lock session
+    /// (docs/guarantees.md#release-only-after-the-tree-is-dead): no check runs meanwhile, for
+    /// at most `idle_session_timeout`. One atomic load.
+    pub fn is_releasing(&self) -> bool {
+        self.shared.releasing.load(Ordering::Acquire)
     }
 
     /// The tally of checks so far.

@@ -284,7 +284,10 @@ impl Campaign<'_> {
             "keeping the lock session until the term's work has stopped"
         );
         let bound = self.shared.config.effective_idle_session_timeout();
-        if !control.released(bound).await {
+        self.shared.releasing.store(true, Ordering::Release);
+        let released = control.released(bound).await;
+        self.shared.releasing.store(false, Ordering::Release);
+        if !released {
             warn!(
                 target: "leaderrun::elector",
                 term = control.term().number(),

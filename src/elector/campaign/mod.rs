@@ -423,6 +423,14 @@ impl Campaign<'_> {
             if !matches!(outcome, CheckOutcome::Failed | CheckOutcome::Lost) {
                 checks.last_success_at = Some(now);
             }
+            checks.last_reached = match outcome {
+                CheckOutcome::Failed => false,
+                CheckOutcome::Lost => !matches!(
+                    error,
+                    Some(Error::Timeout { .. } | Error::SafeWindowPassed { .. })
+                ),
+                _ => true,
+            };
             if let Some(err) = error {
                 checks.last_error = Some(Chain(err).to_string());
             }
