@@ -731,10 +731,17 @@ impl Cluster {
             .unwrap_or(0)
     }
 
-    /// `pg_terminate_backend(pid)`.
+    /// `pg_terminate_backend(pid)`, which must find that backend.
     pub fn terminate_backend(&self, pid: i32) {
-        let rows = self.sql(&format!("SELECT pg_terminate_backend({pid})"));
-        assert_eq!(rows, ["t"], "pg_terminate_backend({pid})");
+        assert!(
+            self.try_terminate_backend(pid),
+            "pg_terminate_backend({pid})"
+        );
+    }
+
+    /// `pg_terminate_backend(pid)`: false when no such backend runs (any more).
+    pub fn try_terminate_backend(&self, pid: i32) -> bool {
+        self.sql(&format!("SELECT pg_terminate_backend({pid})")) == ["t"]
     }
 
     /// A tokio-postgres client (for library tests); its connection runs on the current runtime.
