@@ -159,11 +159,29 @@ pub fn serve(addr: SocketAddr, observed: Observed) -> Result<SocketAddr, BindErr
     };
     let bound = listener.local_addr().unwrap_or(addr);
     let limit = connection_limit();
-    std::thread::Builder::new()
+    // The runtime reaches the thread through a slot, so that a thread that cannot start leaves
+    // it here to be shut down (dropped inside the closure, on the caller's runtime, it would
+    // panic).
+    let slot = Arc::new(Mutex::new(Some(runtime)));
+    let handed = slot.clone();
+    let started = std::thread::Builder::new()
         .name("http".into())
-        .spawn(move || runtime.block_on(accept_loop(listener, limit, observed)))
-        .map_err(|e| fail(format!("cannot start its thread: {e}")))?;
-    Ok(bound)
+        .spawn(move || {
+            let runtime = handed.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(runtime) = runtime {
+                runtime.block_on(accept_loop(listener, limit, observed))
+            }
+        });
+    match started {
+        Ok(_) => Ok(bound),
+        Err(err) => {
+            let runtime = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(runtime) = runtime {
+                runtime.shutdown_background();
+            }
+            Err(fail(format!("cannot start its thread: {err}")))
+        }
+    }
 }
 
 /// How many connections the server keeps open at once: [`MAX_CONNECTIONS`], or a quarter of
