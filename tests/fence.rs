@@ -287,36 +287,42 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
     });
     scratch.wait_starts(1, secs(10.0));
     // The reader reads again: one line says how many were lost.
-    let mut reader = std::fs::File::from(read);
-    let drained = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let mut chunk = [0u8; 65536];
-        let deadline = Instant::now() + secs(10.0);
-        while Instant::now() < deadline {
-            match reader.read(&mut chunk) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-            if String::from_utf8_lossy(&out).contains("were dropped") {
-                break;
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    });
-    let out = drained.join().unwrap();
-    let line = out
-        .lines()
-        .find(|l| l.contains("log line(s) were dropped"))
-        .unwrap_or_else(|| panic!("no report of dropped lines in {} bytes", out.len()));
+    let line = read_until_report(read, secs(10.0));
     assert!(line.contains("WARN"), "{line}");
-    let reported: f64 = line
-        .split("total=")
+    let reported = report_field(&line, "total");
+    assert!(reported >= dropped, "{line}: counted {dropped} before");
+    drop(leader);
+}
+
+/// Reads `read` until the line that reports dropped log lines, at most `within`: that line.
+fn read_until_report(read: OwnedFd, within: Duration) -> String {
+    let mut reader = std::fs::File::from(read);
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 65536];
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        match reader.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+        }
+        if String::from_utf8_lossy(&out).contains("were dropped") {
+            break;
+        }
+    }
+    let out = String::from_utf8_lossy(&out);
+    out.lines()
+        .find(|l| l.contains("log line(s) were dropped"))
+        .unwrap_or_else(|| panic!("no report of dropped lines in {} bytes", out.len()))
+        .to_owned()
+}
+
+/// The number in field `name=` of a report line.
+fn report_field(line: &str, name: &str) -> f64 {
+    line.split(&format!("{name}="))
         .nth(1)
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no total in {line}"));
-    assert!(reported >= dropped, "{line}: counted {dropped} before");
-    drop(leader);
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
 }
 
 /// A stderr that blocks (a stalled pipe, filled) until the log's queue is full too: the lines
@@ -353,36 +359,9 @@ fn a_full_log_queue_is_reported_whole_once_stderr_takes_lines_again() {
     let counted = wait_for("the full queue to refuse lines", secs(60.0), || {
         sample(&metrics(addr)?, DROPPED).filter(|&n| n >= 100.0)
     });
-    let mut reader = std::fs::File::from(read);
-    let drained = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let mut chunk = [0u8; 65536];
-        let deadline = Instant::now() + secs(20.0);
-        while Instant::now() < deadline {
-            match reader.read(&mut chunk) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-            if String::from_utf8_lossy(&out).contains("were dropped") {
-                break;
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    });
-    let out = drained.join().unwrap();
-    let line = out
-        .lines()
-        .find(|l| l.contains("log line(s) were dropped"))
-        .unwrap_or_else(|| panic!("no report of dropped lines in {} bytes", out.len()));
-    let field = |name: &str| -> f64 {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {line}"))
-    };
+    let line = read_until_report(read, secs(20.0));
     assert!(
-        field("dropped") >= counted,
+        report_field(&line, "dropped") >= counted,
         "{line}: {counted} counted before the reader read"
     );
     drop(leader);
