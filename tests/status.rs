@@ -708,6 +708,23 @@ fn doctor_and_a_one_shot_say_when_a_synchronous_standby_holds_every_grant() {
         "{log}"
     );
     assert!(scratch.starts().is_empty());
+    // A replica's own try times out the same way, and the grant the server keeps for it is
+    // what its next try meets: it says that holder is itself.
+    let own = unique_lock_id();
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &own.to_string()])
+        .args(["--check-interval", INTERVAL, "--"])
+        .arg(&job);
+    let replica = Replica::spawn(cmd);
+    replica.wait_log("this process's own session", 1, secs(10.0));
+    assert!(
+        replica
+            .log()
+            .contains(&format!("(pid {}), backend", replica.pid())),
+        "{}",
+        replica.log()
+    );
+    drop(replica);
 
     // The server stops waiting: the grant it held for a client long gone commits, that
     // backend ends, and the lock is free again.

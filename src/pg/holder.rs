@@ -80,23 +80,33 @@ pub struct Who<'a> {
     pub query: Option<&'a str>,
 }
 
+impl Who<'_> {
+    /// The host and pid of the leaderrun this session is, by its application name or else
+    /// its [`identity_comment`]; `None` for a session that is not leaderrun's.
+    pub fn leaderrun(&self) -> Option<(String, u32)> {
+        self.application_name
+            .and_then(parse_application_name)
+            .or_else(|| self.query.and_then(parse_identity_comment))
+    }
+
+    /// Whether this session is this process's own (the host and pid of its
+    /// [`identity_comment`]): for a standby, a try of its own that timed out and was granted
+    /// after all, which the server keeps until it ends that session.
+    pub fn is_this_process(&self) -> bool {
+        let own = identity_comment();
+        self.leaderrun()
+            .is_some_and(|(host, pid)| own == format!("/* by={host}:{pid} */"))
+    }
+}
+
 impl fmt::Display for Who<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some((host, pid)) = self.query.and_then(parse_identity_comment) {
-            if self
-                .application_name
-                .and_then(parse_application_name)
-                .is_none()
-            {
-                return write!(f, "leaderrun on {host} (pid {pid})");
-            }
+        if let Some((host, pid)) = self.leaderrun() {
+            return write!(f, "leaderrun on {host} (pid {pid})");
         }
         match self.application_name {
-            Some(name) => match parse_application_name(name) {
-                Some((host, pid)) => write!(f, "leaderrun on {host} (pid {pid})"),
-                None if name.is_empty() => f.write_str("not leaderrun: no application_name"),
-                None => write!(f, "not leaderrun: application_name={name}"),
-            },
+            Some("") => f.write_str("not leaderrun: no application_name"),
+            Some(name) => write!(f, "not leaderrun: application_name={name}"),
             None => f.write_str("a session whose application_name is not visible"),
         }
     }

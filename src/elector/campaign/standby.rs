@@ -168,7 +168,13 @@ impl Campaign<'_> {
                 (None, Some(start)) => format!("session started {start}"),
                 (None, None) => "since an unknown time".to_owned(),
             };
-            holders.push(format!("{who}, backend {pid}, {since}"));
+            let own = if who.is_this_process() {
+                " (this process's own session: a try of ours that timed out was granted after \
+                 all; the server frees it when it ends that session)"
+            } else {
+                ""
+            };
+            holders.push(format!("{who}, backend {pid}, {since}{own}"));
         }
         let first = &rows[0];
         let pid: Option<i32> = first.get(0);
