@@ -502,6 +502,28 @@ fn slow_clients_are_cut_off_and_hold_up_no_probe() {
     leading.still_leads();
 }
 
+/// RFC 9112 §3.2: an HTTP/1.1 request without `Host` is answered 400; with it, or in
+/// HTTP/1.0, the probe answers.
+#[test]
+fn an_http_1_1_request_without_host_is_a_bad_request() {
+    let mut leading = Leading::start(None);
+    let ask = |request: &str| {
+        let mut stream = TcpStream::connect(leading.addr).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        status_of(&mut stream)
+    };
+    assert_eq!(
+        ask("GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n"),
+        400
+    );
+    assert_eq!(
+        ask("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        200
+    );
+    assert_eq!(ask("GET /healthz HTTP/1.0\r\n\r\n"), 200);
+    leading.still_leads();
+}
+
 #[test]
 fn a_port_that_cannot_be_bound_exits_125_and_runs_nothing() {
     let cluster = Cluster::shared();

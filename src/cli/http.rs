@@ -35,7 +35,8 @@
 //!   them), it closes its oldest connection and tries again; with none open, or out of memory,
 //!   it tries again every [`ACCEPT_RETRY`]: the port serves again as soon as the cause is gone.
 //!
-//! `GET` and `HEAD` work; other methods get 405, other paths 404.
+//! `GET` and `HEAD` work; other methods get 405, other paths 404, an HTTP/1.1 request without
+//! `Host` 400 (RFC 9112).
 //!
 //! Why hyper's HTTP/1 server and not tiny_http, which served the port before: tiny_http gives
 //! each connection a thread of its own with no bound on their number (2000 idle connections:
@@ -53,7 +54,7 @@ use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
@@ -367,6 +368,10 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Reply {
 }
 
 fn respond(request: &Request<Incoming>, observed: &Observed, rendered: &Rendered) -> Reply {
+    // RFC 9112 §3.2: a server must answer 400 to an HTTP/1.1 request without a Host.
+    if request.version() == hyper::Version::HTTP_11 && !request.headers().contains_key(HOST) {
+        return text(StatusCode::BAD_REQUEST, "no Host header\n".to_owned());
+    }
     let path = request.uri().path();
     let known = matches!(path, "/metrics" | "/healthz" | "/readyz");
     if !known {
