@@ -87,10 +87,14 @@ fn connect_hint(err: &Error) -> &'static str {
     "check the DSN and the PG* variables"
 }
 
+/// Whether the server refused `err`'s statement for want of a privilege.
+fn denied(err: &Error) -> bool {
+    matches!(err, Error::Query { source, .. }
+        if source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE))
+}
+
 fn permission_hint(err: &Error) -> String {
-    let denied = matches!(err, Error::Query { source, .. }
-        if source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE));
-    if denied {
+    if denied(err) {
         "the role lacks a permission this check needs; grant it or use the role the replicas use"
             .to_owned()
     } else {
@@ -153,9 +157,7 @@ async fn fencing_token_finding(a: &Client, b: &Client, bound: Duration) -> Findi
             },
         ),
         Err(err) => {
-            let denied = matches!(&err, Error::Query { source, .. }
-                if source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE));
-            let hint = if denied {
+            let hint = if denied(&err) {
                 format!(
                     "a grant takes its fencing token with pg_logical_emit_message(true, \
                      'leaderrun', …), so that it survives a crash of the server: \
