@@ -189,10 +189,12 @@ impl Error {
 }
 
 /// What follows tokio-postgres' "password missing": where leaderrun looks for one.
-const PASSWORD_HINT: &str = "; hint: the server asks for a password and none was found: set \
-     PGPASSWORD, add a line host:port:database:user:password to ~/.pgpass (mode 0600; PGPASSFILE \
-     names another file), or name a service (service= in the DSN, or PGSERVICE) whose entry in \
-     ~/.pg_service.conf has one";
+/// The password file is named generically: PGPASSFILE or `passfile=` may name another
+/// than `~/.pgpass`, and a missing one is as silent as in libpq.
+pub(crate) const PASSWORD_HINT: &str = "; hint: the server asks for a password and none was \
+     found: set PGPASSWORD, add a line host:port:database:user:password to the password file \
+     (passfile= in the DSN, else PGPASSFILE, else ~/.pgpass; it must exist and be mode 0600), or \
+     name a service (service= in the DSN, or PGSERVICE) whose entry in ~/.pg_service.conf has one";
 
 /// Displays an error and all its causes on one line, `outer: cause: root`.
 ///

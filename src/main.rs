@@ -23,25 +23,28 @@ fn main() -> ExitCode {
     // is delivered to them, then waits in the stream.
     let blocked = leaderrun::process::signals::block_all();
     let cli = leaderrun::cli::parse();
-    // The watchdog of the run mode is forked now, while this is the only thread, and needs no
-    // exec (docs/process-model.md#the-watchdog).
-    let early = match cli.action {
-        // SAFETY: no thread exists yet: the signal thread, the runtime and the log's writer
-        // all start below.
-        None => unsafe { leaderrun::watchdog::EarlyWatchdog::fork() },
-        Some(_) => None,
-    };
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
-    // The log's writer thread is born with every signal blocked, so no handler ever runs on it.
+    // No thread yet: the log's writer thread starts with the first line.
     leaderrun::cli::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
     let exit = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => {
-            // A one-shot's connect begins before the handlers exist: the server starts its
-            // backend while the rest of start-up runs (a signal meanwhile waits, blocked).
+            // A one-shot's connect begins before the rest of start-up: the server starts its
+            // backend meanwhile (a signal meanwhile waits, blocked).
             let early_connect = match cli.action {
                 None => runner::early_connect(&settings),
                 Some(_) => None,
+            };
+            // The watchdog of the run mode is forked now, while this is the only thread, and
+            // needs no exec (docs/process-model.md#the-watchdog). A setting that logged a
+            // line started the log's thread: then it is exec'd later instead.
+            let early = match cli.action {
+                None if !leaderrun::cli::logging::writer_started() => {
+                    // SAFETY: no other thread exists: the log's writer has not started (just
+                    // checked), and the signal thread and the runtime start below.
+                    unsafe { leaderrun::watchdog::EarlyWatchdog::fork() }
+                }
+                _ => None,
             };
             match leaderrun::process::signals::install() {
                 Ok(signals) => {

@@ -311,28 +311,65 @@ async fn a_demoted_leaders_failure_no_longer_fails_readiness() {
 }
 
 /// `Config::early_connect`: the first session of the elector is the socket begun before the
-/// elector was built (a one-shot's connect overlaps its start-up): the server sees the lock
-/// session at that socket's port.
+/// elector was built (a one-shot's connect overlaps its start-up), with its startup message
+/// sent before the elector existed: over TCP in plaintext, over TCP with `sslmode=prefer` (the
+/// SSLRequest, the server's `N`, then the startup message) and over the Unix socket. The
+/// server sees the lock session at that socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_session_is_the_connect_begun_early() {
+    use leaderrun::pg::tls::SslMode;
     let cluster = Cluster::shared();
-    let mut config = config(unique_lock_id(), None);
-    let early = leaderrun::elector::EarlyConnect::start(&config.connect, &config.tls)
-        .expect("an IP address needs no lookup");
-    let local = early.local_addr().expect("a TCP socket");
-    assert!(!early.is_taken());
-    config.early_connect = Some(early.clone());
-    let elector = Elector::new(config).unwrap();
-    let running = run(&elector);
-    let term = timeout(WAIT, elector.wait_for_term()).await.expect("leads");
-    assert!(early.is_taken(), "the first attempt took the early socket");
-    let backend = term.lease().expect("a lease").backend_pid;
-    assert_eq!(
-        cluster.sql(&format!(
-            "SELECT client_port FROM pg_stat_activity WHERE pid = {backend}"
-        )),
-        [local.port().to_string()],
-        "the lock session is the early socket"
-    );
-    running.stop().await;
+    let unix: tokio_postgres::Config = format!(
+        "host={} port={} user=postgres dbname=postgres",
+        cluster.socket_dir().display(),
+        cluster.addr().port()
+    )
+    .parse()
+    .unwrap();
+    for (form, connect, mode) in [
+        ("TCP, sslmode=disable", cluster.config(), SslMode::Disable),
+        ("TCP, sslmode=prefer", cluster.config(), SslMode::Prefer),
+        ("Unix socket", unix, SslMode::Prefer),
+    ] {
+        let mut config = config(unique_lock_id(), None);
+        config.connect = connect;
+        config.tls.mode = mode;
+        let early = leaderrun::elector::EarlyConnect::start(&config.connect, &config.tls)
+            .expect("an IP address or a socket path needs no lookup");
+        let local = early.local_addr();
+        assert_eq!(local.is_some(), form.starts_with("TCP"), "{form}");
+        // The startup message goes out before the elector exists (for prefer, once the
+        // server said N); the server authenticates the session meanwhile.
+        let deadline = std::time::Instant::now() + WAIT;
+        while !early.startup_sent() && std::time::Instant::now() < deadline {
+            early.advance();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            early.startup_sent(),
+            "{form}: the startup message went early"
+        );
+        assert!(!early.is_taken());
+        config.early_connect = Some(early.clone());
+        let elector = Elector::new(config).unwrap();
+        let running = run(&elector);
+        let term = timeout(WAIT, elector.wait_for_term())
+            .await
+            .unwrap_or_else(|_| panic!("{form}: leads"));
+        assert!(
+            early.is_taken(),
+            "{form}: the first attempt took the early socket"
+        );
+        let backend = term.lease().expect("a lease").backend_pid;
+        let port = cluster.sql(&format!(
+            "SELECT coalesce(client_port, -1) FROM pg_stat_activity WHERE pid = {backend}"
+        ));
+        let expected = local.map_or(-1, |a| i32::from(a.port()));
+        assert_eq!(
+            port,
+            [expected.to_string()],
+            "{form}: the lock session is the early socket"
+        );
+        running.stop().await;
+    }
 }

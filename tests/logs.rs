@@ -304,11 +304,36 @@ fn passwords_get_hints_and_a_warning_on_the_command_line() {
     for needle in [
         "password missing",
         "PGPASSWORD",
+        "PGPASSFILE",
         "~/.pgpass",
         "~/.pg_service.conf",
     ] {
         assert!(log.contains(needle), "{needle:?} not in {log}");
     }
+    // A PGPASSFILE that does not exist is as silent as in libpq: the hint names the password
+    // file by every name it may have, not only ~/.pgpass.
+    let missing = home.path().join("no-such-passfile");
+    let (code, log) = run(&dsn, &[("PGPASSFILE", missing.to_str().unwrap())]);
+    assert_eq!(code, Some(125), "{log}");
+    assert!(
+        log.contains("the password file (passfile= in the DSN, else PGPASSFILE, else ~/.pgpass"),
+        "{log}"
+    );
+    // doctor gives the authentication hint for it, not the generic one.
+    let out = leaderrun()
+        .env("HOME", home.path())
+        .args(["doctor", "--dsn", &dsn])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{text}");
+    assert!(
+        text.contains("check the role, its password (PGPASSWORD, or the password file")
+            && text.contains("pg_hba.conf")
+            && !text.contains("check the DSN and the PG* variables"),
+        "{text}"
+    );
     // PGPASSWORD: quiet.
     let (code, log) = run(&dsn, &[("PGPASSWORD", "s3cret-pw")]);
     assert_eq!((code, log.as_str()), (Some(0), ""));

@@ -73,9 +73,15 @@ fn connect_hint(err: &Error) -> &'static str {
             if *code == SqlState::INVALID_PASSWORD
                 || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
             {
-                return "check the role, its password (PGPASSWORD, ~/.pgpass) and the server's \
-                        pg_hba.conf";
+                return "check the role, its password (PGPASSWORD, or the password file: \
+                        passfile=, PGPASSFILE, ~/.pgpass) and the server's pg_hba.conf";
             }
+        }
+        // The server asked for a password and none was found (tokio-postgres' words): an
+        // authentication failure, though the server never saw a wrong password.
+        if e.to_string() == "password missing" {
+            return "check the role, its password (PGPASSWORD, or the password file: passfile=, \
+                    PGPASSFILE, ~/.pgpass) and the server's pg_hba.conf";
         }
         if e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)

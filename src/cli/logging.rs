@@ -13,13 +13,17 @@
 //! dropped and counted ([`dropped_lines`], `leaderrun_log_lines_dropped_total` in `/metrics`);
 //! once a write goes through again, one WARN line says how many were lost. At exit
 //! [`finish`] waits for the queue to drain for at most [`EXIT_FLUSH`], then leaves what is left.
+//!
+//! The queue and its thread start with the first line, not with [`init`]: a one-shot that has
+//! nothing to say (cron's good night) starts no thread and has none to end at exit
+//! (BENCHMARKS.md, "Issue 18 item 6, third pass").
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
+use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
 
 /// How many formatted lines may wait for a slow stderr before new ones are dropped.
 pub const QUEUE_LINES: usize = 4096;
@@ -34,10 +38,12 @@ static QUEUED: AtomicU64 = AtomicU64::new(0);
 static DONE: AtomicU64 = AtomicU64::new(0);
 /// The queue's count of lines it refused because it was full.
 static QUEUE_DROPS: OnceLock<ErrorCounter> = OnceLock::new();
-/// The queue's front, for the panic hook.
-static QUEUE: OnceLock<Counted> = OnceLock::new();
+/// The queue's front, made with its writer thread by the first line ([`queue`]).
+static QUEUE: OnceLock<NonBlocking> = OnceLock::new();
 /// The writer thread's guard, kept until [`finish`].
 static GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
+/// Set by the first [`init`]: later calls do nothing.
+static INITIALIZED: OnceLock<()> = OnceLock::new();
 
 /// Log lines lost so far: refused by the full queue, or whose write to stderr failed.
 pub fn dropped_lines() -> u64 {
@@ -116,14 +122,49 @@ fn write_all_fd2(mut buf: &[u8]) -> bool {
     true
 }
 
+/// The queue, started by the first line that needs it: the bounded queue and the thread that
+/// writes it to descriptor 2. The thread is born with every signal blocked, whichever thread
+/// logs first, so no signal handler ever runs on it (they run on the threads that wait for
+/// signals, see [`crate::process::signals`]).
+fn queue() -> &'static NonBlocking {
+    QUEUE.get_or_init(|| {
+        // SAFETY: sigset_t is plain data; the masks are this thread's own, restored below.
+        let old = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            old
+        };
+        let (writer, guard) = NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(QUEUE_LINES)
+            .thread_name("leaderrun-log")
+            .finish(Stderr { reported: 0 });
+        // SAFETY: restores the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+        let _ = QUEUE_DROPS.set(writer.error_counter());
+        *GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
+        writer
+    })
+}
+
+/// Whether the log's writer thread runs (a line was logged): the run mode's watchdog is
+/// forked only while leaderrun has no other thread.
+pub fn writer_started() -> bool {
+    QUEUE.get().is_some()
+}
+
 /// The queue's front: counts each line handed to it.
-#[derive(Clone)]
-struct Counted(tracing_appender::non_blocking::NonBlocking);
+#[derive(Clone, Copy)]
+struct Counted;
 
 impl Write for Counted {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         QUEUED.fetch_add(1, Ordering::Relaxed);
-        self.0.write(buf)
+        // NonBlocking writes through `&mut self`; a clone is the channel's sender and the
+        // error counter, two reference counts.
+        queue().clone().write(buf)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -135,7 +176,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Counted {
     type Writer = Counted;
 
     fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
+        *self
     }
 }
 
@@ -149,7 +190,7 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
 
-    if QUEUE_DROPS.get().is_some() {
+    if INITIALIZED.set(()).is_err() {
         return;
     }
     let filter = match std::env::var("RUST_LOG") {
@@ -158,13 +199,6 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
         }
         _ => EnvFilter::new(level.as_str()),
     };
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(QUEUE_LINES)
-        .thread_name("leaderrun-log")
-        .finish(Stderr { reported: 0 });
-    let _ = QUEUE_DROPS.set(writer.error_counter());
-    let _ = QUEUE.set(Counted(writer.clone()));
     // A panic's message goes the same way: the default hook writes to stderr on the panicking
     // thread, before it unwinds, and would hold that thread (the one that stops COMMAND) on a
     // stalled stderr.
@@ -176,16 +210,13 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
         if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
             line.push_str(&format!("stack backtrace:\n{backtrace}\n"));
         }
-        if let Some(queue) = QUEUE.get() {
-            let _ = queue.clone().write(line.as_bytes());
-        }
+        let _ = Counted.write(line.as_bytes());
     }));
-    *GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
     // A line that cannot be written is dropped: tracing-subscriber would otherwise report it
     // with eprintln!, which panics on that same broken stderr and would abort a leader
     // mid-term.
     let builder = tracing_subscriber::fmt()
-        .with_writer(Counted(writer))
+        .with_writer(Counted)
         .log_internal_errors(false)
         .with_target(false)
         .with_env_filter(filter);

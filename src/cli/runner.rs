@@ -46,6 +46,10 @@ pub fn main(
             return Exit::Code(err.exit_code());
         }
     };
+    // The server may have answered the early SSLRequest by now: the startup message follows.
+    if let Some(early) = &early_connect {
+        early.advance();
+    }
     // Decided before anything is spawned: only a leaderrun that owns the terminal's foreground
     // at start hands it to its children.
     let terminal = Terminal::claim();
@@ -158,6 +162,9 @@ pub async fn run(
     let metrics = Metrics::new();
     let mut config = elector_config(&settings);
     config.registry = Some(metrics.registry().clone());
+    if let Some(early) = &early_connect {
+        early.advance();
+    }
     config.early_connect = early_connect;
     // COMMAND's own cgroup where one can be made, and the watchdog, before anything runs.
     let cgroup = crate::process::cgroup::Cgroup::create(settings.cgroup).map(Arc::new);

@@ -47,13 +47,29 @@ pub async fn connect(
 }
 
 /// A connection to the first host of a plan begun before the elector runs: a one-shot's
-/// socket connects (and the server starts its backend, most of a connect's time) while
-/// leaderrun is still starting up. The first attempt at that very address or socket path
-/// takes it; a socket nobody took closes unused when this drops (the server logs nothing for
-/// a connection that sent nothing).
+/// socket connects, and the session's first message goes out, while leaderrun is still
+/// starting up, so the server starts its backend and authenticates it (most of a connect's
+/// time) meanwhile. The first attempt at that very address or socket path takes it; a socket
+/// nobody took closes when this drops (the server logs nothing at its default level for a
+/// client that hung up before its first query).
+///
+/// What goes out early is exactly what the driver would send first ([`Prelude`]): the startup
+/// message where the session is plaintext (a Unix socket, `sslmode=disable`), the `SSLRequest`
+/// for `sslmode=prefer` over TCP and, once the server has answered `N`, the startup message
+/// after it. Nothing is sent early for the modes that require TLS.
 #[derive(Debug, Default)]
 pub struct EarlyConnect {
-    socket: std::sync::Mutex<Option<(EarlyTarget, std::os::fd::OwnedFd)>>,
+    socket: std::sync::Mutex<Option<Early>>,
+}
+
+#[derive(Debug)]
+struct Early {
+    target: EarlyTarget,
+    fd: std::os::fd::OwnedFd,
+    prelude: Prelude,
+    /// The startup message the prelude sends: an attempt whose own differs (another user,
+    /// database or application name) does not take the socket.
+    startup: Vec<u8>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -62,12 +78,100 @@ enum EarlyTarget {
     Unix(std::path::PathBuf),
 }
 
+/// The first bytes of a session, sent (and the answer to an `SSLRequest` read) on the early
+/// socket before the driver took it over. The driver's first writes must repeat [`sent`]
+/// byte for byte; [`Primed`] absorbs them and hands it the answer read early.
+///
+/// [`sent`]: Prelude::sent
+#[derive(Debug, Default)]
+pub(super) struct Prelude {
+    /// On the wire already.
+    sent: Vec<u8>,
+    /// Still to send, as soon as the socket takes it (a TCP socket still connecting does not).
+    unsent: Vec<u8>,
+    /// The startup message that follows the server's `N` to the `SSLRequest`.
+    after_no_tls: Vec<u8>,
+    /// The server's one-byte answer to the `SSLRequest`, read early.
+    answer: Option<u8>,
+}
+
+impl Prelude {
+    /// Sends what the socket takes now and reads the answer to a sent `SSLRequest` if it has
+    /// come; never waits. A failure is left for the driver to meet on its first read or write.
+    fn advance(&mut self, fd: RawFd) {
+        loop {
+            if !self.unsent.is_empty() {
+                // SAFETY: send from a live buffer of the given length, never blocking, no SIGPIPE.
+                let n = unsafe {
+                    libc::send(
+                        fd,
+                        self.unsent.as_ptr().cast(),
+                        self.unsent.len(),
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    )
+                };
+                if n <= 0 {
+                    return;
+                }
+                self.sent.extend(self.unsent.drain(..n as usize));
+                continue;
+            }
+            if self.after_no_tls.is_empty() || self.answer.is_some() {
+                return;
+            }
+            let mut byte = 0u8;
+            // SAFETY: recv of one byte into a live byte, never blocking.
+            let n = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_DONTWAIT) };
+            if n != 1 {
+                return;
+            }
+            self.answer = Some(byte);
+            if byte == b'N' {
+                // No TLS: the driver sends the startup message next, in plaintext.
+                self.unsent = std::mem::take(&mut self.after_no_tls);
+            } else {
+                // 'S': TLS follows, the driver's own; anything else the driver reads as
+                // tokio-postgres does (as no TLS, then the server's error).
+                self.after_no_tls.clear();
+                return;
+            }
+        }
+    }
+}
+
+/// The startup message tokio-postgres sends for `config` (its `connect_raw`: the same
+/// parameters in the same order, encoded by the same crate); `None` without a user, which the
+/// driver would look up itself. A unit test holds the two equal.
+fn startup_message(config: &tokio_postgres::Config) -> Option<Vec<u8>> {
+    let mut params = vec![("client_encoding", "UTF8"), ("user", config.get_user()?)];
+    if let Some(dbname) = config.get_dbname() {
+        params.push(("database", dbname));
+    }
+    if let Some(options) = config.get_options() {
+        params.push(("options", options));
+    }
+    if let Some(name) = config.get_application_name() {
+        params.push(("application_name", name));
+    }
+    let mut buf = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::startup_message(params, &mut buf).ok()?;
+    Some(buf.to_vec())
+}
+
+/// The `SSLRequest` message.
+fn ssl_request() -> Vec<u8> {
+    let mut buf = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::ssl_request(&mut buf);
+    buf.to_vec()
+}
+
 impl EarlyConnect {
     /// Starts a non-blocking connect to the first host `connect` and `tls` name (as
     /// [`connect`] tries them), when it needs no name lookup: a Unix socket, `hostaddr`, or a
-    /// host that is an IP address. `None` when the hosts are tried in random order
-    /// (`load_balance_hosts=random`), when a lookup would be needed, or when the socket cannot
-    /// be started (the first attempt then connects as always). Needs no runtime.
+    /// host that is an IP address, and sends what it may of the session's first messages
+    /// ([`EarlyConnect::advance`] sends the rest). `None` when the hosts are tried in random
+    /// order (`load_balance_hosts=random`), when a lookup would be needed, or when the socket
+    /// cannot be started (the first attempt then connects as always). Needs no runtime.
     pub fn start(
         connect: &tokio_postgres::Config,
         tls: &TlsSettings,
@@ -84,6 +188,8 @@ impl EarlyConnect {
         }
         let host = plan.hosts.first()?;
         let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+        let startup = startup_message(connect).unwrap_or_default();
+        let mut prelude = Prelude::default();
         // A TCP connect completes later (the socket turns writable); a Unix one at once, or
         // fails (EAGAIN with a full backlog: then the first attempt connects as always).
         let (target, fd) = match &host.address {
@@ -92,6 +198,8 @@ impl EarlyConnect {
                 let addr = nix::sys::socket::UnixAddr::new(&path).ok()?;
                 let fd = socket(AddressFamily::Unix, SockType::Stream, flags, None).ok()?;
                 nix::sys::socket::connect(fd.as_raw_fd(), &addr).ok()?;
+                // Never TLS on a Unix socket (libpq's rule, and `attempt`'s).
+                prelude.unsent = startup.clone();
                 (EarlyTarget::Unix(path), fd)
             }
             Address::Tcp { name, addr } => {
@@ -107,12 +215,41 @@ impl EarlyConnect {
                     Ok(()) | Err(nix::errno::Errno::EINPROGRESS) => {}
                     Err(_) => return None,
                 }
+                match tls.mode {
+                    crate::pg::tls::SslMode::Disable => prelude.unsent = startup.clone(),
+                    crate::pg::tls::SslMode::Prefer => {
+                        prelude.unsent = ssl_request();
+                        prelude.after_no_tls = startup.clone();
+                    }
+                    // TLS or nothing: the handshake is the driver's, from its first byte.
+                    _ => {}
+                }
                 (EarlyTarget::Tcp(addr), fd)
             }
         };
+        if startup.is_empty() {
+            prelude = Prelude::default();
+        }
+        prelude.advance(fd.as_raw_fd());
         Some(std::sync::Arc::new(EarlyConnect {
-            socket: std::sync::Mutex::new(Some((target, fd))),
+            socket: std::sync::Mutex::new(Some(Early {
+                target,
+                fd,
+                prelude,
+                startup,
+            })),
         }))
+    }
+
+    /// Sends what the early socket may send by now (a TCP socket that finished connecting,
+    /// the startup message after the server's `N`). Never waits: call it now and then while
+    /// starting up.
+    pub fn advance(&self) {
+        use std::os::fd::AsRawFd;
+        let mut slot = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(early) = slot.as_mut() {
+            early.prelude.advance(early.fd.as_raw_fd());
+        }
     }
 
     /// The early TCP socket's own address (the port the server sees it from); `None` for a
@@ -120,10 +257,12 @@ impl EarlyConnect {
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         use nix::sys::socket::{getsockname, SockaddrStorage};
         let slot = self.socket.lock().unwrap_or_else(|e| e.into_inner());
-        let (EarlyTarget::Tcp(_), fd) = slot.as_ref()? else {
+        let early = slot.as_ref()?;
+        if !matches!(early.target, EarlyTarget::Tcp(_)) {
             return None;
-        };
-        let local = getsockname::<SockaddrStorage>(std::os::fd::AsRawFd::as_raw_fd(fd)).ok()?;
+        }
+        let local =
+            getsockname::<SockaddrStorage>(std::os::fd::AsRawFd::as_raw_fd(&early.fd)).ok()?;
         local
             .as_sockaddr_in()
             .map(|v4| std::net::SocketAddr::V4((*v4).into()))
@@ -134,6 +273,19 @@ impl EarlyConnect {
             })
     }
 
+    /// Whether the whole startup message is on its way on the early socket (the server
+    /// authenticates the session meanwhile); false before, for `sslmode=prefer` until the
+    /// server's `N` came and was read ([`EarlyConnect::advance`]), for a server that chose TLS,
+    /// for the modes that require it, and once an attempt took the socket.
+    pub fn startup_sent(&self) -> bool {
+        let slot = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().is_some_and(|early| {
+            !early.startup.is_empty()
+                && early.prelude.unsent.is_empty()
+                && early.prelude.sent.ends_with(&early.startup)
+        })
+    }
+
     /// Whether a connect attempt took the socket.
     pub fn is_taken(&self) -> bool {
         self.socket
@@ -142,25 +294,40 @@ impl EarlyConnect {
             .is_none()
     }
 
-    fn take(&self, target: &EarlyTarget) -> Option<std::os::fd::OwnedFd> {
+    /// The socket begun for `target`, with what it sent, when the attempt's own startup
+    /// message (of `config`) is the one it sent; otherwise it stays (and closes unused).
+    fn take(
+        &self,
+        target: &EarlyTarget,
+        config: &tokio_postgres::Config,
+    ) -> Option<(std::os::fd::OwnedFd, Prelude)> {
+        use std::os::fd::AsRawFd;
         let mut slot = self.socket.lock().unwrap_or_else(|e| e.into_inner());
-        match slot.take() {
-            Some((t, fd)) if t == *target => Some(fd),
-            other => {
-                *slot = other;
-                None
-            }
+        let fits = slot.as_ref().is_some_and(|early| {
+            early.target == *target
+                && (early.prelude.sent.is_empty()
+                    && early.prelude.unsent.is_empty()
+                    && early.prelude.after_no_tls.is_empty()
+                    || startup_message(config).as_deref() == Some(early.startup.as_slice()))
+        });
+        if !fits {
+            return None;
         }
+        let mut early = slot.take()?;
+        early.prelude.advance(early.fd.as_raw_fd());
+        Some((early.fd, early.prelude))
     }
 
-    /// The early TCP socket to `addr`, once connected (within `deadline`); `None` when there is
-    /// none for `addr`. `Some(Err)`: its connect failed (as a new one would).
+    /// The early TCP socket to `addr`, once connected (within `deadline`), with what it sent;
+    /// `None` when there is none for `addr`. `Some(Err)`: its connect failed (as a new one
+    /// would).
     async fn take_tcp(
         &self,
         addr: std::net::SocketAddr,
+        config: &tokio_postgres::Config,
         deadline: tokio::time::Instant,
-    ) -> Option<Result<tokio::net::TcpStream, Option<std::io::Error>>> {
-        let fd = self.take(&EarlyTarget::Tcp(addr))?;
+    ) -> Option<Result<(tokio::net::TcpStream, Prelude), Option<std::io::Error>>> {
+        let (fd, mut prelude) = self.take(&EarlyTarget::Tcp(addr), config)?;
         let stream = match tokio::net::TcpStream::from_std(std::net::TcpStream::from(fd)) {
             Ok(stream) => stream,
             Err(err) => return Some(Err(Some(err))),
@@ -172,17 +339,106 @@ impl EarlyConnect {
             Ok(Ok(())) => {}
         }
         Some(match stream.take_error() {
-            Ok(None) => Ok(stream),
+            Ok(None) => {
+                // Connected by now: what could not be sent while it connected goes now.
+                prelude.advance(std::os::fd::AsRawFd::as_raw_fd(&stream));
+                Ok((stream, prelude))
+            }
             Ok(Some(err)) | Err(err) => Err(Some(err)),
         })
     }
 
-    /// The early Unix socket to `path` (connected already); `None` when there is none.
-    fn take_unix(&self, path: &std::path::Path) -> Option<std::io::Result<tokio::net::UnixStream>> {
-        let fd = self.take(&EarlyTarget::Unix(path.to_owned()))?;
-        Some(tokio::net::UnixStream::from_std(
-            std::os::unix::net::UnixStream::from(fd),
-        ))
+    /// The early Unix socket to `path` (connected already), with what it sent; `None` when
+    /// there is none.
+    fn take_unix(
+        &self,
+        path: &std::path::Path,
+        config: &tokio_postgres::Config,
+    ) -> Option<std::io::Result<(tokio::net::UnixStream, Prelude)>> {
+        let (fd, prelude) = self.take(&EarlyTarget::Unix(path.to_owned()), config)?;
+        Some(
+            tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))
+                .map(|stream| (stream, prelude)),
+        )
+    }
+}
+
+/// A socket whose first bytes were sent before the driver took it ([`Prelude`]): the
+/// driver's writes that repeat them are absorbed, and its first read gets the answer to the
+/// `SSLRequest` that was read early. A write that differs fails the attempt (it cannot: the
+/// socket is taken only by an attempt whose startup message is the one sent).
+pub(super) struct Primed<S> {
+    inner: S,
+    sent: Vec<u8>,
+    absorbed: usize,
+    answer: Option<u8>,
+}
+
+impl<S> Primed<S> {
+    pub(super) fn new(inner: S, prelude: Prelude) -> Primed<S> {
+        Primed {
+            inner,
+            sent: prelude.sent,
+            absorbed: 0,
+            answer: prelude.answer,
+        }
+    }
+}
+
+impl<S: std::os::fd::AsRawFd> std::os::fd::AsRawFd for Primed<S> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.as_raw_fd()
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Primed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if buf.remaining() > 0 {
+            if let Some(byte) = self.answer.take() {
+                buf.put_slice(&[byte]);
+                return std::task::Poll::Ready(Ok(()));
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Primed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        if this.absorbed < this.sent.len() && !buf.is_empty() {
+            let n = buf.len().min(this.sent.len() - this.absorbed);
+            if buf[..n] != this.sent[this.absorbed..this.absorbed + n] {
+                return std::task::Poll::Ready(Err(std::io::Error::other(
+                    "the session's first message differs from the one sent early",
+                )));
+            }
+            this.absorbed += n;
+            return std::task::Poll::Ready(Ok(n));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -348,19 +604,20 @@ pub(super) async fn attempt(
         Address::Unix(dir) => {
             let path = dir.join(format!(".s.PGSQL.{}", host.port));
             let deadline = tokio::time::Instant::now() + per_host;
-            let connected = match early.and_then(|e| e.take_unix(&path)) {
+            let connected = match early.and_then(|e| e.take_unix(&path, &config)) {
                 Some(connected) => Ok(connected),
-                None => {
-                    tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(&path)).await
-                }
+                None => tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(&path))
+                    .await
+                    .map(|c| c.map(|stream| (stream, Prelude::default()))),
             };
-            let stream = match connected {
+            let (stream, prelude) = match connected {
                 Err(_) => return Err(timed_out(&target)),
                 Ok(Err(err)) => return Err(socket_err(err)),
-                Ok(Ok(stream)) => stream,
+                Ok(Ok(connected)) => connected,
             };
             // libpq never uses TLS over a Unix socket, whatever sslmode says.
             config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            let stream = Primed::new(stream, prelude);
             return handshake(&config, stream, None, wanted, deadline, &target).await;
         }
         Address::Tcp {
@@ -401,18 +658,19 @@ pub(super) async fn attempt(
     for addr in addrs {
         let deadline = tokio::time::Instant::now() + per_host;
         let connected = match early {
-            Some(early) => early.take_tcp(addr, deadline).await,
+            Some(early) => early.take_tcp(addr, &config, deadline).await,
             None => None,
         };
         let connected = match connected {
-            Some(Ok(stream)) => Ok(Ok(stream)),
+            Some(Ok(connected)) => Ok(Ok(connected)),
             Some(Err(None)) => Err(()),
             Some(Err(Some(err))) => Ok(Err(err)),
             None => tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr))
                 .await
+                .map(|c| c.map(|stream| (stream, Prelude::default())))
                 .map_err(|_| ()),
         };
-        let stream = match connected {
+        let (stream, prelude) = match connected {
             Err(()) => {
                 last = Some(timed_out(&target));
                 continue;
@@ -421,10 +679,11 @@ pub(super) async fn attempt(
                 last = Some(socket_err(err));
                 continue;
             }
-            Ok(Ok(stream)) => stream,
+            Ok(Ok(connected)) => connected,
         };
         let _ = stream.set_nodelay(true);
         set_tcp_timers(&stream, &config);
+        let stream = Primed::new(stream, prelude);
         let over_tls = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let tls_connect = match connector {
             Some(c) if tls.enabled() => Some(
@@ -589,4 +848,81 @@ where
         let _ = tx.send(connection.await.err());
     });
     (client, closed, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// What the early socket sends is what tokio-postgres itself sends first: the startup
+    /// message byte for byte (a driver that changed it would fail every early attempt), and
+    /// the SSLRequest.
+    #[tokio::test]
+    async fn the_early_messages_are_the_drivers_own() {
+        for dsn in [
+            "host=h user=u dbname=d application_name=leaderrun@x:1",
+            "host=h user=u dbname=d options='-c a=b' application_name=x",
+            "host=h user=u",
+        ] {
+            let config: tokio_postgres::Config = dsn.parse().unwrap();
+            let ours = startup_message(&config).unwrap();
+            let (client, mut server) = tokio::io::duplex(4096);
+            let driver = tokio::spawn({
+                let config = config.clone();
+                async move { config.connect_raw(client, NoTls).await.map(|_| ()) }
+            });
+            let mut theirs = vec![0u8; ours.len()];
+            server.read_exact(&mut theirs).await.unwrap();
+            assert_eq!(theirs, ours, "{dsn}");
+            drop(server);
+            assert!(driver.await.unwrap().is_err(), "the server end closed");
+        }
+        assert_eq!(ssl_request(), [0, 0, 0, 8, 4, 210, 22, 47]);
+        let no_user: tokio_postgres::Config = "host=h dbname=d".parse().unwrap();
+        assert_eq!(
+            startup_message(&no_user),
+            None,
+            "the driver's own user lookup"
+        );
+    }
+
+    /// A primed socket absorbs the driver's writes that repeat what went early (split as the
+    /// driver likes), passes on the rest, hands over the answer read early first, and fails a
+    /// write that differs instead of sending it.
+    #[tokio::test]
+    async fn a_primed_socket_absorbs_what_was_sent_and_replays_the_answer() {
+        let (inner, mut server) = tokio::io::duplex(4096);
+        let prelude = Prelude {
+            sent: b"hello".to_vec(),
+            answer: Some(b'N'),
+            ..Prelude::default()
+        };
+        let mut primed = Primed::new(inner, prelude);
+        server.write_all(b"rest").await.unwrap();
+        let mut first = [0u8; 1];
+        primed.read_exact(&mut first).await.unwrap();
+        assert_eq!(&first, b"N");
+        let mut rest = [0u8; 4];
+        primed.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"rest");
+        primed.write_all(b"he").await.unwrap();
+        primed.write_all(b"llo, world").await.unwrap();
+        primed.flush().await.unwrap();
+        let mut passed = [0u8; 7];
+        server.read_exact(&mut passed).await.unwrap();
+        assert_eq!(
+            &passed, b", world",
+            "only what was not sent early reaches the socket"
+        );
+
+        let (inner, _server) = tokio::io::duplex(64);
+        let prelude = Prelude {
+            sent: b"hello".to_vec(),
+            ..Prelude::default()
+        };
+        let mut primed = Primed::new(inner, prelude);
+        let err = primed.write_all(b"help").await.unwrap_err();
+        assert!(err.to_string().contains("differs"), "{err}");
+    }
 }

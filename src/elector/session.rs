@@ -20,18 +20,34 @@ use crate::pg::within;
 
 /// Client-side TCP timers (docs/field-notes.md#half-open-connections-and-pinned-timers): keepalives
 /// so a vanished server is noticed between checks, and `TCP_USER_TIMEOUT` so a check stuck in
-/// retransmission fails within 2 check intervals instead of the kernel's minutes.
+/// retransmission fails within 2 check intervals instead of the kernel's minutes. Keepalives
+/// idle after one check interval, probe every half interval, 3 probes; a connection string's
+/// `keepalives_idle`, `keepalives_interval` or `keepalives_count` that is shorter wins (it
+/// only notices a vanished server sooner), a longer one is an upper bound already met.
 pub(crate) fn pin_client_timers(config: &mut Config) {
     let interval = config.effective_check_interval();
     let second = Duration::from_secs(1);
     // The kernel takes at most 32767 s for keepalive times and i32::MAX ms for TCP_USER_TIMEOUT.
     let keepalive_max = Duration::from_secs(32_767);
+    // tokio-postgres' defaults (2 hours, none, none) are longer than ours: ours win then.
+    let idle = interval
+        .clamp(second, keepalive_max)
+        .min(config.connect.get_keepalives_idle());
+    let probe = (interval / 2).clamp(second, keepalive_max);
+    let probe = config
+        .connect
+        .get_keepalives_interval()
+        .map_or(probe, |asked| asked.min(probe));
+    let probes = config
+        .connect
+        .get_keepalives_retries()
+        .map_or(3, |asked| asked.min(3));
     config
         .connect
         .keepalives(true)
-        .keepalives_idle(interval.clamp(second, keepalive_max))
-        .keepalives_interval((interval / 2).clamp(second, keepalive_max))
-        .keepalives_retries(3)
+        .keepalives_idle(idle)
+        .keepalives_interval(probe)
+        .keepalives_retries(probes)
         .tcp_user_timeout((interval * 2).min(Duration::from_millis(i32::MAX as u64)));
 }
 
@@ -132,7 +148,8 @@ pub(crate) struct Session {
     pub(crate) client: Option<Client>,
     pub(crate) backend_pid: i32,
     /// The standby's try ([`try_sql`]), prepared once per session so each check is one round
-    /// trip.
+    /// trip; `None` until the session's second try when its first ran in the set-up flight
+    /// ([`Session::open_and_try`]).
     pub(crate) try_lock: Option<Statement>,
     /// The waits of the places in the line ([`wait_sql`]), by (slot, place), prepared when
     /// this session first held that place (for one slot: at connect).
@@ -230,8 +247,16 @@ impl Session {
                 .iter()
                 .map(|&(slot, place)| wait_sql(config.lock, slots, slot, place))
                 .collect();
+            // The try is prepared only when it does not run in this flight: a session whose
+            // first try runs here (a one-shot's only one) prepares it at its second
+            // (`try_acquire_inner`), and a fresh backend's parse of it is not paid twice.
             let (try_lock, waits) = tokio::join!(
-                client.prepare(&try_sql),
+                async {
+                    match try_now {
+                        true => Ok(None),
+                        false => client.prepare(&try_sql).await.map(Some),
+                    }
+                },
                 futures_util::future::join_all(texts.iter().map(|sql| client.prepare(sql)))
             );
             let waits = waits.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -269,7 +294,7 @@ impl Session {
         });
         (session.backend_pid, session.sync_standbys) = pinned?;
         let (try_lock, waits) = prepared?;
-        session.try_lock = Some(try_lock);
+        session.try_lock = try_lock;
         session.waits = waits;
         Ok((session, answer))
     }
@@ -523,5 +548,35 @@ mod tests {
         assert_eq!(shown_in_base_units("0", ms), Some(0));
         assert_eq!(shown_in_base_units("on", ms), None);
         assert_eq!(shown_in_base_units("5 parsecs", ms), None);
+    }
+
+    /// The lock session's client keepalives: one interval idle, half an interval between
+    /// probes, 3 probes; a connection string's shorter values win, its longer ones do not.
+    #[test]
+    fn client_keepalives_take_the_shorter_of_ours_and_the_dsn() {
+        let s = Duration::from_secs;
+        let pinned = |dsn: &str| {
+            let mut config = Config::new(dsn.parse().unwrap());
+            config.check_interval = s(10);
+            pin_client_timers(&mut config);
+            let c = config.connect;
+            (
+                c.get_keepalives(),
+                c.get_keepalives_idle(),
+                c.get_keepalives_interval(),
+                c.get_keepalives_retries(),
+                c.get_tcp_user_timeout().copied(),
+            )
+        };
+        let ours = (true, s(10), Some(s(5)), Some(3), Some(s(20)));
+        assert_eq!(pinned("host=h"), ours);
+        assert_eq!(
+            pinned("host=h keepalives_idle=60 keepalives_interval=30 keepalives_retries=9"),
+            ours
+        );
+        assert_eq!(
+            pinned("host=h keepalives_idle=2 keepalives_interval=1 keepalives_retries=2"),
+            (true, s(2), Some(s(1)), Some(2), Some(s(20)))
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! [`WatchedSpawner`] that starts no tree while no watchdog runs.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,7 +74,9 @@ pub struct EarlyWatchdog {
 }
 
 impl EarlyWatchdog {
-    /// Forks the watchdog: in the child, a session of its own (`setsid`), the watchdog's
+    /// Forks the watchdog: in the child, a session of its own (`setsid`), no descriptor but
+    /// stdio and its end of the pair (a one-shot's early connect is open by now, and a copy
+    /// of it would keep that session alive after leaderrun closed it), the watchdog's
     /// dispositions, name (`lr-watchdog`) and command line, `/dev/null` on stdin and stdout,
     /// then its loop once the plan came; in leaderrun, the handle. Every signal is blocked
     /// across the fork (the child sets its dispositions before it takes any; leaderrun gets
@@ -96,6 +98,7 @@ impl EarlyWatchdog {
         let pid = libc::fork();
         if pid == 0 {
             drop(ours);
+            close_all_but(theirs.as_raw_fd());
             // A session of its own: no terminal signals, no stop of leaderrun's group.
             libc::setsid();
             super::helper::forked_main(theirs, leaderrun);
@@ -112,6 +115,34 @@ impl EarlyWatchdog {
                 pidfd: pidfd_open(pid as u32),
             }),
         })
+    }
+}
+
+/// Closes every descriptor from 3 up but `keep`: `close_range(2)` (Linux 5.9), else each one
+/// `/proc/self/fd` lists. For a forked child of a single-threaded process.
+fn close_all_but(keep: RawFd) {
+    let close_range = |first: RawFd, last: RawFd| -> bool {
+        first > last
+            // SAFETY: close_range takes two descriptor numbers and flags; it closes, nothing more.
+            || unsafe { libc::syscall(libc::SYS_close_range, first as u32, last as u32, 0) } == 0
+    };
+    if keep >= 3 && close_range(3, keep - 1) && close_range(keep + 1, RawFd::MAX) {
+        return;
+    }
+    if keep < 3 && close_range(3, RawFd::MAX) {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd >= 3 && fd != keep)
+        .collect();
+    for fd in fds {
+        // SAFETY: closes a descriptor this process no longer uses (the directory's own is
+        // closed already, or fails harmlessly).
+        unsafe { libc::close(fd) };
     }
 }
 

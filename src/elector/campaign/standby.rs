@@ -12,7 +12,7 @@ use crate::elector::connecting::connect;
 use crate::elector::session::{boottime, Session};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
-use crate::pg::lock::{standby_comment, wait_sql, LockKey};
+use crate::pg::lock::{standby_comment, try_sql, wait_sql, LockKey};
 use crate::pg::within;
 
 /// A wait's answer: the row when it was granted, `None` when it timed out on the server
@@ -224,16 +224,27 @@ impl Campaign<'_> {
         let mut row = match (first, session.place) {
             (Some(answer), _) => Some(answer?),
             (None, Some(place)) => self.wait_in_place(place).await?,
-            (None, None) => {
-                let Some(statement) = session.try_lock.as_ref() else {
-                    return Ok(CheckOutcome::Failed);
-                };
-                Some(
+            (None, None) => match session.try_lock.as_ref() {
+                Some(statement) => Some(
                     session
                         .bounded("try advisory lock", bound, statement, &[])
                         .await?,
-                )
-            }
+                ),
+                None => {
+                    // The session's first try went unprepared in its set-up flight; its second
+                    // prepares the statement in the same flight as it runs it unprepared.
+                    let sql = try_sql(config.lock, slots, config.wait_for_release);
+                    let (prepared, row) = tokio::join!(
+                        session.prepare("prepare the lock statements", bound, &sql),
+                        session.bounded_typed("try advisory lock", bound, &sql, &[])
+                    );
+                    let row = row?;
+                    if let Some(session) = self.role.session_mut() {
+                        session.try_lock = prepared.ok();
+                    }
+                    Some(row)
+                }
+            },
         };
         // A place in the line (p·N + k): wait for what is ahead, in this same check, and
         // move up as long as the waits are granted.

@@ -621,6 +621,29 @@ fn build(
     if let Some(k) = take(&params, "keepalives") {
         config.keepalives(int_value(&k) != Some(0));
     }
+    // Upper bounds on the lock session's client-side keepalives: the elector takes each where
+    // it is shorter than its own (`pin_client_timers`), never a longer one, which would let a
+    // half-open session outlive the safe window. Linux refuses 0 for all three, as libpq's
+    // setsockopt then does.
+    for key in ["keepalives_idle", "keepalives_interval", "keepalives_count"] {
+        let Some(text) = take(&params, key) else {
+            continue;
+        };
+        let n = int_value(&text)
+            .filter(|n| (1..=32_767).contains(n))
+            .ok_or_else(|| {
+                value_err(
+                    key,
+                    &params,
+                    format!("{} is not a whole number from 1 to 32767", quote(&text)),
+                )
+            })?;
+        match key {
+            "keepalives_idle" => config.keepalives_idle(Duration::from_secs(n as u64)),
+            "keepalives_interval" => config.keepalives_interval(Duration::from_secs(n as u64)),
+            _ => config.keepalives_retries(n as u32),
+        };
+    }
 
     let tls_file = |params: &mut Params, key: &str, default: &str| -> Option<PathBuf> {
         match params.remove(key).filter(|(v, _)| !v.is_empty()) {

@@ -261,6 +261,7 @@ fn errors_never_echo_the_dsn() {
         "host=h password=hunter 2=x",
         "host=h password=hunter2 sslmode=hunter2",
         "host=h password=hunter2 connect_timeout=hunter2",
+        "host=h password=hunter2 keepalives_idle=hunter2",
         "host=h password=hunter2 target_session_attrs=hunter2",
         "host=h password=hunter2 frobnicate=1",
         "host=h password='hunter2",
@@ -273,6 +274,33 @@ fn errors_never_echo_the_dsn() {
     // libpq takes a '?' in a URL's password as part of it.
     let c = resolve_with(Some("postgres://u:hun?ter2@127.0.0.1/d"), &[]).unwrap();
     assert_eq!(password(&c), Some("hun?ter2"));
+}
+
+/// `keepalives_idle`, `_interval` and `_count` reach the driver's settings (the elector takes
+/// the shorter of each and its own); 0 is refused, as Linux's setsockopt refuses it for libpq.
+#[test]
+fn keepalive_settings_are_read_and_checked() {
+    let c = resolve_with(
+        Some("host=h dbname=d keepalives_idle=2 keepalives_interval=1 keepalives_count=9"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(2));
+    assert_eq!(
+        c.config.get_keepalives_interval(),
+        Some(Duration::from_secs(1))
+    );
+    assert_eq!(c.config.get_keepalives_retries(), Some(9));
+    for bad in [
+        "keepalives_idle=0",
+        "keepalives_interval=-1",
+        "keepalives_count=x",
+        "keepalives_idle=40000",
+    ] {
+        let err = resolve_with(Some(&format!("host=h dbname=d {bad}")), &[]).unwrap_err();
+        let shown = crate::error::Chain(&err).to_string();
+        assert!(shown.contains("1 to 32767"), "{bad}: {shown}");
+    }
 }
 
 #[test]
