@@ -93,13 +93,24 @@ pub(super) struct Prelude {
     after_no_tls: Vec<u8>,
     /// The server's one-byte answer to the `SSLRequest`, read early.
     answer: Option<u8>,
+    /// Why a send or a read failed (a refused connect shows here first): the attempt reports
+    /// it as its own connect would have, instead of the driver's later broken pipe.
+    failed: Option<std::io::Error>,
 }
 
 impl Prelude {
     /// Sends what the socket takes now and reads the answer to a sent `SSLRequest` if it has
     /// come; never waits. A failure is left for the driver to meet on its first read or write.
     fn advance(&mut self, fd: RawFd) {
+        // A socket error is returned once, then cleared: it is kept here for the attempt.
+        let failed = |n: isize| {
+            let err = std::io::Error::last_os_error();
+            (n < 0 && err.kind() != std::io::ErrorKind::WouldBlock).then_some(err)
+        };
         loop {
+            if self.failed.is_some() {
+                return;
+            }
             if !self.unsent.is_empty() {
                 // SAFETY: send from a live buffer of the given length, never blocking, no SIGPIPE.
                 let n = unsafe {
@@ -111,6 +122,7 @@ impl Prelude {
                     )
                 };
                 if n <= 0 {
+                    self.failed = failed(n);
                     return;
                 }
                 self.sent.extend(self.unsent.drain(..n as usize));
@@ -123,6 +135,7 @@ impl Prelude {
             // SAFETY: recv of one byte into a live byte, never blocking.
             let n = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_DONTWAIT) };
             if n != 1 {
+                self.failed = failed(n);
                 return;
             }
             self.answer = Some(byte);
@@ -338,11 +351,17 @@ impl EarlyConnect {
             Ok(Err(err)) => return Some(Err(Some(err))),
             Ok(Ok(())) => {}
         }
+        if let Some(err) = prelude.failed.take() {
+            return Some(Err(Some(err)));
+        }
         Some(match stream.take_error() {
             Ok(None) => {
                 // Connected by now: what could not be sent while it connected goes now.
                 prelude.advance(std::os::fd::AsRawFd::as_raw_fd(&stream));
-                Ok((stream, prelude))
+                match prelude.failed.take() {
+                    Some(err) => Err(Some(err)),
+                    None => Ok((stream, prelude)),
+                }
             }
             Ok(Some(err)) | Err(err) => Err(Some(err)),
         })
@@ -355,7 +374,10 @@ impl EarlyConnect {
         path: &std::path::Path,
         config: &tokio_postgres::Config,
     ) -> Option<std::io::Result<(tokio::net::UnixStream, Prelude)>> {
-        let (fd, prelude) = self.take(&EarlyTarget::Unix(path.to_owned()), config)?;
+        let (fd, mut prelude) = self.take(&EarlyTarget::Unix(path.to_owned()), config)?;
+        if let Some(err) = prelude.failed.take() {
+            return Some(Err(err));
+        }
         Some(
             tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))
                 .map(|stream| (stream, prelude)),
