@@ -747,8 +747,11 @@ impl Guard {
                 // The server ended the session and leaderrun did not act on it: it is frozen
                 // (or its thread is held), and a standby may lead already. Act first.
                 self.closed_at = None;
-                self.stop_tree();
+                // Said before the stop signal: leaderrun, once it runs again, must find this
+                // in the pair before it can see the tree's end, or it takes that end for
+                // COMMAND's own exit (and a `--restart never` leaderrun would exit with it).
                 let _ = send_on(control, Message::Stopped, None);
+                self.stop_tree();
                 say(
                     "WARN",
                     "watchdog: the server closed the lock session and leaderrun did not act; \
@@ -756,9 +759,10 @@ impl Guard {
                 );
             }
             if self.freeze_in() == Some(0) {
-                // Act first: the line may not get out at all.
-                self.stop_tree();
+                // Act first: the line may not get out at all. The message goes before the
+                // stop signal, as above.
                 let _ = send_on(control, Message::Stopped, None);
+                self.stop_tree();
                 say(
                     "WARN",
                     "watchdog: leaderrun stopped answering while its lock was unproven; \

@@ -445,12 +445,19 @@ impl Replica {
     }
 
     /// Waits until the log contains `needle` `count` times.
+    /// Waits until `needle` is in the log `count` times; panics with the log at the deadline.
     pub fn wait_log(&self, needle: &str, count: usize, within: Duration) {
-        wait_for(
-            &format!("{count}× {needle:?} in the log of replica {}", self.pid()),
-            within,
-            || (self.log().matches(needle).count() >= count).then_some(()),
-        );
+        let deadline = Instant::now() + within;
+        while self.log().matches(needle).count() < count {
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {within:?} waiting for {count}× {needle:?} in the log of \
+                 replica {}:\n{}",
+                self.pid(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn signal(&self, sig: Signal) {
