@@ -176,7 +176,8 @@ fn a_wait_shorter_than_the_check_interval_still_means_conflict() {
         ])
         .args(["--", "true"]);
     let mut waiter = Replica::spawn(cmd);
-    assert_eq!(waiter.wait_exit(secs(5.0)).code(), Some(7));
+    let code = waiter.wait_exit(secs(5.0)).code();
+    assert_eq!(code, Some(7), "{}", waiter.log());
     assert_eq!(
         waiter.log(),
         "",

@@ -123,9 +123,23 @@ pub fn elector_config(settings: &Settings) -> Config {
     // (docs/guarantees.md#safety-guarantees); a `--once` check must not wait.
     config.wait_for_release = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
     // A fleet started together connects spread over up to a quarter interval (at most 1 s);
-    // `--once` decides at once (its herd is handled by retrying 53300/57P03).
-    if !matches!(settings.mode, Mode::OneShot { wait: None, .. }) {
-        config.first_check_spread = (settings.timing.check_interval / 4).min(FIRST_CHECK_SPREAD);
+    // `--once` decides at once (its herd is handled by retrying 53300/57P03); `--wait DUR`
+    // spreads over at most a quarter of DUR, so that its first check always comes well
+    // before the wait is over (a spread as long as the wait made a reachable database look
+    // unreachable: exit 125 instead of the conflict code).
+    match settings.mode {
+        Mode::OneShot { wait: None, .. } => {}
+        Mode::OneShot {
+            wait: Some(wait), ..
+        } => {
+            config.first_check_spread = (settings.timing.check_interval / 4)
+                .min(FIRST_CHECK_SPREAD)
+                .min(wait / 4);
+        }
+        _ => {
+            config.first_check_spread =
+                (settings.timing.check_interval / 4).min(FIRST_CHECK_SPREAD);
+        }
     }
     // `--once` reports its one failed check as the ERROR it exits with: printed once.
     config.warn_failed_tries = !matches!(settings.mode, Mode::OneShot { wait: None, .. });

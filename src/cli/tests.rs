@@ -105,6 +105,26 @@ fn one_shots_log_one_step_quieter() {
     assert_eq!(level(&["status"]), Level::INFO);
 }
 
+/// The first check's random delay: none for `--once`, a quarter interval (at most 1 s) for the
+/// long-running modes, and for `--wait DUR` at most a quarter of DUR, so the wait always sees
+/// a check (a delay as long as the wait made a reachable database exit 125).
+#[test]
+fn the_first_check_spread_fits_the_mode() {
+    let spread = |args: &[&str]| {
+        let mut all = vec!["--dsn", "host=h dbname=d"];
+        all.extend_from_slice(args);
+        let cli = parse_checked(&all).unwrap();
+        let settings = cli.settings(&|_| None).unwrap();
+        crate::cli::runner::elector_config(&settings).first_check_spread
+    };
+    let ms = Duration::from_millis;
+    assert_eq!(spread(&["-n", "--", "t"]), Duration::ZERO);
+    assert_eq!(spread(&["--", "t"]), ms(1000));
+    assert_eq!(spread(&["--check-interval", "2s", "--", "t"]), ms(500));
+    assert_eq!(spread(&["--wait", "1s", "--", "t"]), ms(250));
+    assert_eq!(spread(&["--wait", "1m", "--", "t"]), ms(1000));
+}
+
 #[test]
 fn http_addresses() {
     assert_eq!(parse_http_addr("127.0.0.1:9464").unwrap().port(), 9464);

@@ -2,9 +2,10 @@
 //!
 //! [`install`] registers handlers for every signal leaderrun acts on, before anything is
 //! spawned or connected (docs/field-notes.md#handlers-before-anything-else), and before the async
-//! runtime exists. The handlers only write to signal-hook's self-pipe; one thread turns that into a
-//! channel the supervisor reads, so a signal that arrives while connecting or campaigning waits in
-//! the channel and is acted on (never lost). Handling them explicitly also matters as PID 1, where
+//! runtime exists. The handlers only note the signal and write to signal-hook's self-pipe, which
+//! the runtime that polls [`SignalStream::recv`] watches (no thread of its own: one fewer to
+//! start and end, and no hop between threads on every SIGCHLD), so a signal that arrives while
+//! connecting or campaigning waits in the handlers' record and is acted on (never lost). Handling them explicitly also matters as PID 1, where
 //! the kernel drops every signal that has no handler
 //! (docs/field-notes.md#pid-1-drops-unhandled-signals).
 //!
@@ -14,13 +15,18 @@
 //! docs/field-notes.md#ignored-dispositions-survive-exec). [`ignored_at_entry`] tells the child
 //! which ones those are.
 
+use std::collections::VecDeque;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use signal_hook::consts::signal::{
     SIGALRM, SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2, SIGWINCH,
 };
-use signal_hook::iterator::Signals;
+use signal_hook::iterator::backend::SignalDelivery;
+use signal_hook::iterator::exfiltrator::SignalOnly;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 /// Signals passed on to the child's process group while it runs
@@ -70,16 +76,31 @@ pub(crate) fn is_ignored(sig: i32) -> bool {
 
 /// The receiving end of the installed handlers.
 ///
-/// SIGCHLD is delivered here too (it wakes the reaper); like the kernel, the channel may merge
-/// several SIGCHLDs into one.
+/// SIGCHLD is delivered here too (it wakes the reaper); like the kernel, the handlers' record
+/// may merge several SIGCHLDs into one.
 pub struct SignalStream {
-    rx: mpsc::UnboundedReceiver<Signal>,
+    source: Source,
+    /// Signals taken from the source and not returned yet: [`SignalStream::recv`] moves them
+    /// here before it returns one, so a `select!` that drops it loses none.
+    queue: VecDeque<Signal>,
 }
 
-/// Installs the handlers and starts the forwarding thread.
+enum Source {
+    /// Fed by hand ([`SignalStream::channel`]).
+    Channel(mpsc::UnboundedReceiver<Signal>),
+    /// signal-hook's handlers: what they record, and the read end of their self-pipe.
+    Handlers {
+        /// The self-pipe registered with the runtime that first waited on it; dropped before
+        /// the pipe itself.
+        readable: Option<AsyncFd<UnixStream>>,
+        delivery: SignalDelivery<UnixStream, SignalOnly>,
+    },
+}
+
+/// Installs the handlers. The runtime that polls the stream reads what they record.
 ///
 /// # Errors
-/// The OS error when a handler cannot be installed or the thread cannot start.
+/// The OS error when a handler or the self-pipe cannot be made.
 pub fn install() -> std::io::Result<SignalStream> {
     let mut ignored = 0u64;
     for sig in 1..32 {
@@ -96,24 +117,23 @@ pub fn install() -> std::io::Result<SignalStream> {
     .filter(|&sig| ignored & (1 << sig) == 0)
     .chain([SIGCHLD])
     .collect();
-    let mut signals = Signals::new(wanted.iter().copied())?;
+    // Both ends close on exec (std makes them so); the handlers write with MSG_DONTWAIT and
+    // the stream reads with it.
+    let (read, write) = UnixStream::pair()?;
+    read.set_nonblocking(true)?;
+    write.set_nonblocking(true)?;
+    let delivery = SignalDelivery::with_pipe(read, write, SignalOnly, wanted.iter().copied())?;
     HANDLED.store(
         wanted.iter().fold(0u64, |bits, &sig| bits | 1 << sig),
         Ordering::Release,
     );
-    let (tx, rx) = mpsc::unbounded_channel();
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            for raw in signals.forever() {
-                if let Ok(sig) = Signal::try_from(raw) {
-                    if tx.send(sig).is_err() {
-                        break;
-                    }
-                }
-            }
-        })?;
-    Ok(SignalStream { rx })
+    Ok(SignalStream {
+        source: Source::Handlers {
+            readable: None,
+            delivery,
+        },
+        queue: VecDeque::new(),
+    })
 }
 
 /// Every signal blocked on the calling thread until this drops, when the mask it had is
@@ -121,8 +141,8 @@ pub fn install() -> std::io::Result<SignalStream> {
 /// arrived meanwhile is delivered (to the handlers, once [`install`] ran).
 /// `main` holds one from its first line until the handlers are installed, so that the
 /// watchdog forked in between ([`crate::watchdog::EarlyWatchdog::fork`]) does not lengthen the
-/// time in which a signal meets no handler, and the signal thread [`install`] starts never
-/// takes one (the handlers run on the main thread, or on threads started later).
+/// time in which a signal meets no handler. The handlers run on the main thread: every thread
+/// leaderrun starts blocks every signal.
 pub struct Blocked {
     old: libc::sigset_t,
 }
@@ -169,23 +189,84 @@ impl SignalStream {
     /// (tests, or a program that takes its signals elsewhere).
     pub fn channel() -> (SignalSender, SignalStream) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (tx, SignalStream { rx })
+        (
+            tx,
+            SignalStream {
+                source: Source::Channel(rx),
+                queue: VecDeque::new(),
+            },
+        )
     }
 
-    /// Next received signal. Pending forever if the forwarding thread is gone (it never ends
-    /// while the process runs).
+    /// Next received signal. Cancel-safe: a signal taken from the handlers is kept until it
+    /// is returned. Must be polled inside a tokio runtime with its I/O driver (it watches the
+    /// handlers' self-pipe); pending forever for a channel whose sender is gone.
     pub async fn recv(&mut self) -> Signal {
-        match self.rx.recv().await {
-            Some(sig) => sig,
-            None => std::future::pending().await,
+        loop {
+            if let Some(sig) = self.queue.pop_front() {
+                return sig;
+            }
+            match &mut self.source {
+                Source::Channel(rx) => match rx.recv().await {
+                    Some(sig) => return sig,
+                    None => std::future::pending().await,
+                },
+                Source::Handlers { readable, delivery } => {
+                    // Drains the pipe, then reads the record: a signal whose byte comes after
+                    // the drain makes the pipe readable again.
+                    self.queue.extend(
+                        delivery
+                            .pending()
+                            .filter_map(|raw| Signal::try_from(raw).ok()),
+                    );
+                    if !self.queue.is_empty() {
+                        continue;
+                    }
+                    if readable.is_none() {
+                        // A descriptor of its own for the same pipe end: registered with the
+                        // runtime as long as it lives.
+                        if let Ok(read) = delivery.get_read().try_clone() {
+                            // SAFETY: `read` owns its descriptor and the AsyncFd owns `read`,
+                            // so it stays open and the same for the AsyncFd's whole life.
+                            *readable = unsafe { AsyncFd::register(read) }.ok();
+                        }
+                    }
+                    match readable.as_ref() {
+                        // Cleared before the next drain, so no byte's readiness is lost.
+                        Some(fd) => match fd.readable().await {
+                            Ok(mut guard) => guard.clear_ready(),
+                            Err(_) => tokio::time::sleep(POLL_WITHOUT_DRIVER).await,
+                        },
+                        // No I/O driver to register with: look again soon.
+                        None => tokio::time::sleep(POLL_WITHOUT_DRIVER).await,
+                    }
+                }
+            }
         }
     }
 
     /// A signal that already arrived, without waiting.
     pub fn try_recv(&mut self) -> Option<Signal> {
-        self.rx.try_recv().ok()
+        if let Some(sig) = self.queue.pop_front() {
+            return Some(sig);
+        }
+        match &mut self.source {
+            Source::Channel(rx) => rx.try_recv().ok(),
+            Source::Handlers { delivery, .. } => {
+                self.queue.extend(
+                    delivery
+                        .pending()
+                        .filter_map(|raw| Signal::try_from(raw).ok()),
+                );
+                self.queue.pop_front()
+            }
+        }
     }
 }
+
+/// How often [`SignalStream::recv`] looks at the handlers' record when the self-pipe cannot
+/// be watched (a runtime without its I/O driver).
+const POLL_WITHOUT_DRIVER: Duration = Duration::from_millis(5);
 
 /// Whether `sig` is passed on to the child's group ([`FORWARDED`]).
 pub fn is_forwarded(sig: Signal) -> bool {
