@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             let early = match cli.action {
                 None if !leaderrun::cli::logging::writer_started() => {
                     // SAFETY: no other thread exists: the log's writer has not started (just
-                    // checked), and the signal thread and the runtime start below.
+                    // checked), and the runtime starts below.
                     unsafe { leaderrun::watchdog::EarlyWatchdog::fork() }
                 }
                 _ => None,
