@@ -124,8 +124,8 @@ fn write_all_fd2(mut buf: &[u8]) -> bool {
 
 /// The queue, started by the first line that needs it: the bounded queue and the thread that
 /// writes it to descriptor 2. The thread is born with every signal blocked, whichever thread
-/// logs first, so no signal handler ever runs on it (they run on the threads that wait for
-/// signals, see [`crate::process::signals`]).
+/// logs first, so no signal handler ever runs on it (a handler on a thread held by a stalled
+/// stderr would still run, but a thread that waits on output is no place for one).
 fn queue() -> &'static NonBlocking {
     QUEUE.get_or_init(|| {
         // SAFETY: sigset_t is plain data; the masks are this thread's own, restored below.

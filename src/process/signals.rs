@@ -141,8 +141,9 @@ pub fn install() -> std::io::Result<SignalStream> {
 /// arrived meanwhile is delivered (to the handlers, once [`install`] ran).
 /// `main` holds one from its first line until the handlers are installed, so that the
 /// watchdog forked in between ([`crate::watchdog::EarlyWatchdog::fork`]) does not lengthen the
-/// time in which a signal meets no handler. The handlers run on the main thread: every thread
-/// leaderrun starts blocks every signal.
+/// time in which a signal meets no handler. A handler may run on any thread that does not
+/// block its signal (it only records it and writes a byte to the self-pipe, without waiting);
+/// the log's writer blocks them all.
 pub struct Blocked {
     old: libc::sigset_t,
 }
