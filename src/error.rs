@@ -206,7 +206,12 @@ impl fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut current: Option<&(dyn std::error::Error + 'static)> = Some(self.0);
         let mut first = true;
+        // Whether an attempt at a Unix socket (its target is `host=/dir`) is what failed.
+        let mut unix_socket = false;
         while let Some(err) = current {
+            if let Some(Error::Socket { target, .. }) = err.downcast_ref::<Error>() {
+                unix_socket = target.starts_with("host=/") || target.starts_with("host=@");
+            }
             if !first {
                 f.write_str(": ")?;
             }
@@ -258,15 +263,19 @@ impl fmt::Display for Chain<'_> {
                 if text == "password missing" {
                     f.write_str(PASSWORD_HINT)?;
                 }
-                // psql's hint for a refused connection.
+                // psql's hint for a refused connection, as it words it for a socket file (a
+                // stale one: nothing listens) and for TCP.
                 if err
                     .downcast_ref::<std::io::Error>()
                     .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
                 {
-                    f.write_str(
+                    f.write_str(if unix_socket {
+                        "; hint: is the server running locally and accepting connections on \
+                         that socket?"
+                    } else {
                         "; hint: is the server running on that host and accepting TCP \
-                         connections on that port?",
-                    )?;
+                         connections on that port?"
+                    })?;
                 }
             }
             current = err.source();

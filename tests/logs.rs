@@ -124,6 +124,22 @@ fn slips_get_hints_that_say_what_to_check() {
         text.contains("hint: is the server running on that host and accepting TCP connections"),
         "{text}"
     );
+    // A socket file nobody listens on (a server that died): psql's words for a socket.
+    let stale = Scratch::new();
+    let path = stale.path().join(".s.PGSQL.5432");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let dead = format!(
+        "host={} user=postgres dbname=postgres",
+        stale.path().display()
+    );
+    let (code, text) = run(&["--dsn", &dead, "--once", "--", "true"]);
+    assert_eq!(code, Some(125), "{text}");
+    assert!(
+        text.contains(
+            "hint: is the server running locally and accepting connections on that socket?"
+        ),
+        "{text}"
+    );
     let (code, text) = run(&["--dsn", &nobody, "doctor"]);
     assert_eq!(code, Some(125), "{text}");
     assert!(text.contains("check the host and port"), "{text}");

@@ -80,10 +80,18 @@ pub fn main(
 /// starts its backend (most of a connect's time) while the rest of start-up runs. A one-shot
 /// only: the other modes spread their first check (a fleet started together must not connect
 /// at once). `main` calls it as early as the settings exist.
+///
+/// Not for a COMMAND that cannot run: [`main`] exits 127 or 126 before any attempt, and a
+/// session begun for nothing makes a server that asks for a password, or offers TLS, log a
+/// lost client on every run of a mistyped cron job. (The look-up is [`main`]'s again, a few
+/// `stat`s.)
 pub fn early_connect(settings: &Settings) -> Option<Arc<EarlyConnect>> {
-    matches!(settings.mode, Mode::OneShot { wait: None, .. })
-        .then(|| EarlyConnect::start(&settings.connect, &settings.tls))
-        .flatten()
+    if !matches!(settings.mode, Mode::OneShot { wait: None, .. }) {
+        return None;
+    }
+    let path = std::env::var_os("PATH");
+    Command::resolve(settings.command.clone(), path.as_deref()).ok()?;
+    EarlyConnect::start(&settings.connect, &settings.tls)
 }
 
 /// flock's word order, `leaderrun -n /var/lock/x cmd`: a path that cannot be run, followed by

@@ -50,8 +50,9 @@ pub async fn connect(
 /// socket connects, and the session's first message goes out, while leaderrun is still
 /// starting up, so the server starts its backend and authenticates it (most of a connect's
 /// time) meanwhile. The first attempt at that very address or socket path takes it; a socket
-/// nobody took closes when this drops (the server logs nothing at its default level for a
-/// client that hung up before its first query).
+/// nobody took closes when this drops (a server that trusts the client logs nothing for a
+/// client that hung up before its first query; one that asked for a password, or began TLS,
+/// logs the lost client, so the binary begins no early connect for a COMMAND that cannot run).
 ///
 /// What goes out early is exactly what the driver would send first ([`Prelude`]): the startup
 /// message where the session is plaintext (a Unix socket, `sslmode=disable`), the `SSLRequest`
@@ -93,20 +94,23 @@ pub(super) struct Prelude {
     after_no_tls: Vec<u8>,
     /// The server's one-byte answer to the `SSLRequest`, read early.
     answer: Option<u8>,
-    /// Why a send or a read failed (a refused connect shows here first): the attempt reports
-    /// it as its own connect would have, instead of the driver's later broken pipe.
+    /// Why the connect failed, when a send showed it first (refused, unreachable): the attempt
+    /// reports it as its own connect would have, and the next host is tried.
     failed: Option<std::io::Error>,
 }
 
 impl Prelude {
+    /// The server closed the connection after accepting it: what is left counts as sent (the
+    /// driver's own writes would have gone nowhere too) and no answer is waited for, so the
+    /// driver's first read meets the end and reports it as it would without this prelude.
+    fn connection_lost(&mut self) {
+        self.sent.extend(self.unsent.drain(..));
+        self.after_no_tls.clear();
+    }
+
     /// Sends what the socket takes now and reads the answer to a sent `SSLRequest` if it has
     /// come; never waits. A failure is left for the driver to meet on its first read or write.
     fn advance(&mut self, fd: RawFd) {
-        // A socket error is returned once, then cleared: it is kept here for the attempt.
-        let failed = |n: isize| {
-            let err = std::io::Error::last_os_error();
-            (n < 0 && err.kind() != std::io::ErrorKind::WouldBlock).then_some(err)
-        };
         loop {
             if self.failed.is_some() {
                 return;
@@ -121,12 +125,23 @@ impl Prelude {
                         libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
                     )
                 };
-                if n <= 0 {
-                    self.failed = failed(n);
-                    return;
+                if n > 0 {
+                    self.sent.extend(self.unsent.drain(..n as usize));
+                    continue;
                 }
-                self.sent.extend(self.unsent.drain(..n as usize));
-                continue;
+                let err = std::io::Error::last_os_error();
+                match err.raw_os_error() {
+                    _ if n == 0 || err.kind() == std::io::ErrorKind::WouldBlock => {}
+                    // The server closed a connection it had accepted (a forwarder whose
+                    // backend is down): the driver's own write, made before that close, would
+                    // have gone nowhere too. The bytes count as sent, and the driver reads the
+                    // end itself and reports it as it would have.
+                    Some(libc::EPIPE | libc::ECONNRESET) => self.connection_lost(),
+                    // The connect itself failed (refused, unreachable, timed out): a socket
+                    // error is returned once, then cleared, so it is kept for the attempt.
+                    _ => self.failed = Some(err),
+                }
+                return;
             }
             if self.after_no_tls.is_empty() || self.answer.is_some() {
                 return;
@@ -135,7 +150,12 @@ impl Prelude {
             // SAFETY: recv of one byte into a live byte, never blocking.
             let n = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_DONTWAIT) };
             if n != 1 {
-                self.failed = failed(n);
+                // No answer yet; or the connection ended, which the driver then reads itself.
+                if n == 0
+                    || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+                {
+                    self.after_no_tls.clear();
+                }
                 return;
             }
             self.answer = Some(byte);
@@ -362,6 +382,15 @@ impl EarlyConnect {
                     Some(err) => Err(Some(err)),
                     None => Ok((stream, prelude)),
                 }
+            }
+            // Connected, then closed by the server before the driver took over (a forwarder
+            // whose backend is down): the driver meets the end as it would have, had it
+            // connected just now, and the attempt ends as libpq's does (no next host).
+            Ok(Some(err)) | Err(err)
+                if matches!(err.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) =>
+            {
+                prelude.connection_lost();
+                Ok((stream, prelude))
             }
             Ok(Some(err)) | Err(err) => Err(Some(err)),
         })
@@ -610,7 +639,7 @@ pub(super) async fn attempt(
             source: std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
-                    "timed out after {} (connect_timeout, per host)",
+                    "timed out after {} (per host: connect_timeout, else the check interval)",
                     humantime::format_duration(per_host)
                 ),
             ),
@@ -800,7 +829,7 @@ where
             target: target.to_owned(),
             source: std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                "the server did not answer in time (connect_timeout, per host)",
+                "the server did not answer in time (per host: connect_timeout, else the check interval)",
             ),
         })
     };
@@ -907,6 +936,26 @@ mod tests {
             None,
             "the driver's own user lookup"
         );
+    }
+
+    /// A peer that closed the connection after accepting it is not a failed connect: what the
+    /// prelude had left counts as sent and no answer is awaited, so the driver's first read
+    /// meets the end and reports it as it would have (libpq ends the attempt there too). (A
+    /// refused connect stays the attempt's own error: `logs::slips_get_hints_that_say_what_to_check`.)
+    #[test]
+    fn a_peer_gone_after_the_accept_is_left_to_the_driver() {
+        use std::os::fd::AsRawFd;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(theirs);
+        let mut prelude = Prelude {
+            unsent: ssl_request(),
+            after_no_tls: b"startup".to_vec(),
+            ..Prelude::default()
+        };
+        prelude.advance(ours.as_raw_fd());
+        assert!(prelude.failed.is_none(), "{:?}", prelude.failed);
+        assert_eq!(prelude.sent, ssl_request());
+        assert!(prelude.unsent.is_empty() && prelude.after_no_tls.is_empty());
     }
 
     /// A primed socket absorbs the driver's writes that repeat what went early (split as the
