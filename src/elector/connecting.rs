@@ -104,7 +104,7 @@ impl Prelude {
     /// driver's own writes would have gone nowhere too) and no answer is waited for, so the
     /// driver's first read meets the end and reports it as it would without this prelude.
     fn connection_lost(&mut self) {
-        self.sent.extend(self.unsent.drain(..));
+        self.sent.append(&mut self.unsent);
         self.after_no_tls.clear();
     }
 
