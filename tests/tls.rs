@@ -144,4 +144,19 @@ fn prefer_asks_again_in_plaintext_when_the_server_refuses_tls_as_libpq_does() {
         let (got, stderr) = once(&dsn);
         assert_eq!(got, Some(code), "{mode}: {stderr}");
     }
+    // Refused over TLS (a wrong password) and then in plaintext (no pg_hba.conf line): both
+    // refusals are said, as psql says both; the first is the one to fix.
+    cluster.sql("CREATE ROLE tlsonly LOGIN PASSWORD 'right-pw'");
+    cluster.prepend_hba(
+        "hostssl all tlsonly 127.0.0.1/32 scram-sha-256\nhostnossl all tlsonly 127.0.0.1/32 reject",
+    );
+    let dsn = format!("host=127.0.0.1 port={port} user=tlsonly dbname=postgres password=wrong-pw");
+    let (got, stderr) = once(&dsn);
+    assert_eq!(got, Some(125), "{stderr}");
+    assert!(
+        stderr.contains("over TLS the server said: password authentication failed")
+            && stderr.contains("no encryption"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("wrong-pw"), "{stderr}");
 }

@@ -776,6 +776,25 @@ pub(super) async fn attempt(
                 plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
                 match handshake(&plain, stream, None, wanted, deadline, &target).await {
                     Err(Attempt::Next(err)) => last = Some(Attempt::Next(err)),
+                    // Refused in plaintext too: both refusals are the answer, as psql prints
+                    // both (the first is often the one that says what to fix: a wrong
+                    // password over TLS, then no pg_hba.conf line without it).
+                    Err(Attempt::Stop(Error::Connect {
+                        target,
+                        source: plain_err,
+                    })) => {
+                        // The guard above made sure it is the server's own error.
+                        let said = source.as_db_error().map_or_else(
+                            || source.to_string(),
+                            |db| format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+                        );
+                        return Err(Attempt::Stop(Error::Connect {
+                            target: format!(
+                                "{target} (in plaintext; over TLS the server said: {said})"
+                            ),
+                            source: plain_err,
+                        }));
+                    }
                     other => return other,
                 }
             }
