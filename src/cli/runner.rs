@@ -135,20 +135,14 @@ pub fn elector_config(settings: &Settings) -> Config {
     // spreads over at most a quarter of DUR, so that its first check always comes well
     // before the wait is over (a spread as long as the wait made a reachable database look
     // unreachable: exit 125 instead of the conflict code).
-    match settings.mode {
-        Mode::OneShot { wait: None, .. } => {}
+    let spread = (settings.timing.check_interval / 4).min(FIRST_CHECK_SPREAD);
+    config.first_check_spread = match settings.mode {
+        Mode::OneShot { wait: None, .. } => Duration::ZERO,
         Mode::OneShot {
             wait: Some(wait), ..
-        } => {
-            config.first_check_spread = (settings.timing.check_interval / 4)
-                .min(FIRST_CHECK_SPREAD)
-                .min(wait / 4);
-        }
-        _ => {
-            config.first_check_spread =
-                (settings.timing.check_interval / 4).min(FIRST_CHECK_SPREAD);
-        }
-    }
+        } => spread.min(wait / 4),
+        _ => spread,
+    };
     // `--once` reports its one failed check as the ERROR it exits with: printed once.
     config.warn_failed_tries = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
     // A one-shot (cron) would say the server's weaker bound on every run: `doctor` says it.

@@ -68,8 +68,8 @@ struct Early {
     target: EarlyTarget,
     fd: std::os::fd::OwnedFd,
     prelude: Prelude,
-    /// The startup message the prelude sends: an attempt whose own differs (another user,
-    /// database or application name) does not take the socket.
+    /// The startup message the prelude sends, empty when it sends none: an attempt whose own
+    /// differs (another user, database or application name) does not take the socket.
     startup: Vec<u8>,
 }
 
@@ -260,9 +260,15 @@ impl EarlyConnect {
                 (EarlyTarget::Tcp(addr), fd)
             }
         };
-        if startup.is_empty() {
-            prelude = Prelude::default();
-        }
+        // Nothing early without the startup message (no user: the driver looks it up), and
+        // no startup message kept where nothing is sent early (the modes that require TLS).
+        let startup =
+            if startup.is_empty() || prelude.unsent.is_empty() && prelude.after_no_tls.is_empty() {
+                prelude = Prelude::default();
+                Vec::new()
+            } else {
+                startup
+            };
         prelude.advance(fd.as_raw_fd());
         Some(std::sync::Arc::new(EarlyConnect {
             socket: std::sync::Mutex::new(Some(Early {
@@ -338,9 +344,7 @@ impl EarlyConnect {
         let mut slot = self.socket.lock().unwrap_or_else(|e| e.into_inner());
         let fits = slot.as_ref().is_some_and(|early| {
             early.target == *target
-                && (early.prelude.sent.is_empty()
-                    && early.prelude.unsent.is_empty()
-                    && early.prelude.after_no_tls.is_empty()
+                && (early.startup.is_empty()
                     || startup_message(config).as_deref() == Some(early.startup.as_slice()))
         });
         if !fits {

@@ -252,9 +252,10 @@ impl Session {
             // (`try_acquire_inner`), and a fresh backend's parse of it is not paid twice.
             let (try_lock, waits) = tokio::join!(
                 async {
-                    match try_now {
-                        true => Ok(None),
-                        false => client.prepare(&try_sql).await.map(Some),
+                    if try_now {
+                        Ok(None)
+                    } else {
+                        client.prepare(&try_sql).await.map(Some)
                     }
                 },
                 futures_util::future::join_all(texts.iter().map(|sql| client.prepare(sql)))

@@ -215,11 +215,7 @@ impl SignalStream {
                 Source::Handlers { readable, delivery } => {
                     // Drains the pipe, then reads the record: a signal whose byte comes after
                     // the drain makes the pipe readable again.
-                    self.queue.extend(
-                        delivery
-                            .pending()
-                            .filter_map(|raw| Signal::try_from(raw).ok()),
-                    );
+                    take_recorded(&mut self.queue, delivery);
                     if !self.queue.is_empty() {
                         continue;
                     }
@@ -254,15 +250,23 @@ impl SignalStream {
         match &mut self.source {
             Source::Channel(rx) => rx.try_recv().ok(),
             Source::Handlers { delivery, .. } => {
-                self.queue.extend(
-                    delivery
-                        .pending()
-                        .filter_map(|raw| Signal::try_from(raw).ok()),
-                );
+                take_recorded(&mut self.queue, delivery);
                 self.queue.pop_front()
             }
         }
     }
+}
+
+/// Moves what the handlers recorded into `queue`, draining their self-pipe first.
+fn take_recorded(
+    queue: &mut VecDeque<Signal>,
+    delivery: &mut SignalDelivery<UnixStream, SignalOnly>,
+) {
+    queue.extend(
+        delivery
+            .pending()
+            .filter_map(|raw| Signal::try_from(raw).ok()),
+    );
 }
 
 /// How often [`SignalStream::recv`] looks at the handlers' record when the self-pipe cannot
