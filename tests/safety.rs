@@ -235,7 +235,7 @@ fn session_timers_are_pinned_whatever_the_role_defaults() {
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     // The lock session is the connection whose BackendKeyData names the backend the child was
     // told; the server's own rows in it give `statement_timeout` as the session has it, as
-    // set_config answered when leaderrun pinned it. In milliseconds, at most the I/O bound (one
+    // SHOW answered when leaderrun pinned it. In milliseconds, at most the I/O bound (one
     // interval here) plus one interval: 600, not the role's 3600000.
     let recorded = proxy.server_bytes();
     let lock_session = recorded
@@ -252,19 +252,22 @@ fn session_timers_are_pinned_whatever_the_role_defaults() {
                 recorded.len()
             )
         });
-    let settings: Vec<String> = messages(lock_session)
-        .iter()
-        .filter(|(kind, _)| *kind == b'D')
-        .map(|(_, body)| data_row(body))
-        .filter(|cols| cols.first() == Some(&Some(&b"statement_timeout"[..])))
-        .map(|cols| String::from_utf8_lossy(cols[1].unwrap_or_default()).into_owned())
+    // SHOW's answer: a RowDescription naming the setting, then its value in a DataRow.
+    let answers = messages(lock_session);
+    let settings: Vec<String> = answers
+        .windows(2)
+        .filter(|pair| pair[0].0 == b'T' && pair[0].1[2..].starts_with(b"statement_timeout\0"))
+        .filter(|pair| pair[1].0 == b'D')
+        .map(|pair| {
+            String::from_utf8_lossy(data_row(pair[1].1)[0].unwrap_or_default()).into_owned()
+        })
         .collect();
     assert_eq!(
         settings.len(),
         1,
         "statement_timeout read back: {settings:?}"
     );
-    // set_config's answer: the value in effect, in PostgreSQL's display units.
+    // The value in effect, in PostgreSQL's display units.
     let shown = settings[0].as_str();
     let pinned: u64 = match shown.strip_suffix("ms") {
         Some(ms) => ms.parse().expect("statement_timeout in ms"),

@@ -22,6 +22,28 @@ pub type Connected = (
     JoinHandle<()>,
 );
 
+/// The socket of a connection just made, and what the server told of itself in its startup
+/// answer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Link {
+    /// The connection's socket (its task owns it).
+    pub(crate) fd: RawFd,
+    /// The server's major version, from the `server_version` it reports at startup
+    /// (PostgreSQL's manual, "Protocol Flow", ParameterStatus: `15.4 (Debian …)`, `18beta1`);
+    /// `None` when it reported none or one that does not start with a number.
+    pub(crate) server_major: Option<u32>,
+}
+
+/// The major version in a reported `server_version`: its leading number (`15` of `15.4`,
+/// `9` of `9.6.24`, `18` of `18beta1`).
+pub(crate) fn server_major(reported: &str) -> Option<u32> {
+    let digits = reported.len()
+        - reported
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .len();
+    reported[..digits].parse().ok()
+}
+
 /// Connects with `config` and `tls`, as libpq does: the hosts of the plan
 /// ([`crate::pg::conninfo::ConnectPlan`]) one after the other (shuffled with
 /// `load_balance_hosts=random`), each attempt with its own timeout (`connect_timeout`, else
@@ -565,7 +587,7 @@ pub(crate) async fn connect_socket(
     target: &str,
     bound: Duration,
     early: Option<&EarlyConnect>,
-) -> Result<(Connected, RawFd), Error> {
+) -> Result<(Connected, Link), Error> {
     let plan = if tls.plan.hosts.is_empty() {
         plan_of(config)
     } else {
@@ -630,7 +652,7 @@ pub(super) async fn attempt(
     wanted: SessionAttrs,
     per_host: Duration,
     early: Option<&EarlyConnect>,
-) -> Result<(Connected, RawFd), Attempt> {
+) -> Result<(Connected, Link), Attempt> {
     use tokio_postgres::tls::MakeTlsConnect;
     let target = host_description(config, host);
     let mut config = config.clone();
@@ -842,7 +864,7 @@ pub(super) async fn handshake<S>(
     wanted: SessionAttrs,
     deadline: tokio::time::Instant,
     target: &str,
-) -> Result<(Connected, RawFd), Attempt>
+) -> Result<(Connected, Link), Attempt>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + std::os::fd::AsRawFd + 'static,
 {
@@ -862,22 +884,34 @@ where
             source,
         })
     };
+    let server_major;
     let connected = match tls {
         Some(tls) => {
             match tokio::time::timeout_at(deadline, config.connect_raw(stream, tls)).await {
                 Err(_) => return Err(timed_out()),
                 Ok(Err(source)) => return Err(refused(source)),
-                Ok(Ok((client, connection))) => spawned(client, connection),
+                Ok(Ok((client, connection))) => {
+                    server_major = connection
+                        .parameter("server_version")
+                        .and_then(self::server_major);
+                    spawned(client, connection)
+                }
             }
         }
         None => match tokio::time::timeout_at(deadline, config.connect_raw(stream, NoTls)).await {
             Err(_) => return Err(timed_out()),
             Ok(Err(source)) => return Err(refused(source)),
-            Ok(Ok((client, connection))) => spawned(client, connection),
+            Ok(Ok((client, connection))) => {
+                server_major = connection
+                    .parameter("server_version")
+                    .and_then(self::server_major);
+                spawned(client, connection)
+            }
         },
     };
+    let link = Link { fd, server_major };
     let (query, needs_on, name) = match wanted {
-        SessionAttrs::Any | SessionAttrs::PreferStandby => return Ok((connected, fd)),
+        SessionAttrs::Any | SessionAttrs::PreferStandby => return Ok((connected, link)),
         SessionAttrs::ReadWrite => ("SHOW transaction_read_only", "off", "read-write"),
         SessionAttrs::ReadOnly => ("SHOW transaction_read_only", "on", "read-only"),
         SessionAttrs::Primary => ("SELECT pg_catalog.pg_is_in_recovery()", "f", "primary"),
@@ -898,7 +932,7 @@ where
         }),
     };
     if value.as_deref() == Some(needs_on) {
-        Ok((connected, fd))
+        Ok((connected, link))
     } else {
         connected.2.abort();
         Err(Attempt::Next(Error::NotSuitable {
@@ -928,6 +962,17 @@ where
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The major of a reported `server_version`, whatever follows it.
+    #[test]
+    fn the_major_is_the_leading_number_of_server_version() {
+        assert_eq!(server_major("15.20 (Debian 15.20-0+deb12u1)"), Some(15));
+        assert_eq!(server_major("9.6.24"), Some(9));
+        assert_eq!(server_major("18beta1"), Some(18));
+        assert_eq!(server_major("13.23"), Some(13));
+        assert_eq!(server_major(""), None);
+        assert_eq!(server_major("v15"), None);
+    }
 
     /// What the early socket sends is what tokio-postgres itself sends first: the startup
     /// message byte for byte (a driver that changed it would fail every early attempt), and

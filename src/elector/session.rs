@@ -96,6 +96,18 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The [`server_timers`] PostgreSQL 14 added: a `SET` of either fails on 13.
+const SINCE_14: [&str; 2] = ["idle_session_timeout", "client_connection_check_interval"];
+
+/// `synchronous_standby_names` when a commit of this session waits for a synchronous standby:
+/// the names set and `synchronous_commit` one of `on`, `remote_write`, `remote_apply`
+/// (PostgreSQL's manual, "Synchronous Replication"); the same rule as
+/// [`SYNC_STANDBYS`](crate::pg::lock::SYNC_STANDBYS), on the values `SHOW` gave.
+pub(crate) fn sync_standbys(names: &str, commit: &str) -> Option<String> {
+    (!names.is_empty() && matches!(commit, "on" | "remote_write" | "remote_apply"))
+        .then(|| names.to_owned())
+}
+
 /// Says, once per process, that the server has no `idle_session_timeout` (PostgreSQL 13):
 /// at WARN for the long-running modes, at DEBUG when [`Config::warn_weaker_server`] is off.
 fn weaker_server(config: &Config) {
@@ -207,7 +219,7 @@ impl Session {
         try_now: bool,
     ) -> Result<(Session, Option<Result<tokio_postgres::Row, Error>>), Error> {
         let bound = config.io_bound();
-        let ((client, closed, task), fd) = connect_socket(
+        let ((client, closed, task), link) = connect_socket(
             &config.connect,
             &config.tls,
             target,
@@ -216,7 +228,7 @@ impl Session {
         )
         .await?;
         let mut session = Session {
-            fd,
+            fd: link.fd,
             client: Some(client),
             backend_pid: 0,
             try_lock: None,
@@ -280,7 +292,7 @@ impl Session {
             }
         };
         let (pinned, prepared, answer) = tokio::join!(
-            session.pin_timers(config, bound),
+            session.pin_timers(config, bound, link.server_major),
             within("prepare the lock statements", bound, prepared),
             first_try
         );
@@ -300,86 +312,97 @@ impl Session {
         Ok((session, answer))
     }
 
-    /// Sets [`server_timers`] and reads them back from `pg_settings`, in one round trip (one
-    /// simple query of two statements); a value the server did not take is logged at WARN
-    /// (the TCP ones only matter, and only stick, over TCP). Returns `pg_backend_pid()` and
-    /// [`SYNC_STANDBYS`](crate::pg::lock::SYNC_STANDBYS), read in the same round trip.
+    /// Sets [`server_timers`] with `SET` and reads them back with `SHOW`, in one simple query
+    /// (one round trip, one implicit transaction: a failed statement takes back every setting);
+    /// a value the server did not take is logged at WARN. `SET` and `SHOW` are utility
+    /// statements: a fresh backend neither plans them nor looks up functions for them, which a
+    /// `SELECT` of `set_config` over the same settings cost it (about 0.2 ms of the one-shot's
+    /// set-up flight, BENCHMARKS.md). Only settings the server has are named: the two that
+    /// PostgreSQL 14 added are left out for a `server_major` below 14 (then the weaker bound is
+    /// said, [`weaker_server`]); an unknown major is taken as one that has them. Returns
+    /// `pg_backend_pid()` and the server's synchronous standbys
+    /// ([`sync_standbys`]), read in the same round trip.
     pub(crate) async fn pin_timers(
         &self,
         config: &Config,
         bound: Duration,
+        server_major: Option<u32>,
     ) -> Result<(i32, Option<String>), Error> {
         use tokio_postgres::SimpleQueryMessage;
-        let timers = server_timers(config);
         let Some(client) = self.client.as_ref() else {
             return Err(Error::SessionClosed(None));
         };
-        // Every name is one of ours and every value a number we formatted: nothing to quote.
-        let pairs: Vec<String> = timers
-            .iter()
-            .map(|(name, value)| format!("('{name}', '{value}')"))
+        let timers: Vec<(&str, String)> = server_timers(config)
+            .into_iter()
+            .filter(|(name, _)| {
+                server_major.is_none_or(|major| major >= 14) || !SINCE_14.contains(name)
+            })
             .collect();
-        // Only settings the server has: idle_session_timeout is new in PostgreSQL 14.
-        // set_config answers with the value now in effect (in display units), which is read
-        // back from it: no second statement, and no pg_settings scan, which alone costs a
-        // fresh backend about 2 ms.
-        let sql = format!(
-            "SELECT w.name, set_config(w.name, w.value, false), \
-                    (inet_server_addr() IS NULL)::text, pg_backend_pid()::text, \
-                    coalesce({}, '') \
-             FROM (VALUES {}) AS w(name, value) \
-             WHERE current_setting(w.name, true) IS NOT NULL",
-            crate::pg::lock::SYNC_STANDBYS,
-            pairs.join(", ")
+        if timers
+            .iter()
+            .all(|(name, _)| *name != "idle_session_timeout")
+        {
+            weaker_server(config);
+        }
+        // Every name is one of ours and every value a number we formatted: nothing to quote.
+        let mut sql = String::new();
+        for (name, value) in &timers {
+            sql.push_str(&format!("SET {name} = {value}; "));
+        }
+        for (name, _) in &timers {
+            sql.push_str(&format!("SHOW {name}; "));
+        }
+        sql.push_str(
+            "SHOW synchronous_standby_names; SHOW synchronous_commit; SELECT pg_backend_pid()",
         );
         let messages = within("pin session timers", bound, client.simple_query(&sql)).await?;
-        let rows: Vec<[String; 5]> = messages
+        // SHOW answers with a column named after the setting.
+        let shown: Vec<(String, String)> = messages
             .iter()
             .filter_map(|m| match m {
-                SimpleQueryMessage::Row(row) if row.len() == 5 => Some(std::array::from_fn(|i| {
-                    row.get(i).unwrap_or_default().to_owned()
-                })),
+                SimpleQueryMessage::Row(row) => Some((
+                    row.columns().first()?.name().to_owned(),
+                    row.get(0).unwrap_or_default().to_owned(),
+                )),
                 _ => None,
             })
             .collect();
-        let sync_standbys = rows
-            .first()
-            .map(|r| r[4].clone())
-            .filter(|names| !names.is_empty());
-        let mut backend_pid = None;
-        if !rows.iter().any(|r| r[0] == "idle_session_timeout") {
-            weaker_server(config);
-        }
-        for [name, shown, unix_socket, pid, _] in rows {
-            let unix_socket = unix_socket == "true";
-            backend_pid = pid.parse::<i32>().ok();
-            if unix_socket && name.starts_with("tcp_") {
-                continue;
-            }
-            let wanted = timers.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
+        let value = |name: &str| {
+            shown
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        for (name, wanted) in &timers {
+            let Some(shown) = value(name) else { continue };
             let base = if name.starts_with("tcp_keepalives_") {
                 Duration::from_secs(1)
             } else {
                 Duration::from_millis(1)
             };
-            let taken = shown_in_base_units(&shown, base);
-            if let Some(wanted) = wanted {
-                if taken.is_some_and(|t| wanted.parse::<u64>().ok() != Some(t)) {
-                    warn!(
-                        target: "leaderrun::elector",
-                        "leader: the server did not take {name} = {wanted} (it has {shown})"
-                    );
-                }
+            let taken = shown_in_base_units(shown, base);
+            // The TCP settings show 0 where the backend's client is not on TCP (a Unix
+            // socket): they do not apply there.
+            if name.starts_with("tcp_") && taken == Some(0) {
+                continue;
+            }
+            if taken.is_some_and(|t| wanted.parse::<u64>().ok() != Some(t)) {
+                warn!(
+                    target: "leaderrun::elector",
+                    "leader: the server did not take {name} = {wanted} (it has {shown})"
+                );
             }
         }
-        match backend_pid {
-            Some(pid) => Ok((pid, sync_standbys)),
-            None => Ok((
-                self.bounded("read backend pid", bound, "SELECT pg_backend_pid()", &[])
-                    .await?
-                    .get(0),
-                sync_standbys,
-            )),
+        let standbys = sync_standbys(
+            value("synchronous_standby_names").unwrap_or_default(),
+            value("synchronous_commit").unwrap_or_default(),
+        );
+        match value("pg_backend_pid").and_then(|pid| pid.parse::<i32>().ok()) {
+            Some(pid) => Ok((pid, standbys)),
+            None => Err(Error::UnexpectedRows {
+                what: "pin session timers",
+                rows: shown.len(),
+            }),
         }
     }
 
@@ -549,6 +572,21 @@ mod tests {
         assert_eq!(shown_in_base_units("0", ms), Some(0));
         assert_eq!(shown_in_base_units("on", ms), None);
         assert_eq!(shown_in_base_units("5 parsecs", ms), None);
+    }
+
+    /// The synchronous standbys a grant waits for, from the two settings as `SHOW` gives
+    /// them: only when names are set and a commit waits for a standby.
+    #[test]
+    fn a_grant_waits_for_standbys_only_when_commits_do() {
+        assert_eq!(sync_standbys("", "on"), None);
+        assert_eq!(sync_standbys("s1", "on").as_deref(), Some("s1"));
+        assert_eq!(
+            sync_standbys("FIRST 1 (a, b)", "remote_apply").as_deref(),
+            Some("FIRST 1 (a, b)")
+        );
+        assert_eq!(sync_standbys("s1", "remote_write").as_deref(), Some("s1"));
+        assert_eq!(sync_standbys("s1", "local"), None);
+        assert_eq!(sync_standbys("s1", "off"), None);
     }
 
     /// The lock session's client keepalives: one interval idle, half an interval between
