@@ -335,7 +335,7 @@ impl Session {
         let timers: Vec<(&str, String)> = server_timers(config)
             .into_iter()
             .filter(|(name, _)| {
-                server_major.is_none_or(|major| major >= 14) || !SINCE_14.contains(name)
+                server_major.map_or(true, |major| major >= 14) || !SINCE_14.contains(name)
             })
             .collect();
         if timers
