@@ -803,6 +803,7 @@ impl Guard {
         fd: Option<OwnedFd>,
         sender: Option<i32>,
     ) {
+        let announced = matches!((message, sender), (Message::Announce, Some(_)));
         let message = match (message, sender) {
             // The tree's leader itself, before its exec: its group is the tree.
             (Message::Announce, Some(pid)) => Message::Tree(pid),
@@ -814,8 +815,18 @@ impl Guard {
                 // the tree's own announcement, sent inside the safe window, so the clock moves
                 // by at most the stall). Heartbeats come only while a tree runs, so the freeze
                 // clock starts here.
+                if pgid != self.tree {
+                    // A tree that announced itself before its exec has nothing outside its
+                    // group yet: its first walk is one period away (a walk now would only
+                    // compete with COMMAND's start for the CPU). One reported by leaderrun
+                    // alone (this watchdog replaces one that died) may have: walked now.
+                    self.escaped.next_scan = if announced {
+                        now_ns().saturating_add(ESCAPE_SCAN_NS)
+                    } else {
+                        0
+                    };
+                }
                 self.tree = pgid;
-                self.escaped.next_scan = 0;
                 self.stopping = false;
                 self.closed_at = None;
                 self.last_beat = now_ns();
