@@ -96,8 +96,28 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// The [`server_timers`] PostgreSQL 14 added: a `SET` of either fails on 13.
-const SINCE_14: [&str; 2] = ["idle_session_timeout", "client_connection_check_interval"];
+/// The [`server_timers`] a server of major `server_major` has ([`added_in`]); all of them
+/// when the major is unknown.
+pub(crate) fn server_timers_on(
+    config: &Config,
+    server_major: Option<u32>,
+) -> Vec<(&'static str, String)> {
+    server_timers(config)
+        .into_iter()
+        .filter(|(name, _)| server_major.map_or(true, |major| major >= added_in(name)))
+        .collect()
+}
+
+/// The PostgreSQL major that added `setting`, one of [`server_timers`]: a `SET` of it fails on
+/// an older server (the release notes of 14 and 12; the others are older than any server this
+/// connects to).
+fn added_in(setting: &str) -> u32 {
+    match setting {
+        "idle_session_timeout" | "client_connection_check_interval" => 14,
+        "tcp_user_timeout" => 12,
+        _ => 0,
+    }
+}
 
 /// `synchronous_standby_names` when a commit of this session waits for a synchronous standby:
 /// the names set and `synchronous_commit` one of `on`, `remote_write`, `remote_apply`
@@ -316,10 +336,10 @@ impl Session {
     /// (one round trip, one implicit transaction: a failed statement takes back every setting);
     /// a value the server did not take is logged at WARN. `SET` and `SHOW` are utility
     /// statements: a fresh backend neither plans them nor looks up functions for them, which a
-    /// `SELECT` of `set_config` over the same settings cost it (about 0.2 ms of the one-shot's
-    /// set-up flight, BENCHMARKS.md). Only settings the server has are named: the two that
-    /// PostgreSQL 14 added are left out for a `server_major` below 14 (then the weaker bound is
-    /// said, [`weaker_server`]); an unknown major is taken as one that has them. Returns
+    /// `SELECT` of `set_config` over the same settings cost it (0.2 to 0.8 ms of the one-shot,
+    /// BENCHMARKS.md). Only settings the server has are named ([`added_in`] against
+    /// `server_major`; without `idle_session_timeout` the weaker bound is said,
+    /// [`weaker_server`]); an unknown major is taken as one that has them all. Returns
     /// `pg_backend_pid()` and the server's synchronous standbys
     /// ([`sync_standbys`]), read in the same round trip.
     pub(crate) async fn pin_timers(
@@ -332,12 +352,7 @@ impl Session {
         let Some(client) = self.client.as_ref() else {
             return Err(Error::SessionClosed(None));
         };
-        let timers: Vec<(&str, String)> = server_timers(config)
-            .into_iter()
-            .filter(|(name, _)| {
-                server_major.map_or(true, |major| major >= 14) || !SINCE_14.contains(name)
-            })
-            .collect();
+        let timers = server_timers_on(config, server_major);
         if timers
             .iter()
             .all(|(name, _)| *name != "idle_session_timeout")
@@ -572,6 +587,28 @@ mod tests {
         assert_eq!(shown_in_base_units("0", ms), Some(0));
         assert_eq!(shown_in_base_units("on", ms), None);
         assert_eq!(shown_in_base_units("5 parsecs", ms), None);
+    }
+
+    /// A `SET` names only settings the server's major has.
+    #[test]
+    fn each_timer_is_set_only_where_the_server_has_it() {
+        let config = Config::new("host=h".parse().unwrap());
+        let names = |major: Option<u32>| -> Vec<&str> {
+            server_timers_on(&config, major)
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect()
+        };
+        let all = server_timers(&config).len();
+        assert_eq!(names(None).len(), all);
+        let names = |major: u32| names(Some(major));
+        assert!(names(18).contains(&"idle_session_timeout"));
+        assert_eq!(names(18).len(), all);
+        assert!(!names(13).contains(&"idle_session_timeout"));
+        assert!(!names(13).contains(&"client_connection_check_interval"));
+        assert!(names(13).contains(&"tcp_user_timeout"));
+        assert!(!names(11).contains(&"tcp_user_timeout"));
+        assert!(names(11).contains(&"statement_timeout"));
     }
 
     /// The synchronous standbys a grant waits for, from the two settings as `SHOW` gives
