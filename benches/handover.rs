@@ -23,8 +23,7 @@ use std::time::Duration;
 
 use support::measure::{
     self, check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, floor_handover,
-    floor_process, footprint, graceful, one_shot, one_shot_overhead, progress, readyz,
-    tree_failover, Row,
+    footprint, graceful, one_shot, one_shot_overhead, progress, readyz, tree_failover, Row,
 };
 use support::Cluster;
 
@@ -103,23 +102,47 @@ fn main() {
         progress(group);
         match *group {
             "handover after SIGTERM" => {
-                for interval in ["5s", "1s"] {
-                    progress(&format!("  interval {interval}"));
-                    rows.push(graceful(&cluster, interval, runs));
-                }
-                progress("  floor");
-                rows.push(floor_handover(&cluster, runs, false));
+                progress("  intervals 5s and 1s, and the floor, in rounds");
+                let merged = rounds(
+                    runs,
+                    &mut [
+                        &mut || vec![graceful(&cluster, "5s", 1)],
+                        &mut || vec![graceful(&cluster, "1s", 1)],
+                        &mut || vec![floor_handover(&cluster, 1, false)],
+                    ],
+                );
+                let ratio = ratio_row(
+                    "handover after SIGTERM, interval 5s / its floor",
+                    &merged[0][0],
+                    &merged[2][0],
+                );
+                rows.extend(merged.into_iter().flatten());
+                rows.push(ratio);
             }
             "failover" => {
-                for how in ["kill -9", "pg_terminate_backend", "partition"] {
+                progress("  failover after kill -9, and its floor, in rounds");
+                let merged = rounds(
+                    runs,
+                    &mut [
+                        &mut || {
+                            let (latency, overlap) = failover(&cluster, "kill -9", 1);
+                            vec![latency, overlap]
+                        },
+                        &mut || vec![floor_handover(&cluster, 1, true)],
+                    ],
+                );
+                let ratio = ratio_row(
+                    "failover after kill -9 / its floor",
+                    &merged[0][0],
+                    &merged[1][0],
+                );
+                rows.extend(merged.into_iter().flatten());
+                rows.push(ratio);
+                for how in ["pg_terminate_backend", "partition"] {
                     progress(&format!("  failover after {how}"));
                     let (latency, overlap) = failover(&cluster, how, runs);
                     rows.push(latency);
                     rows.push(overlap);
-                    if how == "kill -9" {
-                        progress("  floor");
-                        rows.push(floor_handover(&cluster, runs, true));
-                    }
                 }
             }
             "tree of three" => {
@@ -131,8 +154,7 @@ fn main() {
                 }
             }
             "one-shot" => {
-                let mut shots = one_shot(&cluster, runs);
-                shots.push(floor_process(&cluster, runs));
+                let shots = one_shot(&cluster, runs);
                 let overhead = one_shot_overhead(&shots);
                 rows.extend(shots);
                 rows.extend(overhead);
@@ -177,8 +199,12 @@ fn main() {
     for row in &rows {
         match row.stats() {
             Some((min, med, p95, max)) => {
-                // Cores are small numbers: three decimals.
-                let d = if row.unit == "cores" { 3 } else { 1 };
+                // Cores are small numbers: three decimals; ratios two.
+                let d = match row.unit {
+                    "cores" => 3,
+                    "×" => 2,
+                    _ => 1,
+                };
                 md.push_str(&format!(
                     "| {} | {} | {min:.d$} | {med:.d$} | {p95:.d$} | {max:.d$} | {} | {} |\n",
                     row.name,
@@ -207,4 +233,43 @@ fn main() {
     )
     .unwrap();
     eprintln!("written to {}", out.display());
+}
+
+/// Runs each of `measures` once per round for `runs` rounds, round-robin (round *i* starts at
+/// measure *i* mod their number), and merges each one's rows: a leaderrun row and its floor,
+/// compared as a ratio, then meet the machine's drift alike (run one after the other, a floor
+/// could be taken minutes later on a machine that had turned half as fast meanwhile). Each
+/// measure returns its rows of one run, the same rows every time.
+fn rounds(runs: usize, measures: &mut [&mut dyn FnMut() -> Vec<Row>]) -> Vec<Vec<Row>> {
+    let mut merged: Vec<Vec<Row>> = measures.iter().map(|_| Vec::new()).collect();
+    for round in 0..runs {
+        for k in 0..measures.len() {
+            let i = (round + k) % measures.len();
+            let rows = (measures[i])();
+            if merged[i].is_empty() {
+                merged[i] = rows;
+            } else {
+                for (into, row) in merged[i].iter_mut().zip(rows) {
+                    into.samples.extend(row.samples);
+                }
+            }
+        }
+    }
+    merged
+}
+
+/// Each round's sample of `row` over the same round's sample of `floor` ([`rounds`]), as a row
+/// of ratios (the goals in BENCHMARKS.md are such ratios).
+fn ratio_row(name: &str, row: &Row, floor: &Row) -> Row {
+    Row {
+        name: name.into(),
+        unit: "×",
+        samples: row
+            .samples
+            .iter()
+            .zip(&floor.samples)
+            .map(|(r, f)| r / f)
+            .collect(),
+        note: "each round's run over its floor's run of the same round".into(),
+    }
 }

@@ -238,100 +238,132 @@ pub fn floor_client(dsn: &str) {
     runtime.block_on(floor_session(dsn));
 }
 
-/// The floor row as a process of its own: this benchmark's binary again, as
-/// [`floor_client`] (only the benchmark's `main` answers to [`FLOOR_ENV`]; a test binary that
-/// includes this module must not call it).
-pub fn floor_process(cluster: &Cluster, runs: usize) -> Row {
-    let floor_dsn = cluster.dsn();
-    let me = std::env::current_exe().unwrap();
-    Row {
-        name: FLOOR_PROCESS.into(),
-        unit: "ms",
-        samples: timed(runs * 4, || {
-            let status = Command::new(&me)
-                .env(FLOOR_ENV, &floor_dsn)
-                .status()
-                .unwrap();
-            assert!(status.success());
-        }),
-        note: "the same, as a process that starts, does it and exits (this benchmark's binary)"
-            .into(),
+/// Runs each row's measurement `runs` times, round-robin (round *i* starts at row *i* mod the
+/// number of rows), so that the machine's drift over the group reaches every row alike: the
+/// rows of one group are compared with each other (ratios to a floor), and run one after the
+/// other a floor could be measured minutes after its leaderrun row, on a machine that had
+/// since turned half as fast. Each measurement's time in ms.
+fn interleaved(runs: usize, rows: &mut [&mut dyn FnMut()]) -> Vec<Vec<f64>> {
+    let mut samples = vec![Vec::with_capacity(runs); rows.len()];
+    for round in 0..runs {
+        for k in 0..rows.len() {
+            let i = (round + k) % rows.len();
+            let t = Instant::now();
+            (rows[i])();
+            samples[i].push(t.elapsed().as_secs_f64() * 1e3);
+        }
     }
+    samples
 }
 
+/// The one-shot rows, measured interleaved ([`interleaved`]), `4 runs` each: `true`, `flock`,
+/// the floor in this process and as a process of its own (this benchmark's binary again, as
+/// [`floor_client`]: only the benchmark's `main` answers to [`FLOOR_ENV`], so a test binary
+/// that includes this module must not call this), and `leaderrun --once -- true` over TCP, over
+/// a Unix socket and with `--pid-namespace` where one can be made; then the TCP row over the
+/// floor process of the same round, as a ratio (BENCHMARKS.md, the one-shot's goal).
 pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
     let lockfile = std::env::temp_dir().join("leaderrun-bench.lock");
     let runs = runs * 4;
     let bin = env!("CARGO_BIN_EXE_leaderrun");
+    let me = std::env::current_exe().unwrap();
+    let floor_dsn = cluster.dsn();
     let unix = format!(
         "host={} port={} user=postgres dbname=postgres",
         cluster.socket_dir().display(),
         cluster.addr().port()
     );
-    let mut rows = vec![
-        Row {
-            name: "`true`".into(),
-            unit: "ms",
-            samples: timed(runs, || {
-                Command::new("true").status().unwrap();
-            }),
-            note: String::new(),
-        },
-        Row {
-            name: "`flock -n FILE true`".into(),
-            unit: "ms",
-            samples: timed(runs, || {
-                Command::new("flock")
-                    .arg("-n")
-                    .arg(&lockfile)
-                    .arg("true")
-                    .status()
-                    .unwrap();
-            }),
-            note: String::new(),
-        },
-    ];
-    // The floor: the same connect and two round trips, in this process and as a process of
-    // its own (this binary again, see `floor_client`).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let floor_dsn = cluster.dsn();
-    rows.push(Row {
-        name: "floor: connect, try the lock, unlock, close; in-process, TCP loopback".into(),
-        unit: "ms",
-        samples: timed(runs, || {
-            runtime.block_on(async { floor_session(&floor_dsn).await })
-        }),
-        note: "tokio-postgres, no TLS; no process start".into(),
-    });
+    let mut true_ = || {
+        Command::new("true").status().unwrap();
+    };
+    let mut flock = || {
+        Command::new("flock")
+            .arg("-n")
+            .arg(&lockfile)
+            .arg("true")
+            .status()
+            .unwrap();
+    };
+    let mut floor_here = || runtime.block_on(async { floor_session(&floor_dsn).await });
+    let mut floor_process = || {
+        let status = Command::new(&me)
+            .env(FLOOR_ENV, &floor_dsn)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
     // With `--pid-namespace` where this process may make PID namespaces: its price is one more
     // fork and exec per start (the init).
     let namespaced = leaderrun::process::pidns::PidNamespace::new()
         .is_ok()
         .then(|| ("--once --pid-namespace", "TCP loopback", cluster.dsn()));
-    for (flags, name, dsn) in [
+    let shots: Vec<(&str, &str, String)> = [
         ("--once", "TCP loopback", cluster.dsn()),
         ("--once", "Unix socket", unix),
     ]
     .into_iter()
     .chain(namespaced)
-    {
-        let id = unique_lock_id().to_string();
-        let samples = timed(runs, || {
-            let out = Command::new(bin)
-                .arg("-q")
-                .args(flags.split(' '))
-                .args(["--dsn", &dsn, "--lock-id", &id, "--", "true"])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        });
+    .collect();
+    let mut leaderrun_rows: Vec<Box<dyn FnMut()>> = shots
+        .iter()
+        .map(|(flags, name, dsn)| {
+            let id = unique_lock_id().to_string();
+            let (flags, name, dsn) = (*flags, *name, dsn.clone());
+            Box::new(move || {
+                let out = Command::new(bin)
+                    .arg("-q")
+                    .args(flags.split(' '))
+                    .args(["--dsn", &dsn, "--lock-id", &id, "--", "true"])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{name}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }) as Box<dyn FnMut()>
+        })
+        .collect();
+    let mut all: Vec<&mut dyn FnMut()> =
+        vec![&mut true_, &mut flock, &mut floor_here, &mut floor_process];
+    all.extend(
+        leaderrun_rows
+            .iter_mut()
+            .map(|f| &mut **f as &mut dyn FnMut()),
+    );
+    let mut samples = interleaved(runs, &mut all).into_iter();
+    let mut rows = vec![
+        Row {
+            name: "`true`".into(),
+            unit: "ms",
+            samples: samples.next().unwrap(),
+            note: String::new(),
+        },
+        Row {
+            name: "`flock -n FILE true`".into(),
+            unit: "ms",
+            samples: samples.next().unwrap(),
+            note: String::new(),
+        },
+        Row {
+            name: "floor: connect, try the lock, unlock, close; in-process, TCP loopback".into(),
+            unit: "ms",
+            samples: samples.next().unwrap(),
+            note: "tokio-postgres, no TLS; no process start".into(),
+        },
+        Row {
+            name: FLOOR_PROCESS.into(),
+            unit: "ms",
+            samples: samples.next().unwrap(),
+            note: "the same, as a process that starts, does it and exits (this benchmark's binary)"
+                .into(),
+        },
+    ];
+    for ((flags, name, _), samples) in shots.iter().zip(samples) {
         rows.push(Row {
             name: format!("`leaderrun {flags} -- true`, {name}"),
             unit: "ms",
@@ -339,6 +371,14 @@ pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
             note: String::new(),
         });
     }
+    let floor = rows[3].samples.clone();
+    let tcp = rows[4].samples.clone();
+    rows.push(Row {
+        name: "`leaderrun --once -- true`, TCP loopback / the floor process".into(),
+        unit: "×",
+        samples: tcp.iter().zip(&floor).map(|(l, f)| l / f).collect(),
+        note: "each round's run over the floor process of the same round (goal: ≤ ×1.5)".into(),
+    });
     rows
 }
 
