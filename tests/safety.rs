@@ -359,6 +359,60 @@ fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
     assert_eq!(scratch.starts().len(), 1);
 }
 
+/// Over a Unix socket the server cannot show leaderrun's address, so what proves that no
+/// pooler sits between is the socket's listener: on PostgreSQL's own socket the postmaster, the
+/// backend's parent. A one-shot there needs no second session (a whole connect); a
+/// transaction-mode pooler listening on a Unix socket is the listener, no backend's parent, and
+/// is still found out by the second session and refused.
+#[test]
+fn over_a_unix_socket_the_listener_proves_that_no_pooler_sits_between() {
+    use crate::support::pooler::Bouncer;
+    let cluster = Cluster::start_private();
+    let probe = "a second session proves that no transaction-mode pooler sits between";
+    let unix = format!(
+        "host={} port={} user=postgres dbname=postgres",
+        cluster.socket_dir().display(),
+        cluster.addr().port()
+    );
+    let id = unique_lock_id().to_string();
+    let out = leaderrun()
+        .args([
+            "-vv",
+            "--dsn",
+            &unix,
+            "--lock-id",
+            &id,
+            "--once",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("background leader lock acquired"), "{log}");
+    assert!(!log.contains(probe), "{log}");
+
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let transaction = Bouncer::start(&cluster, "transaction", 1);
+    let mut cmd = leaderrun();
+    cmd.args(["-vv", "--dsn", &transaction.unix_dsn(), "--lock-id"])
+        .arg(unique_lock_id().to_string())
+        .args(["--check-interval", "200ms", "--", script.to_str().unwrap()]);
+    let refused = Replica::spawn(cmd);
+    refused.wait_log(
+        "ERROR leader: a second session was granted the lock",
+        2,
+        secs(10.0),
+    );
+    assert!(refused.log().contains(probe), "{}", refused.log());
+    assert!(
+        scratch.starts().is_empty(),
+        "no child behind a transaction pooler"
+    );
+}
+
 /// The lock session's server end carries the TCP timers leaderrun pins on it, so the server
 /// frees the lock of a leader cut off by the network within about idle_session_timeout even
 /// where that setting does not exist (PostgreSQL 13): its keepalive timer runs out within

@@ -541,19 +541,22 @@ pub fn boottime() -> Duration {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FoundSocket {
     pub(crate) fd: RawFd,
-    /// Its local address and port are the ones the server sees: a direct TCP connection, so
-    /// no pooler sits between (docs/field-notes.md#transaction-mode-poolers-move-the-session).
+    /// No pooler sits between it and the backend
+    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session): a TCP socket whose local
+    /// address and port are the ones the server sees, or a Unix socket whose listener is the
+    /// backend's parent ([`unix_listener_is_parent_of`]).
     pub(crate) direct: bool,
 }
 
 /// What the session's own socket `fd` is, given the address the server sees it at
-/// (`inet_client_addr()`, `inet_client_port()`): direct when its local address and port are
-/// those, so no pooler sits between
+/// (`inet_client_addr()`, `inet_client_port()`; `None` over a Unix socket) and the backend
+/// that answers on it (`pg_backend_pid()`): direct when no pooler can sit between
 /// (docs/field-notes.md#transaction-mode-poolers-move-the-session). The socket is known by
 /// construction ([`connect_socket`]).
-pub(crate) fn socket_of(fd: RawFd, seen: Option<&(String, i32)>) -> FoundSocket {
+pub(crate) fn socket_of(fd: RawFd, seen: Option<&(String, i32)>, backend_pid: i32) -> FoundSocket {
     use nix::sys::socket::{getsockname, SockaddrStorage};
-    let local = getsockname::<SockaddrStorage>(fd).ok().and_then(|a| {
+    let local = getsockname::<SockaddrStorage>(fd).ok();
+    let inet = local.as_ref().and_then(|a| {
         a.as_sockaddr_in()
             .map(|v4| std::net::SocketAddr::V4((*v4).into()))
             .or_else(|| {
@@ -561,13 +564,47 @@ pub(crate) fn socket_of(fd: RawFd, seen: Option<&(String, i32)>) -> FoundSocket 
                     .map(|v6| std::net::SocketAddr::V6((*v6).into()))
             })
     });
-    let direct = match (local, seen) {
+    let unix = local.as_ref().is_some_and(|a| a.as_unix_addr().is_some());
+    let direct = match (inet, seen) {
         (Some(local), Some((addr, port))) => {
             local.ip().to_canonical().to_string() == *addr && i32::from(local.port()) == *port
         }
+        (None, None) if unix => unix_listener_is_parent_of(fd, backend_pid),
         _ => false,
     };
     FoundSocket { fd, direct }
+}
+
+/// Whether the process that listens behind the Unix socket `fd` is the parent of backend
+/// `backend_pid`, as this machine's `/proc` shows them: `SO_PEERCRED` names the process that
+/// called `listen` (unix(7)), PostgreSQL's postmaster on a direct connection, whose child every
+/// backend is; a pooler would be the listener and no backend's parent. The backend must also
+/// run a program named `postgres` (its command line, which PostgreSQL rewrites to `postgres: …`
+/// and leaves starting with that name): a pid of the server's that this machine's `/proc` does
+/// not show as the same process (the server in another PID namespace) must not pass by chance.
+/// False whenever anything cannot be read: the caller then proves it with a second session.
+pub(crate) fn unix_listener_is_parent_of(fd: RawFd, backend_pid: i32) -> bool {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    // SAFETY: `fd` is the session's socket, open while the session is (see `Session::fd`).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let Ok(peer) = getsockopt(&fd, PeerCredentials) else {
+        return false;
+    };
+    // 0: the listener is in a PID namespace this process cannot see.
+    if peer.pid() <= 0 || backend_pid <= 0 || backend_pid == peer.pid() {
+        return false;
+    }
+    let proc_dir = std::path::PathBuf::from(format!("/proc/{backend_pid}"));
+    let parent = std::fs::read_to_string(proc_dir.join("stat"))
+        .ok()
+        .and_then(|stat| {
+            // The name may hold spaces and parentheses: the fields follow the last ") ".
+            let (_, rest) = stat.rsplit_once(") ")?;
+            rest.split_ascii_whitespace().nth(1)?.parse::<i32>().ok()
+        });
+    let postgres = std::fs::read(proc_dir.join("cmdline"))
+        .is_ok_and(|cmdline| cmdline.starts_with(b"postgres"));
+    parent == Some(peer.pid()) && postgres
 }
 
 #[cfg(test)]

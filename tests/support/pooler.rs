@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::cluster::Cluster;
 
 pub struct Bouncer {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     port: u16,
     child: Child,
 }
@@ -42,12 +42,13 @@ impl Bouncer {
             &ini,
             format!(
                 "[databases]\npostgres = host=127.0.0.1 port={} dbname=postgres\n\
-                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir = {}\n\
                  auth_type = trust\nauth_file = {}\npool_mode = {pool_mode}\n\
                  default_pool_size = {pool_size}\nmax_client_conn = 200\n\
                  ignore_startup_parameters = extra_float_digits,options\n\
                  logfile = {}\n",
                 cluster.addr().port(),
+                dir.path().display(),
                 users.display(),
                 dir.path().join("pgbouncer.log").display()
             ),
@@ -70,17 +71,22 @@ impl Bouncer {
                 .ok()
                 .map(|_| ())
         });
-        Bouncer {
-            _dir: dir,
-            port,
-            child,
-        }
+        Bouncer { dir, port, child }
     }
 
     /// A DSN through the pooler.
     pub fn dsn(&self) -> String {
         format!(
             "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
+    }
+
+    /// A DSN through the pooler's Unix socket (in its own directory).
+    pub fn unix_dsn(&self) -> String {
+        format!(
+            "host={} port={} user=postgres dbname=postgres",
+            self.dir.path().display(),
             self.port
         )
     }

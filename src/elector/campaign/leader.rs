@@ -43,14 +43,22 @@ impl Campaign<'_> {
         let seen: Option<(String, i32)> = row
             .get::<_, Option<String>>(3)
             .zip(row.get::<_, Option<i32>>(4));
-        let socket = self.role.session().map(|s| socket_of(s.fd, seen.as_ref()));
+        let socket = self
+            .role
+            .session()
+            .map(|s| socket_of(s.fd, seen.as_ref(), s.backend_pid));
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing
         // (docs/field-notes.md#transaction-mode-poolers-move-the-session). A direct TCP connection,
-        // whose local address and port are the ones the server sees, cannot be a pooler's; anything
-        // else is proven with a second session, whose failure to connect costs a WARN, not the
-        // election (docs/guarantees.md#safety-guarantees).
+        // whose local address and port are the ones the server sees, cannot be a pooler's, nor a
+        // Unix socket whose listener is the backend's parent; anything else is proven with a
+        // second session, whose failure to connect costs a WARN, not the election
+        // (docs/guarantees.md#safety-guarantees).
         if !socket.is_some_and(|s| s.direct) {
+            tracing::debug!(
+                target: "leaderrun::elector",
+                "leader: a second session proves that no transaction-mode pooler sits between"
+            );
             match self.probe_exclusion(key).await {
                 Err(err @ Error::SharedBackend) => return Err(err),
                 Err(err) => warn!(
