@@ -154,7 +154,7 @@ fn main() {
                 }
             }
             "one-shot" => {
-                let shots = one_shot(&cluster, runs);
+                let shots = one_shot(&cluster, runs, true);
                 let overhead = one_shot_overhead(&shots);
                 rows.extend(shots);
                 rows.extend(overhead);

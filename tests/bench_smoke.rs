@@ -53,7 +53,7 @@ fn the_benchmark_measurements_run() {
             overlap.name
         );
     }
-    let one_shots = one_shot(&cluster, 1);
+    let one_shots = one_shot(&cluster, 1, false);
     // `true`, flock, the in-process floor, TCP, Unix socket, and `--pid-namespace` where it may.
     let namespaced = leaderrun::process::pidns::PidNamespace::new().is_ok();
     assert_eq!(one_shots.len(), 5 + usize::from(namespaced));

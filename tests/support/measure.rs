@@ -257,12 +257,13 @@ fn interleaved(runs: usize, rows: &mut [&mut dyn FnMut()]) -> Vec<Vec<f64>> {
 }
 
 /// The one-shot rows, measured interleaved ([`interleaved`]), `4 runs` each: `true`, `flock`,
-/// the floor in this process and as a process of its own (this benchmark's binary again, as
-/// [`floor_client`]: only the benchmark's `main` answers to [`FLOOR_ENV`], so a test binary
-/// that includes this module must not call this), and `leaderrun --once -- true` over TCP, over
-/// a Unix socket and with `--pid-namespace` where one can be made; then the TCP row over the
+/// the floor in this process, with `floor_process` the floor as a process of its own too (this
+/// benchmark's binary again, as [`floor_client`]: only the benchmark's `main` answers to
+/// [`FLOOR_ENV`], so a test binary that includes this module must pass false, or it starts its
+/// whole suite again), and `leaderrun --once -- true` over TCP, over a Unix socket and with
+/// `--pid-namespace` where one can be made; with the floor process, then the TCP row over the
 /// floor process of the same round, as a ratio (BENCHMARKS.md, the one-shot's goal).
-pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
+pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row> {
     let lockfile = std::env::temp_dir().join("leaderrun-bench.lock");
     let runs = runs * 4;
     let bin = env!("CARGO_BIN_EXE_leaderrun");
@@ -289,7 +290,7 @@ pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
             .unwrap();
     };
     let mut floor_here = || runtime.block_on(async { floor_session(&floor_dsn).await });
-    let mut floor_process = || {
+    let mut process = || {
         let status = Command::new(&me)
             .env(FLOOR_ENV, &floor_dsn)
             .status()
@@ -328,8 +329,10 @@ pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
             }) as Box<dyn FnMut()>
         })
         .collect();
-    let mut all: Vec<&mut dyn FnMut()> =
-        vec![&mut true_, &mut flock, &mut floor_here, &mut floor_process];
+    let mut all: Vec<&mut dyn FnMut()> = vec![&mut true_, &mut flock, &mut floor_here];
+    if floor_process {
+        all.push(&mut process);
+    }
     all.extend(
         leaderrun_rows
             .iter_mut()
@@ -355,14 +358,17 @@ pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
             samples: samples.next().unwrap(),
             note: "tokio-postgres, no TLS; no process start".into(),
         },
-        Row {
+    ];
+    if floor_process {
+        rows.push(Row {
             name: FLOOR_PROCESS.into(),
             unit: "ms",
             samples: samples.next().unwrap(),
             note: "the same, as a process that starts, does it and exits (this benchmark's binary)"
                 .into(),
-        },
-    ];
+        });
+    }
+    let first_shot = rows.len();
     for ((flags, name, _), samples) in shots.iter().zip(samples) {
         rows.push(Row {
             name: format!("`leaderrun {flags} -- true`, {name}"),
@@ -371,8 +377,11 @@ pub fn one_shot(cluster: &Cluster, runs: usize) -> Vec<Row> {
             note: String::new(),
         });
     }
-    let floor = rows[3].samples.clone();
-    let tcp = rows[4].samples.clone();
+    if !floor_process {
+        return rows;
+    }
+    let floor = rows[first_shot - 1].samples.clone();
+    let tcp = rows[first_shot].samples.clone();
     rows.push(Row {
         name: "`leaderrun --once -- true`, TCP loopback / the floor process".into(),
         unit: "×",
