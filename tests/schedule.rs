@@ -126,6 +126,16 @@ fn three_replicas_run_each_due_time_once_through_kill_and_term() {
     wait_for("the run to stamp its start", secs(5.0), || {
         scratch.stamp("began", third)
     });
+    // And its row to be written: a leader killed between a start and the history's write of
+    // it leaves no row (README, Schedules), which is not what this test is about.
+    wait_for("the third run's row", secs(5.0), || {
+        let rows: i64 = cluster.sql(&format!(
+            "SELECT count(*) FROM {table} WHERE lock_id = {id}"
+        ))[0]
+            .parse()
+            .unwrap();
+        (rows >= 3).then_some(())
+    });
     let killed = leader_of(&replicas, &scratch).pid();
     replicas
         .iter()
