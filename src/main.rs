@@ -22,11 +22,24 @@ fn main() -> ExitCode {
     // Signals wait (blocked) until the handlers exist: a signal that arrives during start-up
     // is delivered to them, then waits in the stream.
     let blocked = leaderrun::process::signals::block_all();
-    let cli = leaderrun::cli::parse();
+    // The run mode's watchdog is forked first, before the parse, while the process is at its
+    // smallest: nothing that start-up writes later is a page it shares with the watchdog, so
+    // neither pays a copy-on-write fault for it (docs/process-model.md#the-watchdog). It needs
+    // no exec. Any other action drops it (it exits and is reaped) before running.
+    // SAFETY: no other thread exists: the log's writer starts with the first line, the
+    // runtime after the parse.
+    let early = unsafe { leaderrun::watchdog::EarlyWatchdog::fork() };
+    let cli = match leaderrun::cli::parse() {
+        Ok(cli) => cli,
+        Err(code) => {
+            drop(early);
+            return ExitCode::from(code);
+        }
+    };
     let json = cli.log_format == leaderrun::cli::LogFormat::Json;
-    // No thread yet: the log's writer thread starts with the first line.
     leaderrun::cli::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
+    let early = early.filter(|_| cli.action.is_none());
     let exit = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => {
             // A one-shot's connect begins before the rest of start-up: the server starts its
@@ -34,17 +47,6 @@ fn main() -> ExitCode {
             let early_connect = match cli.action {
                 None => runner::early_connect(&settings),
                 Some(_) => None,
-            };
-            // The watchdog of the run mode is forked now, while this is the only thread, and
-            // needs no exec (docs/process-model.md#the-watchdog). A setting that logged a
-            // line started the log's thread: then it is exec'd later instead.
-            let early = match cli.action {
-                None if !leaderrun::cli::logging::writer_started() => {
-                    // SAFETY: no other thread exists: the log's writer has not started (just
-                    // checked), and the runtime starts below.
-                    unsafe { leaderrun::watchdog::EarlyWatchdog::fork() }
-                }
-                _ => None,
             };
             match leaderrun::process::signals::install() {
                 Ok(signals) => {

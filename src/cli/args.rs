@@ -730,9 +730,10 @@ pub fn command() -> clap::Command {
     Cli::command().mut_args(|arg| arg.hide_env_values(true))
 }
 
-/// Parses the process arguments; prints help/version and exits 0, or prints the usage error
-/// and exits 125 (docs/guarantees.md#exit-codes).
-pub fn parse() -> Cli {
+/// Parses the process arguments. `Err` carries the exit status once help or the version was
+/// printed (0) or the usage error was (125, docs/guarantees.md#exit-codes): the caller exits
+/// with it, after ending what it started (the run mode's watchdog is forked before the parse).
+pub fn parse() -> Result<Cli, u8> {
     let raw: Vec<OsString> = std::env::args_os().collect();
     let checked = command()
         .try_get_matches_from(&raw)
@@ -742,18 +743,14 @@ pub fn parse() -> Cli {
             cli.check_mistyped_subcommand(&raw, std::env::var_os("PATH").as_deref())?;
             Ok(cli)
         });
-    match checked {
-        Ok(cli) => cli,
-        Err(err) => {
-            let _ = err.print();
-            let code = if err.use_stderr() {
-                i32::from(EXIT_FAILURE)
-            } else {
-                0
-            };
-            std::process::exit(code);
+    checked.map_err(|err| {
+        let _ = err.print();
+        if err.use_stderr() {
+            EXIT_FAILURE
+        } else {
+            0
         }
-    }
+    })
 }
 
 /// The longest duration any option takes: one year.

@@ -149,12 +149,6 @@ fn queue() -> &'static NonBlocking {
     })
 }
 
-/// Whether the log's writer thread runs (a line was logged): the run mode's watchdog is
-/// forked only while leaderrun has no other thread.
-pub fn writer_started() -> bool {
-    QUEUE.get().is_some()
-}
-
 /// The queue's front: counts each line handed to it.
 #[derive(Clone, Copy)]
 struct Counted;

@@ -115,9 +115,12 @@ pub(crate) unsafe fn spawn<F: Fn() -> std::io::Result<()>>(
         prepare,
         error: 0,
     };
-    // 16-byte aligned, as the ABI wants the stack; it grows down from its end.
-    let mut stack = vec![0u128; STACK_BYTES / 16];
-    let top = stack.as_mut_ptr_range().end.cast::<libc::c_void>();
+    // 16-byte aligned, as the ABI wants the stack; it grows down from its end. Left
+    // uninitialized: the child writes each byte it reads, and zeroing 64 KiB touched sixteen
+    // pages, a page fault each on a heap that had not grown that far yet.
+    let mut stack: Vec<std::mem::MaybeUninit<u128>> = Vec::with_capacity(STACK_BYTES / 16);
+    // SAFETY: within the allocation: its capacity is exactly STACK_BYTES / 16 elements.
+    let top = unsafe { stack.as_mut_ptr().add(STACK_BYTES / 16) }.cast::<libc::c_void>();
     // SAFETY: the masks are plain values; the clone runs `child_main` on `stack` with `plan`,
     // both alive until the child has exec'd or exited (CLONE_VFORK suspends us until then);
     // the caller promised that `prepare` suits such a child.

@@ -264,6 +264,15 @@ fn become_watchdog() {
     unsafe {
         libc::prctl(libc::PR_SET_NAME, c"lr-watchdog".as_ptr(), 0, 0, 0);
     }
+    // A fair share of the CPU, but no preemption of the process that woke it: every message
+    // leaderrun sends wakes the watchdog, and on a shared core each one took the core from
+    // leaderrun at once (docs/process-model.md#the-watchdog). Best effort: a failure leaves the
+    // normal policy.
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sets this process's own policy from a valid sched_param.
+    unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
+    }
 }
 
 /// Makes a forked watchdog's command line (`/proc/PID/cmdline`, what `ps` and `pgrep -f` show)
