@@ -726,24 +726,58 @@ impl From<RestartPolicy> for Restart {
 /// environment variables hidden, so that `-h` shows `[env: LEADERRUN_LOCK_CLASS]`, not a
 /// dangling `[env: LEADERRUN_LOCK_CLASS=]` (or a value from the environment, maybe a secret).
 pub fn command() -> clap::Command {
-    use clap::CommandFactory;
-    Cli::command().mut_args(|arg| arg.hide_env_values(true))
+    command_for(true)
 }
 
-/// Parses the process arguments. `Err` carries the exit status once help or the version was
-/// printed (0) or the usage error was (125, docs/guarantees.md#exit-codes): the caller exits
-/// with it, after ending what it started (the run mode's watchdog is forked before the parse).
-pub fn parse() -> Result<Cli, u8> {
-    let raw: Vec<OsString> = std::env::args_os().collect();
-    let checked = command()
-        .try_get_matches_from(&raw)
+/// The subcommands' names, as [`Action`] spells them.
+const SUBCOMMANDS: [&str; 3] = ["status", "doctor", "step-down"];
+
+/// [`command`], with the options that every subcommand takes too (`global`) copied into the
+/// subcommands only when `subcommands`: clap copies each of them, help texts and all, into
+/// each subcommand as it builds the command, which took a one-shot 0.13 ms, a tenth of what
+/// leaderrun adds to the job (BENCHMARKS.md). A command line that names no subcommand needs no
+/// copy: the options are the top level's either way.
+fn command_for(subcommands: bool) -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().mut_args(|arg| {
+        let arg = arg.hide_env_values(true);
+        if subcommands {
+            arg
+        } else {
+            arg.global(false)
+        }
+    })
+}
+
+/// Parses `raw` (the program's name first) into a checked [`Cli`]: clap's parse, then
+/// [`Cli::validate`] and the mistyped-subcommand check. Options are copied into the
+/// subcommands ([`command_for`]) when any word of `raw` is a subcommand's name (as an option's
+/// value or COMMAND's too: a copy too many costs only time).
+///
+/// # Errors
+/// clap's error, ready to print: a usage error, or the help or version asked for.
+pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
+    let subcommands = raw
+        .iter()
+        .skip(1)
+        .any(|word| SUBCOMMANDS.iter().any(|name| word == name));
+    command_for(subcommands)
+        .try_get_matches_from(raw)
         .and_then(|matches| <Cli as clap::FromArgMatches>::from_arg_matches(&matches))
         .and_then(|cli| {
             cli.validate()?;
-            cli.check_mistyped_subcommand(&raw, std::env::var_os("PATH").as_deref())?;
+            cli.check_mistyped_subcommand(raw, std::env::var_os("PATH").as_deref())?;
             Ok(cli)
-        });
-    checked.map_err(|err| {
+        })
+}
+
+/// Parses the process arguments ([`parse_from`]). `Err` carries the exit status once help or
+/// the version was printed (0) or the usage error was (125, docs/guarantees.md#exit-codes): the
+/// caller exits with it, after ending what it started (the run mode's watchdog is forked before
+/// the parse).
+pub fn parse() -> Result<Cli, u8> {
+    let raw: Vec<OsString> = std::env::args_os().collect();
+    parse_from(&raw).map_err(|err| {
         let _ = err.print();
         if err.use_stderr() {
             EXIT_FAILURE

@@ -153,9 +153,11 @@ fn signals() {
 }
 
 fn parse_checked(args: &[&str]) -> Result<Cli, clap::Error> {
-    let mut all = vec!["leaderrun"];
-    all.extend_from_slice(args);
-    Cli::try_parse_from(all).and_then(|c| c.validate().map(|()| c))
+    let all: Vec<std::ffi::OsString> = std::iter::once("leaderrun")
+        .chain(args.iter().copied())
+        .map(Into::into)
+        .collect();
+    super::args::parse_from(&all)
 }
 
 #[test]
