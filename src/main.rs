@@ -42,16 +42,17 @@ fn main() -> ExitCode {
     let early = early.filter(|_| cli.action.is_none());
     let exit = match cli.settings(&|name| std::env::var(name).ok()) {
         Ok(settings) => {
-            // A one-shot's connect begins before the rest of start-up: the server starts its
-            // backend meanwhile (a signal meanwhile waits, blocked).
-            let early_connect = match cli.action {
-                None => runner::early_connect(&settings),
+            // COMMAND is looked up, and a one-shot's connect begins before the rest of
+            // start-up: the server starts its backend meanwhile (a signal meanwhile waits,
+            // blocked).
+            let prepared = match cli.action {
+                None => Some(runner::prepare(&settings)),
                 Some(_) => None,
             };
             match leaderrun::process::signals::install() {
                 Ok(signals) => {
                     drop(blocked);
-                    run(cli.action, settings, signals, early, early_connect)
+                    run(cli.action, settings, signals, early, prepared)
                 }
                 Err(err) => {
                     tracing::error!("cannot install signal handlers: {err}");
@@ -75,7 +76,7 @@ fn run(
     settings: leaderrun::cli::Settings,
     signals: leaderrun::process::signals::SignalStream,
     early: Option<leaderrun::watchdog::EarlyWatchdog>,
-    early_connect: Option<std::sync::Arc<leaderrun::elector::EarlyConnect>>,
+    prepared: Option<runner::Prepared>,
 ) -> Exit {
     let bound = runner::elector_config(&settings).io_bound();
     let (connect, tls, lock, slots) = (
@@ -106,6 +107,9 @@ fn run(
             settings.database_from,
             scratch_id,
         )),
-        None => runner::main(settings, signals, early, early_connect),
+        None => {
+            let prepared = prepared.unwrap_or_else(|| runner::prepare(&settings));
+            runner::main(settings, signals, early, prepared)
+        }
     }
 }

@@ -751,7 +751,7 @@ fn command_for(subcommands: bool) -> clap::Command {
 
 /// Parses `raw` (the program's name first) into a checked [`Cli`]: clap's parse, then
 /// [`Cli::validate`] and the mistyped-subcommand check. Options are copied into the
-/// subcommands ([`command_for`]) when any word of `raw` is a subcommand's name (as an option's
+/// subcommands (`command_for`) when any word of `raw` is a subcommand's name (as an option's
 /// value or COMMAND's too: a copy too many costs only time).
 ///
 /// # Errors

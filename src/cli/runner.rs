@@ -27,19 +27,51 @@ use crate::process::terminal::Terminal;
 use crate::supervisor::{Election, Exit, Plan, Supervisor};
 use crate::watchdog::{EarlyWatchdog, Watchdog, WatchdogPlan, WatchedSpawner};
 
+/// What [`prepare`] did before the signal handlers exist: COMMAND looked up, and a one-shot's
+/// connect begun.
+pub struct Prepared {
+    command: Result<Command, child::SpawnError>,
+    early_connect: Option<Arc<EarlyConnect>>,
+}
+
+/// Looks COMMAND up (`PATH`), and for a one-shot whose COMMAND can run begins the connect to
+/// its first host ([`EarlyConnect::start`]): the server starts its backend (most of a
+/// connect's time) while the rest of start-up runs. A one-shot only: the other modes spread
+/// their first check (a fleet started together must not connect at once). `main` calls it as
+/// early as the settings exist.
+///
+/// Not for a COMMAND that cannot run: [`main`] exits 127 or 126 before any attempt, and a
+/// session begun for nothing makes a server that asks for a password, or offers TLS, log a
+/// lost client on every run of a mistyped cron job.
+pub fn prepare(settings: &Settings) -> Prepared {
+    let path = std::env::var_os("PATH");
+    let command = Command::resolve(settings.command.clone(), path.as_deref());
+    let one_shot = matches!(settings.mode, Mode::OneShot { wait: None, .. });
+    let early_connect = (one_shot && command.is_ok())
+        .then(|| EarlyConnect::start(&settings.connect, &settings.tls))
+        .flatten();
+    Prepared {
+        command,
+        early_connect,
+    }
+}
+
 /// Runs the default command from checked settings, the signal handlers `main` installed
-/// (docs/field-notes.md#handlers-before-anything-else), the watchdog it forked and the connect it
-/// began ([`early_connect`]). Errors are logged; the result is the
-/// exit status of docs/guarantees.md#exit-codes.
+/// (docs/field-notes.md#handlers-before-anything-else), the watchdog it forked and what
+/// [`prepare`] did. Errors are logged; the result is the exit status of
+/// docs/guarantees.md#exit-codes.
 pub fn main(
     settings: Settings,
     signals: SignalStream,
     early: Option<EarlyWatchdog>,
-    early_connect: Option<Arc<EarlyConnect>>,
+    prepared: Prepared,
 ) -> Exit {
+    let Prepared {
+        command,
+        early_connect,
+    } = prepared;
     // COMMAND is looked up before campaigning: a typo must not wait silently as a standby.
-    let path = std::env::var_os("PATH");
-    let command = match Command::resolve(settings.command.clone(), path.as_deref()) {
+    let command = match command {
         Ok(command) => command,
         Err(err) => {
             error!("{}{}", Chain(&err), lock_file_hint(&settings.command, &err));
@@ -74,24 +106,6 @@ pub fn main(
         early,
         early_connect,
     ))
-}
-
-/// A one-shot's connect to its first host, begun now ([`EarlyConnect::start`]): the server
-/// starts its backend (most of a connect's time) while the rest of start-up runs. A one-shot
-/// only: the other modes spread their first check (a fleet started together must not connect
-/// at once). `main` calls it as early as the settings exist.
-///
-/// Not for a COMMAND that cannot run: [`main`] exits 127 or 126 before any attempt, and a
-/// session begun for nothing makes a server that asks for a password, or offers TLS, log a
-/// lost client on every run of a mistyped cron job. (The look-up is [`main`]'s again, a few
-/// `stat`s.)
-pub fn early_connect(settings: &Settings) -> Option<Arc<EarlyConnect>> {
-    if !matches!(settings.mode, Mode::OneShot { wait: None, .. }) {
-        return None;
-    }
-    let path = std::env::var_os("PATH");
-    Command::resolve(settings.command.clone(), path.as_deref()).ok()?;
-    EarlyConnect::start(&settings.connect, &settings.tls)
 }
 
 /// flock's word order, `leaderrun -n /var/lock/x cmd`: a path that cannot be run, followed by

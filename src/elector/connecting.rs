@@ -76,7 +76,7 @@ pub async fn connect(
 /// client that hung up before its first query; one that asked for a password, or began TLS,
 /// logs the lost client, so the binary begins no early connect for a COMMAND that cannot run).
 ///
-/// What goes out early is exactly what the driver would send first ([`Prelude`]): the startup
+/// What goes out early is exactly what the driver would send first (`Prelude`): the startup
 /// message where the session is plaintext (a Unix socket, `sslmode=disable`), the `SSLRequest`
 /// for `sslmode=prefer` over TCP and, once the server has answered `N`, the startup message
 /// after it. Nothing is sent early for the modes that require TLS.

@@ -378,7 +378,7 @@ impl Elector {
     }
 
     /// Whether the campaign is waiting, right now, for the work of a term that ended to stop
-    /// (every [`TermHold`](crate::TermHold) dropped) before it releases the lock session
+    /// (every [`TermHold`] dropped) before it releases the lock session
     /// (docs/guarantees.md#release-only-after-the-tree-is-dead): no check runs meanwhile, for
     /// at most `idle_session_timeout`. One atomic load.
     pub fn is_releasing(&self) -> bool {
