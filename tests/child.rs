@@ -601,3 +601,77 @@ fn signals_the_parent_blocked_are_still_acted_on() {
     assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143));
     assert!(!alive(child), "COMMAND outlived leaderrun");
 }
+
+/// The CPUs a process may run on, as `/proc/PID/status` lists them.
+fn cpus_allowed(status: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in /proc/PID/status")
+        .trim()
+        .to_owned()
+}
+
+/// COMMAND runs on the CPUs leaderrun may run on: the spawn pins leaderrun's thread to its CPU
+/// across the clone, and the child restores the affinity before anything else. Run with
+/// leaderrun's own affinity, and again with leaderrun narrowed to the last CPU (on a machine with
+/// more than one), a COMMAND left pinned to the spawning CPU would show one CPU where leaderrun
+/// has several, or a CPU leaderrun may not use.
+#[test]
+fn command_inherits_leaderruns_cpu_affinity() {
+    let cluster = Cluster::shared();
+    let ours = cpus_allowed(&std::fs::read_to_string("/proc/self/status").unwrap());
+    // SAFETY: cpu_set_t is plain data; the pointer and size are valid.
+    let mut mine: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut mine) }, 0);
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &mine) })
+        .collect();
+    let can_narrow = cpus.len() > 1;
+    let last = *cpus.last().unwrap();
+    for narrow in [false, true] {
+        if narrow && !can_narrow {
+            break;
+        }
+        let mut cmd = leaderrun();
+        cmd.args([
+            "-q",
+            "--once",
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+            "--",
+            "cat",
+            "/proc/self/status",
+        ]);
+        if narrow {
+            // SAFETY: sched_setaffinity between fork and exec, on a mask built before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut one: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(last, &mut one);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let theirs = cpus_allowed(&String::from_utf8_lossy(&out.stdout));
+        let want = if narrow {
+            last.to_string()
+        } else {
+            ours.clone()
+        };
+        assert_eq!(theirs, want, "narrowed to CPU {last}: {narrow}");
+    }
+}

@@ -15,6 +15,12 @@
 //! unwinds, writes only its own stack and the error cell, and ends in `execve` or `_exit`. Every
 //! signal is blocked in the parent's thread across the clone, so no handler of leaderrun's
 //! runs in the child: the preparation restores the dispositions before it unblocks them.
+//!
+//! The parent's thread is pinned to the CPU it runs on across the clone ([`Pinned`]), so the
+//! child, which inherits the pin, runs there: the parent is suspended anyway, and the kernel
+//! would otherwise place a new task on the idlest CPU, where it waited behind whatever ran
+//! there (up to a millisecond, traced on a one-shot) while the parent's CPU went idle. The
+//! child restores the parent's affinity first, so COMMAND inherits leaderrun's own.
 
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -40,6 +46,58 @@ struct Plan<'a, F> {
     prepare: &'a F,
     /// The errno of a failed preparation or exec; 0 until then. Written by the child only.
     error: i32,
+    /// The affinity to restore before anything else (`None`: the parent was not pinned).
+    affinity: Option<&'a libc::cpu_set_t>,
+}
+
+/// The calling thread pinned to the CPU it runs on, its own affinity kept to restore.
+struct Pinned {
+    saved: libc::cpu_set_t,
+}
+
+impl Pinned {
+    /// Pins the calling thread to its current CPU. `None` when the affinity cannot be read
+    /// (more CPUs than a `cpu_set_t` holds) or set: the spawn goes on unpinned.
+    fn current_cpu() -> Option<Pinned> {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: cpu_set_t is plain data; each call gets a valid pointer and its size.
+        unsafe {
+            let mut saved: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, size, &mut saved) != 0 {
+                return None;
+            }
+            let cpu = libc::sched_getcpu();
+            if cpu < 0 || cpu as usize >= libc::CPU_SETSIZE as usize {
+                return None;
+            }
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut one);
+            (libc::sched_setaffinity(0, size, &one) == 0).then_some(Pinned { saved })
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        restore_affinity(&self.saved);
+    }
+}
+
+/// Sets the calling thread's affinity to `saved`; should the kernel refuse it (a cpuset that
+/// changed meanwhile), to every CPU, which the kernel narrows to those allowed: never left
+/// pinned to one. Raw syscalls only: the child calls it too.
+fn restore_affinity(saved: &libc::cpu_set_t) {
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: valid pointers to cpu_set_t of the size given.
+    unsafe {
+        if libc::sched_setaffinity(0, size, saved) != 0 {
+            let mut all: libc::cpu_set_t = std::mem::zeroed();
+            for cpu in 0..libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(cpu, &mut all);
+            }
+            libc::sched_setaffinity(0, size, &all);
+        }
+    }
 }
 
 /// The child's whole life: prepare, exec, or report the errno and `_exit(127)`.
@@ -48,6 +106,9 @@ extern "C" fn child_main<F: Fn() -> std::io::Result<()>>(arg: *mut libc::c_void)
     // exit); only raw syscalls follow.
     unsafe {
         let plan = &mut *arg.cast::<Plan<'_, F>>();
+        if let Some(saved) = plan.affinity {
+            restore_affinity(saved);
+        }
         if let Err(err) = (plan.prepare)() {
             plan.error = err.raw_os_error().unwrap_or(libc::EINVAL);
             libc::_exit(127);
@@ -107,6 +168,7 @@ pub(crate) unsafe fn spawn<F: Fn() -> std::io::Result<()>>(
             .chain(args.iter().skip(1).map(|a| a.as_ptr())),
     );
     let envp = pointers(&mut vars.iter().map(|v| v.as_ptr()));
+    let pinned = Pinned::current_cpu();
     let mut plan = Plan {
         program: &program,
         argv: &argp,
@@ -114,6 +176,7 @@ pub(crate) unsafe fn spawn<F: Fn() -> std::io::Result<()>>(
         envp: &envp,
         prepare,
         error: 0,
+        affinity: pinned.as_ref().map(|p| &p.saved),
     };
     // 16-byte aligned, as the ABI wants the stack; it grows down from its end. Left
     // uninitialized: the child writes each byte it reads, and zeroing 64 KiB touched sixteen
@@ -141,8 +204,9 @@ pub(crate) unsafe fn spawn<F: Fn() -> std::io::Result<()>>(
         // The child wrote it through the shared memory: read what is there now.
         (pid, clone_error, std::ptr::read_volatile(&plan.error))
     };
-    // The child has exec'd or exited: its stack is ours again.
+    // The child has exec'd or exited: its stack is ours again, and the parent's CPUs too.
     drop(stack);
+    drop(pinned);
     if pid < 0 {
         return Err(clone_error);
     }
