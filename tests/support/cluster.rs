@@ -632,6 +632,48 @@ impl Cluster {
             .expect("run psql")
     }
 
+    /// The pids of the server's client backends now: the postmaster's children with a client
+    /// (`127.0.0.1(PORT)` or `[local]`) in their process title.
+    pub fn client_backends(&self) -> Vec<u32> {
+        let Some(postmaster) = self
+            .postmaster
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|c| c.id())
+        else {
+            return Vec::new();
+        };
+        std::fs::read_to_string(format!("/proc/{postmaster}/task/{postmaster}/children"))
+            .unwrap_or_default()
+            .split_ascii_whitespace()
+            .filter_map(|pid| pid.parse().ok())
+            .filter(|pid: &u32| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|title| {
+                    let title = String::from_utf8_lossy(&title);
+                    title.contains("127.0.0.1(") || title.contains("[local]")
+                })
+            })
+            .collect()
+    }
+
+    /// Waits, at most `within`, until every client backend but those in `kept` is gone
+    /// ([`Cluster::client_backends`]). A backend lives on for about a millisecond after its
+    /// client's Terminate; a measurement started meanwhile shares the CPU with its exit.
+    /// Returns whether they were.
+    pub fn wait_backends_gone(&self, kept: &[u32], within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.client_backends().iter().all(|pid| kept.contains(pid)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Fast shutdown (SIGINT: terminate sessions, checkpoint) and wait for the postmaster.
     pub fn stop(&self) {
         self.stop_with(Signal::SIGINT);

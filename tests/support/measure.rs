@@ -262,12 +262,22 @@ pub fn floor_client(dsn: &str) {
 /// number of rows), so that the machine's drift over the group reaches every row alike: the
 /// rows of one group are compared with each other (ratios to a floor), and run one after the
 /// other a floor could be measured minutes after its leaderrun row, on a machine that had
-/// since turned half as fast. Each measurement's time in ms.
-fn interleaved(runs: usize, rows: &mut [&mut dyn FnMut()]) -> Vec<Vec<f64>> {
+/// since turned half as fast. Each measurement starts once the server has no client backend
+/// left but those of before the group ([`Cluster::wait_backends_gone`]): started the instant
+/// the one before returned, it shared the CPU with that one's backend exiting, which slowed
+/// the floor process from 2.9 to 3.5 ms (BENCHMARKS.md, fifth pass). Each measurement's time
+/// in ms.
+fn interleaved(cluster: &Cluster, runs: usize, rows: &mut [&mut dyn FnMut()]) -> Vec<Vec<f64>> {
     let mut samples = vec![Vec::with_capacity(runs); rows.len()];
+    // Sessions open before the group are not its measurements'.
+    let kept = cluster.client_backends();
     for round in 0..runs {
         for k in 0..rows.len() {
             let i = (round + k) % rows.len();
+            assert!(
+                cluster.wait_backends_gone(&kept, Duration::from_secs(5)),
+                "a client backend outlived its measurement by 5 s"
+            );
             let t = Instant::now();
             (rows[i])();
             samples[i].push(t.elapsed().as_secs_f64() * 1e3);
@@ -358,7 +368,7 @@ pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row>
             .iter_mut()
             .map(|f| &mut **f as &mut dyn FnMut()),
     );
-    let mut samples = interleaved(runs, &mut all).into_iter();
+    let mut samples = interleaved(cluster, runs, &mut all).into_iter();
     let mut rows = vec![
         Row {
             name: "`true`".into(),
