@@ -730,7 +730,7 @@ pub fn command() -> clap::Command {
 }
 
 /// The subcommands' names, as [`Action`] spells them.
-const SUBCOMMANDS: [&str; 3] = ["status", "doctor", "step-down"];
+pub(super) const SUBCOMMANDS: [&str; 3] = ["status", "doctor", "step-down"];
 
 /// [`command`], with the options that every subcommand takes too (`global`) copied into the
 /// subcommands only when `subcommands`: clap copies each of them, help texts and all, into

@@ -159,7 +159,7 @@ impl Cli {
         if raw.windows(2).any(|w| w[0] == "--" && w[1] == *word) {
             return Ok(());
         }
-        let Some(meant) = ["status", "doctor", "step-down"]
+        let Some(meant) = super::args::SUBCOMMANDS
             .into_iter()
             .filter(|name| *name != word && strsim::damerau_levenshtein(name, word) <= 2)
             .min_by_key(|name| strsim::damerau_levenshtein(name, word))
