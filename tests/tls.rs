@@ -160,3 +160,135 @@ fn prefer_asks_again_in_plaintext_when_the_server_refuses_tls_as_libpq_does() {
     );
     assert!(!stderr.contains("wrong-pw"), "{stderr}");
 }
+
+/// Server certificates as PostgreSQL's manual makes them ("Creating Certificates"), and the
+/// name rules of libpq: for each, psql and leaderrun must both connect or both refuse
+/// (docs/guarantees.md#database-and-connection-settings).
+#[test]
+fn server_certificates_psql_accepts_leaderrun_accepts() {
+    let cluster = Cluster::start_private();
+    let Some(certs) = cluster.enable_tls("tls::server_certificates_psql_accepts_leaderrun_accepts")
+    else {
+        return;
+    };
+    let port = cluster.addr().port();
+    let agree = |host: &str, settings: &str, code: i32, needle: &str| {
+        let dsn = format!(
+            "host={host} hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres {settings}"
+        );
+        let psql = std::process::Command::new(cluster.psql_path())
+            .env_clear()
+            .env("HOME", "/nonexistent")
+            .args(["-X", "-w", "-q", "-c", "select 1", "-d", &dsn])
+            .output()
+            .unwrap();
+        assert_eq!(
+            psql.status.success(),
+            code == 0,
+            "psql {dsn}: {}",
+            String::from_utf8_lossy(&psql.stderr)
+        );
+        let (got, stderr) = once(&dsn);
+        assert_eq!(got, Some(code), "{dsn}: {stderr}");
+        assert!(stderr.contains(needle), "{dsn}: {stderr}");
+    };
+    let ca = certs.file("ca.crt");
+
+    // The manual's self-signed certificate, copied to the client as its root: OpenSSL 3
+    // marks it CA:TRUE, which webpki alone refuses as a server's.
+    certs.self_signed("self", "localhost", &[]);
+    cluster.serve_certificate(&certs, "self");
+    let own = format!("sslrootcert={}", certs.file("self.crt"));
+    agree("localhost", &format!("sslmode=verify-full {own}"), 0, "");
+    agree("LocalHost", &format!("sslmode=verify-full {own}"), 0, "");
+    agree("wronghost", &format!("sslmode=verify-ca {own}"), 0, "");
+    agree("localhost", &format!("sslmode=require {own}"), 0, "");
+    agree(
+        "wronghost",
+        &format!("sslmode=verify-full {own}"),
+        125,
+        "not valid for name",
+    );
+    // Trusted as it stands, but not for a TLS server.
+    certs.self_signed("client-only", "localhost", &["extendedKeyUsage=clientAuth"]);
+    cluster.serve_certificate(&certs, "client-only");
+    agree(
+        "localhost",
+        &format!(
+            "sslmode=verify-ca sslrootcert={}",
+            certs.file("client-only.crt")
+        ),
+        125,
+        "InvalidPurpose",
+    );
+    // Neither is it trusted through another root.
+    agree(
+        "localhost",
+        &format!("sslmode=verify-ca sslrootcert={ca}"),
+        125,
+        "",
+    );
+
+    // The manual's CA-signed certificate: a Common Name, no alternative names.
+    certs.signed("cn-only", "localhost", "basicConstraints=CA:FALSE\n");
+    cluster.serve_certificate(&certs, "cn-only");
+    let full = format!("sslmode=verify-full sslrootcert={ca}");
+    agree("localhost", &full, 0, "");
+    agree("otherhost", &full, 125, "only valid for localhost");
+
+    // An alternative name hides the Common Name from a host of its kind.
+    certs.signed(
+        "alt-hides-cn",
+        "localhost",
+        "subjectAltName=DNS:other.test\nbasicConstraints=CA:FALSE\n",
+    );
+    cluster.serve_certificate(&certs, "alt-hides-cn");
+    agree("localhost", &full, 125, "only valid for other.test");
+    agree("other.test", &full, 0, "");
+
+    // A wildcard stands for one whole first label.
+    certs.signed(
+        "wildcard",
+        "nobody",
+        "subjectAltName=DNS:*.pg.test\nbasicConstraints=CA:FALSE\n",
+    );
+    cluster.serve_certificate(&certs, "wildcard");
+    agree("db.pg.test", &full, 0, "");
+    agree("DB.PG.test", &full, 0, "");
+    agree("a.db.pg.test", &full, 125, "not valid for name");
+    agree("pg.test", &full, 125, "not valid for name");
+}
+
+/// `sslrootcert=system` (libpq 16): the system's roots, `verify-full` by default, and a weaker
+/// `sslmode` refused before any connection.
+#[test]
+fn sslrootcert_system_means_the_systems_roots_and_verify_full() {
+    let cluster = Cluster::start_private();
+    if cluster
+        .enable_tls("tls::sslrootcert_system_means_the_systems_roots_and_verify_full")
+        .is_none()
+    {
+        return;
+    }
+    let port = cluster.addr().port();
+    let dsn = |extra: &str| {
+        format!(
+            "host=localhost hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres \
+             sslrootcert=system {extra}"
+        )
+    };
+    // The test CA is in no system store: verified, and refused.
+    let (code, stderr) = once(&dsn(""));
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("UnknownIssuer"), "{stderr}");
+    for weaker in ["disable", "prefer", "require", "verify-ca"] {
+        let (code, stderr) = once(&dsn(&format!("sslmode={weaker}")));
+        assert_eq!(code, Some(125), "{weaker}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "weaker sslmode \"{weaker}\" may not be used with sslrootcert=system"
+            )),
+            "{weaker}: {stderr}"
+        );
+    }
+}

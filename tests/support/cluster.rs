@@ -31,6 +31,86 @@ impl Certs {
     pub fn file(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }
+
+    fn openssl(&self, args: &[&str]) {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(&self.dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `NAME.crt` and `NAME.key`: a self-signed certificate for subject `/CN=CN`, made as
+    /// PostgreSQL's manual makes one (`openssl req -new -x509`; OpenSSL 3 marks it `CA:TRUE`),
+    /// with the extensions `addext` added (`-addext` values).
+    pub fn self_signed(&self, name: &str, cn: &str, addext: &[&str]) {
+        let (subject, key, crt) = (
+            format!("/CN={cn}"),
+            format!("{name}.key"),
+            format!("{name}.crt"),
+        );
+        let mut args = vec![
+            "req", "-new", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            &subject, "-keyout", &key, "-out", &crt,
+        ];
+        for ext in addext {
+            args.extend(["-addext", ext]);
+        }
+        self.openssl(&args);
+        self.readable_by_server();
+    }
+
+    /// `NAME.crt` and `NAME.key`: a certificate for subject `/CN=CN` signed by `ca.crt`, with
+    /// the extensions `ext` (openssl's extfile lines; empty for none).
+    pub fn signed(&self, name: &str, cn: &str, ext: &str) {
+        self.openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            &format!("/CN={cn}"),
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+        ]);
+        std::fs::write(self.dir.join(format!("{name}.ext")), ext).unwrap();
+        self.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.crt"),
+        ]);
+        self.readable_by_server();
+    }
+
+    /// Every file owned by the server's user, mode 0600 (the server refuses a key others
+    /// may read); the tests run as root or as that user, so they still read them all.
+    fn readable_by_server(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        for entry in std::fs::read_dir(&self.dir).unwrap().flatten() {
+            chown_to_server_user(&entry.path());
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        chown_to_server_user(&self.dir);
+    }
 }
 
 /// A PostgreSQL server of the tests' own.
@@ -499,20 +579,9 @@ impl Cluster {
         }
         let dir = self.dir.path().join("tls");
         std::fs::create_dir_all(&dir).unwrap();
-        let run = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(&dir)
-                .output()
-                .expect("openssl");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
+        let certs = Certs { dir };
         let ca = |name: &str| {
-            run(&[
+            certs.openssl(&[
                 "req",
                 "-x509",
                 "-newkey",
@@ -530,50 +599,13 @@ impl Cluster {
         };
         ca("ca");
         ca("other-ca");
-        let leaf = |name: &str, cn: &str, ext: &str| {
-            run(&[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                &format!("/CN={cn}"),
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ]);
-            std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
-            run(&[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.crt"),
-            ]);
-        };
-        leaf(
+        certs.signed(
             "server",
             "localhost",
             "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
         );
-        leaf("client", "certuser", "basicConstraints=CA:FALSE\n");
-        use std::os::unix::fs::PermissionsExt;
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            chown_to_server_user(&entry.path());
-            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
-        }
-        chown_to_server_user(&dir);
+        certs.signed("client", "certuser", "basicConstraints=CA:FALSE\n");
+        let dir = &certs.dir;
         let conf = format!(
             "\nssl = on\nssl_cert_file = '{0}/server.crt'\nssl_key_file = '{0}/server.key'\nssl_ca_file = '{0}/ca.crt'\n",
             dir.display()
@@ -588,7 +620,25 @@ impl Cluster {
         std::fs::write(&hba_path, format!("hostssl all certuser 127.0.0.1/32 cert\nhost all certuser 127.0.0.1/32 reject\n{hba}")).unwrap();
         self.sql("CREATE ROLE certuser LOGIN SUPERUSER");
         self.restart();
-        Some(Certs { dir })
+        Some(certs)
+    }
+
+    /// Makes the server present `NAME.crt` (key `NAME.key`) of `certs`, and returns once a
+    /// new session is served with it (the postmaster re-reads them on a reload).
+    pub fn serve_certificate(&self, certs: &Certs, name: &str) {
+        let cert = certs.file(&format!("{name}.crt"));
+        self.sql(&format!("ALTER SYSTEM SET ssl_cert_file = '{cert}'"));
+        self.sql(&format!(
+            "ALTER SYSTEM SET ssl_key_file = '{}'",
+            certs.file(&format!("{name}.key"))
+        ));
+        assert_eq!(self.sql("SELECT pg_reload_conf()"), ["t"]);
+        // A backend forked after the postmaster's reload shows the new setting.
+        super::wait_for(
+            "the server to load the new certificate",
+            Duration::from_secs(10),
+            || (self.sql("SHOW ssl_cert_file") == [cert.clone()]).then_some(()),
+        );
     }
 
     /// Puts `lines` at the top of pg_hba.conf and reloads.

@@ -653,6 +653,10 @@ fn build(
                 .filter(|p| p.is_file()),
         }
     };
+    let root_cert = tls_file(&mut params, "sslrootcert", "root.crt");
+    let system_roots = root_cert
+        .as_deref()
+        .is_some_and(|p| p == std::path::Path::new(crate::pg::tls::SYSTEM_ROOTS));
     let mode = match take(&params, "sslmode") {
         Some(m) if m == "allow" => {
             return Err(ConnInfoError::Unsupported {
@@ -669,9 +673,22 @@ fn build(
         })?,
         // The deprecated requiressl (PGREQUIRESSL): a value starting with 1 is `require`.
         None if take(&params, "requiressl").is_some_and(|v| v.starts_with('1')) => SslMode::Require,
+        // libpq 16: `sslrootcert=system` makes `verify-full` the default.
+        None if system_roots => SslMode::VerifyFull,
         None => SslMode::Prefer,
     };
-    let root_cert = tls_file(&mut params, "sslrootcert", "root.crt");
+    // libpq 16 refuses a weaker mode with the system's roots: a public CA vouches for names,
+    // and a chain to it alone says nothing about which server this is.
+    if system_roots && mode != SslMode::VerifyFull {
+        return Err(value_err(
+            "sslmode",
+            &params,
+            format!(
+                "weaker sslmode {} may not be used with sslrootcert=system (use \"verify-full\")",
+                quote(&take(&params, "sslmode").unwrap_or_else(|| "require".to_owned()))
+            ),
+        ));
+    }
     let client_cert = tls_file(&mut params, "sslcert", "postgresql.crt");
     let client_key = tls_file(&mut params, "sslkey", "postgresql.key");
 

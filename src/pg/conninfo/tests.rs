@@ -156,6 +156,29 @@ fn ssl_settings() {
     let c = resolve_with(Some("host=h user=u"), &[("PGSSLMODE", "verify-ca")]).unwrap();
     assert_eq!(c.tls.mode, SslMode::VerifyCa);
     assert!(resolve_with(Some("host=h sslmode=sometimes"), &[]).is_err());
+    // libpq 16: the system's roots make verify-full the default and refuse anything weaker.
+    let c = resolve_with(Some("host=h user=u dbname=d sslrootcert=system"), &[]).unwrap();
+    assert_eq!(c.tls.mode, SslMode::VerifyFull);
+    let c = resolve_with(
+        Some("host=h user=u dbname=d"),
+        &[("PGSSLROOTCERT", "system")],
+    )
+    .unwrap();
+    assert_eq!(c.tls.mode, SslMode::VerifyFull);
+    for weaker in ["require", "verify-ca"] {
+        let err = resolve_with(
+            Some(&format!(
+                "host=h dbname=d sslrootcert=system sslmode={weaker}"
+            )),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("may not be used with sslrootcert=system"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -10,9 +10,13 @@
 //! | `verify-ca` | yes | chain to the root (`sslrootcert`, else the system's roots) |
 //! | `verify-full` | yes | chain, and the host name or IP the client connected to |
 //!
-//! `sslcert`/`sslkey` give a client certificate (PEM). A failed verification fails the
-//! connect with rustls' reason in the error chain. As with libpq, a Unix-socket connection
-//! never uses TLS.
+//! The chain is webpki's, except that a certificate that is itself a trusted root is trusted
+//! as it stands, and the name is matched by libpq's rules, not webpki's (`tls::peer`).
+//! `sslrootcert=system` names the system's roots (libpq 16). `sslcert`/`sslkey` give a client
+//! certificate (PEM). A failed verification fails the connect with the reason in the error
+//! chain. As with libpq, a Unix-socket connection never uses TLS.
+
+mod peer;
 
 use std::future::Future;
 use std::io;
@@ -68,7 +72,8 @@ impl std::str::FromStr for SslMode {
 pub struct TlsSettings {
     /// `sslmode`.
     pub mode: SslMode,
-    /// `sslrootcert`: PEM file of trusted roots; `None` means the system's roots.
+    /// `sslrootcert`: PEM file of trusted roots; `None`, or the path [`SYSTEM_ROOTS`], means
+    /// the system's roots.
     pub root_cert: Option<PathBuf>,
     /// `sslcert`: PEM client certificate chain.
     pub client_cert: Option<PathBuf>,
@@ -98,6 +103,10 @@ pub enum TlsError {
     #[error("invalid TLS configuration")]
     Rustls(#[source] rustls::Error),
 }
+
+/// The `sslrootcert` value that means the system's trusted roots, as in libpq 16 and later
+/// (which then makes `verify-full` the default `sslmode` and refuses a weaker one).
+pub const SYSTEM_ROOTS: &str = "system";
 
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -151,28 +160,30 @@ impl TlsSettings {
         let verifier: Arc<dyn ServerCertVerifier> = match verify {
             Verify::Nothing => Arc::new(AcceptAny(provider.clone())),
             Verify::Chain | Verify::Full => {
+                let trusted = match &self.root_cert {
+                    Some(path) if path.as_os_str() != SYSTEM_ROOTS => {
+                        read_pem_certs("sslrootcert", path)?
+                    }
+                    _ => rustls_native_certs::load_native_certs().certs,
+                };
                 let mut roots = RootCertStore::empty();
-                match &self.root_cert {
-                    Some(path) => {
-                        for cert in read_pem_certs("sslrootcert", path)? {
-                            roots.add(cert).map_err(TlsError::Rustls)?;
-                        }
+                if self.root_cert.is_some() {
+                    for cert in &trusted {
+                        roots.add(cert.clone()).map_err(TlsError::Rustls)?;
                     }
-                    None => {
-                        for cert in rustls_native_certs::load_native_certs().certs {
-                            let _ = roots.add(cert);
-                        }
-                    }
+                } else {
+                    // A system store holds certificates webpki cannot read; they are skipped.
+                    roots.add_parsable_certificates(trusted.iter().cloned());
                 }
-                let webpki =
+                let chain =
                     WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                         .build()
                         .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
-                if verify == Verify::Full {
-                    webpki
-                } else {
-                    Arc::new(ChainOnly(webpki))
-                }
+                Arc::new(AsLibpq {
+                    chain,
+                    trusted,
+                    names: verify == Verify::Full,
+                })
             }
         };
         let builder = ClientConfig::builder_with_provider(provider)
@@ -257,11 +268,18 @@ impl ServerCertVerifier for AcceptAny {
     }
 }
 
-/// `sslmode=verify-ca`: the chain must lead to a trusted root; the name is not checked.
+/// `sslmode=verify-ca` and `verify-full` (and `require` with a root named), as libpq verifies:
+/// the chain by webpki, or the certificate trusted as it stands when it is one of the roots;
+/// with `names`, the host name by libpq's rules ([`peer`]).
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+struct AsLibpq {
+    chain: Arc<WebPkiServerVerifier>,
+    /// The roots, as read: a server certificate equal to one of them is trusted as it stands.
+    trusted: Vec<CertificateDer<'static>>,
+    names: bool,
+}
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for AsLibpq {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -271,14 +289,26 @@ impl ServerCertVerifier for ChainOnly {
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         match self
-            .0
+            .chain
             .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
         {
-            Err(rustls::Error::InvalidCertificate(
+            // webpki checks the chain first, then the name by its own rules: the chain is
+            // sound, and the name is libpq's to judge.
+            Ok(_)
+            | Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
+            )) => {}
+            Err(refused) => match peer::trusted_as_is(end_entity, &self.trusted, now) {
+                None => return Err(refused),
+                Some(verdict) => verdict.map_err(rustls::Error::InvalidCertificate)?,
+            },
         }
+        if self.names {
+            peer::PeerNames::of(end_entity)
+                .and_then(|names| names.check(server_name))
+                .map_err(rustls::Error::InvalidCertificate)?;
+        }
+        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -287,7 +317,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.chain.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -296,11 +326,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.chain.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.chain.supported_verify_schemes()
     }
 }
 
