@@ -32,6 +32,7 @@ fn a_hung_first_host_fails_over_within_its_connect_timeout() {
     let started = Instant::now();
     let out = leaderrun()
         .args([
+            "-v",
             "--once",
             "--dsn",
             &dsn,
@@ -43,6 +44,27 @@ fn a_hung_first_host_fails_over_within_its_connect_timeout() {
         .unwrap();
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // The start line names every host with its own port; the grant's, the host it holds on.
+    let (first, second) = (hung.port(), cluster.addr().port());
+    let line = |needle: &str| {
+        text(&out)
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} line: {}", text(&out)))
+            .to_owned()
+    };
+    assert!(
+        line("campaigning").contains(&format!(
+            "server=postgres@127.0.0.1:{first},127.0.0.1:{second}/postgres "
+        )),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        line("lock acquired").contains(&format!("server=postgres@127.0.0.1:{second}/postgres ")),
+        "{}",
+        text(&out)
+    );
     // One connect_timeout on the first host, then the second leads at once.
     assert!(
         took >= Duration::from_millis(1900) && took < Duration::from_millis(4500),

@@ -24,10 +24,15 @@ pub type Connected = (
 
 /// The socket of a connection just made, and what the server told of itself in its startup
 /// answer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Link {
     /// The connection's socket (its task owns it).
     pub(crate) fd: RawFd,
+    /// The host of the list this connection reached, as [`host_endpoint`] names it (for the
+    /// log: with several hosts, which one the lock is held on).
+    ///
+    /// [`host_endpoint`]: crate::pg::conninfo::host_endpoint
+    pub(crate) endpoint: String,
     /// The server's major version, from the `server_version` it reports at startup
     /// (PostgreSQL's manual, "Protocol Flow", ParameterStatus: `15.4 (Debian …)`, `18beta1`);
     /// `None` when it reported none or one that does not start with a number.
@@ -631,7 +636,10 @@ pub(crate) async fn connect_socket(
             )
             .await
             {
-                Ok(found) => return Ok(found),
+                Ok((connected, mut link)) => {
+                    link.endpoint = crate::pg::conninfo::host_endpoint(config, host);
+                    return Ok((connected, link));
+                }
                 Err(Attempt::Next(err)) => last = Some(err),
                 Err(Attempt::Stop(err)) => return Err(err),
             }
@@ -909,7 +917,11 @@ where
             }
         },
     };
-    let link = Link { fd, server_major };
+    let link = Link {
+        fd,
+        endpoint: String::new(),
+        server_major,
+    };
     let (query, needs_on, name) = match wanted {
         SessionAttrs::Any | SessionAttrs::PreferStandby => return Ok((connected, link)),
         SessionAttrs::ReadWrite => ("SHOW transaction_read_only", "off", "read-write"),

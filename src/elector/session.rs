@@ -201,6 +201,8 @@ pub(crate) struct Session {
     pub(crate) task: JoinHandle<()>,
     /// The connection's socket (its task owns it; valid while the task runs).
     pub(crate) fd: RawFd,
+    /// Which host of the list the session reached (`USER@HOST:PORT/DBNAME`).
+    pub(crate) endpoint: String,
     /// The connection's socket once the lock was granted on it ([`socket_of`]); not ours to
     /// close.
     pub(crate) socket: Option<RawFd>,
@@ -249,6 +251,7 @@ impl Session {
         .await?;
         let mut session = Session {
             fd: link.fd,
+            endpoint: link.endpoint.clone(),
             client: Some(client),
             backend_pid: 0,
             try_lock: None,

@@ -112,6 +112,7 @@ impl Campaign<'_> {
         // text each time (one round trip, no PREPARE at the grant, which would delay COMMAND).
         session.socket = socket.map(|s| s.fd);
         session.check = Some(check_sql);
+        let session_endpoint = session.endpoint.clone();
         self.shared.terms.store(number, Ordering::Release);
         // The grant is the term's first proof: its window counts from the try's send time.
         let (term, control) = Term::issue(number, Some(lease.clone()), sent + config.safe_window());
@@ -133,7 +134,7 @@ impl Campaign<'_> {
             term = number,
             backend_pid = lease.backend_pid,
             database = %lease.database,
-            server = %crate::pg::conninfo::endpoint(&self.shared.config.connect),
+            server = %session_endpoint,
             lock = %lease.lock,
             fencing_token = lease.fencing_token,
             idle_session_timeout_ms = idle.as_millis() as u64,

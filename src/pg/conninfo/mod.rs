@@ -786,24 +786,55 @@ fn application_name(host: &str, pid: u32) -> String {
 }
 
 /// A compact, space-free name of where `config` connects, for log fields:
-/// `USER@HOST:PORT/DBNAME` (several hosts joined by commas), never the password.
+/// `USER@HOST:PORT/DBNAME`, several hosts joined by commas, each with its own port
+/// (`app@db1:5432,db2:5433/plexsphere`); never the password.
 pub fn endpoint(config: &tokio_postgres::Config) -> String {
+    let ports = config.get_ports();
     let hosts: Vec<String> = config
         .get_hosts()
         .iter()
-        .map(|h| match h {
-            Host::Tcp(name) if name.contains(':') => format!("[{name}]"),
-            Host::Tcp(name) => name.clone(),
-            Host::Unix(path) => path.display().to_string(),
+        .enumerate()
+        .map(|(i, h)| {
+            // libpq: one port for every host, or one per host.
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match h {
+                Host::Tcp(name) => host_port(name, port),
+                Host::Unix(path) => format!("{}:{port}", path.display()),
+            }
         })
         .collect();
-    let port = config.get_ports().first().copied().unwrap_or(5432);
     format!(
-        "{}@{}:{port}/{}",
+        "{}@{}/{}",
         config.get_user().unwrap_or(""),
         hosts.join(","),
         config.get_dbname().unwrap_or("")
     )
+}
+
+/// [`endpoint`] of the one host of `config`'s list that a session reached: its name (or
+/// `hostaddr` when it has none) and its port.
+pub fn host_endpoint(config: &tokio_postgres::Config, host: &HostTarget) -> String {
+    let place = match &host.address {
+        Address::Unix(dir) => format!("{}:{}", dir.display(), host.port),
+        Address::Tcp { name, addr } if name.is_empty() => {
+            host_port(&addr.map(|a| a.to_string()).unwrap_or_default(), host.port)
+        }
+        Address::Tcp { name, .. } => host_port(name, host.port),
+    };
+    format!(
+        "{}@{place}/{}",
+        config.get_user().unwrap_or(""),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+/// `HOST:PORT`, an IPv6 address in brackets.
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 /// A one-line description of where `config` connects, without the password:

@@ -330,6 +330,18 @@ fn keepalive_settings_are_read_and_checked() {
 fn endpoint_is_one_word() {
     let c = resolve_with(Some("postgresql://app:secret@db:6543/plexsphere"), &[]).unwrap();
     assert_eq!(endpoint(&c.config), "app@db:6543/plexsphere");
+    // Each host with its own port; one port serves all.
+    let c = resolve_with(Some("host=db1,::1 port=5432,5433 user=u dbname=d"), &[]).unwrap();
+    assert_eq!(endpoint(&c.config), "u@db1:5432,[::1]:5433/d");
+    let c = resolve_with(Some("host=db1,db2 port=6000 user=u dbname=d"), &[]).unwrap();
+    assert_eq!(endpoint(&c.config), "u@db1:6000,db2:6000/d");
+    let hosts = &c.tls.plan.hosts;
+    assert_eq!(host_endpoint(&c.config, &hosts[1]), "u@db2:6000/d");
+    let c = resolve_with(Some("hostaddr=127.0.0.1 port=7 user=u dbname=d"), &[]).unwrap();
+    assert_eq!(
+        host_endpoint(&c.config, &c.tls.plan.hosts[0]),
+        "u@127.0.0.1:7/d"
+    );
 }
 
 #[test]
