@@ -48,6 +48,10 @@ fn main() {
         measure::floor_client(&dsn);
         return;
     }
+    if let Ok(dsn) = std::env::var(measure::LIBRARY_ENV) {
+        measure::library_client(&dsn);
+        return;
+    }
     if let Ok(dsn) = std::env::var(measure::FLOOR_HOLD_ENV) {
         measure::floor_holder(&dsn);
         return;

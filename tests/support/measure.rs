@@ -258,6 +258,41 @@ pub fn floor_client(dsn: &str) {
     runtime.block_on(floor_session(dsn));
 }
 
+/// With this variable set (to a DSN) the benchmark binary is the library row's client
+/// ([`library_client`]) instead.
+pub const LIBRARY_ENV: &str = "LEADERRUN_BENCH_LIBRARY_DSN";
+
+/// The election a one-shot runs, as the contract asks for it, through the crate's library
+/// ([`leaderrun::Elector`], as `leaderrun --once` configures it): connect as libpq does
+/// (`sslmode=prefer`: the SSLRequest first), pin the session's timers, try with the durable
+/// fencing token, release, close. No COMMAND, no watchdog, no command line: between this and
+/// the floor process is what the contract's election costs, between this and `leaderrun
+/// --once -- true` what the tool adds around it.
+pub fn library_client(dsn: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut config = leaderrun::Config::new(dsn.parse().unwrap());
+        config.lock = leaderrun::LockKey {
+            class: CLASS,
+            id: unique_lock_id(),
+        };
+        config.warn_weaker_server = false;
+        let elector = leaderrun::Elector::new(config).unwrap();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let run = elector.run(cancel.clone());
+        tokio::pin!(run);
+        tokio::select! {
+            term = elector.wait_for_term() => assert!(term.lease().is_some()),
+            ended = &mut run => panic!("the campaign ended before leading: {ended:?}"),
+        }
+        cancel.cancel();
+        run.await.unwrap();
+    });
+}
+
 /// Runs each row's measurement `runs` times, round-robin (round *i* starts at row *i* mod the
 /// number of rows), so that the machine's drift over the group reaches every row alike: the
 /// rows of one group are compared with each other (ratios to a floor), and run one after the
@@ -327,6 +362,13 @@ pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row>
             .unwrap();
         assert!(status.success());
     };
+    let mut library = || {
+        let status = Command::new(&me)
+            .env(LIBRARY_ENV, &floor_dsn)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
     // With `--pid-namespace` where this process may make PID namespaces: its price is one more
     // fork and exec per start (the init).
     let namespaced = leaderrun::process::pidns::PidNamespace::new()
@@ -362,6 +404,7 @@ pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row>
     let mut all: Vec<&mut dyn FnMut()> = vec![&mut true_, &mut flock, &mut floor_here];
     if floor_process {
         all.push(&mut process);
+        all.push(&mut library);
     }
     all.extend(
         leaderrun_rows
@@ -397,6 +440,14 @@ pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row>
             note: "the same, as a process that starts, does it and exits (this benchmark's binary)"
                 .into(),
         });
+        rows.push(Row {
+            name: LIBRARY_PROCESS.into(),
+            unit: "ms",
+            samples: samples.next().unwrap(),
+            note: "a process: the crate's Elector leads once and releases (TLS asked, timers \
+                   pinned, durable fencing token), no COMMAND or watchdog"
+                .into(),
+        });
     }
     let first_shot = rows.len();
     for ((flags, name, _), samples) in shots.iter().zip(samples) {
@@ -410,13 +461,29 @@ pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row>
     if !floor_process {
         return rows;
     }
-    let floor = rows[first_shot - 1].samples.clone();
+    let floor = rows[first_shot - 2].samples.clone();
+    let library = rows[first_shot - 1].samples.clone();
     let tcp = rows[first_shot].samples.clone();
+    let ratio = |over: &[f64], under: &[f64]| over.iter().zip(under).map(|(o, u)| o / u).collect();
     rows.push(Row {
         name: "`leaderrun --once -- true`, TCP loopback / the floor process".into(),
         unit: "×",
-        samples: tcp.iter().zip(&floor).map(|(l, f)| l / f).collect(),
+        samples: ratio(&tcp, &floor),
         note: "each round's run over the floor process of the same round (goal: ≤ ×1.5)".into(),
+    });
+    rows.push(Row {
+        name: "the library's election / the floor process".into(),
+        unit: "×",
+        samples: ratio(&library, &floor),
+        note: "what the contract's election costs over the bare try".into(),
+    });
+    rows.push(Row {
+        name: "`leaderrun --once -- true`, TCP loopback / the library's election".into(),
+        unit: "×",
+        samples: ratio(&tcp, &library),
+        note: "what the tool adds around the election: start-up, watchdog, COMMAND (`true`), \
+               the tree's proof"
+            .into(),
     });
     rows
 }
@@ -1355,6 +1422,10 @@ pub fn one_shot_overhead(rows: &[Row]) -> Vec<Row> {
 
 /// The floor row run as a process of its own.
 const FLOOR_PROCESS: &str = "floor: connect, try the lock, unlock, close; a process, TCP loopback";
+
+/// The library's election as a process of its own ([`library_client`]).
+const LIBRARY_PROCESS: &str =
+    "the library's election: connect as libpq, pin, try with the token, release; a process";
 
 /// A floor row's session: connected without TLS, its connection driven on a task of its own.
 async fn floor_connect(
