@@ -84,13 +84,15 @@ pub(super) fn service_section(
 }
 
 /// Whether the `.pgpass` field at the start of `line` matches `value`; returns the rest of
-/// the line after the field's `:`. libpq's rules: `*` alone matches anything, `\` escapes the
-/// next character (so `\*` is a star and `\:` a colon), an unescaped `:` ends the field.
+/// the line after the field's `:`. libpq's rules (`pwdfMatchesString`): `*` alone matches
+/// anything, `\` escapes the next character (so `\*` is a star and `\:` a colon), and an
+/// unescaped `:` ends the field once `value` is used up; before that it matches a `:` of
+/// `value`, so `::1:5432:…` matches the host `::1` as libpq reads it.
 pub(super) fn pgpass_field<'a>(line: &'a str, value: &str) -> Option<&'a str> {
     if let Some(rest) = line.strip_prefix("*:") {
         return Some(rest);
     }
-    let mut want = value.chars();
+    let mut want = value.chars().peekable();
     let mut chars = line.char_indices();
     while let Some((_, c)) = chars.next() {
         let (c, escaped) = if c == '\\' {
@@ -101,8 +103,8 @@ pub(super) fn pgpass_field<'a>(line: &'a str, value: &str) -> Option<&'a str> {
         } else {
             (c, false)
         };
-        if c == ':' && !escaped {
-            return want.next().is_none().then_some(chars.as_str());
+        if c == ':' && !escaped && want.peek().is_none() {
+            return Some(chars.as_str());
         }
         if want.next() != Some(c) {
             return None;

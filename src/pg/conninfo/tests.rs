@@ -236,7 +236,7 @@ fn pgpass_rules() {
     let file = dir.join("pgpass");
     std::fs::write(
         &file,
-        "# comment\nother:*:*:*:wrong\ndb:5432:app:u:first\ndb:*:*:u:second\nlocalhost:*:*:*:sock\\:et\n*:*:*:*:any\n",
+        "# comment\nother:*:*:*:wrong\ndb:5432:app:u:first\ndb:*:*:u:second\nlocalhost:*:*:*:sock\\:et\n::1:*:*:u:six\n\\:\\:2:*:*:u:escaped\n*:*:*:*:any\n",
     )
     .unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -248,6 +248,10 @@ fn pgpass_rules() {
         Some("sock:et")
     );
     assert_eq!(look("elsewhere", "1", "x", "v").as_deref(), Some("any"));
+    // An unescaped colon matches a colon of the host, as libpq's matcher reads it; escaped too.
+    assert_eq!(look("::1", "5432", "x", "u").as_deref(), Some("six"));
+    assert_eq!(look("::2", "5432", "x", "u").as_deref(), Some("escaped"));
+    assert_eq!(look("fe80::1", "5432", "x", "u").as_deref(), Some("any"));
     // Through the resolver, with passfile= and with PGPASSFILE.
     let f = file.to_str().unwrap();
     let c = resolve_with(
