@@ -336,6 +336,18 @@ fn insert_all(
         if only_missing && params.contains_key(&key) {
             continue;
         }
+        // libpq's conninfo_storeval: in a connection string the deprecated `requiressl` is
+        // stored as `sslmode` (1… `require`, else `prefer`), so the later of the two wins.
+        let (key, value) = if key == "requiressl" && !only_missing {
+            let mode = if value.starts_with('1') {
+                "require"
+            } else {
+                "prefer"
+            };
+            ("sslmode".to_owned(), mode.to_owned())
+        } else {
+            (key, value)
+        };
         params.insert(key, (value, origin.to_owned()));
     }
     Ok(())
@@ -671,7 +683,8 @@ fn build(
                 format!("{} is not a sslmode", quote(&m)),
             )
         })?,
-        // The deprecated requiressl (PGREQUIRESSL): a value starting with 1 is `require`.
+        // The deprecated PGREQUIRESSL (libpq's conninfo_add_defaults; in a connection string
+        // `requiressl` became `sslmode` above): a value starting with 1 is `require`.
         None if take(&params, "requiressl").is_some_and(|v| v.starts_with('1')) => SslMode::Require,
         // libpq 16: `sslrootcert=system` makes `verify-full` the default.
         None if system_roots => SslMode::VerifyFull,

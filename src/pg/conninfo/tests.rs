@@ -156,6 +156,20 @@ fn ssl_settings() {
     let c = resolve_with(Some("host=h user=u"), &[("PGSSLMODE", "verify-ca")]).unwrap();
     assert_eq!(c.tls.mode, SslMode::VerifyCa);
     assert!(resolve_with(Some("host=h sslmode=sometimes"), &[]).is_err());
+    // requiressl in a connection string is sslmode, the later of the two winning (libpq).
+    for (dsn, mode) in [
+        ("host=h sslmode=disable requiressl=1", SslMode::Require),
+        ("host=h requiressl=1 sslmode=disable", SslMode::Disable),
+        ("host=h sslmode=require requiressl=0", SslMode::Prefer),
+        ("postgresql://h/d?sslmode=disable&requiressl=1", SslMode::Require),
+    ] {
+        assert_eq!(resolve_with(Some(dsn), &[]).unwrap().tls.mode, mode, "{dsn}");
+    }
+    // PGREQUIRESSL yields to sslmode and PGSSLMODE.
+    let c = resolve_with(Some("host=h sslmode=disable"), &[("PGREQUIRESSL", "1")]).unwrap();
+    assert_eq!(c.tls.mode, SslMode::Disable);
+    let c = resolve_with(Some("host=h"), &[("PGREQUIRESSL", "1")]).unwrap();
+    assert_eq!(c.tls.mode, SslMode::Require);
     // libpq 16: the system's roots make verify-full the default and refuse anything weaker.
     let c = resolve_with(Some("host=h user=u dbname=d sslrootcert=system"), &[]).unwrap();
     assert_eq!(c.tls.mode, SslMode::VerifyFull);
