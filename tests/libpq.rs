@@ -646,7 +646,12 @@ fn cases() -> Vec<Case> {
         "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=x",
         "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=-3",
         "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=' 5 '",
-        "host=127.0.0.1 port={A} user=u dbname=d keepalives=0",
+        "host=127.0.0.1 port={A} user=u dbname=d keepalives=abc",
+        "host=127.0.0.1 port={A} user=u dbname=d keepalives=1",
+        "host=127.0.0.1 port={A} user=u dbname=d sslmode=disable requiressl=1",
+        "host=127.0.0.1 port={A} user=u dbname=d requiressl=1 sslmode=disable",
+        "host=127.0.0.1 port={A} user=u dbname=d sslmode=require requiressl=0",
+        "host=127.0.0.1 port={A} user=u dbname=d application_name=''",
     ] {
         out.push(case(dsn));
     }
@@ -676,6 +681,7 @@ fn cases() -> Vec<Case> {
         "sslpassword=x",
         "frobnicate=1",
         "requiressl=1",
+        "keepalives=0",
     ] {
         let c = case(&format!("host=127.0.0.1 port={{A}} user=u dbname=d {kw}"));
         // Keywords libpq 15 has and leaderrun does not: refused, said so (README).

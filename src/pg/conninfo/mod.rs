@@ -563,7 +563,9 @@ fn build(
     if let Some(options) = nonempty(&params, "options") {
         config.options(options);
     }
-    let app = nonempty(&params, "application_name")
+    // An empty application_name is a setting (psql then shows an empty name), as libpq reads
+    // it; an empty fallback is none.
+    let app = take(&params, "application_name")
         .or_else(|| nonempty(&params, "fallback_application_name"))
         .unwrap_or_else(default_application_name);
     config.application_name(app);
@@ -630,8 +632,28 @@ fn build(
         };
         config.channel_binding(binding);
     }
+    // libpq reads `keepalives` as an integer, 0 for off. The lock session's keepalives bound how
+    // long a half-open session lives (README, Safety): off is refused, not quietly kept on.
     if let Some(k) = take(&params, "keepalives") {
-        config.keepalives(int_value(&k) != Some(0));
+        match int_value(&k) {
+            None => {
+                return Err(value_err(
+                    "keepalives",
+                    &params,
+                    format!("{} is not a whole number", quote(&k)),
+                ))
+            }
+            Some(0) => {
+                return Err(ConnInfoError::Unsupported {
+                    what: "keepalives=0 (the lock session's keepalives bound a half-open session)"
+                        .to_owned(),
+                    origin: params["keepalives"].1.clone(),
+                })
+            }
+            Some(_) => {
+                config.keepalives(true);
+            }
+        }
     }
     // Upper bounds on the lock session's client-side keepalives: the elector takes each where
     // it is shorter than its own (`pin_client_timers`), never a longer one, which would let a

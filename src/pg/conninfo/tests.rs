@@ -130,6 +130,11 @@ fn defaults_like_psql() {
     assert_eq!(c.tls.mode, SslMode::Prefer);
     let c = resolve_with(Some("host=h user=u application_name=mine"), &[]).unwrap();
     assert_eq!(c.config.get_application_name(), Some("mine"));
+    // Empty is a name too, from the DSN or PGAPPNAME, as psql sends it.
+    let c = resolve_with(Some("host=h user=u application_name=''"), &[]).unwrap();
+    assert_eq!(c.config.get_application_name(), Some(""));
+    let c = resolve_with(Some("host=h user=u"), &[("PGAPPNAME", "")]).unwrap();
+    assert_eq!(c.config.get_application_name(), Some(""));
 }
 
 #[test]
@@ -161,9 +166,16 @@ fn ssl_settings() {
         ("host=h sslmode=disable requiressl=1", SslMode::Require),
         ("host=h requiressl=1 sslmode=disable", SslMode::Disable),
         ("host=h sslmode=require requiressl=0", SslMode::Prefer),
-        ("postgresql://h/d?sslmode=disable&requiressl=1", SslMode::Require),
+        (
+            "postgresql://h/d?sslmode=disable&requiressl=1",
+            SslMode::Require,
+        ),
     ] {
-        assert_eq!(resolve_with(Some(dsn), &[]).unwrap().tls.mode, mode, "{dsn}");
+        assert_eq!(
+            resolve_with(Some(dsn), &[]).unwrap().tls.mode,
+            mode,
+            "{dsn}"
+        );
     }
     // PGREQUIRESSL yields to sslmode and PGSSLMODE.
     let c = resolve_with(Some("host=h sslmode=disable"), &[("PGREQUIRESSL", "1")]).unwrap();
@@ -341,7 +353,12 @@ fn keepalive_settings_are_read_and_checked() {
         let err = resolve_with(Some(&format!("host=h dbname=d {bad}")), &[]).unwrap_err();
         let shown = crate::error::Chain(&err).to_string();
         assert!(shown.contains("1 to 32767"), "{bad}: {shown}");
-    }
+    } // keepalives: an integer, as libpq reads it; 0 (off) is refused, never quietly kept on.
+    assert!(resolve_with(Some("host=h dbname=d keepalives=1"), &[]).is_ok());
+    let err = resolve_with(Some("host=h dbname=d keepalives=abc"), &[]).unwrap_err();
+    assert!(matches!(err, ConnInfoError::Value { .. }), "{err}");
+    let err = resolve_with(Some("host=h dbname=d keepalives=0"), &[]).unwrap_err();
+    assert!(matches!(err, ConnInfoError::Unsupported { .. }), "{err}");
 }
 
 #[test]
