@@ -548,3 +548,37 @@ fn a_port_that_cannot_be_bound_exits_125_and_runs_nothing() {
     assert!(replica.log().contains("ERROR"), "{}", replica.log());
     assert!(scratch.starts().is_empty(), "COMMAND ran");
 }
+
+/// `:PORT` is every interface, IPv6 and IPv4 alike (docs/guarantees.md#observing-a-replica):
+/// the probes answer on 127.0.0.1 and, where this machine has IPv6, on ::1.
+#[test]
+fn colon_port_serves_every_interface_ipv4_and_ipv6() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "200ms", "--http-addr", ":0"])
+        .arg("--")
+        .arg(&job);
+    let replica = Replica::spawn(cmd);
+    scratch.wait_starts(1, secs(10.0));
+    let bound = probe_addr(&replica);
+    let ipv6 = std::net::TcpListener::bind("[::1]:0").is_ok();
+    if ipv6 {
+        assert_eq!(bound.ip(), std::net::Ipv6Addr::UNSPECIFIED, "{bound}");
+    }
+    let port = bound.port();
+    let mut addrs = vec![SocketAddr::from(([127, 0, 0, 1], port))];
+    if ipv6 {
+        addrs.push(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)));
+    } else {
+        println!("no IPv6 on this machine: only 127.0.0.1 checked");
+    }
+    for addr in addrs {
+        let (status, _) = timed(addr, "/healthz");
+        assert_eq!(status, 200, "/healthz on {addr}");
+    }
+    drop(replica);
+}

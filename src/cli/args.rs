@@ -557,10 +557,10 @@ pub struct Cli {
 
     /// Serve /metrics, /healthz and /readyz on this address (off by default)
     ///
-    /// HOST:PORT (the first address HOST resolves to) or IP:PORT ([::]:PORT for IPv6 and IPv4).
-    /// :PORT means every interface (0.0.0.0:PORT, all IPv4 addresses):
-    /// whoever can reach the machine can read the metrics and probes; give 127.0.0.1:PORT or
-    /// the pod's address to keep it local.
+    /// HOST:PORT (the first address HOST resolves to) or IP:PORT; [::]:PORT listens on IPv6
+    /// and IPv4 alike. :PORT means every interface, IPv6 and IPv4 ([::]:PORT; 0.0.0.0:PORT on
+    /// a machine without IPv6): whoever can reach the machine can read the metrics and probes;
+    /// give 127.0.0.1:PORT or the pod's address to keep it local.
     ///
     /// Clients cannot hold the port up: at most 32 connections at once (a new one closes the
     /// oldest), 2 s for a request's head, 5 s and 100 requests per connection, request bodies
@@ -811,12 +811,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Parses `--http-addr`: `IP:PORT`, `HOST:PORT` (the first address the name resolves to) or
-/// `:PORT` (every interface: `0.0.0.0:PORT`, all IPv4 addresses).
+/// `:PORT` (every interface: `[::]:PORT`, which the server binds for IPv6 and IPv4 alike, or
+/// `0.0.0.0:PORT` where the machine has no IPv6; see `http::serve`).
 pub fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
     use std::net::ToSocketAddrs;
     let text = text.trim();
     let full = match text.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
+        Some(port) => format!("[::]:{port}"),
         None => text.to_owned(),
     };
     full.to_socket_addrs()

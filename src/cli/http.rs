@@ -132,12 +132,31 @@ pub fn serve(addr: SocketAddr, observed: Observed) -> Result<SocketAddr, BindErr
     let fail = |reason: String| BindError { addr, reason };
     // Bound before the runtime exists: a runtime dropped on the caller's (the election's
     // runtime) would panic.
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()
-    } else {
-        tokio::net::TcpSocket::new_v6()
-    }
-    .map_err(|e| fail(e.to_string()))?;
+    let every = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, addr.port()));
+    let (socket, addr) = match addr {
+        SocketAddr::V4(_) => (tokio::net::TcpSocket::new_v4(), addr),
+        // `[::]` (also what `:PORT` means) is every interface, IPv4 too: the socket takes
+        // IPv4 connections as mapped addresses whatever `net.ipv6.bindv6only` says. A kernel
+        // without IPv6 has no such socket; then every interface is every IPv4 one.
+        _ if addr == every => match tokio::net::TcpSocket::new_v6() {
+            Ok(socket) => {
+                nix::sys::socket::setsockopt(
+                    &socket,
+                    nix::sys::socket::sockopt::Ipv6V6Only,
+                    &false,
+                )
+                .map_err(|e| fail(e.to_string()))?;
+                (Ok(socket), addr)
+            }
+            Err(err) if err.raw_os_error() == Some(libc::EAFNOSUPPORT) => (
+                tokio::net::TcpSocket::new_v4(),
+                SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, addr.port())),
+            ),
+            Err(err) => (Err(err), addr),
+        },
+        SocketAddr::V6(_) => (tokio::net::TcpSocket::new_v6(), addr),
+    };
+    let socket = socket.map_err(|e| fail(e.to_string()))?;
     // As std's bind does: a restarted leaderrun rebinds a port in TIME_WAIT.
     socket
         .set_reuseaddr(true)

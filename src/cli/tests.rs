@@ -128,10 +128,7 @@ fn the_first_check_spread_fits_the_mode() {
 #[test]
 fn http_addresses() {
     assert_eq!(parse_http_addr("127.0.0.1:9464").unwrap().port(), 9464);
-    assert_eq!(
-        parse_http_addr(":9464").unwrap().to_string(),
-        "0.0.0.0:9464"
-    );
+    assert_eq!(parse_http_addr(":9464").unwrap().to_string(), "[::]:9464");
     assert!(parse_http_addr("localhost:9464")
         .unwrap()
         .ip()
