@@ -2,6 +2,7 @@
 //! --wait, the ticker and `--tick-at-grant`, restarts, timeouts, takeover delay and name-derived
 //! lock ids.
 
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use nix::sys::signal::Signal;
@@ -675,4 +676,81 @@ fn tick_at_grant_runs_at_the_grant_then_on_the_cadence() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
+}
+
+/// `--wait` against a server that is momentarily full (53300, the role's connection limit
+/// taken by another session): the retries print nothing at the default level, the job runs
+/// once the session is free; a server full for the whole wait is one ERROR with the cause
+/// (docs/guarantees.md#modes).
+#[test]
+fn wait_retries_a_momentarily_full_server_without_warnings() {
+    use crate::support::metrics;
+    let cluster = Cluster::start_private();
+    cluster.sql("CREATE ROLE full1 LOGIN CONNECTION LIMIT 1");
+    let dsn = cluster.dsn().replace("user=postgres", "user=full1");
+    let hold = || {
+        let mut psql = Command::new(cluster.psql_path())
+            .args(["-X", "-q", "-d", &dsn])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for("the role's one session", secs(10.0), || {
+            (cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'full1'") == ["1"])
+                .then_some(())
+        });
+        // Closing stdin ends the session.
+        let stdin = psql.stdin.take();
+        (psql, stdin)
+    };
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exit 0");
+    // Full for the whole wait: 125, one ERROR that names the cause, no WARN.
+    let (mut psql, stdin) = hold();
+    let out = leaderrun()
+        .args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--wait", "1s", "--"])
+        .arg(&job)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    assert_eq!(stderr.matches("ERROR").count(), 1, "{stderr}");
+    assert!(stderr.contains("too many connections"), "{stderr}");
+    assert!(scratch.starts().is_empty());
+    // Full for a moment: the job runs once the session is free, and nothing is printed.
+    // The port is free now; the probe line is INFO, which a one-shot does not print.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--wait", "30s"])
+        .args(["--http-addr", &addr.to_string(), "--"])
+        .arg(&job);
+    let mut waiting = Replica::spawn(cmd);
+    wait_for("a failed try", secs(10.0), || {
+        // Not serving yet: try again.
+        std::net::TcpStream::connect(addr).ok()?;
+        let failed = metrics(addr)
+            .lines()
+            .find(|l| l.starts_with("leaderrun_checks_total{outcome=\"failed\"}"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse::<f64>()
+            .ok()?;
+        (failed >= 1.0).then_some(())
+    });
+    drop(stdin);
+    psql.wait().unwrap();
+    assert_eq!(
+        waiting.wait_exit(secs(20.0)).code(),
+        Some(0),
+        "{}",
+        waiting.log()
+    );
+    assert_eq!(scratch.starts().len(), 1);
+    assert!(!waiting.log().contains("WARN"), "{}", waiting.log());
 }

@@ -159,6 +159,8 @@ pub fn elector_config(settings: &Settings) -> Config {
     };
     // `--once` reports its one failed check as the ERROR it exits with: printed once.
     config.warn_failed_tries = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
+    // A one-shot's retries of a momentarily full server are no error (cron mails nothing).
+    config.warn_transient_tries = !matches!(settings.mode, Mode::OneShot { .. });
     // A one-shot (cron) would say the server's weaker bound on every run: `doctor` says it.
     config.warn_weaker_server = !matches!(settings.mode, Mode::OneShot { .. });
     config

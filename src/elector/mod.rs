@@ -149,6 +149,11 @@ pub struct Config {
     /// that reports the failure itself: `leaderrun --once` prints one ERROR line with the
     /// cause instead of the same text twice.
     pub warn_failed_tries: bool,
+    /// With [`Config::warn_failed_tries`], also log at WARN a try the server refused because it
+    /// is momentarily full or starting up (SQLSTATE 53300, 57P03), which the campaign retries
+    /// soon (the default). `false` logs those at DEBUG, for `leaderrun --wait`: a cron herd that
+    /// fills the server for a moment is no error, and mails nothing (CONTRACT's `--once`).
+    pub warn_transient_tries: bool,
     /// Say once per process, at WARN, that the server has no `idle_session_timeout`
     /// (PostgreSQL 13, outside the supported 14–18), with the weaker bound that leaves: the
     /// default, for the long-running modes. `false` says it at DEBUG, for `leaderrun --once`,
@@ -188,6 +193,7 @@ impl Config {
             wait_for_release: false,
             first_check_spread: Duration::ZERO,
             warn_failed_tries: true,
+            warn_transient_tries: true,
             warn_weaker_server: true,
             span: tracing::Span::none(),
             registry: None,

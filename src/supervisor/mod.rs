@@ -534,9 +534,13 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 // counts is whether the server was reached at all (docs/guarantees.md#modes).
                 let seen = self.checks.borrow().clone();
                 self.state = if seen.sessions_opened == 0 {
-                    // Each failed try was a WARN line with its cause; the verdict does not
-                    // repeat it.
+                    // Each failed try was a WARN line with its cause, but for a server that was
+                    // momentarily full or starting up (DEBUG: retried, no error by itself): the
+                    // verdict repeats no WARN, and gives that cause.
                     match seen.last_error {
+                        Some(cause) if seen.last_transient => error!(
+                            "could not check the lock: the database could not be reached within --wait: {cause}"
+                        ),
                         Some(_) => error!(
                             "could not check the lock: the database could not be reached within --wait (causes above)"
                         ),

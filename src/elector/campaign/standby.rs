@@ -82,13 +82,14 @@ impl Campaign<'_> {
                     None => err,
                 };
                 self.drop_session(session);
-                if self.shared.config.warn_failed_tries {
+                let transient = is_transient(&err);
+                let config = &self.shared.config;
+                if config.warn_failed_tries && (config.warn_transient_tries || !transient) {
                     warn!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
                 } else {
                     debug!(target: "leaderrun::elector", "leader: acquire lock connection: {}", Chain(&err));
                 }
                 self.record(CheckOutcome::Failed, started, Some(&err));
-                let transient = is_transient(&err);
                 self.shared
                     .checks
                     .send_modify(|c| c.last_transient = transient);
