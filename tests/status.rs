@@ -532,6 +532,22 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
         .log()
         .contains("is in recovery (a hot standby); refusing to lead"));
     assert!(scratch.starts().is_empty());
+    // A one-shot there says it once: one ERROR line, exit 125.
+    let once = leaderrun()
+        .args(["--dsn", &standby.dsn(), "--check-interval", INTERVAL])
+        .args([
+            "--lock-id",
+            &unique_lock_id().to_string(),
+            "--once",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&once.stderr);
+    assert_eq!(once.status.code(), Some(125), "{stderr}");
+    assert_eq!(stderr.matches("ERROR").count(), 1, "{stderr}");
+    assert!(stderr.contains("in recovery"), "{stderr}");
 
     let unreachable = leaderrun()
         .args(["doctor", "--dsn", UNREACHABLE_DSN])

@@ -54,11 +54,11 @@ impl Campaign<'_> {
             }
             Ok(outcome) => self.record(outcome, started, None),
             Err(err @ Error::InRecovery { .. }) => {
-                error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                self.say_refusal(&err);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
             Err(err @ Error::SharedBackend) => {
-                error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
+                self.say_refusal(&err);
                 // Closing the client does not end a pooled server session: give the lock back.
                 if let Some(session) = self.role.take_standby_session() {
                     let lock = session.granted.unwrap_or(self.shared.config.lock);
@@ -94,6 +94,18 @@ impl Campaign<'_> {
                     .checks
                     .send_modify(|c| c.last_transient = transient);
             }
+        }
+    }
+
+    /// Says why this replica refuses to lead on the server it reached (in recovery, a pooler):
+    /// an ERROR, or DEBUG for a caller that reports the failure itself
+    /// ([`Config::warn_failed_tries`](crate::Config::warn_failed_tries), `leaderrun --once`),
+    /// so that it is printed once.
+    fn say_refusal(&self, err: &Error) {
+        if self.shared.config.warn_failed_tries {
+            error!(target: "leaderrun::elector", "leader: {}", Chain(err));
+        } else {
+            debug!(target: "leaderrun::elector", "leader: {}", Chain(err));
         }
     }
 
