@@ -292,3 +292,37 @@ fn sslrootcert_system_means_the_systems_roots_and_verify_full() {
         );
     }
 }
+
+/// `channel_binding=require` (SCRAM-SHA-256-PLUS over TLS): leaderrun binds the session to the
+/// server's certificate as libpq does, and refuses without TLS as libpq does.
+#[test]
+fn channel_binding_require_binds_to_the_servers_certificate() {
+    let cluster = Cluster::start_private();
+    if cluster
+        .enable_tls("tls::channel_binding_require_binds_to_the_servers_certificate")
+        .is_none()
+    {
+        return;
+    }
+    cluster.sql(
+        "SET password_encryption = 'scram-sha-256'; \
+         CREATE ROLE bound LOGIN SUPERUSER PASSWORD 'bound-pw'",
+    );
+    cluster.prepend_hba("host all bound 127.0.0.1/32 scram-sha-256");
+    let port = cluster.addr().port();
+    for (mode, code) in [("require", 0), ("prefer", 0), ("disable", 125)] {
+        let dsn = format!(
+            "host=127.0.0.1 port={port} user=bound dbname=postgres password=bound-pw \
+             channel_binding=require sslmode={mode}"
+        );
+        let psql = std::process::Command::new(cluster.psql_path())
+            .env_clear()
+            .env("HOME", "/nonexistent")
+            .args(["-X", "-w", "-q", "-c", "select 1", "-d", &dsn])
+            .output()
+            .unwrap();
+        assert_eq!(psql.status.success(), code == 0, "psql {mode}: {psql:?}");
+        let (got, stderr) = once(&dsn);
+        assert_eq!(got, Some(code), "{mode}: {stderr}");
+    }
+}

@@ -400,7 +400,8 @@ where
     }
 }
 
-/// An encrypted stream. Channel binding is not offered (SCRAM works without it).
+/// An encrypted stream. It offers `tls-server-end-point` channel binding (the module `peer`'s
+/// `end_point_hash`), so `channel_binding=require` works as with libpq.
 pub struct RustlsStream<S>(Box<tokio_rustls::client::TlsStream<S>>);
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
@@ -433,6 +434,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for RustlsStream<S> {
     fn channel_binding(&self) -> ChannelBinding {
-        ChannelBinding::none()
+        let hash = self
+            .0
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(peer::end_point_hash);
+        match hash {
+            Some(hash) => ChannelBinding::tls_server_end_point(hash),
+            None => ChannelBinding::none(),
+        }
     }
 }

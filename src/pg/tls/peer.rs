@@ -38,6 +38,35 @@ const SERVER_PURPOSES: [ObjectIdentifier; 3] = [
     ObjectIdentifier::new_unwrap("1.3.6.1.4.1.311.10.3.3"),
 ];
 
+/// The `tls-server-end-point` channel binding data of a server certificate (RFC 5929, 4.1):
+/// its DER hashed with the hash of its signature algorithm, SHA-256 where that is MD5 or
+/// SHA-1, as PostgreSQL's server computes it (`be_tls_get_certificate_hash`) for
+/// `SCRAM-SHA-256-PLUS`. `None` for a certificate that does not parse or whose signature
+/// algorithm names no hash this knows (RSASSA-PSS, Ed25519): the session then offers no
+/// channel binding, and `channel_binding=require` refuses it.
+pub(super) fn end_point_hash(der: &CertificateDer<'_>) -> Option<Vec<u8>> {
+    use sha2::Digest;
+    let cert = Certificate::from_der(der.as_ref()).ok()?;
+    let oid = cert.signature_algorithm().oid.to_string();
+    let bytes = der.as_ref();
+    Some(match oid.as_str() {
+        // MD5 and SHA-1 (RSA, ECDSA, DSA), and SHA-256: SHA-256.
+        "1.2.840.113549.1.1.4"
+        | "1.2.840.113549.1.1.5"
+        | "1.2.840.10045.4.1"
+        | "1.2.840.10040.4.3"
+        | "1.2.840.113549.1.1.11"
+        | "1.2.840.10045.4.3.2"
+        | "2.16.840.1.101.3.4.3.2" => sha2::Sha256::digest(bytes).to_vec(),
+        "1.2.840.113549.1.1.14" | "1.2.840.10045.4.3.1" | "2.16.840.1.101.3.4.3.1" => {
+            sha2::Sha224::digest(bytes).to_vec()
+        }
+        "1.2.840.113549.1.1.12" | "1.2.840.10045.4.3.3" => sha2::Sha384::digest(bytes).to_vec(),
+        "1.2.840.113549.1.1.13" | "1.2.840.10045.4.3.4" => sha2::Sha512::digest(bytes).to_vec(),
+        _ => return None,
+    })
+}
+
 /// Whether `end_entity` is, byte for byte, one of `trusted`, and if so whether it may serve
 /// as it stands at `now`: `None` when it is not one of them (the chain's verdict stands),
 /// else its validity period and purpose checked.
