@@ -557,10 +557,11 @@ pub struct Cli {
 
     /// Serve /metrics, /healthz and /readyz on this address (off by default)
     ///
-    /// HOST:PORT (the first address HOST resolves to) or IP:PORT; [::]:PORT listens on IPv6
-    /// and IPv4 alike. :PORT means every interface, IPv6 and IPv4 ([::]:PORT; 0.0.0.0:PORT on
-    /// a machine without IPv6): whoever can reach the machine can read the metrics and probes;
-    /// give 127.0.0.1:PORT or the pod's address to keep it local.
+    /// HOST:PORT (the first address HOST resolves to) or IP:PORT (an IPv6 address in
+    /// brackets); the IPv6 any-address :: listens on IPv6 and IPv4 alike. :PORT means every
+    /// interface, IPv6 and IPv4 (the any-address ::, or 0.0.0.0 on a machine without IPv6):
+    /// whoever can reach the machine can read the metrics and probes; give 127.0.0.1:PORT or
+    /// the pod's address to keep it local.
     ///
     /// Clients cannot hold the port up: at most 32 connections at once (a new one closes the
     /// oldest), 2 s for a request's head, 5 s and 100 requests per connection, request bodies
