@@ -323,6 +323,35 @@ fn systemd_hears_ready_status_watchdog_and_stopping() {
     assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143));
 }
 
+/// A replica that cannot reach its database tells systemd `STATUS=no database: <cause>`
+/// (docs/guarantees.md#observing-a-replica), and stops at once on SIGTERM.
+#[test]
+fn systemd_hears_no_database_with_its_cause() {
+    let scratch = Scratch::new();
+    let socket_path = scratch.file("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(secs(5.0))).unwrap();
+    let mut cmd = leaderrun();
+    cmd.env("NOTIFY_SOCKET", &socket_path)
+        .args(["--dsn", crate::support::UNREACHABLE_DSN])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", INTERVAL, "--", "true"]);
+    let mut replica = Replica::spawn(cmd);
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|m: &String| m.contains("STATUS=no database: ") && m.contains("refused"))
+    {
+        let mut buf = [0u8; 4096];
+        let n = socket
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("waiting for no database: {e}; got {seen:?}"));
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(0));
+}
+
 /// A notification socket nobody reads (its queue holds about ten datagrams) holds up nothing:
 /// with WATCHDOG=1 every 50 ms and a STATUS= at every change, the leader keeps its term and its
 /// child, hands over after `pg_terminate_backend`, and ends at once on SIGTERM. Before, the

@@ -1,7 +1,7 @@
 //! systemd's notification protocol (`NOTIFY_SOCKET`), docs/guarantees.md#observing-a-replica.
 //!
 //! READY=1 after the first check; STATUS= on every change (`leader, term N`, `standby`,
-//! `database unreachable: <cause>`); STOPPING=1 on shutdown; WATCHDOG=1 every half
+//! `no database: <cause>`); STOPPING=1 on shutdown; WATCHDOG=1 every half
 //! `WATCHDOG_USEC` while the check loop is healthy (so a wedged loop gets restarted). Without
 //! `NOTIFY_SOCKET` nothing is sent.
 //!
@@ -64,10 +64,7 @@ pub fn status_line(elector: &Elector) -> String {
     if !term.is_ended() {
         format!("leader, term {}", term.number())
     } else if checks.last == Some(CheckOutcome::Failed) {
-        format!(
-            "database unreachable: {}",
-            checks.last_error.unwrap_or_default()
-        )
+        format!("no database: {}", checks.last_error.unwrap_or_default())
     } else if checks.total == 0 {
         "starting".to_owned()
     } else {
