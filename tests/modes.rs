@@ -754,3 +754,37 @@ fn wait_retries_a_momentarily_full_server_without_warnings() {
     assert_eq!(scratch.starts().len(), 1);
     assert!(!waiting.log().contains("WARN"), "{}", waiting.log());
 }
+
+/// SIGTERM while the leftovers of a run are being stopped, under `--restart always`: nothing
+/// restarts, and no line says it will.
+#[test]
+fn a_shutdown_while_leftovers_stop_restarts_nothing_and_says_so() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "(trap '' TERM; exec sleep 997) &\nexit 0");
+    let mut replica = Replica::start(
+        cluster,
+        unique_lock_id(),
+        INTERVAL,
+        &[
+            "-k",
+            "2s",
+            "--restart",
+            "always",
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    scratch.wait_starts(1, secs(10.0));
+    // The main child is gone; its leftover ignores TERM and is stopped for up to the grace.
+    replica.wait_log("child exited", 1, secs(10.0));
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(
+        replica.wait_exit(secs(10.0)).code(),
+        Some(0),
+        "{}",
+        replica.log()
+    );
+    assert_eq!(scratch.starts().len(), 1, "{}", replica.log());
+    assert!(!replica.log().contains("restarting"), "{}", replica.log());
+}

@@ -254,8 +254,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     return State::Done(otherwise);
                 }
                 let delay = self.backoff.after_run(lasted);
-                // A crash loop is worth a WARN (as a failed tick is): visible at -q.
-                if matches!(why, Why::TimedOut) || !status.success() {
+                // INT/TERM came while the tree was stopping: nothing restarts
+                // (`Ending::settle`), so nothing says it will.
+                if self.ending.shutdown_requested() {
+                    debug!(term = term.number(), last = %status, "shutdown requested: COMMAND is not restarted");
+                } else if matches!(why, Why::TimedOut) || !status.success() {
+                    // A crash loop is worth a WARN (as a failed tick is): visible at -q.
                     warn!(term = term.number(), delay = %humantime::format_duration(delay), "COMMAND failed ({status}); restarting COMMAND after the back-off");
                 } else {
                     info!(term = term.number(), last = %status, delay = %humantime::format_duration(delay), "restarting COMMAND after the back-off");
