@@ -455,6 +455,10 @@ fn a_second_sigterm_while_stopping_kills_at_once() {
     replica.signal(Signal::SIGTERM);
     assert_eq!(replica.wait_exit(secs(3.0)).code(), Some(137));
     assert!(!alive(start.pid));
+    // Killed on the second TERM, not because the 60 s grace ran out, and the log says which.
+    let log = replica.log();
+    assert!(log.contains("sending SIGKILL now"), "{log}");
+    assert!(!log.contains("after the grace period"), "{log}");
 }
 
 #[test]

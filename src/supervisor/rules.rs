@@ -352,9 +352,13 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             }
             State::Child {
                 run,
-                phase: Phase::Stopping {
-                    kill_at, status, ..
-                },
+                phase:
+                    Phase::Stopping {
+                        kill_at,
+                        give_up_at,
+                        status,
+                        ..
+                    },
             } => {
                 if second {
                     info!(
@@ -362,7 +366,13 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                         "second {} while stopping the child; sending SIGKILL now",
                         sig.as_str()
                     );
-                    *kill_at = Instant::now();
+                    // Killed here, not by the grace's deadline, which would say the grace ran
+                    // out.
+                    if give_up_at.is_none() {
+                        run.tree().signal_all(Signal::SIGKILL);
+                        *kill_at = Instant::now();
+                        *give_up_at = Some(Instant::now() + super::KILL_WAIT);
+                    }
                 } else {
                     info!(
                         signal = sig.as_str(),
