@@ -799,6 +799,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err("must not be negative".into());
     }
     if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        // A zero would be refused with its unit too: say that, not how to add one.
+        if trimmed == "0" {
+            return Err("must be greater than zero".into());
+        }
         return Err(format!("needs a unit, e.g. {trimmed}s or {trimmed}ms"));
     }
     let duration = humantime::parse_duration(trimmed).map_err(|e| e.to_string())?;

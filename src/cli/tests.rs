@@ -20,6 +20,9 @@ fn durations() {
     assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
     assert!(parse_duration("5").unwrap_err().contains("unit"));
     assert!(parse_duration("0s").unwrap_err().contains("zero"));
+    // A unit-less zero is told what a zero with a unit would be told.
+    assert!(parse_duration("0").unwrap_err().contains("zero"));
+    assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
     assert!(parse_duration("-1s").unwrap_err().contains("negative"));
     assert!(parse_duration("soon").is_err());
     assert!(parse_duration("2years").unwrap_err().contains("a year"));
