@@ -110,13 +110,18 @@ struct Leading {
 
 impl Leading {
     fn start(descriptor_limit: Option<u64>) -> Leading {
+        Leading::start_on("127.0.0.1:0", descriptor_limit)
+    }
+
+    /// Started with `--http-addr http_addr` (its port 0: the log says which it bound).
+    fn start_on(http_addr: &str, descriptor_limit: Option<u64>) -> Leading {
         let cluster = Cluster::shared();
         let scratch = Scratch::new();
         let job = scratch.child_script("job.sh", "exec sleep 600");
         let mut cmd = leaderrun();
         cmd.args(["--dsn", &cluster.dsn()])
             .args(["--lock-id", &unique_lock_id().to_string()])
-            .args(["--check-interval", "200ms", "--http-addr", "127.0.0.1:0"])
+            .args(["--check-interval", "200ms", "--http-addr", http_addr])
             .arg("--")
             .arg(&job);
         if let Some(limit) = descriptor_limit {
@@ -553,18 +558,8 @@ fn a_port_that_cannot_be_bound_exits_125_and_runs_nothing() {
 /// the probes answer on 127.0.0.1 and, where this machine has IPv6, on ::1.
 #[test]
 fn colon_port_serves_every_interface_ipv4_and_ipv6() {
-    let cluster = Cluster::shared();
-    let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "exec sleep 600");
-    let mut cmd = leaderrun();
-    cmd.args(["--dsn", &cluster.dsn()])
-        .args(["--lock-id", &unique_lock_id().to_string()])
-        .args(["--check-interval", "200ms", "--http-addr", ":0"])
-        .arg("--")
-        .arg(&job);
-    let replica = Replica::spawn(cmd);
-    scratch.wait_starts(1, secs(10.0));
-    let bound = probe_addr(&replica);
+    let leading = Leading::start_on(":0", None);
+    let bound = leading.addr;
     let ipv6 = std::net::TcpListener::bind("[::1]:0").is_ok();
     if ipv6 {
         assert_eq!(bound.ip(), std::net::Ipv6Addr::UNSPECIFIED, "{bound}");
@@ -580,5 +575,4 @@ fn colon_port_serves_every_interface_ipv4_and_ipv6() {
         let (status, _) = timed(addr, "/healthz");
         assert_eq!(status, 200, "/healthz on {addr}");
     }
-    drop(replica);
 }

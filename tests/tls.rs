@@ -22,6 +22,21 @@ fn once(dsn: &str) -> (Option<i32>, String) {
     )
 }
 
+/// Whether psql (libpq itself) connects with `dsn`, in an environment of no files of the
+/// machine's user, and what it said: the verdict leaderrun must agree with.
+fn psql_connects(cluster: &Cluster, dsn: &str) -> (bool, String) {
+    let psql = std::process::Command::new(cluster.psql_path())
+        .env_clear()
+        .env("HOME", "/nonexistent")
+        .args(["-X", "-w", "-q", "-c", "select 1", "-d", dsn])
+        .output()
+        .unwrap();
+    (
+        psql.status.success(),
+        String::from_utf8_lossy(&psql.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn sslmodes_verify_what_libpq_verifies() {
     let cluster = Cluster::start_private();
@@ -134,13 +149,8 @@ fn prefer_asks_again_in_plaintext_when_the_server_refuses_tls_as_libpq_does() {
     for (mode, code) in [("prefer", 0), ("disable", 0), ("require", 125)] {
         let dsn =
             format!("host=127.0.0.1 port={port} user=plainuser dbname=postgres sslmode={mode}");
-        let psql = std::process::Command::new(cluster.psql_path())
-            .env_clear()
-            .env("HOME", "/nonexistent")
-            .args(["-X", "-w", "-q", "-c", "select 1", "-d", &dsn])
-            .output()
-            .unwrap();
-        assert_eq!(psql.status.success(), code == 0, "psql {mode}: {psql:?}");
+        let (connected, said) = psql_connects(&cluster, &dsn);
+        assert_eq!(connected, code == 0, "psql {mode}: {said}");
         let (got, stderr) = once(&dsn);
         assert_eq!(got, Some(code), "{mode}: {stderr}");
     }
@@ -176,18 +186,8 @@ fn server_certificates_psql_accepts_leaderrun_accepts() {
         let dsn = format!(
             "host={host} hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres {settings}"
         );
-        let psql = std::process::Command::new(cluster.psql_path())
-            .env_clear()
-            .env("HOME", "/nonexistent")
-            .args(["-X", "-w", "-q", "-c", "select 1", "-d", &dsn])
-            .output()
-            .unwrap();
-        assert_eq!(
-            psql.status.success(),
-            code == 0,
-            "psql {dsn}: {}",
-            String::from_utf8_lossy(&psql.stderr)
-        );
+        let (connected, said) = psql_connects(&cluster, &dsn);
+        assert_eq!(connected, code == 0, "psql {dsn}: {said}");
         let (got, stderr) = once(&dsn);
         assert_eq!(got, Some(code), "{dsn}: {stderr}");
         assert!(stderr.contains(needle), "{dsn}: {stderr}");
@@ -315,13 +315,8 @@ fn channel_binding_require_binds_to_the_servers_certificate() {
             "host=127.0.0.1 port={port} user=bound dbname=postgres password=bound-pw \
              channel_binding=require sslmode={mode}"
         );
-        let psql = std::process::Command::new(cluster.psql_path())
-            .env_clear()
-            .env("HOME", "/nonexistent")
-            .args(["-X", "-w", "-q", "-c", "select 1", "-d", &dsn])
-            .output()
-            .unwrap();
-        assert_eq!(psql.status.success(), code == 0, "psql {mode}: {psql:?}");
+        let (connected, said) = psql_connects(&cluster, &dsn);
+        assert_eq!(connected, code == 0, "psql {mode}: {said}");
         let (got, stderr) = once(&dsn);
         assert_eq!(got, Some(code), "{mode}: {stderr}");
     }
