@@ -412,3 +412,51 @@ fn a_one_shot_tries_in_the_set_up_flight() {
     };
     assert_eq!(flights, [4, 3], "client flights per connection");
 }
+
+/// A host list whose primary is down leads nowhere on the standby that answers, and once the
+/// primary is back the next check connects from the first host again, as libpq would, and
+/// leads there; the refusal names the standby it reached, not the list.
+#[test]
+fn a_host_list_leaves_a_hot_standby_once_the_primary_is_back() {
+    use crate::support::{secs, Replica, Scratch};
+    let primary = Cluster::start_private();
+    let Some(standby) = Cluster::standby_of(
+        &primary,
+        "connecting::a_host_list_leaves_a_hot_standby_once_the_primary_is_back",
+    ) else {
+        return;
+    };
+    let dsn = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        primary.addr().port(),
+        standby.addr().port()
+    );
+    primary.stop();
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "200ms", "--"])
+        .arg(&job);
+    let replica = Replica::spawn(cmd);
+    replica.wait_log("is in recovery", 2, secs(10.0));
+    assert!(scratch.starts().is_empty(), "led on a standby");
+    assert!(
+        replica.log().contains(&format!(
+            "server postgres@127.0.0.1:{}/postgres is in recovery",
+            standby.addr().port()
+        )),
+        "{}",
+        replica.log()
+    );
+    primary.start();
+    let led = scratch.wait_starts(1, secs(15.0))[0].clone();
+    assert_eq!(
+        primary.sql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {}",
+            led.backend_pid
+        )),
+        ["1"],
+        "led elsewhere than on the primary"
+    );
+}

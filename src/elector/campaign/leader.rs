@@ -195,7 +195,7 @@ impl Campaign<'_> {
                     })
                 } else if in_recovery {
                     Err(Error::InRecovery {
-                        server: self.shared.target.clone(),
+                        server: session.endpoint.clone(),
                     })
                 } else if !held {
                     Err(Error::LockNotHeld {

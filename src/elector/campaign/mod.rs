@@ -214,6 +214,14 @@ pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
                AND classid = $1 AND objid = $2 AND objsubid = 1 AND granted)";
 
 impl Campaign<'_> {
+    /// The server this replica's session reached (`USER@HOST:PORT/DBNAME`), for a message
+    /// about that server; the whole list of hosts when no session is open.
+    pub(crate) fn reached(&self) -> String {
+        self.role
+            .session()
+            .map_or_else(|| self.shared.target.clone(), |s| s.endpoint.clone())
+    }
+
     pub(crate) async fn run(&mut self, cancel: &CancellationToken) {
         let interval = self.shared.config.effective_check_interval();
         let mut ticker = tokio::time::interval(interval);

@@ -55,6 +55,11 @@ impl Campaign<'_> {
             Ok(outcome) => self.record(outcome, started, None),
             Err(err @ Error::InRecovery { .. }) => {
                 self.say_refusal(&err);
+                // The next check connects again, from the first host of the list, as libpq
+                // would: kept, the session would stay on this standby after the primary is
+                // back.
+                let session = self.role.take_standby_session();
+                self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
             Err(err @ Error::SharedBackend) => {
@@ -269,7 +274,7 @@ impl Campaign<'_> {
             match answer.get::<_, Option<i32>>(0) {
                 None => {
                     return Err(Error::InRecovery {
-                        server: self.shared.target.clone(),
+                        server: self.reached(),
                     })
                 }
                 Some(code) if code < 0 => {
