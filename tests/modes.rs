@@ -761,7 +761,12 @@ fn wait_retries_a_momentarily_full_server_without_warnings() {
 fn a_shutdown_while_leftovers_stop_restarts_nothing_and_says_so() {
     let cluster = Cluster::shared();
     let scratch = Scratch::new();
-    let job = scratch.child_script("job.sh", "(trap '' TERM; exec sleep 997) &\nexit 0");
+    // The main child exits once its leftover is up (it says so): a leftover is there to stop.
+    let job = scratch.child_script(
+        "job.sh",
+        "(trap '' TERM; echo up >> \"$EVENTS\"; exec sleep 997) &\n\
+         while ! grep -q '^up$' \"$EVENTS\"; do sleep 0.01; done\nexit 0",
+    );
     let mut replica = Replica::start(
         cluster,
         unique_lock_id(),

@@ -383,7 +383,7 @@ fn a_try_on_a_backend_that_holds_the_lock_for_another_client_takes_nothing() {
     assert_eq!(held.len(), 1, "{held:?}");
     let out = leaderrun()
         .args(["--dsn", &transaction.dsn(), "--lock-id", &id.to_string()])
-        .args(["--check-interval", "200ms", "--once", "--", "false"])
+        .args(["-vv", "--check-interval", "2s", "--once", "--", "false"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
