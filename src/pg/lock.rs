@@ -96,8 +96,7 @@ pub fn lock_id_for_name(name: &str) -> i32 {
 /// planner from evaluating the `CASE` (and its locks) more than once.
 ///
 /// One row: `r` (int4: the slot granted, 0 … N−1; p·N + k: place p in the line of slot k;
-/// −1: refused; [`SHARED_BACKEND`]: refused, the backend holds the lock for another client;
-/// NULL: in recovery), the fencing token (int8, `txid_current()` taken after the
+/// −1: refused; NULL: in recovery), the fencing token (int8, `txid_current()` taken after the
 /// grant, in the same statement, and flushed to the WAL before the answer ([`DURABLE_TOKEN`]);
 /// NULL unless a slot was granted), `current_database()`,
 /// `host(inet_client_addr())`, `inet_client_port()`. The leading comment is how `leaderrun
