@@ -166,18 +166,6 @@ pub enum Error {
     )]
     SharedBackend,
 
-    /// The server backend this session's try reached holds the lock already, for another
-    /// client: sessions share backends, as behind a transaction-mode pooler
-    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session). Nothing was taken, and
-    /// nothing is given back: the lock is that client's.
-    #[error(
-        "the server backend this session reached already holds the lock for another client, so \
-         sessions share server backends: a transaction-mode connection pooler (e.g. PgBouncer \
-         pool_mode=transaction) cannot carry a session advisory lock; connect directly or \
-         through a session-mode pooler"
-    )]
-    BackendHeldByAnother,
-
     /// The server is a hot standby: it grants advisory locks of its own, which would make a
     /// second leader (docs/guarantees.md#safety-guarantees,
     /// docs/field-notes.md#a-hot-standby-grants-its-own-locks).

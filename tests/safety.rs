@@ -359,54 +359,6 @@ fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
     assert_eq!(scratch.starts().len(), 1);
 }
 
-/// Behind a transaction-mode pooler a try can reach a server backend that already holds the
-/// lock for another client: granted there (the holder's lock counted up), with its pooler proof
-/// landing on another backend under load, two replicas led at once. The try itself refuses
-/// such a backend, takes nothing and gives nothing back.
-#[test]
-fn a_try_on_a_backend_that_holds_the_lock_for_another_client_takes_nothing() {
-    use crate::support::pooler::Bouncer;
-    let cluster = Cluster::start_private();
-    let transaction = Bouncer::start(&cluster, "transaction", 1);
-    let id = unique_lock_id();
-    // Another client takes the lock through the pooler: it stays on the one server backend.
-    let psql = std::process::Command::new(cluster.psql_path())
-        .args(["-X", "-q", "-d", &transaction.dsn(), "-c"])
-        .arg(format!(
-            "SELECT pg_advisory_lock({}, {id})",
-            crate::support::CLASS
-        ))
-        .output()
-        .unwrap();
-    assert!(psql.status.success(), "{psql:?}");
-    let held = cluster.lock_holders(crate::support::CLASS, id);
-    assert_eq!(held.len(), 1, "{held:?}");
-    let out = leaderrun()
-        .args(["--dsn", &transaction.dsn(), "--lock-id", &id.to_string()])
-        .args(["-vv", "--check-interval", "2s", "--once", "--", "false"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(125), "{stderr}");
-    assert_eq!(stderr.matches("ERROR").count(), 1, "{stderr}");
-    assert!(
-        stderr.contains("already holds the lock for another client"),
-        "{stderr}"
-    );
-    // The other client's lock is where it was, counted once: one unlock frees it.
-    assert_eq!(cluster.lock_holders(crate::support::CLASS, id), held);
-    let unlock = std::process::Command::new(cluster.psql_path())
-        .args(["-X", "-q", "-A", "-t", "-d", &transaction.dsn(), "-c"])
-        .arg(format!(
-            "SELECT pg_advisory_unlock({}, {id})",
-            crate::support::CLASS
-        ))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&unlock.stdout).trim(), "t");
-    assert!(cluster.lock_holders(crate::support::CLASS, id).is_empty());
-}
-
 /// Over a Unix socket the server cannot show leaderrun's address, so what proves that no
 /// pooler sits between is the socket's listener: on PostgreSQL's own socket the postmaster, the
 /// backend's parent. A one-shot there needs no second session (a whole connect); a

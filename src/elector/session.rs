@@ -203,9 +203,6 @@ pub(crate) struct Session {
     pub(crate) fd: RawFd,
     /// Which host of the list the session reached (`USER@HOST:PORT/DBNAME`).
     pub(crate) endpoint: String,
-    /// The socket's own local TCP port (`None` over a Unix socket): the try and the waits
-    /// compare it with the port the server sees ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)).
-    pub(crate) tcp_port: Option<u16>,
     /// The connection's socket once the lock was granted on it ([`socket_of`]); not ours to
     /// close.
     pub(crate) socket: Option<RawFd>,
@@ -255,7 +252,6 @@ impl Session {
         let mut session = Session {
             fd: link.fd,
             endpoint: link.endpoint.clone(),
-            tcp_port: local_tcp_port(link.fd),
             client: Some(client),
             backend_pid: 0,
             try_lock: None,
@@ -272,12 +268,7 @@ impl Session {
         // and the statements are prepared in the same flight (tokio-postgres pipelines
         // requests that are in flight together; the server answers them in order).
         let slots = config.effective_slots();
-        let try_sql = try_sql(
-            config.lock,
-            slots,
-            config.wait_for_release,
-            session.tcp_port,
-        );
+        let try_sql = try_sql(config.lock, slots, config.wait_for_release);
         let places: Vec<(u32, u32)> = if config.wait_for_release && slots == 1 {
             (1..=QUEUE_PLACES).map(|place| (0, place)).collect()
         } else {
@@ -289,7 +280,7 @@ impl Session {
         let prepared = async {
             let texts: Vec<String> = places
                 .iter()
-                .map(|&(slot, place)| wait_sql(config.lock, slots, slot, place, session.tcp_port))
+                .map(|&(slot, place)| wait_sql(config.lock, slots, slot, place))
                 .collect();
             // The try is prepared only when it does not run in this flight: a session whose
             // first try runs here (a one-shot's only one) prepares it at its second
@@ -558,16 +549,6 @@ pub(crate) struct FoundSocket {
     /// address and port are the ones the server sees, or a Unix socket whose listener is the
     /// backend's parent ([`unix_listener_is_parent_of`]).
     pub(crate) direct: bool,
-}
-
-/// The local TCP port of socket `fd`; `None` for a Unix socket or when it cannot be read.
-fn local_tcp_port(fd: RawFd) -> Option<u16> {
-    use nix::sys::socket::{getsockname, SockaddrStorage};
-    let local = getsockname::<SockaddrStorage>(fd).ok()?;
-    local
-        .as_sockaddr_in()
-        .map(|v4| v4.port())
-        .or_else(|| local.as_sockaddr_in6().map(|v6| v6.port()))
 }
 
 /// What the session's own socket `fd` is, given the address the server sees it at

@@ -100,9 +100,8 @@ pub fn lock_id_for_name(name: &str) -> i32 {
 /// grant, in the same statement, and flushed to the WAL before the answer ([`DURABLE_TOKEN`]);
 /// NULL unless a slot was granted), `current_database()`,
 /// `host(inet_client_addr())`, `inet_client_port()`. The leading comment is how `leaderrun
-/// status` finds standbys in `pg_stat_activity`. `tcp_port`: the session's own local TCP port
-/// (`None` over a Unix socket), for the shared-backend guard ([`SHARED_BACKEND`]).
-pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, tcp_port: Option<u16>) -> String {
+/// status` finds standbys in `pg_stat_activity`.
+pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool) -> String {
     let mut cases = String::new();
     for slot in 0..slots {
         cases.push_str(&try_case(lock.slot(slot), slot));
@@ -118,7 +117,7 @@ pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, tcp_port: Option<u1
             }
         }
     }
-    statement(lock, slots, &cases, "-1", tcp_port)
+    statement(lock, slots, &cases, "-1")
 }
 
 /// Text of the wait of the standby at place `place` in the line of slot `slot`: it waits in
@@ -128,13 +127,7 @@ pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, tcp_port: Option<u1
 /// once. Once granted, the same statement gives its old place back, so the one behind moves
 /// up at once too. The row is [`try_sql`]'s, with `r` the slot granted or the new code of
 /// this session (place − 1).
-pub(crate) fn wait_sql(
-    lock: LockKey,
-    slots: u32,
-    slot: u32,
-    place: u32,
-    tcp_port: Option<u16>,
-) -> String {
+pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32) -> String {
     let key = lock.slot(slot);
     let mut cases = String::new();
     let target = if place <= 1 {
@@ -162,7 +155,7 @@ pub(crate) fn wait_sql(
          THEN (SELECT {moved} WHERE pg_advisory_unlock(({})::int8) IS NOT NULL) END",
         key.queue_key(place)
     );
-    statement(lock, slots, &cases, &wait, tcp_port)
+    statement(lock, slots, &cases, &wait)
 }
 
 /// Text of a queue head's look for slots with no head, for a lock of `slots` slots (N > 1;
@@ -217,50 +210,15 @@ fn try_case(key: LockKey, code: u32) -> String {
     )
 }
 
-/// `r` of a try or a wait whose session's server backend already holds one of the lock's
-/// slots before this session asked: another client's session shares the backend (a
-/// transaction-mode pooler), and a grant would only count the holder's lock up once more.
-/// Nothing is taken, and nothing may be given back: the lock is that other client's.
-pub(crate) const SHARED_BACKEND: i32 = -1000;
-
-/// The guard of [`SHARED_BACKEND`], for a session whose own local TCP port is `tcp_port`: when
-/// the server sees the client at another port (the session is not direct, a pooler may sit
-/// between), whether this backend holds a slot's key already. The `pg_locks` read is paid
-/// only then: a direct session's guard is the port comparison alone (the inner `CASE` keeps
-/// the order), and over a Unix socket there is no guard (its pooler proof is at the grant).
-fn shared_backend_case(lock: LockKey, slots: u32, tcp_port: Option<u16>) -> String {
-    let Some(port) = tcp_port else {
-        return String::new();
-    };
-    let classes: Vec<String> = (0..slots)
-        .map(|k| (lock.slot(k).class as u32).to_string())
-        .collect();
-    format!(
-        " WHEN (CASE WHEN inet_client_port() IS DISTINCT FROM {port} THEN EXISTS (SELECT 1 \
-         FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() \
-         AND objsubid = 2 AND objid::int8 = {} AND classid::int8 IN ({})) ELSE false END) \
-         THEN {SHARED_BACKEND}",
-        lock.id as u32,
-        classes.join(", ")
-    )
-}
-
-fn statement(
-    lock: LockKey,
-    slots: u32,
-    cases: &str,
-    otherwise: &str,
-    tcp_port: Option<u16>,
-) -> String {
+fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str) -> String {
     format!(
         "{} {} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN ({DURABLE_TOKEN}) END, \
          current_database(), host(inet_client_addr()), inet_client_port() \
-         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{}{cases} ELSE {otherwise} END \
+         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{cases} ELSE {otherwise} END \
          AS r OFFSET 0) AS t",
         standby_comment(lock),
         super::holder::identity_comment(),
-        slots - 1,
-        shared_backend_case(lock, slots, tcp_port)
+        slots - 1
     )
 }
 
@@ -305,29 +263,6 @@ pub fn standby_comment(lock: LockKey) -> String {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn the_shared_backend_guard_reads_pg_locks_only_for_a_session_that_is_not_direct() {
-        let lock = LockKey { class: 7, id: -2 };
-        // Over a Unix socket no guard at all.
-        assert!(!try_sql(lock, 1, false, None).contains("pg_locks"));
-        let sql = try_sql(lock, 2, true, Some(40123));
-        // The port comparison first, the pg_locks read only in its THEN.
-        let guard = sql
-            .find("inet_client_port() IS DISTINCT FROM 40123 THEN EXISTS")
-            .unwrap();
-        assert!(guard < sql.find("pg_locks").unwrap());
-        // Every slot's key, unsigned as pg_locks shows it, before any try.
-        assert!(sql.contains(&format!(
-            "objid::int8 = {} AND classid::int8 IN (7, 8)",
-            -2i32 as u32
-        )));
-        assert!(sql.find("pg_locks").unwrap() < sql.find("pg_try_advisory_lock").unwrap());
-        assert!(sql.contains(&format!("THEN {SHARED_BACKEND}")));
-        let wait = wait_sql(lock, 1, 0, 1, Some(40123));
-        assert!(wait.contains("IS DISTINCT FROM 40123"));
-    }
-
     use super::*;
 
     #[test]

@@ -62,14 +62,6 @@ impl Campaign<'_> {
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
-            Err(err @ Error::BackendHeldByAnother) => {
-                self.say_refusal(&err);
-                // Nothing was taken on the shared backend; the session is dropped, not
-                // unlocked (the lock there is another client's).
-                let session = self.role.take_standby_session();
-                self.drop_session(session);
-                self.record(CheckOutcome::Failed, started, Some(&err));
-            }
             Err(err @ Error::SharedBackend) => {
                 self.say_refusal(&err);
                 // Closing the client does not end a pooled server session: give the lock back.
@@ -259,12 +251,7 @@ impl Campaign<'_> {
                 None => {
                     // The session's first try went unprepared in its set-up flight; its second
                     // prepares the statement in the same flight as it runs it unprepared.
-                    let sql = try_sql(
-                        config.lock,
-                        slots,
-                        config.wait_for_release,
-                        session.tcp_port,
-                    );
+                    let sql = try_sql(config.lock, slots, config.wait_for_release);
                     let (prepared, row) = tokio::join!(
                         session.prepare("prepare the lock statements", bound, &sql),
                         session.bounded_typed("try advisory lock", bound, &sql, &[])
@@ -290,7 +277,6 @@ impl Campaign<'_> {
                         server: self.reached(),
                     })
                 }
-                Some(crate::pg::lock::SHARED_BACKEND) => return Err(Error::BackendHeldByAnother),
                 Some(code) if code < 0 => {
                     debug!(target: "leaderrun::elector", lock = %self.shared.config.lock, "lock held by another session; standing by");
                     return Ok(CheckOutcome::Refused);
@@ -345,13 +331,7 @@ impl Campaign<'_> {
         if let Some((_, statement)) = session.waits.iter().find(|(p, _)| *p == place) {
             return Ok(statement.clone());
         }
-        let sql = wait_sql(
-            config.lock,
-            config.effective_slots(),
-            place.0,
-            place.1,
-            session.tcp_port,
-        );
+        let sql = wait_sql(config.lock, config.effective_slots(), place.0, place.1);
         let statement = session
             .prepare("prepare the wait in line", bound, &sql)
             .await?;
