@@ -166,6 +166,30 @@ pub enum Error {
     )]
     SharedBackend,
 
+    /// The server backend this session's guarded try reached held the lock already, for
+    /// another client ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)): sessions share
+    /// server backends, as behind a transaction-mode pooler
+    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session). Nothing was taken, and
+    /// nothing is given back: the lock is that client's.
+    #[error(
+        "the server backend this session reached already holds the lock for another client, \
+         so sessions share server backends: a transaction-mode connection pooler (e.g. \
+         PgBouncer pool_mode=transaction) cannot carry a session advisory lock; connect \
+         directly or through a session-mode pooler"
+    )]
+    BackendHeldByAnother,
+
+    /// A grant this session was given was no longer its backend's a statement later (its
+    /// unlock found nothing to release): the session moves between server backends, as behind
+    /// a transaction-mode pooler (docs/field-notes.md#transaction-mode-poolers-move-the-session).
+    #[error(
+        "the lock this session was granted was gone from its server backend one statement \
+         later, so the session moves between server backends: a transaction-mode connection \
+         pooler (e.g. PgBouncer pool_mode=transaction) cannot carry a session advisory lock; \
+         connect directly or through a session-mode pooler"
+    )]
+    GrantMoved,
+
     /// The server is a hot standby: it grants advisory locks of its own, which would make a
     /// second leader (docs/guarantees.md#safety-guarantees,
     /// docs/field-notes.md#a-hot-standby-grants-its-own-locks).

@@ -359,6 +359,172 @@ fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
     assert_eq!(scratch.starts().len(), 1);
 }
 
+/// Behind a transaction-mode pooler a try can reach a server backend that already holds the
+/// lock for another client: granted there (the holder's lock counted up), with its pooler proof
+/// landing on another backend under load, two replicas led at once. A session that is not
+/// direct gives back a grant of its unguarded first try and tries again guarded, and the
+/// guarded try refuses such a backend: nothing of the holder's is taken or given back.
+#[test]
+fn a_try_on_a_backend_that_holds_the_lock_for_another_client_takes_nothing() {
+    use crate::support::pooler::Bouncer;
+    let cluster = Cluster::start_private();
+    let transaction = Bouncer::start(&cluster, "transaction", 1);
+    let id = unique_lock_id();
+    // Another client takes the lock through the pooler: it stays on the one server backend.
+    let psql = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &transaction.dsn(), "-c"])
+        .arg(format!(
+            "SELECT pg_advisory_lock({}, {id})",
+            crate::support::CLASS
+        ))
+        .output()
+        .unwrap();
+    assert!(psql.status.success(), "{psql:?}");
+    let held = cluster.lock_holders(crate::support::CLASS, id);
+    assert_eq!(held.len(), 1, "{held:?}");
+    // A one-shot: its first try travels unguarded with the session's set-up, is granted on the
+    // holder's backend, given back and tried again guarded. Exit 7 would be COMMAND run, 1 the
+    // lock refused as held elsewhere (neither may happen: the backend is the holder's).
+    let out = leaderrun()
+        .args([
+            "-vv",
+            "--dsn",
+            &transaction.dsn(),
+            "--lock-id",
+            &id.to_string(),
+        ])
+        .args([
+            "--check-interval",
+            "200ms",
+            "--once",
+            "--",
+            "sh",
+            "-c",
+            "exit 7",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert_eq!(stderr.matches("ERROR").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("giving it back and trying again guarded"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("already holds the lock for another client"),
+        "{stderr}"
+    );
+    assert_eq!(cluster.lock_holders(crate::support::CLASS, id), held);
+    // The other client's lock is where it was, counted once: one unlock frees it.
+    let psql = |sql: String| {
+        let out = std::process::Command::new(cluster.psql_path())
+            .args(["-X", "-q", "-A", "-t", "-d", &transaction.dsn(), "-c", &sql])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let class = crate::support::CLASS;
+    assert_eq!(
+        psql(format!("SELECT pg_advisory_unlock({class}, {id})")),
+        "t"
+    );
+    assert!(cluster.lock_holders(class, id).is_empty());
+
+    // A replica that stands by meets it at every check, and never starts COMMAND. (Stopping
+    // it may leave a count of its own on the shared backend: behind this pooler a client's
+    // end is not its server session's.)
+    psql(format!("SELECT pg_advisory_lock({class}, {id})"));
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &transaction.dsn(), "--lock-id", &id.to_string()])
+        .args(["--check-interval", "200ms", "--", script.to_str().unwrap()]);
+    let standby = Replica::spawn(cmd);
+    standby.wait_log("already holds the lock for another client", 3, secs(10.0));
+    assert!(scratch.starts().is_empty(), "{}", standby.log());
+}
+
+/// The reproduction of the overlap the guard closes, bounded: PgBouncer in transaction mode
+/// with six server connections handed out in turn, three clients of load, four replicas whose
+/// trees each hold one `flock` (an exact overlap check, as the fault run's). Before the guard,
+/// a try reached the holder's backend and was granted there while the second session landed
+/// elsewhere: five overlaps in 40 s on 2 cores, one in about twenty refusals. Run until the
+/// replicas have refused forty times (ERROR lines naming the pooler), the guard among them;
+/// no two trees may ever have overlapped.
+#[test]
+fn a_transaction_pooler_under_load_never_runs_two_trees() {
+    use crate::support::pooler::Bouncer;
+    use std::io::Write;
+    let cluster = Cluster::start_private();
+    let bouncer = Bouncer::start_with(&cluster, "transaction", 6, "server_round_robin = 1\n");
+    let scratch = Scratch::new();
+    let script = scratch.child_script(
+        "child.sh",
+        "exec 9>>\"$EVENTS.lock\"\n\
+         flock -n 9 || { echo \"overlap $$\" >> \"$EVENTS\"; flock 9; }\n\
+         exec sleep 600",
+    );
+    // Load: persistent clients, each a stream of short transactions.
+    let load: Vec<std::process::Child> = (0..3)
+        .map(|_| {
+            let mut psql = std::process::Command::new(cluster.psql_path())
+                .args(["-X", "-q", "-d", &bouncer.dsn(), "-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut stdin = psql.stdin.take().unwrap();
+            std::thread::spawn(
+                move || {
+                    while stdin.write_all(b"SELECT pg_sleep(0.002);\n").is_ok() {}
+                },
+            );
+            psql
+        })
+        .collect();
+    let id = unique_lock_id();
+    let replicas: Vec<Replica> = (0..4)
+        .map(|_| {
+            let mut cmd = leaderrun();
+            cmd.args(["--dsn", &bouncer.dsn(), "--lock-id", &id.to_string()])
+                .args(["--check-interval", "200ms", "--grace", "1s", "--"])
+                .arg(&script);
+            Replica::spawn(cmd)
+        })
+        .collect();
+    // Every way the pooler shows is an ERROR naming it; the guard's own refusal is one of them.
+    let refusals = |needle: &str| {
+        replicas
+            .iter()
+            .map(|r| r.log().matches(needle).count())
+            .sum::<usize>()
+    };
+    crate::support::wait_for("forty refusals naming the pooler", secs(90.0), || {
+        (refusals("transaction-mode connection pooler") >= 40).then_some(())
+    });
+    let guarded = refusals("already holds the lock for another client");
+    let log = replicas[0].log();
+    drop(replicas);
+    for mut psql in load {
+        let _ = psql.kill();
+        let _ = psql.wait();
+    }
+    let overlaps: Vec<String> = scratch
+        .events()
+        .into_iter()
+        .filter(|e| e.starts_with("overlap"))
+        .collect();
+    assert!(
+        overlaps.is_empty(),
+        "two trees at once behind the pooler: {overlaps:?} of {} starts",
+        scratch.starts().len()
+    );
+    assert!(guarded > 0, "the guard never refused: {log}");
+}
+
 /// Over a Unix socket the server cannot show leaderrun's address, so what proves that no
 /// pooler sits between is the socket's listener: on PostgreSQL's own socket the postmaster, the
 /// backend's parent. A one-shot there needs no second session (a whole connect); a

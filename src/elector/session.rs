@@ -206,6 +206,12 @@ pub(crate) struct Session {
     /// The connection's socket once the lock was granted on it ([`socket_of`]); not ours to
     /// close.
     pub(crate) socket: Option<RawFd>,
+    /// No pooler can sit between this session and its server backend ([`socket_of`], from
+    /// what the pin read back). A session that is not direct may share its backend with other
+    /// clients' sessions: its tries and waits are guarded
+    /// ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)), and it leads only on a grant of
+    /// a guarded one.
+    pub(crate) direct: bool,
     /// The server's `synchronous_standby_names` when its commits, a grant's too, wait for a
     /// synchronous standby ([`SYNC_STANDBYS`](crate::pg::lock::SYNC_STANDBYS)), read when the
     /// timers are pinned: a try that times out says so ([`Session::explain`]).
@@ -262,13 +268,17 @@ impl Session {
             closed,
             task,
             socket: None,
+            direct: false,
             sync_standbys: None,
         };
         // One round trip for all of it: the timers are set and read back in one simple query,
         // and the statements are prepared in the same flight (tokio-postgres pipelines
         // requests that are in flight together; the server answers them in order).
         let slots = config.effective_slots();
-        let try_sql = try_sql(config.lock, slots, config.wait_for_release);
+        // Whether the session is direct is known only from the pin's answer: the flight's
+        // statements are unguarded, and a session found not to be direct prepares guarded ones
+        // when it first needs them.
+        let try_sql = try_sql(config.lock, slots, config.wait_for_release, false);
         let places: Vec<(u32, u32)> = if config.wait_for_release && slots == 1 {
             (1..=QUEUE_PLACES).map(|place| (0, place)).collect()
         } else {
@@ -280,7 +290,7 @@ impl Session {
         let prepared = async {
             let texts: Vec<String> = places
                 .iter()
-                .map(|&(slot, place)| wait_sql(config.lock, slots, slot, place))
+                .map(|&(slot, place)| wait_sql(config.lock, slots, slot, place, false))
                 .collect();
             // The try is prepared only when it does not run in this flight: a session whose
             // first try runs here (a one-shot's only one) prepares it at its second
@@ -328,10 +338,14 @@ impl Session {
                 }),
             })
         });
-        (session.backend_pid, session.sync_standbys) = pinned?;
+        let pinned = pinned?;
+        (session.backend_pid, session.sync_standbys) = (pinned.backend_pid, pinned.sync_standbys);
+        session.direct = socket_of(session.fd, pinned.seen.as_ref(), session.backend_pid).direct;
         let (try_lock, waits) = prepared?;
-        session.try_lock = try_lock;
-        session.waits = waits;
+        if session.direct {
+            session.try_lock = try_lock;
+            session.waits = waits;
+        }
         Ok((session, answer))
     }
 
@@ -342,15 +356,14 @@ impl Session {
     /// `SELECT` of `set_config` over the same settings cost it (0.2 to 0.8 ms of the one-shot,
     /// BENCHMARKS.md). Only settings the server has are named ([`added_in`] against
     /// `server_major`; without `idle_session_timeout` the weaker bound is said,
-    /// [`weaker_server`]); an unknown major is taken as one that has them all. Returns
-    /// `pg_backend_pid()` and the server's synchronous standbys
-    /// ([`sync_standbys`]), read in the same round trip.
+    /// [`weaker_server`]); an unknown major is taken as one that has them all. Returns what
+    /// the same round trip read besides ([`Pinned`]).
     pub(crate) async fn pin_timers(
         &self,
         config: &Config,
         bound: Duration,
         server_major: Option<u32>,
-    ) -> Result<(i32, Option<String>), Error> {
+    ) -> Result<Pinned, Error> {
         use tokio_postgres::SimpleQueryMessage;
         let Some(client) = self.client.as_ref() else {
             return Err(Error::SessionClosed(None));
@@ -371,7 +384,8 @@ impl Session {
             sql.push_str(&format!("SHOW {name}; "));
         }
         sql.push_str(
-            "SHOW synchronous_standby_names; SHOW synchronous_commit; SELECT pg_backend_pid()",
+            "SHOW synchronous_standby_names; SHOW synchronous_commit; \
+             SELECT pg_backend_pid(), host(inet_client_addr()), inet_client_port()",
         );
         let messages = within("pin session timers", bound, client.simple_query(&sql)).await?;
         // SHOW answers with a column named after the setting.
@@ -415,8 +429,20 @@ impl Session {
             value("synchronous_standby_names").unwrap_or_default(),
             value("synchronous_commit").unwrap_or_default(),
         );
-        match value("pg_backend_pid").and_then(|pid| pid.parse::<i32>().ok()) {
-            Some(pid) => Ok((pid, standbys)),
+        let last = messages.iter().rev().find_map(|m| match m {
+            SimpleQueryMessage::Row(row) if row.len() == 3 => Some(row),
+            _ => None,
+        });
+        let backend_pid = last.and_then(|row| row.get(0)?.parse::<i32>().ok());
+        // NULL over a Unix socket.
+        let seen =
+            last.and_then(|row| Some((row.get(1)?.to_owned(), row.get(2)?.parse::<i32>().ok()?)));
+        match backend_pid {
+            Some(backend_pid) => Ok(Pinned {
+                backend_pid,
+                sync_standbys: standbys,
+                seen,
+            }),
             None => Err(Error::UnexpectedRows {
                 what: "pin session timers",
                 rows: shown.len(),
@@ -538,6 +564,17 @@ pub fn boottime() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
         .map(Duration::from)
         .unwrap_or_default()
+}
+
+/// What [`Session::pin_timers`] read besides the timers.
+pub(crate) struct Pinned {
+    /// `pg_backend_pid()`.
+    pub(crate) backend_pid: i32,
+    /// The server's synchronous standbys ([`sync_standbys`]).
+    pub(crate) sync_standbys: Option<String>,
+    /// The address and port the server sees the session at (`host(inet_client_addr())`,
+    /// `inet_client_port()`); `None` over a Unix socket.
+    pub(crate) seen: Option<(String, i32)>,
 }
 
 /// A descriptor of this process found to be a session's socket.

@@ -98,10 +98,11 @@ pub fn lock_id_for_name(name: &str) -> i32 {
 /// One row: `r` (int4: the slot granted, 0 … N−1; p·N + k: place p in the line of slot k;
 /// −1: refused; NULL: in recovery), the fencing token (int8, `txid_current()` taken after the
 /// grant, in the same statement, and flushed to the WAL before the answer ([`DURABLE_TOKEN`]);
-/// NULL unless a slot was granted), `current_database()`,
-/// `host(inet_client_addr())`, `inet_client_port()`. The leading comment is how `leaderrun
-/// status` finds standbys in `pg_stat_activity`.
-pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool) -> String {
+/// NULL unless a slot was granted), `current_database()`. The leading comment is how
+/// `leaderrun status` finds standbys in `pg_stat_activity`. `guarded`: the session is not
+/// direct, so its server backend may be shared, and the statement refuses a backend that
+/// already holds a slot (`r` = [`SHARED_BACKEND`]).
+pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, guarded: bool) -> String {
     let mut cases = String::new();
     for slot in 0..slots {
         cases.push_str(&try_case(lock.slot(slot), slot));
@@ -117,7 +118,7 @@ pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool) -> String {
             }
         }
     }
-    statement(lock, slots, &cases, "-1")
+    statement(lock, slots, &cases, "-1", guarded)
 }
 
 /// Text of the wait of the standby at place `place` in the line of slot `slot`: it waits in
@@ -126,8 +127,8 @@ pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool) -> String {
 /// or for the place ahead of it, so a release, or the holder's session dying, reaches it at
 /// once. Once granted, the same statement gives its old place back, so the one behind moves
 /// up at once too. The row is [`try_sql`]'s, with `r` the slot granted or the new code of
-/// this session (place − 1).
-pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32) -> String {
+/// this session (place − 1); `guarded` as there.
+pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32, guarded: bool) -> String {
     let key = lock.slot(slot);
     let mut cases = String::new();
     let target = if place <= 1 {
@@ -155,7 +156,7 @@ pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32) -> Stri
          THEN (SELECT {moved} WHERE pg_advisory_unlock(({})::int8) IS NOT NULL) END",
         key.queue_key(place)
     );
-    statement(lock, slots, &cases, &wait)
+    statement(lock, slots, &cases, &wait, guarded)
 }
 
 /// Text of a queue head's look for slots with no head, for a lock of `slots` slots (N > 1;
@@ -210,12 +211,41 @@ fn try_case(key: LockKey, code: u32) -> String {
     )
 }
 
-fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str) -> String {
+/// `r` of a guarded try or wait whose server backend held a slot of the lock before it asked:
+/// another client's session shares the backend (a transaction-mode pooler), and a grant there
+/// would only count that client's lock up once more (PostgreSQL grants a session lock again
+/// to the backend that holds it: the manual, "Advisory Locks"). Nothing is taken, and nothing
+/// may be given back: the lock is the other client's.
+pub(crate) const SHARED_BACKEND: i32 = -1000;
+
+/// The guard of [`SHARED_BACKEND`]: whether this backend holds a slot's key already, read from
+/// `pg_locks` before anything is tried. Only sessions that are not direct carry it
+/// (docs/field-notes.md#transaction-mode-poolers-move-the-session): PostgreSQL parses and plans
+/// the `pg_locks` view on every fresh backend whether the guard runs or not, 0.35 ms of a
+/// one-shot (BENCHMARKS.md, issue 18, seventh pass).
+fn shared_backend_case(lock: LockKey, slots: u32) -> String {
+    let classes: Vec<String> = (0..slots)
+        .map(|k| (lock.slot(k).class as u32).to_string())
+        .collect();
+    format!(
+        " WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND pid = pg_backend_pid() AND objsubid = 2 AND objid::int8 = {} \
+         AND classid::int8 IN ({})) THEN {SHARED_BACKEND}",
+        lock.id as u32,
+        classes.join(", ")
+    )
+}
+
+fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str, guarded: bool) -> String {
+    let guard = if guarded {
+        shared_backend_case(lock, slots)
+    } else {
+        String::new()
+    };
     format!(
         "{} {} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN ({DURABLE_TOKEN}) END, \
-         current_database(), host(inet_client_addr()), inet_client_port() \
-         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{cases} ELSE {otherwise} END \
-         AS r OFFSET 0) AS t",
+         current_database() FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{guard}{cases} \
+         ELSE {otherwise} END AS r OFFSET 0) AS t",
         standby_comment(lock),
         super::holder::identity_comment(),
         slots - 1
@@ -236,6 +266,15 @@ pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT txid_current
      set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
      WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) AS durable, \
      pg_logical_emit_message(true, 'leaderrun', 'fencing token') AS logged OFFSET 0) AS g";
+
+/// The unlock of slot key `key`, the key written out: sent as the unnamed statement, it needs
+/// no round trip of its own.
+pub(crate) fn unlock_sql(key: LockKey) -> String {
+    format!(
+        "SELECT pg_advisory_unlock(({})::int4, ({})::int4)",
+        key.class, key.id
+    )
+}
 
 /// `synchronous_standby_names` when a commit of this session waits for a synchronous standby
 /// (the names set and `synchronous_commit` one of `on`, `remote_write`, `remote_apply`), else
@@ -325,6 +364,31 @@ mod tests {
         for k in 0..3u32 {
             let row = format!("({k}, {}, {})", 7 + k, (7 + k) ^ 0x8000_0000);
             assert!(look.contains(&row), "{row} in {look}");
+        }
+    }
+
+    #[test]
+    fn only_a_guarded_statement_reads_pg_locks_and_it_reads_them_before_any_try() {
+        let lock = LockKey { class: 7, id: -2 };
+        // A direct session's statements: no pg_locks for a fresh backend to parse and plan.
+        assert!(!try_sql(lock, 2, true, false).contains("pg_locks"));
+        assert!(!wait_sql(lock, 2, 0, 1, false).contains("pg_locks"));
+        for sql in [try_sql(lock, 2, true, true), wait_sql(lock, 2, 1, 1, true)] {
+            // Every slot's key, unsigned as pg_locks shows it, held by this very backend.
+            let guard = sql
+                .find(&format!(
+                    "pid = pg_backend_pid() AND objsubid = 2 AND objid::int8 = {} \
+                     AND classid::int8 IN (7, 8)) THEN {SHARED_BACKEND}",
+                    -2i32 as u32
+                ))
+                .unwrap_or_else(|| panic!("{sql}"));
+            // After the recovery check, before anything is taken or waited for.
+            assert!(sql.find("pg_is_in_recovery").unwrap() < guard, "{sql}");
+            assert!(guard < sql.find("pg_try_advisory_lock").unwrap(), "{sql}");
+            assert!(
+                guard < sql.find("pg_advisory_lock(").unwrap_or(usize::MAX),
+                "{sql}"
+            );
         }
     }
 

@@ -26,6 +26,11 @@ impl Bouncer {
     /// Starts PgBouncer with `pool_mode` (`transaction` or `session`) and `pool_size` server
     /// connections for the `postgres` database of `cluster`.
     pub fn start(cluster: &Cluster, pool_mode: &str, pool_size: u32) -> Bouncer {
+        Bouncer::start_with(cluster, pool_mode, pool_size, "")
+    }
+
+    /// [`Bouncer::start`] with more lines of `[pgbouncer]` settings (`name = value\n` each).
+    pub fn start_with(cluster: &Cluster, pool_mode: &str, pool_size: u32, more: &str) -> Bouncer {
         let dir = tempfile::Builder::new()
             .prefix("leaderrun-pgbouncer-")
             .tempdir_in("/tmp")
@@ -46,7 +51,7 @@ impl Bouncer {
                  auth_type = trust\nauth_file = {}\npool_mode = {pool_mode}\n\
                  default_pool_size = {pool_size}\nmax_client_conn = 200\n\
                  ignore_startup_parameters = extra_float_digits,options\n\
-                 logfile = {}\n",
+                 logfile = {}\n{more}",
                 cluster.addr().port(),
                 dir.path().display(),
                 users.display(),

@@ -241,7 +241,13 @@ async fn open_head(shared: &Shared, slot: u32) -> Result<Session, Option<Error>>
     let bound = config.io_bound();
     let mut session = Session::open(config, &shared.target).await?;
     shared.checks.send_modify(|c| c.sessions_opened += 1);
-    let wait = wait_sql(config.lock, config.effective_slots(), slot, 1);
+    let wait = wait_sql(
+        config.lock,
+        config.effective_slots(),
+        slot,
+        1,
+        !session.direct,
+    );
     let take = head_sql(config.lock, slot);
     let (taken, prepared) = tokio::join!(
         session.bounded_typed("take a place in line", bound, &take, &[]),

@@ -10,7 +10,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{Campaign, Role, LOCK_ROW_SQL};
 use crate::elector::metrics::demotion_cause;
-use crate::elector::session::{boottime, socket_of, Session};
+use crate::elector::session::{boottime, FoundSocket, Session};
 use crate::elector::term::{Lease, Term, TermControl, TermEnd};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
@@ -39,14 +39,11 @@ impl Campaign<'_> {
             return Ok(());
         }
         let idle = config.effective_idle_session_timeout();
-        // The address the server sees us at (NULL over a Unix socket).
-        let seen: Option<(String, i32)> = row
-            .get::<_, Option<String>>(3)
-            .zip(row.get::<_, Option<i32>>(4));
-        let socket = self
-            .role
-            .session()
-            .map(|s| socket_of(s.fd, seen.as_ref(), s.backend_pid));
+        // Found direct or not when the session's timers were pinned (`Session::direct`).
+        let socket = self.role.session().map(|s| FoundSocket {
+            fd: s.fd,
+            direct: s.direct,
+        });
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing
         // (docs/field-notes.md#transaction-mode-poolers-move-the-session). A direct TCP connection,
@@ -338,10 +335,7 @@ impl Campaign<'_> {
             let term = control.term();
             let lock = session.granted.unwrap_or(self.shared.config.lock);
             // One round trip: the simple protocol, with the key written out.
-            let unlock = format!(
-                "SELECT pg_advisory_unlock(({})::int4, ({})::int4)",
-                lock.class, lock.id
-            );
+            let unlock = crate::pg::lock::unlock_sql(lock);
             let result = match session.client.as_ref() {
                 Some(client) => within("unlock", UNLOCK_BOUND, client.simple_query(&unlock))
                     .await

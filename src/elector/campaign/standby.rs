@@ -12,7 +12,7 @@ use crate::elector::connecting::connect;
 use crate::elector::session::{boottime, Session};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
-use crate::pg::lock::{standby_comment, try_sql, wait_sql, LockKey};
+use crate::pg::lock::{standby_comment, try_sql, unlock_sql, wait_sql, LockKey};
 use crate::pg::within;
 
 /// A wait's answer: the row when it was granted, `None` when it timed out on the server
@@ -58,6 +58,14 @@ impl Campaign<'_> {
                 // The next check connects again, from the first host of the list, as libpq
                 // would: kept, the session would stay on this standby after the primary is
                 // back.
+                let session = self.role.take_standby_session();
+                self.drop_session(session);
+                self.record(CheckOutcome::Failed, started, Some(&err));
+            }
+            Err(err @ (Error::BackendHeldByAnother | Error::GrantMoved)) => {
+                self.say_refusal(&err);
+                // Where a lock of this session's may be is unknown (its backends are shared):
+                // nothing is given back, and the session is dropped.
                 let session = self.role.take_standby_session();
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
@@ -240,7 +248,17 @@ impl Campaign<'_> {
             return Ok(CheckOutcome::Failed);
         };
         let mut row = match (first, session.place) {
-            (Some(answer), _) => Some(answer?),
+            // A grant of the flight's unguarded try on a session that is not direct may be
+            // the holder's lock counted up on a shared backend: given back, tried again guarded.
+            (Some(answer), _) => {
+                let answer = answer?;
+                match answer.get::<_, Option<i32>>(0) {
+                    Some(code) if !session.direct && code >= 0 && (code as u32) < slots => {
+                        Some(self.try_again_guarded(code as u32).await?)
+                    }
+                    _ => Some(answer),
+                }
+            }
             (None, Some(place)) => self.wait_in_place(place).await?,
             (None, None) => match session.try_lock.as_ref() {
                 Some(statement) => Some(
@@ -251,7 +269,7 @@ impl Campaign<'_> {
                 None => {
                     // The session's first try went unprepared in its set-up flight; its second
                     // prepares the statement in the same flight as it runs it unprepared.
-                    let sql = try_sql(config.lock, slots, config.wait_for_release);
+                    let sql = try_sql(config.lock, slots, config.wait_for_release, !session.direct);
                     let (prepared, row) = tokio::join!(
                         session.prepare("prepare the lock statements", bound, &sql),
                         session.bounded_typed("try advisory lock", bound, &sql, &[])
@@ -277,6 +295,7 @@ impl Campaign<'_> {
                         server: self.reached(),
                     })
                 }
+                Some(crate::pg::lock::SHARED_BACKEND) => return Err(Error::BackendHeldByAnother),
                 Some(code) if code < 0 => {
                     debug!(target: "leaderrun::elector", lock = %self.shared.config.lock, "lock held by another session; standing by");
                     return Ok(CheckOutcome::Refused);
@@ -301,6 +320,64 @@ impl Campaign<'_> {
                 }
             }
         }
+    }
+
+    /// The session is not direct, and its flight's try, which was unguarded, was granted slot
+    /// `slot`: on a server backend shared with other clients that may be the holder's lock
+    /// granted once more (docs/field-notes.md#transaction-mode-poolers-move-the-session). The
+    /// grant is given back and the lock tried again guarded
+    /// ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)), in one flight with the guarded
+    /// try's preparation. Returns the guarded try's row; [`Error::GrantMoved`] when the unlock
+    /// found nothing to give back (the session moved between backends). A direct session never
+    /// comes here: its flight's try is its grant, and costs no guard.
+    async fn try_again_guarded(&mut self, slot: u32) -> Result<tokio_postgres::Row, Error> {
+        let config = &self.shared.config;
+        let bound = config.io_bound();
+        let Some(session) = self.role.session() else {
+            return Err(Error::SessionClosed(None));
+        };
+        let key = config.lock.slot(slot);
+        // The key written out: the unnamed statement, no round trip of its own.
+        let unlock = unlock_sql(key);
+        let sql = try_sql(
+            config.lock,
+            config.effective_slots(),
+            config.wait_for_release,
+            true,
+        );
+        debug!(target: "leaderrun::elector", lock = %key, "granted on a session that is not direct: giving it back and trying again guarded");
+        // join! sends in the order written: the unlock, then the try.
+        let (unlocked, prepared, row) = tokio::join!(
+            session.bounded_typed("unlock", bound, &unlock, &[]),
+            session.prepare("prepare the lock statements", bound, &sql),
+            session.bounded_typed("try advisory lock", bound, &sql, &[])
+        );
+        let (unlocked, row) = (unlocked?, row?);
+        if !unlocked.get::<_, bool>(0) {
+            // Whatever the guarded try took is given back as well, wherever it lands.
+            if let Some(code) = row.get::<_, Option<i32>>(0).filter(|&r| r >= 0) {
+                let code = code as u32;
+                let (slot, place) = (
+                    code % config.effective_slots(),
+                    code / config.effective_slots(),
+                );
+                let undo = match place {
+                    0 => unlock_sql(config.lock.slot(slot)),
+                    place => format!(
+                        "SELECT pg_advisory_unlock(({})::int8)",
+                        config.lock.slot(slot).queue_key(place)
+                    ),
+                };
+                let _ = session
+                    .bounded_typed("unlock", UNLOCK_BOUND, &undo, &[])
+                    .await;
+            }
+            return Err(Error::GrantMoved);
+        }
+        if let Some(session) = self.role.session_mut() {
+            session.try_lock = prepared.ok();
+        }
+        Ok(row)
     }
 
     /// The wait of this check at `place` (slot, place) in the line: a queue head of a lock
@@ -331,7 +408,13 @@ impl Campaign<'_> {
         if let Some((_, statement)) = session.waits.iter().find(|(p, _)| *p == place) {
             return Ok(statement.clone());
         }
-        let sql = wait_sql(config.lock, config.effective_slots(), place.0, place.1);
+        let sql = wait_sql(
+            config.lock,
+            config.effective_slots(),
+            place.0,
+            place.1,
+            !session.direct,
+        );
         let statement = session
             .prepare("prepare the wait in line", bound, &sql)
             .await?;
