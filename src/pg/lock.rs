@@ -221,7 +221,7 @@ pub(crate) const SHARED_BACKEND: i32 = -1000;
 /// The guard of [`SHARED_BACKEND`]: whether this backend holds a slot's key already, read from
 /// `pg_locks` before anything is tried. Only sessions that are not direct carry it
 /// (docs/field-notes.md#transaction-mode-poolers-move-the-session): PostgreSQL parses and plans
-/// the `pg_locks` view on every fresh backend whether the guard runs or not, 0.35 ms of a
+/// the `pg_locks` view on every fresh backend whether the guard runs or not, 0.35–0.5 ms of a
 /// one-shot (BENCHMARKS.md, issue 18, seventh pass).
 fn shared_backend_case(lock: LockKey, slots: u32) -> String {
     let classes: Vec<String> = (0..slots)
