@@ -167,8 +167,9 @@ pub enum Error {
     SharedBackend,
 
     /// The server backend this session's guarded try reached held the lock already, for
-    /// another client ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)): sessions share
-    /// server backends, as behind a transaction-mode pooler
+    /// another client (docs/election.md#a-standbys-check: a session that is not direct reads
+    /// `pg_locks` before it tries): sessions share server backends, as behind a
+    /// transaction-mode pooler
     /// (docs/field-notes.md#transaction-mode-poolers-move-the-session). Nothing was taken, and
     /// nothing is given back: the lock is that client's.
     #[error(
