@@ -753,3 +753,72 @@ fn doctor_and_a_one_shot_say_when_a_synchronous_standby_holds_every_grant() {
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(scratch.starts().len(), 1, "{log}");
 }
+
+/// `status`, `step-down` and `doctor` bound their own statements on the server, as the replicas
+/// pin their timers: a role whose defaults are a `statement_timeout` and a `lock_timeout` of
+/// 1 ms fails none of them (before, each failed on its first query while the replicas led).
+#[test]
+fn status_step_down_and_doctor_outlast_a_role_default_of_one_millisecond() {
+    let cluster = Cluster::start_private();
+    cluster.sql(
+        "CREATE ROLE hasty LOGIN SUPERUSER; ALTER ROLE hasty SET statement_timeout = 1; \
+         ALTER ROLE hasty SET lock_timeout = 1",
+    );
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=hasty dbname=postgres",
+        cluster.addr().port()
+    );
+    // The default is in force for the role: a statement of 10 ms is cancelled.
+    let sleep = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &dsn, "-c", "SELECT pg_sleep(0.01)"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&sleep.stderr).contains("statement timeout"),
+        "{sleep:?}"
+    );
+    let id = unique_lock_id().to_string();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = || {
+        let mut cmd = leaderrun();
+        cmd.args([
+            "--dsn",
+            &dsn,
+            "--lock-id",
+            &id,
+            "--check-interval",
+            "1s",
+            "--",
+        ])
+        .arg(&script);
+        Replica::spawn(cmd)
+    };
+    let _leader = replica();
+    scratch.wait_starts(1, secs(10.0));
+    let _standby = replica();
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id.parse().unwrap()) == 1).then_some(())
+    });
+    let tool = |args: &[&str]| {
+        let out = leaderrun()
+            .args(["--dsn", &dsn, "--lock-id", &id])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, text) = tool(&["status"]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = tool(&["doctor"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+    let (code, text) = tool(&["step-down"]);
+    assert_eq!(code, Some(0), "{text}");
+    scratch.wait_starts(2, secs(10.0));
+}

@@ -485,6 +485,13 @@ pub fn doctor_main(
     let result = rt.block_on(async {
         let (a, _ca, _ta) = connect(connect_config, tls, &server, bound).await?;
         let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;
+        // Both at once: one round trip.
+        let (bound_a, bound_b) = tokio::join!(
+            crate::pg::bound_session("session settings", &a, bound),
+            crate::pg::bound_session("session settings", &b, bound)
+        );
+        bound_a?;
+        bound_b?;
         Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, bound).await)
     });
     let database = connect_config.get_dbname().unwrap_or("");

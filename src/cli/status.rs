@@ -631,6 +631,7 @@ pub fn status_main(
     let server = describe(connect_config);
     let result = rt.block_on(async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
+        crate::pg::bound_session("session settings", &client, bound).await?;
         let mut report = report(&client, &server, lock, slots, bound).await?;
         add_history(&mut report, &client, history.0, lock, history.1, bound).await;
         Ok::<_, Error>(report)
@@ -683,6 +684,7 @@ pub fn step_down_main(
     let server = describe(connect_config);
     let result: Result<u8, Error> = rt.block_on(async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
+        crate::pg::bound_session("session settings", &client, bound).await?;
         let leader_of = |r: Report| {
             r.slot_leaders
                 .into_iter()

@@ -565,18 +565,7 @@ impl Writer {
         let bound = self.settings.bound;
         let (client, _closed, _task) =
             crate::elector::connect(&config, &self.settings.tls, &target, bound).await?;
-        let ms = bound.as_millis().to_string();
-        let lock_ms = (bound / 2).as_millis().max(1).to_string();
-        within(
-            "history: session settings",
-            bound,
-            client.execute(
-                "SELECT set_config('statement_timeout', $1, false), \
-                        set_config('lock_timeout', $2, false)",
-                &[&ms, &lock_ms],
-            ),
-        )
-        .await?;
+        crate::pg::bound_session("history: session settings", &client, bound).await?;
         if !self.ensured {
             self.ensure_table(&client).await;
         }

@@ -31,3 +31,26 @@ pub async fn within<T>(
         Err(_) => Err(Error::Timeout { what, after: bound }),
     }
 }
+
+/// Bounds every statement of a session that takes no part in the election (`leaderrun status`,
+/// `step-down` and `doctor`'s, the history's) on the server as well: `statement_timeout` =
+/// `bound`, `lock_timeout` = half of it (at least 1 ms), whatever the role's or the database's
+/// defaults. A default of a few milliseconds would otherwise fail these statements while the
+/// replicas, which pin their own timers (docs/guarantees.md#session-timers), lead. One round
+/// trip; `what` names it in an error.
+///
+/// # Errors
+/// [`Error::Query`] when the server refuses a setting; [`Error::Timeout`] after `bound`.
+pub async fn bound_session(
+    what: &'static str,
+    client: &tokio_postgres::Client,
+    bound: Duration,
+) -> Result<(), Error> {
+    // Numbers we formatted, in the settings' base unit (ms): nothing to quote.
+    let sql = format!(
+        "SET statement_timeout = {}; SET lock_timeout = {}",
+        bound.as_millis().clamp(1, i32::MAX as u128),
+        (bound / 2).as_millis().clamp(1, i32::MAX as u128)
+    );
+    within(what, bound, client.batch_execute(&sql)).await
+}
