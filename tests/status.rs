@@ -548,6 +548,29 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
     assert_eq!(once.status.code(), Some(125), "{stderr}");
     assert_eq!(stderr.matches("ERROR").count(), 1, "{stderr}");
     assert!(stderr.contains("in recovery"), "{stderr}");
+    // `status` there says that what it shows is the standby's own, not the election's.
+    let shown = leaderrun()
+        .args(["status", "--dsn", &standby.dsn()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert_eq!(shown.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("a hot standby (in recovery): no replica leads here"),
+        "{text}"
+    );
+    let json = leaderrun()
+        .args(["status", "--json", "--dsn", &standby.dsn()])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["in_recovery"], true, "{report}");
+    let on_primary = leaderrun()
+        .args(["status", "--json", "--dsn", &primary.dsn()])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&on_primary.stdout).unwrap();
+    assert_eq!(report["in_recovery"], false, "{report}");
 
     let unreachable = leaderrun()
         .args(["doctor", "--dsn", UNREACHABLE_DSN])

@@ -139,6 +139,10 @@ pub struct Report {
     pub database: String,
     /// The server, redacted (no password).
     pub server: String,
+    /// The server is a hot standby (`pg_is_in_recovery()`): it grants advisory locks of its
+    /// own, on which no replica leads (docs/field-notes.md#a-hot-standby-grants-its-own-locks),
+    /// so what this report shows is not the election's; the leader is on the primary.
+    pub in_recovery: bool,
     /// How many slots were asked about (`--slots N`, default 1).
     pub slots: u32,
     /// The leader of slot 0 (with one slot: the leader), or, when slot 0 is free, of the
@@ -248,7 +252,7 @@ pub async fn report(
         .collect();
     let more_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&more_classes, &id];
     // All in one flight.
-    let (rows, between, more) = tokio::join!(
+    let (rows, between, more, recovery) = tokio::join!(
         within(
             "status query",
             bound,
@@ -263,9 +267,15 @@ pub async fn report(
             "other slots query",
             bound,
             client.query(MORE_SLOTS_SQL, &more_params),
+        ),
+        within(
+            "recovery query",
+            bound,
+            client.query_typed("SELECT pg_is_in_recovery()", &[]),
         )
     );
     let (rows, between, more) = (rows?, between?, more?);
+    let in_recovery = recovery?.first().is_some_and(|row| row.get::<_, bool>(0));
     let mut more_slots_held: Vec<u32> = more
         .iter()
         .map(|row| row.get::<_, u32>(0).wrapping_sub(lock.class as u32))
@@ -363,6 +373,7 @@ pub async fn report(
         lock_id: lock.id,
         database,
         server: server.to_owned(),
+        in_recovery,
         slots,
         leader,
         slot_leaders,
@@ -494,6 +505,12 @@ impl Report {
             "lock           {} (database {}, {})\n",
             self.lock, self.database, self.server
         );
+        if self.in_recovery {
+            out.push_str(
+                "server         a hot standby (in recovery): no replica leads here, and these \
+                 are its own locks; ask the primary\n",
+            );
+        }
         if self.slots > 1 {
             let held = self
                 .slot_leaders

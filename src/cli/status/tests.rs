@@ -32,6 +32,7 @@ fn report() -> Report {
         lock_id: 42,
         database: "jobs".to_owned(),
         server: "host=db port=5432".to_owned(),
+        in_recovery: false,
         slots: 1,
         leader: None,
         slot_leaders: vec![Slot {
@@ -217,6 +218,7 @@ fn the_json_shape_is_stable() {
         keys(&json),
         [
             "database",
+            "in_recovery",
             "leader",
             "lock",
             "lock_class",
@@ -304,4 +306,18 @@ fn a_session_is_known_by_its_application_name_or_its_statements_comment() {
     assert!(seen.leaderrun && !seen.queued && seen.place.is_none());
     assert_eq!(seen.leaderrun_pid, Some(901));
     assert!(!Standby::seen(13, Some("psql".to_owned()), None, None).leaderrun);
+}
+
+#[test]
+fn a_hot_standby_is_said_under_the_lock_line() {
+    let mut r = report();
+    assert!(!r.table().contains("hot standby"));
+    r.in_recovery = true;
+    let table = r.table();
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("lock "), "{table}");
+    assert!(
+        lines[1].starts_with("server         a hot standby (in recovery)"),
+        "{table}"
+    );
 }
