@@ -565,6 +565,14 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
         .unwrap();
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(report["in_recovery"], true, "{report}");
+    // And `step-down` there says where it is instead of "no leader".
+    let asked = leaderrun()
+        .args(["step-down", "--dsn", &standby.dsn()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&asked.stdout);
+    assert_eq!(asked.status.code(), Some(1), "{text}");
+    assert!(text.contains("the server is a hot standby"), "{text}");
     let on_primary = leaderrun()
         .args(["status", "--json", "--dsn", &primary.dsn()])
         .output()

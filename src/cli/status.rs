@@ -717,6 +717,13 @@ pub fn step_down_main(
             tokio::time::sleep(CLIENT_CONNECTION_CHECK * 3).await;
             before = report(&client, &server, lock, slots, bound).await?;
         }
+        if before.in_recovery {
+            out(
+                "the server is a hot standby (in recovery): no replica leads there; point the \
+                 DSN at the primary\n",
+            );
+            return Ok(1);
+        }
         // Nobody could take over: asking would only stop COMMAND and start it again.
         let no_standby = !any_standby(&before);
         let Some(old) = leader_of(before) else {

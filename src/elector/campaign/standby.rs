@@ -326,8 +326,8 @@ impl Campaign<'_> {
     /// `slot`: on a server backend shared with other clients that may be the holder's lock
     /// granted once more (docs/field-notes.md#transaction-mode-poolers-move-the-session). The
     /// grant is given back and the lock tried again guarded
-    /// ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)), in one flight with the guarded
-    /// try's preparation. Returns the guarded try's row; [`Error::GrantMoved`] when the unlock
+    /// ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)), in one flight. Returns the
+    /// guarded try's row; [`Error::GrantMoved`] when the unlock
     /// found nothing to give back (the session moved between backends). A direct session never
     /// comes here: its flight's try is its grant, and costs no guard.
     async fn try_again_guarded(&mut self, slot: u32) -> Result<tokio_postgres::Row, Error> {
@@ -346,21 +346,32 @@ impl Campaign<'_> {
             true,
         );
         debug!(target: "leaderrun::elector", lock = %key, "granted on a session that is not direct: giving it back and trying again guarded");
-        // join! sends in the order written: the unlock, then the try.
-        let (unlocked, prepared, row) = tokio::join!(
+        // join! sends in the order written: the unlock, then the try. Neither is prepared: a
+        // named statement would outlive a one-shot on a pooler's shared server connection, and
+        // the next client there that prepares one of the same name would fail; a standby
+        // prepares the guarded try at its next check.
+        let (unlocked, row) = tokio::join!(
             session.bounded_typed("unlock", bound, &unlock, &[]),
-            session.prepare("prepare the lock statements", bound, &sql),
             session.bounded_typed("try advisory lock", bound, &sql, &[])
         );
-        let (unlocked, row) = (unlocked?, row?);
-        if !unlocked.get::<_, bool>(0) {
-            // Whatever the guarded try took is given back as well, wherever it lands.
-            if let Some(code) = row.get::<_, Option<i32>>(0).filter(|&r| r >= 0) {
+        // The give-back decides: false means the session moved between backends, whatever the
+        // try answered; and a grant of the guarded try is not kept on a session that is about
+        // to be thrown away for an error (behind a pooler its client's end is not its server
+        // session's).
+        let moved = match &unlocked {
+            Ok(answer) => !answer.get::<_, bool>(0),
+            Err(_) => false,
+        };
+        if moved || unlocked.is_err() {
+            if let Some(code) = row
+                .as_ref()
+                .ok()
+                .and_then(|row| row.get::<_, Option<i32>>(0))
+                .filter(|&r| r >= 0)
+            {
                 let code = code as u32;
-                let (slot, place) = (
-                    code % config.effective_slots(),
-                    code / config.effective_slots(),
-                );
+                let slots = config.effective_slots();
+                let (slot, place) = (code % slots, code / slots);
                 let undo = match place {
                     0 => unlock_sql(config.lock.slot(slot)),
                     place => format!(
@@ -372,12 +383,12 @@ impl Campaign<'_> {
                     .bounded_typed("unlock", UNLOCK_BOUND, &undo, &[])
                     .await;
             }
-            return Err(Error::GrantMoved);
+            return Err(match unlocked {
+                Err(err) => err,
+                Ok(_) => Error::GrantMoved,
+            });
         }
-        if let Some(session) = self.role.session_mut() {
-            session.try_lock = prepared.ok();
-        }
-        Ok(row)
+        row
     }
 
     /// The wait of this check at `place` (slot, place) in the line: a queue head of a lock
