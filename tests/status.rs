@@ -548,9 +548,26 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
     assert_eq!(once.status.code(), Some(125), "{stderr}");
     assert_eq!(stderr.matches("ERROR").count(), 1, "{stderr}");
     assert!(stderr.contains("in recovery"), "{stderr}");
-    // `status` there says that what it shows is the standby's own, not the election's.
+    // `status` there says that what it shows is the standby's own, not the election's: a
+    // holder of the key on the standby is no leader (exit 1).
+    let id = unique_lock_id();
+    let mut holder = standby.psql_session();
+    writeln!(
+        holder.stdin.as_mut().unwrap(),
+        "SELECT pg_advisory_lock({CLASS}, {id});"
+    )
+    .unwrap();
+    wait_for("the standby's own holder", secs(10.0), || {
+        (standby.lock_holders(CLASS, id).len() == 1).then_some(())
+    });
     let shown = leaderrun()
-        .args(["status", "--dsn", &standby.dsn()])
+        .args([
+            "status",
+            "--dsn",
+            &standby.dsn(),
+            "--lock-id",
+            &id.to_string(),
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&shown.stdout);
@@ -559,6 +576,9 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
         text.contains("a hot standby (in recovery): no replica leads here"),
         "{text}"
     );
+    assert!(text.contains("not leaderrun"), "{text}");
+    let _ = holder.kill();
+    let _ = holder.wait();
     let json = leaderrun()
         .args(["status", "--json", "--dsn", &standby.dsn()])
         .output()
@@ -787,7 +807,8 @@ fn doctor_and_a_one_shot_say_when_a_synchronous_standby_holds_every_grant() {
 
 /// `status`, `step-down` and `doctor` bound their own statements on the server, as the replicas
 /// pin their timers: a role whose defaults are a `statement_timeout` and a `lock_timeout` of
-/// 1 ms fails none of them (before, each failed on its first query while the replicas led).
+/// 1 ms and an `idle_session_timeout` of 300 ms fails none of them (before, each failed on its
+/// first query while the replicas led).
 #[test]
 fn status_step_down_and_doctor_outlast_a_role_default_of_one_millisecond() {
     let cluster = Cluster::start_private();
@@ -795,6 +816,11 @@ fn status_step_down_and_doctor_outlast_a_role_default_of_one_millisecond() {
         "CREATE ROLE hasty LOGIN SUPERUSER; ALTER ROLE hasty SET statement_timeout = 1; \
          ALTER ROLE hasty SET lock_timeout = 1",
     );
+    // And sessions idle for 300 ms end (PostgreSQL 14 and later): `step-down` looks at the
+    // standbys twice, 0.75 s apart.
+    if crate::support::cluster::server_major() >= 14 {
+        cluster.sql("ALTER ROLE hasty SET idle_session_timeout = 300");
+    }
     let dsn = format!(
         "host=127.0.0.1 port={} user=hasty dbname=postgres",
         cluster.addr().port()

@@ -629,7 +629,7 @@ pub(super) fn runtime() -> Option<tokio::runtime::Runtime> {
     }
 }
 
-/// `leaderrun status`: prints the report; exit 0 with a leader, 1 without, 125 on error.
+/// `leaderrun status`: prints the report; exit 0 with a leader, 1 without (or on a hot standby), 125 on error.
 pub fn status_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::pg::tls::TlsSettings,
@@ -661,7 +661,8 @@ pub fn status_main(
             } else {
                 out(&report.table());
             }
-            u8::from(report.leader.is_none())
+            // A hot standby's holder is its own, not the election's leader.
+            u8::from(report.leader.is_none() || report.in_recovery)
         }
         Err(err) => {
             tracing::error!("status: {}", Chain(&err));

@@ -101,7 +101,8 @@ pub fn lock_id_for_name(name: &str) -> i32 {
 /// NULL unless a slot was granted), `current_database()`. The leading comment is how
 /// `leaderrun status` finds standbys in `pg_stat_activity`. `guarded`: the session is not
 /// direct, so its server backend may be shared, and the statement refuses a backend that
-/// already holds a slot (`r` = [`SHARED_BACKEND`]).
+/// already holds a slot (`r` = [`SHARED_BACKEND`]); its row has a fourth column,
+/// `pg_backend_pid()`.
 pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, guarded: bool) -> String {
     let mut cases = String::new();
     for slot in 0..slots {
@@ -242,10 +243,13 @@ fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str, guarded: b
     } else {
         String::new()
     };
+    // A guarded statement also says which backend answered it: a grant there is the
+    // session's only when its backend is the one its timers were pinned on.
+    let backend = if guarded { ", pg_backend_pid()" } else { "" };
     format!(
         "{} {} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN ({DURABLE_TOKEN}) END, \
-         current_database() FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL{guard}{cases} \
-         ELSE {otherwise} END AS r OFFSET 0) AS t",
+         current_database(){backend} FROM (SELECT CASE WHEN pg_is_in_recovery() THEN \
+         NULL{guard}{cases} ELSE {otherwise} END AS r OFFSET 0) AS t",
         standby_comment(lock),
         super::holder::identity_comment(),
         slots - 1
@@ -389,7 +393,13 @@ mod tests {
                 guard < sql.find("pg_advisory_lock(").unwrap_or(usize::MAX),
                 "{sql}"
             );
+            // The backend that answered, as a fourth column.
+            assert!(
+                sql.contains("current_database(), pg_backend_pid() FROM"),
+                "{sql}"
+            );
         }
+        assert!(!try_sql(lock, 1, false, false).contains("pg_backend_pid() FROM"));
     }
 
     #[test]

@@ -44,6 +44,21 @@ impl Campaign<'_> {
             fd: s.fd,
             direct: s.direct,
         });
+        // A session that is not direct was granted by a guarded statement, which names its
+        // backend: another backend than the pin's means the session moves between backends
+        // (a transaction-mode pooler), whatever the second session below would find.
+        if let Some(session) = self.role.session().filter(|s| !s.direct) {
+            let now = row
+                .columns()
+                .get(3)
+                .and_then(|_| row.get::<_, Option<i32>>(3));
+            if let Some(now) = now.filter(|&pid| pid != session.backend_pid) {
+                return Err(Error::BackendChanged {
+                    granted_to: session.backend_pid,
+                    now,
+                });
+            }
+        }
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing
         // (docs/field-notes.md#transaction-mode-poolers-move-the-session). A direct TCP connection,

@@ -70,7 +70,7 @@ impl Campaign<'_> {
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
-            Err(err @ Error::SharedBackend) => {
+            Err(err @ (Error::SharedBackend | Error::BackendChanged { .. })) => {
                 self.say_refusal(&err);
                 // Closing the client does not end a pooled server session: give the lock back.
                 if let Some(session) = self.role.take_standby_session() {
