@@ -629,7 +629,8 @@ pub(super) fn runtime() -> Option<tokio::runtime::Runtime> {
     }
 }
 
-/// `leaderrun status`: prints the report; exit 0 with a leader, 1 without (or on a hot standby), 125 on error.
+/// `leaderrun status`: prints the report; exit 0 with a leader, 1 without (or on a hot
+/// standby, whoever holds the key there), 125 on error.
 pub fn status_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::pg::tls::TlsSettings,
