@@ -451,7 +451,7 @@ fn a_try_on_a_backend_that_holds_the_lock_for_another_client_takes_nothing() {
 /// trees each hold one `flock` (an exact overlap check, as the fault run's). Before the guard,
 /// a try reached the holder's backend and was granted there while the second session landed
 /// elsewhere: five overlaps in 40 s on 2 cores, one in about twenty refusals. Run until the
-/// replicas have refused forty times (ERROR lines naming the pooler), the guard among them;
+/// replicas have refused forty times (ERROR lines naming the pooler), three of them the guard;
 /// no two trees may ever have overlapped.
 #[test]
 fn a_transaction_pooler_under_load_never_runs_two_trees() {
@@ -502,11 +502,19 @@ fn a_transaction_pooler_under_load_never_runs_two_trees() {
             .map(|r| r.log().matches(needle).count())
             .sum::<usize>()
     };
-    crate::support::wait_for("forty refusals naming the pooler", secs(90.0), || {
-        (refusals("transaction-mode connection pooler") >= 40).then_some(())
-    });
-    let guarded = refusals("already holds the lock for another client");
-    let log = replicas[0].log();
+    // The guard's refusals count the moments that were overlaps before it: a try that reached
+    // the backend holding the lock for another replica. How many of the refusals they are
+    // depends on the machine's load (3–10 in forty on an idle one, none in forty under CI's),
+    // so the run lasts until there were three of them.
+    let guard = "already holds the lock for another client";
+    crate::support::wait_for(
+        "forty refusals naming the pooler, three of them the guard's",
+        secs(120.0),
+        || {
+            (refusals("transaction-mode connection pooler") >= 40 && refusals(guard) >= 3)
+                .then_some(())
+        },
+    );
     drop(replicas);
     for mut psql in load {
         let _ = psql.kill();
@@ -522,7 +530,6 @@ fn a_transaction_pooler_under_load_never_runs_two_trees() {
         "two trees at once behind the pooler: {overlaps:?} of {} starts",
         scratch.starts().len()
     );
-    assert!(guarded > 0, "the guard never refused: {log}");
 }
 
 /// Over a Unix socket the server cannot show leaderrun's address, so what proves that no
