@@ -24,10 +24,13 @@ pub type Connected = (
 
 /// The socket of a connection just made, and what the server told of itself in its startup
 /// answer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Link {
-    /// The connection's socket (its task owns it).
-    pub(crate) fd: RawFd,
+    /// A copy of the connection's socket, made before the connection's task took the socket:
+    /// always this connection's, where the task's own number could name another file once the
+    /// task ended and closed it. Whoever holds it keeps the socket open: drop it with the
+    /// connection.
+    pub(crate) fd: std::os::fd::OwnedFd,
     /// The host of the list this connection reached, as [`host_endpoint`] names it (for the
     /// log: with several hosts, which one the lock is held on).
     ///
@@ -876,7 +879,15 @@ pub(super) async fn handshake<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + std::os::fd::AsRawFd + 'static,
 {
-    let fd = stream.as_raw_fd();
+    // SAFETY: the stream is ours and open for this whole statement.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(stream.as_raw_fd()) }
+        .try_clone_to_owned()
+        .map_err(|source| {
+            Attempt::Next(Error::Socket {
+                target: target.to_owned(),
+                source,
+            })
+        })?;
     let timed_out = || {
         Attempt::Next(Error::Socket {
             target: target.to_owned(),

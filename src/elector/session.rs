@@ -3,7 +3,7 @@
 //! (docs/field-notes.md#half-open-connections-and-pinned-timers).
 //! Connecting is in `connecting`; the statements' text in [`crate::pg::lock`].
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -199,14 +199,16 @@ pub(crate) struct Session {
     /// broke. Polled at most until it resolves (the session is discarded then).
     pub(crate) closed: oneshot::Receiver<Option<tokio_postgres::Error>>,
     pub(crate) task: JoinHandle<()>,
-    /// The connection's socket (its task owns it; valid while the task runs).
-    pub(crate) fd: RawFd,
+    /// A copy of the connection's socket ([`Link::fd`](super::connecting::Link)): the one the
+    /// watchdog is given at a grant. Dropped with the session, so it never keeps a session
+    /// open that the elector closed.
+    pub(crate) fd: std::os::fd::OwnedFd,
     /// Which host of the list the session reached (`USER@HOST:PORT/DBNAME`).
     pub(crate) endpoint: String,
-    /// The connection's socket once the lock was granted on it ([`socket_of`]); not ours to
-    /// close.
-    pub(crate) socket: Option<RawFd>,
-    /// No pooler can sit between this session and its server backend ([`socket_of`], from
+    /// The keeper ([`Config::keeper`](crate::Config)) was given a copy of the socket at the
+    /// grant: it must drop it before the session is closed on purpose.
+    pub(crate) kept: bool,
+    /// No pooler can sit between this session and its server backend ([`is_direct`], from
     /// what the pin read back). A session that is not direct may share its backend with other
     /// clients' sessions: its tries and waits are guarded
     /// ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)), and it leads only on a grant of
@@ -267,7 +269,7 @@ impl Session {
             check: None,
             closed,
             task,
-            socket: None,
+            kept: false,
             direct: false,
             sync_standbys: None,
         };
@@ -340,7 +342,11 @@ impl Session {
         });
         let pinned = pinned?;
         (session.backend_pid, session.sync_standbys) = (pinned.backend_pid, pinned.sync_standbys);
-        session.direct = socket_of(session.fd, pinned.seen.as_ref(), session.backend_pid).direct;
+        session.direct = is_direct(
+            session.fd.as_fd(),
+            pinned.seen.as_ref(),
+            session.backend_pid,
+        );
         let (try_lock, waits) = prepared?;
         if session.direct {
             session.try_lock = try_lock;
@@ -577,25 +583,19 @@ pub(crate) struct Pinned {
     pub(crate) seen: Option<(String, i32)>,
 }
 
-/// A descriptor of this process found to be a session's socket.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FoundSocket {
-    pub(crate) fd: RawFd,
-    /// No pooler sits between it and the backend
-    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session): a TCP socket whose local
-    /// address and port are the ones the server sees, or a Unix socket whose listener is the
-    /// backend's parent ([`unix_listener_is_parent_of`]).
-    pub(crate) direct: bool,
-}
-
-/// What the session's own socket `fd` is, given the address the server sees it at
-/// (`inet_client_addr()`, `inet_client_port()`; `None` over a Unix socket) and the backend
-/// that answers on it (`pg_backend_pid()`): direct when no pooler can sit between
-/// (docs/field-notes.md#transaction-mode-poolers-move-the-session). The socket is known by
-/// construction ([`connect_socket`]).
-pub(crate) fn socket_of(fd: RawFd, seen: Option<&(String, i32)>, backend_pid: i32) -> FoundSocket {
+/// Whether no pooler can sit between the session's socket `fd` and its server backend
+/// (docs/field-notes.md#transaction-mode-poolers-move-the-session), given the address the server
+/// sees the session at (`inet_client_addr()`, `inet_client_port()`; `None` over a Unix socket)
+/// and the backend that answers on it (`pg_backend_pid()`): a TCP socket whose local address
+/// and port are the ones the server sees, or a Unix socket whose listener is the backend's
+/// parent ([`unix_listener_is_parent_of`]).
+pub(crate) fn is_direct(
+    fd: BorrowedFd<'_>,
+    seen: Option<&(String, i32)>,
+    backend_pid: i32,
+) -> bool {
     use nix::sys::socket::{getsockname, SockaddrStorage};
-    let local = getsockname::<SockaddrStorage>(fd).ok();
+    let local = getsockname::<SockaddrStorage>(std::os::fd::AsRawFd::as_raw_fd(&fd)).ok();
     let inet = local.as_ref().and_then(|a| {
         a.as_sockaddr_in()
             .map(|v4| std::net::SocketAddr::V4((*v4).into()))
@@ -605,14 +605,13 @@ pub(crate) fn socket_of(fd: RawFd, seen: Option<&(String, i32)>, backend_pid: i3
             })
     });
     let unix = local.as_ref().is_some_and(|a| a.as_unix_addr().is_some());
-    let direct = match (inet, seen) {
+    match (inet, seen) {
         (Some(local), Some((addr, port))) => {
             local.ip().to_canonical().to_string() == *addr && i32::from(local.port()) == *port
         }
         (None, None) if unix => unix_listener_is_parent_of(fd, backend_pid),
         _ => false,
-    };
-    FoundSocket { fd, direct }
+    }
 }
 
 /// Whether the process that listens behind the Unix socket `fd` is the parent of backend
@@ -623,10 +622,8 @@ pub(crate) fn socket_of(fd: RawFd, seen: Option<&(String, i32)>, backend_pid: i3
 /// and leaves starting with that name): a pid of the server's that this machine's `/proc` does
 /// not show as the same process (the server in another PID namespace) must not pass by chance.
 /// False whenever anything cannot be read: the caller then proves it with a second session.
-pub(crate) fn unix_listener_is_parent_of(fd: RawFd, backend_pid: i32) -> bool {
+pub(crate) fn unix_listener_is_parent_of(fd: BorrowedFd<'_>, backend_pid: i32) -> bool {
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
-    // SAFETY: `fd` is the session's socket, open while the session is (see `Session::fd`).
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     let Ok(peer) = getsockopt(&fd, PeerCredentials) else {
         return false;
     };

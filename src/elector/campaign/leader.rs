@@ -1,6 +1,7 @@
 //! The leader's side of a campaign: the grant (`begin_term`), the check that proves the lock
 //! (`verify`), demotion, the release after every hold, and resignation.
 
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
@@ -10,7 +11,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{Campaign, Role, LOCK_ROW_SQL};
 use crate::elector::metrics::demotion_cause;
-use crate::elector::session::{boottime, FoundSocket, Session};
+use crate::elector::session::{boottime, Session};
 use crate::elector::term::{Lease, Term, TermControl, TermEnd};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
@@ -40,10 +41,7 @@ impl Campaign<'_> {
         }
         let idle = config.effective_idle_session_timeout();
         // Found direct or not when the session's timers were pinned (`Session::direct`).
-        let socket = self.role.session().map(|s| FoundSocket {
-            fd: s.fd,
-            direct: s.direct,
-        });
+        let direct = self.role.session().is_some_and(|s| s.direct);
         // A session that is not direct was granted by a guarded statement, which names its
         // backend: another backend than the pin's means the session moves between backends
         // (a transaction-mode pooler), whatever the second session below would find.
@@ -66,7 +64,7 @@ impl Campaign<'_> {
         // Unix socket whose listener is the backend's parent; anything else is proven with a
         // second session, whose failure to connect costs a WARN, not the election
         // (docs/guarantees.md#safety-guarantees).
-        if !socket.is_some_and(|s| s.direct) {
+        if !direct {
             tracing::debug!(
                 target: "leaderrun::elector",
                 "leader: a second session proves that no transaction-mode pooler sits between"
@@ -86,6 +84,15 @@ impl Campaign<'_> {
         let Some(mut session) = self.role.take_standby_session() else {
             return Ok(());
         };
+        // A connection that ended after its answer (the server closed the session, which frees
+        // the lock) holds nothing: no term begins on it. Later ends are the term's to find.
+        match session.closed.try_recv() {
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+            Ok(err) => return Err(Error::SessionClosed(err)),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                return Err(Error::SessionClosed(None))
+            }
+        }
         let number = self.shared.terms.load(Ordering::Acquire) + 1;
         let lease = Lease {
             lock: key,
@@ -107,22 +114,12 @@ impl Campaign<'_> {
         // before anything can run under the term. A first grant before the watchdog is up
         // waits here for its start (see `runner`).
         if let Some(keeper) = &config.keeper {
-            match socket {
-                // SAFETY: the descriptor belongs to the session's connection, alive here.
-                Some(found) => {
-                    keeper.keep(unsafe { std::os::fd::BorrowedFd::borrow_raw(found.fd) })
-                }
-                None => warn!(
-                    target: "leaderrun::elector",
-                    "leader: cannot tell which descriptor is the lock session's socket; if \
-                     leaderrun is killed, the lock may move before COMMAND's tree is dead"
-                ),
-            }
+            keeper.keep(session.fd.as_fd());
+            session.kept = true;
         }
         // From here on the keeper may hold a copy: every way out that drops the session goes
         // through `drop_session`, which takes the copy back first. The check is sent with its
         // text each time (one round trip, no PREPARE at the grant, which would delay COMMAND).
-        session.socket = socket.map(|s| s.fd);
         session.check = Some(check_sql);
         let session_endpoint = session.endpoint.clone();
         self.shared.terms.store(number, Ordering::Release);
@@ -287,7 +284,7 @@ impl Campaign<'_> {
     /// session (and the lock) would outlive the close.
     pub(crate) fn drop_session(&self, session: Option<Session>) {
         if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
-            if session.socket.is_some() {
+            if session.kept {
                 keeper.release(true);
             }
         }
@@ -380,7 +377,7 @@ impl Campaign<'_> {
         // another process, on a one-shot's path to its exit; leaderrun reaps the watchdog before
         // it exits anyway). When the unlock failed, the close is what frees the lock, and the
         // copy must be gone first.
-        if let (Some(keeper), Some(_)) = (&self.shared.config.keeper, session.socket) {
+        if let (Some(keeper), true) = (&self.shared.config.keeper, session.kept) {
             keeper.release(!unlocked);
         }
         session.close(unlock_failed).await;

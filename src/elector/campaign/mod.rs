@@ -380,7 +380,7 @@ impl Campaign<'_> {
         let ended = self.end_term(TermEnd::LeadershipLost);
         let session = self.role.take_standby_session();
         if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
-            if session.socket.is_some() {
+            if session.kept {
                 keeper.release(false);
             }
         }
@@ -468,7 +468,7 @@ impl Campaign<'_> {
                     let keeper = self.shared.config.keeper.clone();
                     runtime.spawn(async move {
                         held.released(bound).await;
-                        if let (Some(keeper), Some(_)) = (keeper, session.socket) {
+                        if let (Some(keeper), true) = (keeper, session.kept) {
                             keeper.release(true);
                         }
                         drop(session);
