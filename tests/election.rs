@@ -373,3 +373,76 @@ async fn the_first_session_is_the_connect_begun_early() {
         running.stop().await;
     }
 }
+
+/// A [`SessionKeeper`](leaderrun::elector::SessionKeeper) as the binary's watchdog is one: it
+/// holds a duplicate of the lock session's socket from the grant until it is released.
+#[derive(Debug, Default)]
+struct CopyKeeper {
+    copy: Mutex<Option<std::os::fd::OwnedFd>>,
+    kept: std::sync::atomic::AtomicUsize,
+}
+
+impl leaderrun::elector::SessionKeeper for CopyKeeper {
+    fn keep(&self, socket: std::os::fd::BorrowedFd<'_>) {
+        *self.copy.lock().unwrap() = Some(socket.try_clone_to_owned().unwrap());
+        self.kept.fetch_add(1, Ordering::AcqRel);
+    }
+    fn release(&self, _wait: bool) {
+        self.copy.lock().unwrap().take();
+    }
+}
+
+/// A caller that drops `run`'s future while the elector gives the lock back (its unlock held
+/// up by a partition) must not leave the keeper's copy of the socket behind: the copy would
+/// keep the session, and the lock, alive for good. Before, the session of a resignation was
+/// dropped without telling the keeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_dropped_mid_resignation_has_the_keeper_drop_its_copy() {
+    use crate::support::proxy::Proxy;
+    let cluster = Cluster::shared();
+    let proxy = Proxy::start(cluster.addr());
+    let id = unique_lock_id();
+    let keeper = Arc::new(CopyKeeper::default());
+    let mut config = config(id, None);
+    config.connect = proxy.dsn().parse().unwrap();
+    config.keeper = Some(keeper.clone());
+    let elector = Elector::new(config).unwrap();
+    let running = run(&elector);
+    let term = timeout(WAIT, elector.wait_for_term()).await.expect("leads");
+    assert_eq!(keeper.kept.load(Ordering::Acquire), 1);
+    assert!(keeper.copy.lock().unwrap().is_some());
+    // The partition holds the resignation's unlock (bounded by 2 s) while the future is
+    // dropped: the session is the resignation's own then, out of the campaign's hands.
+    proxy.blackhole();
+    running.cancel.cancel();
+    timeout(WAIT, async {
+        while term.end_cause().is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the term ends at the cancel");
+    running.task.abort();
+    let _ = running.task.await;
+    assert!(
+        keeper.copy.lock().unwrap().is_none(),
+        "the keeper still holds a copy of a dropped session's socket"
+    );
+    // With every copy closed, the proxy passes the close on once it forwards again: the
+    // server ends the session (not only the lock, which the held-up unlock may free).
+    proxy.forward();
+    let backend = term.lease().unwrap().backend_pid;
+    timeout(WAIT, async {
+        while !cluster
+            .sql(&format!(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = {backend}"
+            ))
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the dropped session ends on the server");
+    assert!(cluster.lock_holders(CLASS, id).is_empty());
+}

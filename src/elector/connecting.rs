@@ -15,7 +15,8 @@ use crate::pg::conninfo::{Address, ConnectPlan, HostTarget, SessionAttrs};
 use crate::pg::tls::TlsSettings;
 
 /// A connected client, a receiver that resolves when the connection ends (with its error, if
-/// any), and the task that drives the connection (abort it to close the socket at once).
+/// any), and the task that drives the connection (abort it to close the socket at once, when
+/// no other copy of the socket is kept).
 pub type Connected = (
     Client,
     oneshot::Receiver<Option<tokio_postgres::Error>>,
@@ -586,9 +587,9 @@ pub(super) enum Attempt {
     Stop(Error),
 }
 
-/// [`connect`], and the connection's socket (owned by the connection's task: valid while it
-/// runs). The socket is the lock session's by construction. `early`: a socket begun before
-/// ([`EarlyConnect`]), used by the attempt at its address.
+/// [`connect`], and the connection's [`Link`]: a copy of its socket, the lock session's by
+/// construction, which keeps the socket open until it is dropped too. `early`: a socket begun
+/// before ([`EarlyConnect`]), used by the attempt at its address.
 pub(crate) async fn connect_socket(
     config: &tokio_postgres::Config,
     tls: &TlsSettings,

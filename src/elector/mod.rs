@@ -90,7 +90,8 @@ pub const GAUGE_NAME: &str = "plexsphere_background_leader";
 /// Keeps a copy of the lock session's socket, so that the session, and the lock, outlive this
 /// process until the work under the term is dead: the binary's watchdog (`watchdog::Watchdog`,
 /// feature `cli`). The elector hands it the socket at every grant and takes it back
-/// before it closes the session on purpose.
+/// before the session closes: on purpose, and also when the session is dropped otherwise (a
+/// caller dropped [`Elector::run`]'s future, a panic).
 pub trait SessionKeeper: Send + Sync + std::fmt::Debug {
     /// The lock was granted on the session whose socket is `socket`: keep a duplicate.
     fn keep(&self, socket: std::os::fd::BorrowedFd<'_>);

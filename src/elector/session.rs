@@ -205,9 +205,11 @@ pub(crate) struct Session {
     pub(crate) fd: std::os::fd::OwnedFd,
     /// Which host of the list the session reached (`USER@HOST:PORT/DBNAME`).
     pub(crate) endpoint: String,
-    /// The keeper ([`Config::keeper`](crate::Config)) was given a copy of the socket at the
-    /// grant: it must drop it before the session is closed on purpose.
-    pub(crate) kept: bool,
+    /// The keeper ([`Config::keeper`](crate::Config)) that was given a copy of the socket at
+    /// the grant: it drops the copy before the session closes ([`Session::release_copy`], or
+    /// the drop of a session that nobody released, as when a caller drops `Elector::run`'s
+    /// future mid-resignation), or the copy would keep the session, and the lock, alive.
+    pub(crate) keeper: Option<std::sync::Arc<dyn crate::elector::SessionKeeper>>,
     /// No pooler can sit between this session and its server backend ([`is_direct`], from
     /// what the pin read back). A session that is not direct may share its backend with other
     /// clients' sessions: its tries and waits are guarded
@@ -269,7 +271,7 @@ impl Session {
             check: None,
             closed,
             task,
-            kept: false,
+            keeper: None,
             direct: false,
             sync_standbys: None,
         };
@@ -539,8 +541,9 @@ impl Session {
 
 impl Session {
     /// Closes the session at once, a statement in flight or not, and returns once its socket
-    /// is closed (the connection's task has ended; bounded by 100 ms, past which it ends
-    /// anyway): the server then frees whatever the session held. For a standby's session that
+    /// is closed (the connection's task has ended, bounded by 100 ms past which it ends anyway,
+    /// and the session's own copy is dropped on return): the server then frees whatever the
+    /// session held. For a standby's session that
     /// lost the race to another of this replica's sessions, before a term begins on that one.
     pub(crate) async fn close_now(mut self) {
         self.task.abort();
@@ -548,10 +551,24 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Has the keeper that holds a copy of this session's socket drop it, before the session
+    /// is closed on purpose; with `wait`, returns once it is dropped (bounded), as
+    /// [`SessionKeeper::release`](crate::elector::SessionKeeper::release). Nothing when no
+    /// keeper holds one.
+    pub(crate) fn release_copy(&mut self, wait: bool) {
+        if let Some(keeper) = self.keeper.take() {
+            keeper.release(wait);
+        }
+    }
+}
+
 impl Drop for Session {
-    /// A dropped session (demotion, failed try, panic) closes its socket now, which makes the
-    /// server end the backend and free any lock it held.
+    /// A dropped session (demotion, failed try, panic, a caller's dropped future) closes its
+    /// socket now, which makes the server end the backend and free any lock it held; a copy
+    /// the keeper still holds goes first.
     fn drop(&mut self) {
+        self.release_copy(true);
         self.task.abort();
     }
 }

@@ -115,7 +115,7 @@ impl Campaign<'_> {
         // waits here for its start (see `runner`).
         if let Some(keeper) = &config.keeper {
             keeper.keep(session.fd.as_fd());
-            session.kept = true;
+            session.keeper = Some(keeper.clone());
         }
         // From here on the keeper may hold a copy: every way out that drops the session goes
         // through `drop_session`, which takes the copy back first. The check is sent with its
@@ -283,12 +283,9 @@ impl Campaign<'_> {
     /// Closes a session on purpose: whoever keeps a copy of its socket drops it first, or the
     /// session (and the lock) would outlive the close.
     pub(crate) fn drop_session(&self, session: Option<Session>) {
-        if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
-            if session.kept {
-                keeper.release(true);
-            }
+        if let Some(mut session) = session {
+            session.release_copy(true);
         }
-        drop(session);
     }
 
     /// Waits for the holds of `control`'s term, bounded by `idle_session_timeout`.
@@ -337,7 +334,7 @@ impl Campaign<'_> {
             self.release_after_holds(control, self.role.session().is_some())
                 .await;
         }
-        let Some(session) = self.role.take_standby_session() else {
+        let Some(mut session) = self.role.take_standby_session() else {
             return;
         };
         let mut unlock_failed = false;
@@ -377,9 +374,7 @@ impl Campaign<'_> {
         // another process, on a one-shot's path to its exit; leaderrun reaps the watchdog before
         // it exits anyway). When the unlock failed, the close is what frees the lock, and the
         // copy must be gone first.
-        if let (Some(keeper), true) = (&self.shared.config.keeper, session.kept) {
-            keeper.release(!unlocked);
-        }
+        session.release_copy(!unlocked);
         session.close(unlock_failed).await;
     }
 }

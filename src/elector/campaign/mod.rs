@@ -378,13 +378,9 @@ impl Campaign<'_> {
         // Nothing to wait for: the session, and its lock, are gone already. The term ends
         // first, so the child's stop starts without delay.
         let ended = self.end_term(TermEnd::LeadershipLost);
-        let session = self.role.take_standby_session();
-        if let (Some(keeper), Some(session)) = (&self.shared.config.keeper, &session) {
-            if session.kept {
-                keeper.release(false);
-            }
+        if let Some(mut session) = self.role.take_standby_session() {
+            session.release_copy(false);
         }
-        drop(session);
         if let Some(control) = ended {
             let cause = Error::SessionClosed(cause);
             self.count_demotion(&cause);
@@ -465,12 +461,8 @@ impl Campaign<'_> {
                         term: control.term().clone(),
                     };
                     let bound = self.shared.config.effective_idle_session_timeout();
-                    let keeper = self.shared.config.keeper.clone();
                     runtime.spawn(async move {
                         held.released(bound).await;
-                        if let (Some(keeper), true) = (keeper, session.kept) {
-                            keeper.release(true);
-                        }
                         drop(session);
                     });
                 }
