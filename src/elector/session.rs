@@ -393,7 +393,8 @@ impl Session {
         }
         sql.push_str(
             "SHOW synchronous_standby_names; SHOW synchronous_commit; \
-             SELECT pg_backend_pid(), host(inet_client_addr()), inet_client_port()",
+             SELECT pg_backend_pid(), host(inet_client_addr()), inet_client_port(), \
+             inet_server_port()",
         );
         let messages = within("pin session timers", bound, client.simple_query(&sql)).await?;
         // SHOW answers with a column named after the setting.
@@ -438,13 +439,17 @@ impl Session {
             value("synchronous_commit").unwrap_or_default(),
         );
         let last = messages.iter().rev().find_map(|m| match m {
-            SimpleQueryMessage::Row(row) if row.len() == 3 => Some(row),
+            SimpleQueryMessage::Row(row) if row.len() == 4 => Some(row),
             _ => None,
         });
         let backend_pid = last.and_then(|row| row.get(0)?.parse::<i32>().ok());
         // NULL over a Unix socket.
-        let seen =
-            last.and_then(|row| Some((row.get(1)?.to_owned(), row.get(2)?.parse::<i32>().ok()?)));
+        let seen = last.and_then(|row| {
+            Some(Seen {
+                client: (row.get(1)?.to_owned(), row.get(2)?.parse::<i32>().ok()?),
+                server_port: row.get(3)?.parse::<i32>().ok()?,
+            })
+        });
         match backend_pid {
             Some(backend_pid) => Ok(Pinned {
                 backend_pid,
@@ -595,36 +600,49 @@ pub(crate) struct Pinned {
     pub(crate) backend_pid: i32,
     /// The server's synchronous standbys ([`sync_standbys`]).
     pub(crate) sync_standbys: Option<String>,
-    /// The address and port the server sees the session at (`host(inet_client_addr())`,
-    /// `inet_client_port()`); `None` over a Unix socket.
-    pub(crate) seen: Option<(String, i32)>,
+    /// How the server sees the session's TCP connection; `None` over a Unix socket.
+    pub(crate) seen: Option<Seen>,
+}
+
+/// A TCP session as its server backend sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Seen {
+    /// The client's address and port (`host(inet_client_addr())`, `inet_client_port()`).
+    pub(crate) client: (String, i32),
+    /// The port the server took the connection on (`inet_server_port()`).
+    pub(crate) server_port: i32,
 }
 
 /// Whether no pooler can sit between the session's socket `fd` and its server backend
-/// (docs/field-notes.md#transaction-mode-poolers-move-the-session), given the address the server
-/// sees the session at (`inet_client_addr()`, `inet_client_port()`; `None` over a Unix socket)
-/// and the backend that answers on it (`pg_backend_pid()`): a TCP socket whose local address
-/// and port are the ones the server sees, or a Unix socket whose listener is the backend's
-/// parent ([`unix_listener_is_parent_of`]).
-pub(crate) fn is_direct(
-    fd: BorrowedFd<'_>,
-    seen: Option<&(String, i32)>,
-    backend_pid: i32,
-) -> bool {
-    use nix::sys::socket::{getsockname, SockaddrStorage};
-    let local = getsockname::<SockaddrStorage>(std::os::fd::AsRawFd::as_raw_fd(&fd)).ok();
-    let inet = local.as_ref().and_then(|a| {
-        a.as_sockaddr_in()
-            .map(|v4| std::net::SocketAddr::V4((*v4).into()))
-            .or_else(|| {
-                a.as_sockaddr_in6()
-                    .map(|v6| std::net::SocketAddr::V6((*v6).into()))
-            })
-    });
+/// (docs/field-notes.md#transaction-mode-poolers-move-the-session), given how the server sees
+/// the session (`None` over a Unix socket) and the backend that answers on it
+/// (`pg_backend_pid()`): a TCP socket whose local address and port are the client's the server
+/// sees and whose peer's port is the one the server took the connection on, or a Unix socket
+/// whose listener is the backend's parent ([`unix_listener_is_parent_of`]). The server's port
+/// rules out a pooler on this host whose own connection to the server got the same local port
+/// as ours to the pooler (Linux shares an ephemeral port between connections to different
+/// destinations); a pooler cannot listen on the server's port on the server's address.
+pub(crate) fn is_direct(fd: BorrowedFd<'_>, seen: Option<&Seen>, backend_pid: i32) -> bool {
+    use nix::sys::socket::{getpeername, getsockname, SockaddrStorage};
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let inet = |address: Option<SockaddrStorage>| {
+        address.and_then(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| std::net::SocketAddr::V4((*v4).into()))
+                .or_else(|| {
+                    a.as_sockaddr_in6()
+                        .map(|v6| std::net::SocketAddr::V6((*v6).into()))
+                })
+        })
+    };
+    let local = getsockname::<SockaddrStorage>(raw).ok();
     let unix = local.as_ref().is_some_and(|a| a.as_unix_addr().is_some());
-    match (inet, seen) {
-        (Some(local), Some((addr, port))) => {
-            local.ip().to_canonical().to_string() == *addr && i32::from(local.port()) == *port
+    match (inet(local), seen) {
+        (Some(local), Some(seen)) => {
+            let peer = inet(getpeername::<SockaddrStorage>(raw).ok());
+            local.ip().to_canonical().to_string() == seen.client.0
+                && i32::from(local.port()) == seen.client.1
+                && peer.is_some_and(|peer| i32::from(peer.port()) == seen.server_port)
         }
         (None, None) if unix => unix_listener_is_parent_of(fd, backend_pid),
         _ => false,
@@ -664,6 +682,37 @@ pub(crate) fn unix_listener_is_parent_of(fd: BorrowedFd<'_>, backend_pid: i32) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Over TCP a session is direct only when the server sees our socket's own address and
+    /// port as the client's and took the connection on the port our socket reached: a pooler's
+    /// connection to the server that happens to use our local port fails the second test.
+    #[test]
+    fn a_tcp_session_is_direct_only_when_both_ends_are_the_ones_the_server_sees() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server_port = i32::from(listener.local_addr().unwrap().port());
+        let stream = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let local = stream.local_addr().unwrap();
+        let client = ("127.0.0.1".to_owned(), i32::from(local.port()));
+        let seen = |client: (String, i32), server_port| Seen {
+            client,
+            server_port,
+        };
+        let fd = stream.as_fd();
+        assert!(is_direct(fd, Some(&seen(client.clone(), server_port)), 0));
+        // A pooler on this host listening on another port than the server's.
+        assert!(!is_direct(
+            fd,
+            Some(&seen(client.clone(), server_port + 1)),
+            0
+        ));
+        // Another client port, another client address.
+        let other_port = ("127.0.0.1".to_owned(), client.1 + 1);
+        assert!(!is_direct(fd, Some(&seen(other_port, server_port)), 0));
+        let other_address = ("127.0.0.2".to_owned(), client.1);
+        assert!(!is_direct(fd, Some(&seen(other_address, server_port)), 0));
+        // Nothing seen (the server reports no TCP client): not direct.
+        assert!(!is_direct(fd, None, 0));
+    }
 
     #[test]
     fn settings_as_shown_read_back_in_base_units() {
