@@ -12,7 +12,8 @@ use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
 use crate::support::{
-    alive, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch, Setup,
+    alive, leaderrun, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch,
+    Setup, CLASS,
 };
 
 /// Child script that records `began PID NS` and, on TERM, `ended PID NS`.
@@ -641,4 +642,44 @@ fn the_lock_session_carries_tcp_timers_and_13_says_so_once() {
         "{}",
         replica.log()
     );
+}
+
+/// A grant whose connection ended together with its answer begins no term: the server frees
+/// the lock whenever it ends the session, and the watchdog would be handed a socket already
+/// closed. The proxy ends leaderrun's side of the lock session with the answer of the guarded
+/// try (the second answer naming `current_database`; a proxy is no direct connection), the
+/// answer and the end in one segment, and keeps the server's side open: the lock stays held
+/// there, so the second session's proof at the grant is refused as it would be for a live
+/// session, and only the session's own end can stop COMMAND from starting.
+#[test]
+fn a_grant_whose_connection_ended_with_its_answer_starts_nothing() {
+    let cluster = Cluster::shared();
+    let proxy = Proxy::severing(cluster.addr(), b"current_database\0", 2);
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exit 0");
+    let id = unique_lock_id();
+    let out = leaderrun()
+        .args([
+            "--once",
+            "-v",
+            "--dsn",
+            &format!("{} sslmode=disable", proxy.dsn()),
+        ])
+        .args(["--lock-id", &id.to_string(), "--"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    // Before, the term began on the dead session ("lock acquired", then "lost" at once) and
+    // only the race with the loss kept COMMAND from starting; the one-shot exited 0.
+    assert!(!log.contains("background leader lock acquired"), "{log}");
+    assert!(scratch.starts().is_empty(), "COMMAND started: {log}");
+    assert!(log.contains("lock session closed by the server"), "{log}");
+    assert_eq!(out.status.code(), Some(125), "{log}");
+    // The lock is still held on the server's side of the proxy, by nobody's running session.
+    assert_eq!(cluster.lock_holders(CLASS, id).len(), 1, "{log}");
+    proxy.cut();
+    wait_for("the severed session's lock freed", secs(10.0), || {
+        cluster.lock_holders(CLASS, id).is_empty().then_some(())
+    });
 }

@@ -1,11 +1,13 @@
 //! A TCP proxy that can forward, blackhole (stop forwarding in both directions while keeping
 //! every socket open, like a partition) and cut (close every connection). A recording proxy
 //! also keeps what the server sent on each connection, to read the server's own answers to a
-//! client (see [`messages`]), and counts the client's flights (round trips) on each.
+//! client (see [`messages`]), and counts the client's flights (round trips) on each. A
+//! severing proxy ends the client's side of a connection together with a chosen answer and
+//! keeps the server's side open ([`Proxy::severing`]).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +35,36 @@ pub struct Proxy {
     recordings: Option<Arc<Mutex<Vec<Recording>>>>,
 }
 
+/// Where a severing proxy ends a connection's client side: with the server's answer that
+/// completes the `nth` occurrence of `pattern` in what the server sent on it.
+#[derive(Clone)]
+struct Sever {
+    pattern: Vec<u8>,
+    nth: usize,
+    /// Set once the client's side is ended: from then on nothing reaches the server, and the
+    /// server's side stays open (its session, and any lock, with it).
+    done: Arc<AtomicBool>,
+}
+
+/// Ends `to` (the client's side) with `bytes`: corked, so the answer and the end of the
+/// connection leave in one segment and the client reads both at once.
+fn sever(to: &mut TcpStream, bytes: &[u8]) {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and a c_int option of its size.
+    unsafe {
+        libc::setsockopt(
+            to.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    let _ = to.write_all(bytes);
+    let _ = to.shutdown(Shutdown::Write);
+}
+
 /// Forwards `from` to `to`; with `record`, notes the bytes before forwarding them (so a
 /// reply is always noted after what it answers), `from_client` saying which side `from` is.
 fn pump(
@@ -41,11 +73,20 @@ fn pump(
     mode: Arc<AtomicU8>,
     record: Option<Recording>,
     from_client: bool,
+    sever_at: Option<Sever>,
 ) {
     from.set_read_timeout(Some(Duration::from_millis(10)))
         .unwrap();
     let mut buf = [0u8; 16 * 1024];
+    let mut seen = 0;
     loop {
+        if sever_at
+            .as_ref()
+            .is_some_and(|s| s.done.load(Ordering::Acquire))
+        {
+            // Severed: the server's side stays open and is told nothing.
+            return;
+        }
         if mode.load(Ordering::Acquire) == BLACKHOLE {
             // Leave the bytes in the kernel's buffers: nothing gets through, nothing closes.
             std::thread::sleep(Duration::from_millis(10));
@@ -53,7 +94,19 @@ fn pump(
         }
         match from.read(&mut buf) {
             Ok(0) => {
-                let _ = to.shutdown(Shutdown::Write);
+                if !sever_at
+                    .as_ref()
+                    .is_some_and(|s| s.done.load(Ordering::Acquire))
+                {
+                    let _ = to.shutdown(Shutdown::Write);
+                }
+                return;
+            }
+            Ok(_)
+                if sever_at
+                    .as_ref()
+                    .is_some_and(|s| s.done.load(Ordering::Acquire)) =>
+            {
                 return;
             }
             Ok(n) => {
@@ -72,13 +125,32 @@ fn pump(
                         carried.from_server.extend_from_slice(&buf[..n]);
                     }
                 }
+                if let Some(sever_at) = sever_at.as_ref().filter(|_| !from_client) {
+                    let chunk = &buf[..n];
+                    seen += chunk
+                        .windows(sever_at.pattern.len())
+                        .filter(|w| *w == sever_at.pattern.as_slice())
+                        .count();
+                    // The answer is complete at its ReadyForQuery ('Z', length 5, status).
+                    let ready = n >= 6 && chunk[n - 6..n - 1] == [b'Z', 0, 0, 0, 5];
+                    if seen >= sever_at.nth && ready {
+                        sever_at.done.store(true, Ordering::Release);
+                        sever(&mut to, chunk);
+                        return;
+                    }
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     return;
                 }
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(_) => {
-                let _ = to.shutdown(Shutdown::Both);
+                if !sever_at
+                    .as_ref()
+                    .is_some_and(|s| s.done.load(Ordering::Acquire))
+                {
+                    let _ = to.shutdown(Shutdown::Both);
+                }
                 return;
             }
         }
@@ -96,15 +168,25 @@ pub const PARTITION_NEEDS_IDLE_SESSION_TIMEOUT: &str =
 impl Proxy {
     /// Listens on 127.0.0.1 (any free port) and forwards each connection to `target`.
     pub fn start(target: SocketAddr) -> Proxy {
-        Proxy::start_with(target, false)
+        Proxy::start_with(target, false, None)
     }
 
     /// Like [`Proxy::start`], and keeps every byte the server sends on each connection.
     pub fn recording(target: SocketAddr) -> Proxy {
-        Proxy::start_with(target, true)
+        Proxy::start_with(target, true, None)
     }
 
-    fn start_with(target: SocketAddr, record: bool) -> Proxy {
+    /// Like [`Proxy::start`], and on each connection ends the client's side together with the
+    /// server's answer that completes the `nth` occurrence of `pattern` (the answer and the end
+    /// in one TCP segment), while the server's side stays open, its session and any lock with
+    /// it, until [`Proxy::cut`]: a client that finds its connection ended right after an answer
+    /// whose effects the server still keeps.
+    #[allow(dead_code)]
+    pub fn severing(target: SocketAddr, pattern: &[u8], nth: usize) -> Proxy {
+        Proxy::start_with(target, false, Some((pattern.to_vec(), nth)))
+    }
+
+    fn start_with(target: SocketAddr, record: bool, sever_at: Option<(Vec<u8>, usize)>) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(AtomicU8::new(FORWARD));
@@ -130,8 +212,14 @@ impl Proxy {
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (m1, m2) = (m.clone(), m.clone());
                 let carried2 = carried.clone();
-                std::thread::spawn(move || pump(client, server, m1, carried, true));
-                std::thread::spawn(move || pump(s2, c2, m2, carried2, false));
+                let sever_at = sever_at.clone().map(|(pattern, nth)| Sever {
+                    pattern,
+                    nth,
+                    done: Arc::new(AtomicBool::new(false)),
+                });
+                let sever_at2 = sever_at.clone();
+                std::thread::spawn(move || pump(client, server, m1, carried, true, sever_at));
+                std::thread::spawn(move || pump(s2, c2, m2, carried2, false, sever_at2));
             }
         });
         Proxy {
