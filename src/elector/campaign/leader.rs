@@ -117,9 +117,10 @@ impl Campaign<'_> {
             keeper.keep(session.fd.as_fd());
             session.keeper = Some(keeper.clone());
         }
-        // From here on the keeper may hold a copy: every way out that drops the session goes
-        // through `drop_session`, which takes the copy back first. The check is sent with its
-        // text each time (one round trip, no PREPARE at the grant, which would delay COMMAND).
+        // From here on the keeper holds a copy: every way the session ends takes it back first
+        // (`Session::release_copy`, from `drop_session`, the resignation, or the session's own
+        // drop). The check is sent with its text each time (one round trip, no PREPARE at the
+        // grant, which would delay COMMAND).
         session.check = Some(check_sql);
         let session_endpoint = session.endpoint.clone();
         self.shared.terms.store(number, Ordering::Release);
