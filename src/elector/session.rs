@@ -621,7 +621,8 @@ pub(crate) struct Seen {
 /// whose listener is the backend's parent ([`unix_listener_is_parent_of`]). The server's port
 /// rules out a pooler on this host whose own connection to the server got the same local port
 /// as ours to the pooler (Linux shares an ephemeral port between connections to different
-/// destinations); a pooler cannot listen on the server's port on the server's address.
+/// destinations), unless the pooler listens on the server's port number too. Only the port is
+/// compared: a DNAT that keeps it (a Kubernetes Service) stays direct.
 pub(crate) fn is_direct(fd: BorrowedFd<'_>, seen: Option<&Seen>, backend_pid: i32) -> bool {
     use nix::sys::socket::{getpeername, getsockname, SockaddrStorage};
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
