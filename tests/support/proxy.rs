@@ -46,6 +46,13 @@ struct Sever {
     done: Arc<AtomicBool>,
 }
 
+/// Whether the connection of `sever_at` has been severed already.
+fn severed(sever_at: &Option<Sever>) -> bool {
+    sever_at
+        .as_ref()
+        .is_some_and(|s| s.done.load(Ordering::Acquire))
+}
+
 /// Ends `to` (the client's side) with `bytes`: corked, so the answer and the end of the
 /// connection leave in one segment and the client reads both at once.
 fn sever(to: &mut TcpStream, bytes: &[u8]) {
@@ -80,10 +87,7 @@ fn pump(
     let mut buf = [0u8; 16 * 1024];
     let mut seen = 0;
     loop {
-        if sever_at
-            .as_ref()
-            .is_some_and(|s| s.done.load(Ordering::Acquire))
-        {
+        if severed(&sever_at) {
             // Severed: the server's side stays open and is told nothing.
             return;
         }
@@ -94,19 +98,12 @@ fn pump(
         }
         match from.read(&mut buf) {
             Ok(0) => {
-                if !sever_at
-                    .as_ref()
-                    .is_some_and(|s| s.done.load(Ordering::Acquire))
-                {
+                if !severed(&sever_at) {
                     let _ = to.shutdown(Shutdown::Write);
                 }
                 return;
             }
-            Ok(_)
-                if sever_at
-                    .as_ref()
-                    .is_some_and(|s| s.done.load(Ordering::Acquire)) =>
-            {
+            Ok(_) if severed(&sever_at) => {
                 return;
             }
             Ok(n) => {
@@ -145,10 +142,7 @@ fn pump(
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(_) => {
-                if !sever_at
-                    .as_ref()
-                    .is_some_and(|s| s.done.load(Ordering::Acquire))
-                {
+                if !severed(&sever_at) {
                     let _ = to.shutdown(Shutdown::Both);
                 }
                 return;
