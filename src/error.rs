@@ -109,6 +109,13 @@ pub enum Error {
         rows: usize,
     },
 
+    /// The lock was granted, but its session could not be handed to the
+    /// [`SessionKeeper`](crate::elector::SessionKeeper) (the binary's watchdog: no descriptor
+    /// left, or no watchdog can run). No term begins on such a grant, and the session is closed,
+    /// which gives the lock back: the next check tries again.
+    #[error("cannot hand the lock session to the watchdog, so the lock is given back")]
+    Keeper(#[source] std::io::Error),
+
     /// The lock session ended (EOF from the server: terminated backend, restart, broken socket).
     #[error("lock session closed by the server")]
     SessionClosed(#[source] Option<tokio_postgres::Error>),

@@ -383,9 +383,10 @@ struct CopyKeeper {
 }
 
 impl leaderrun::elector::SessionKeeper for CopyKeeper {
-    fn keep(&self, socket: std::os::fd::BorrowedFd<'_>) {
-        *self.copy.lock().unwrap() = Some(socket.try_clone_to_owned().unwrap());
+    fn keep(&self, socket: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+        *self.copy.lock().unwrap() = Some(socket.try_clone_to_owned()?);
         self.kept.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
     fn release(&self, _wait: bool) {
         self.copy.lock().unwrap().take();
@@ -445,4 +446,83 @@ async fn a_run_dropped_mid_resignation_has_the_keeper_drop_its_copy() {
     .await
     .expect("the dropped session ends on the server");
     assert!(cluster.lock_holders(CLASS, id).is_empty());
+}
+
+/// A [`SessionKeeper`](leaderrun::elector::SessionKeeper) that cannot keep anything, as the
+/// binary's watchdog is when no descriptor is left or no watchdog can run.
+#[derive(Debug, Default)]
+struct RefusingKeeper {
+    refused: std::sync::atomic::AtomicUsize,
+    released: std::sync::atomic::AtomicUsize,
+}
+
+impl leaderrun::elector::SessionKeeper for RefusingKeeper {
+    fn keep(&self, _socket: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+        self.refused.fetch_add(1, Ordering::AcqRel);
+        Err(std::io::Error::from_raw_os_error(libc::EMFILE))
+    }
+    fn release(&self, _wait: bool) {
+        self.released.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A grant whose session the keeper cannot keep begins no term (a killed process would hand
+/// the lock on at once, its work maybe still running) and gives the lock back: the check
+/// fails with the keeper's error, the next one tries again, and a replica whose keeper works
+/// leads meanwhile. Before, the term began with a WARN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_the_keeper_cannot_keep_begins_no_term_and_gives_the_lock_back() {
+    let id = unique_lock_id();
+    let refusing = Arc::new(RefusingKeeper::default());
+    let registry = Registry::new();
+    let mut config_a = config(id, Some(registry.clone()));
+    config_a.keeper = Some(refusing.clone());
+    let a = Elector::new(config_a).unwrap();
+    let terms_started = || -> f64 {
+        registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "leaderrun_terms_started_total")
+            .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value()))
+            .sum()
+    };
+    let running_a = run(&a);
+    timeout(WAIT, async {
+        while refusing.refused.load(Ordering::Acquire) < 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("every check is granted and refused by the keeper, again and again");
+    assert_eq!(
+        terms_started(),
+        0.0,
+        "a term began on a grant the keeper refused"
+    );
+    assert!(!a.is_leader());
+    let checks = a.checks();
+    assert!(checks.failed >= 2, "{checks:?}");
+    let error = checks.last_error.clone().unwrap_or_default();
+    assert!(
+        error.contains("cannot hand the lock session to the watchdog")
+            && error.contains("Too many open files"),
+        "{error}"
+    );
+    // Nothing was kept, so nothing is released.
+    assert_eq!(refusing.released.load(Ordering::Acquire), 0);
+
+    // The lock is given back each time, not held by the refused session: another replica leads.
+    let keeper_b = Arc::new(CopyKeeper::default());
+    let mut config_b = config(id, None);
+    config_b.keeper = Some(keeper_b.clone());
+    let b = Elector::new(config_b).unwrap();
+    let running_b = run(&b);
+    timeout(WAIT, b.wait_for_term())
+        .await
+        .expect("a replica whose keeper works leads beside one whose keeper refuses");
+    assert_eq!(keeper_b.kept.load(Ordering::Acquire), 1);
+    assert_eq!(terms_started(), 0.0);
+    running_b.stop().await;
+    running_a.stop().await;
+    assert!(keeper_b.copy.lock().unwrap().is_none());
 }

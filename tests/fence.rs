@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 
 use crate::support::{
     alive, leaderrun, sample, secs, unique_lock_id, wait_for, watchdog_of, Cluster, Replica,
-    Scratch, Setup, INTERVAL,
+    Scratch, Setup, CLASS, INTERVAL,
 };
 
 /// Child script that records `began PID NS` and, on TERM, `ended PID NS`. Its own stderr is
@@ -801,4 +801,62 @@ fn a_leaderrun_frozen_as_command_starts_is_fenced_by_its_watchdog() {
     leader.signal(Signal::SIGCONT);
     leader.wait_log("stopped COMMAND's tree", 1, secs(5.0));
     leader.signal(Signal::SIGTERM);
+}
+
+/// Descriptors run out at each point of a one-shot in turn (`RLIMIT_NOFILE` from 8 up to the
+/// first limit at which COMMAND runs): leaderrun fails before anything runs (exit 125, COMMAND
+/// never started), or COMMAND runs with the watchdog holding its lock session. One limit
+/// leaves none for the watchdog's copy of the session at the grant: no term begins, the lock
+/// is given back and COMMAND does not start (docs/process-model.md#the-watchdog); before,
+/// COMMAND ran after a WARN, and a leaderrun killed then would have handed the lock on with
+/// the tree still running.
+#[test]
+fn running_out_of_descriptors_anywhere_never_runs_command_unguarded() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let mut refused_at = None;
+    for limit in 8..=64 {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &id, "--once"])
+            .args(["--grace", "100ms", "--", "sh", "-c", "echo RAN"]);
+        crate::support::descriptor_limit(&mut cmd, limit);
+        let mut replica = Replica::spawn(cmd);
+        let status = replica.wait_exit(secs(30.0));
+        let (log, stdout) = (replica.log(), replica.stdout());
+        if stdout.contains("RAN") {
+            assert!(status.success(), "limit {limit}: {status:?}\n{log}");
+            assert!(
+                !log.contains("watchdog"),
+                "limit {limit}: COMMAND ran, but the watchdog was in trouble:\n{log}"
+            );
+            let refused_at = refused_at.unwrap_or_else(|| {
+                panic!("COMMAND ran at {limit} descriptors, and no lower limit failed at the grant")
+            });
+            eprintln!(
+                "the grant gave the lock back at {refused_at} descriptors, COMMAND ran at {limit}"
+            );
+            return;
+        }
+        assert_eq!(status.code(), Some(125), "limit {limit}:\n{log}");
+        assert!(!log.contains("child started"), "limit {limit}:\n{log}");
+        if log.contains("cannot hand the lock session to the watchdog, so the lock is given back") {
+            assert!(
+                !log.contains("lock acquired"),
+                "limit {limit}: a term began:\n{log}"
+            );
+            refused_at.get_or_insert(limit);
+        }
+        // Whatever it held, the server frees as the session ends, a moment after the exit.
+        wait_for(
+            &format!("limit {limit}: the lock to be free after leaderrun exited"),
+            secs(5.0),
+            || {
+                cluster
+                    .lock_holders(CLASS, id.parse().unwrap())
+                    .is_empty()
+                    .then_some(())
+            },
+        );
+    }
+    panic!("COMMAND never ran, even with 64 descriptors");
 }

@@ -6,7 +6,6 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use leaderrun::cli::http::{
@@ -125,20 +124,7 @@ impl Leading {
             .arg("--")
             .arg(&job);
         if let Some(limit) = descriptor_limit {
-            let rlimit = libc::rlimit {
-                rlim_cur: limit,
-                rlim_max: limit,
-            };
-            // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-            }
+            crate::support::descriptor_limit(&mut cmd, limit);
         }
         let replica = Replica::spawn(cmd);
         let child = scratch.wait_starts(1, secs(10.0))[0].pid;

@@ -119,7 +119,7 @@ pub fn man_page() -> Vec<u8> {
         ("conflict code", "--once/--wait did not lead, or lost leadership while COMMAND ran (--conflict-exit-code, default 0)."),
         ("0", "Stopped by INT or TERM while standby."),
         ("124", "--timeout expired and COMMAND was stopped (--once/--wait and the default mode)."),
-        ("125", "leaderrun itself failed: usage error, bad DSN, database unreachable or authentication failed in --once/--wait, HTTP port in use."),
+        ("125", "leaderrun itself failed: usage error, bad DSN, database unreachable or authentication failed in --once/--wait, HTTP port in use, no watchdog can run."),
         ("126", "COMMAND was found but is not executable."),
         ("127", "COMMAND was not found."),
     ] {

@@ -234,8 +234,8 @@ pub async fn run(
             .spawn(move || {
                 if !starting.ready() {
                     warn!(
-                        "cannot start the watchdog; if leaderrun is killed, COMMAND's helpers \
-                         may outlive it"
+                        "cannot start the watchdog; it is tried again at the grant, and \
+                         COMMAND does not start without one"
                     );
                 }
             });

@@ -94,7 +94,13 @@ pub const GAUGE_NAME: &str = "plexsphere_background_leader";
 /// caller dropped [`Elector::run`]'s future, a panic).
 pub trait SessionKeeper: Send + Sync + std::fmt::Debug {
     /// The lock was granted on the session whose socket is `socket`: keep a duplicate.
-    fn keep(&self, socket: std::os::fd::BorrowedFd<'_>);
+    ///
+    /// # Errors
+    /// When no duplicate can be kept (no descriptor left, no keeper runs): the elector then
+    /// begins no term on this grant and closes the session, which gives the lock back
+    /// ([`Error::Keeper`]). A term whose session lived only in this process would hand the
+    /// lock on the moment the process dies, while its work may still run.
+    fn keep(&self, socket: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>;
     /// The session is about to be closed: drop the duplicate first. With `wait`, return only
     /// once it is dropped (bounded), since until then the session, and maybe the lock, lives
     /// on; without, for a session the server already ended, return at once.

@@ -113,6 +113,11 @@ pub enum SpawnError {
         /// The interpreter its first line names.
         interpreter: String,
     },
+    /// No watchdog runs and none could be started (exit 125): without one, COMMAND's tree
+    /// could outlive a killed leaderrun while the lock passes on
+    /// (docs/process-model.md#the-watchdog), so COMMAND is not started.
+    #[error("cannot start COMMAND: no watchdog runs, and none can be started")]
+    Unguarded,
     /// `fork`/`exec` failed; exec errors map to 126/127 like a shell's, other failures are
     /// leaderrun's own (125).
     #[error("cannot start {program}")]
@@ -131,6 +136,7 @@ impl SpawnError {
         match self {
             SpawnError::NotFound { .. } | SpawnError::BadInterpreter { .. } => 127,
             SpawnError::NotExecutable { .. } => 126,
+            SpawnError::Unguarded => 125,
             SpawnError::Spawn { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOENT) | Some(libc::ENOTDIR) => 127,
                 Some(libc::EACCES) | Some(libc::ENOEXEC) | Some(libc::EISDIR)

@@ -483,27 +483,32 @@ impl Watchdog {
 }
 
 impl SessionKeeper for Watchdog {
-    fn keep(&self, socket: BorrowedFd<'_>) {
-        let copy = match socket.try_clone_to_owned() {
-            Ok(copy) => copy,
-            Err(err) => {
-                warn!("cannot duplicate the lock session's socket for the watchdog: {err}");
-                return;
-            }
-        };
+    /// # Errors
+    /// The socket cannot be duplicated (`EMFILE`), or no watchdog runs and none can be
+    /// started: the grant is given up (`Error::Keeper`), since a term whose session lives
+    /// only in leaderrun would pass the lock on the moment leaderrun is killed.
+    fn keep(&self, socket: BorrowedFd<'_>) -> std::io::Result<()> {
+        let copy = socket.try_clone_to_owned()?;
         let mut held = self.lock();
         let sent = held.link.as_ref().is_some_and(|link| {
             send_on(link.fd.as_fd(), Message::Session, Some(copy.as_fd())).is_ok()
         });
         held.session = Some(copy);
-        if !sent {
-            // No watchdog yet (or it died): start one now; it gets the session as part of
-            // what is held.
-            if held.link.take().is_some() {
-                warn!("the watchdog is gone; starting a new one");
-            }
-            self.respawn(&mut held);
+        if sent {
+            return Ok(());
         }
+        // No watchdog yet (or it died): start one now; it gets the session as part of what
+        // is held.
+        if held.link.take().is_some() {
+            warn!("the watchdog is gone; starting a new one");
+        }
+        if self.respawn(&mut held) {
+            return Ok(());
+        }
+        held.session = None;
+        Err(std::io::Error::other(
+            "no watchdog runs, and none can be started",
+        ))
     }
 
     fn release(&self, wait: bool) {
@@ -642,8 +647,10 @@ impl<S: Spawner> Spawner for WatchedSpawner<S> {
         env: &[(&'static str, String)],
         _announce: Option<Announcement<'_>>,
     ) -> Result<Box<dyn Tree>, SpawnError> {
+        // Without a watchdog a killed leaderrun would leave COMMAND's tree running while the
+        // lock passes on (rule 2): no start.
         if !self.watchdog.ready() {
-            warn!("no watchdog runs: if leaderrun is killed, COMMAND's helpers may outlive it");
+            return Err(SpawnError::Unguarded);
         }
         // What the watchdog said of an earlier tree is no news of this one.
         let _ = self.watchdog.stopped_the_tree();
@@ -772,5 +779,61 @@ impl Tree for Gone {
             empty: true,
             ..TreeState::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use nix::sys::signal::Signal;
+
+    use super::{SpawnError, Spawner, Tree, Watchdog, WatchdogPlan, WatchedSpawner};
+    use crate::elector::SessionKeeper;
+    use crate::process::child::Announcement;
+
+    /// Counts the starts it is asked for; starts nothing.
+    struct Counting(usize);
+
+    impl Spawner for Counting {
+        fn spawn(
+            &mut self,
+            _env: &[(&'static str, String)],
+            _announce: Option<Announcement<'_>>,
+        ) -> Result<Box<dyn Tree>, SpawnError> {
+            self.0 += 1;
+            Err(SpawnError::NotFound {
+                program: "counted".into(),
+            })
+        }
+        fn reap_strays(&mut self) {}
+    }
+
+    /// With no watchdog able to run (here: none is started after `shutdown`), a grant's
+    /// session is not taken (the elector then gives the lock back) and COMMAND is not started.
+    #[test]
+    fn without_a_watchdog_no_session_is_kept_and_no_command_starts() {
+        let watchdog = Arc::new(Watchdog::new(WatchdogPlan {
+            grace: Duration::from_secs(1),
+            stall: Duration::from_secs(1),
+            stop_signal: Signal::SIGTERM,
+            cgroup: None,
+        }));
+        watchdog.shutdown();
+        let (socket, _peer) = UnixStream::pair().unwrap();
+        let err = watchdog.keep(socket.as_fd()).unwrap_err();
+        assert!(err.to_string().contains("no watchdog runs"), "{err}");
+        assert!(watchdog.lock().session.is_none());
+        let mut spawner = WatchedSpawner {
+            inner: Counting(0),
+            watchdog,
+        };
+        let err = spawner.spawn(&[], None).expect_err("no start");
+        assert!(matches!(err, SpawnError::Unguarded), "{err}");
+        assert_eq!(err.exit_code(), 125);
+        assert_eq!(spawner.inner.0, 0, "COMMAND was started without a watchdog");
     }
 }

@@ -308,6 +308,26 @@ pub fn default_signals(cmd: &mut Command) -> &mut Command {
     }
 }
 
+/// Limits the process `cmd` starts to `limit` open descriptors (`RLIMIT_NOFILE`, soft and
+/// hard).
+pub fn descriptor_limit(cmd: &mut Command, limit: u64) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    let rlimit = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
+}
+
 /// A `Command` for the binary under test, with the environment cleared of leaderrun and
 /// libpq variables so the host's settings cannot leak into a test.
 pub fn leaderrun() -> Command {

@@ -113,8 +113,16 @@ impl Campaign<'_> {
         // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
         // before anything can run under the term. A first grant before the watchdog is up
         // waits here for its start (see `runner`).
+        // Without that copy a killed leaderrun would hand the lock on at once, its tree maybe
+        // still running: no term begins, and the session goes, giving the lock back.
         if let Some(keeper) = &config.keeper {
-            keeper.keep(session.fd.as_fd());
+            if let Err(err) = keeper.keep(session.fd.as_fd()) {
+                // Back to the standby, which gives the lock back as it does a pooler's grant.
+                if let Role::Standby { session: slot, .. } = &mut self.role {
+                    *slot = Some(session);
+                }
+                return Err(Error::Keeper(err));
+            }
             session.keeper = Some(keeper.clone());
         }
         // From here on the keeper holds a copy: every way the session ends takes it back first

@@ -70,19 +70,17 @@ impl Campaign<'_> {
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
-            Err(err @ (Error::SharedBackend | Error::BackendChanged { .. })) => {
+            Err(err @ (Error::SharedBackend | Error::BackendChanged { .. } | Error::Keeper(_))) => {
                 self.say_refusal(&err);
-                // Closing the client does not end a pooled server session: give the lock back.
+                // A grant no term begins on. Closing the client does not end a pooled server
+                // session: give the lock back first.
                 if let Some(session) = self.role.take_standby_session() {
                     let lock = session.granted.unwrap_or(self.shared.config.lock);
-                    let _ = session
-                        .bounded(
-                            "unlock",
-                            UNLOCK_BOUND,
-                            "SELECT pg_advisory_unlock($1, $2)",
-                            &[&lock.class, &lock.id],
-                        )
-                        .await;
+                    if let Some(client) = session.client.as_ref() {
+                        let unlock = unlock_sql(lock);
+                        let _ = within("unlock", UNLOCK_BOUND, client.simple_query(&unlock)).await;
+                    }
+                    self.drop_session(Some(session));
                 }
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
@@ -482,7 +480,6 @@ impl Campaign<'_> {
         // The simple protocol: no named prepared statement that a pooler could mix up; the
         // key is two integers.
         let try_sql = format!("SELECT pg_try_advisory_lock({}, {})", lock.class, lock.id);
-        let unlock_sql = format!("SELECT pg_advisory_unlock({}, {})", lock.class, lock.id);
         let granted = within("probe exclusion", bound, client.simple_query(&try_sql))
             .await?
             .iter()
@@ -490,7 +487,7 @@ impl Campaign<'_> {
                 matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
             });
         if granted {
-            let _ = timeout(bound, client.simple_query(&unlock_sql)).await;
+            let _ = timeout(bound, client.simple_query(&unlock_sql(lock))).await;
             return Err(Error::SharedBackend);
         }
         Ok(())
