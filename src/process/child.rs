@@ -339,14 +339,19 @@ pub fn own_children(helper: Option<Pid>) -> Option<Vec<Pid>> {
 }
 
 /// The children of every thread under `tasks` (a `/proc/PID/task` directory) but `skip`.
+/// `None` when any live thread's list cannot be read (no `/proc`; `EMFILE`): a partial list
+/// would prove a tree gone while an orphan re-parented to that thread still runs.
 fn children_of(tasks: &str, skip: Option<Pid>) -> Option<Vec<Pid>> {
     let skip = skip.map_or(0, Pid::as_raw);
     let tasks = std::fs::read_dir(tasks).ok()?;
     let mut out = Vec::new();
     let mut read_any = false;
-    for task in tasks.flatten() {
-        let Ok(list) = std::fs::read_to_string(task.path().join("children")) else {
-            continue;
+    for task in tasks {
+        let list = match std::fs::read_to_string(task.ok()?.path().join("children")) {
+            Ok(list) => list,
+            // The thread exited meanwhile; its children went to another.
+            Err(err) if matches!(err.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => continue,
+            Err(_) => return None,
         };
         read_any = true;
         out.extend(
@@ -1053,6 +1058,29 @@ mod tests {
             ExitStatus::Signal(Signal::SIGKILL).to_string(),
             "signal 9 (SIGKILL)"
         );
+    }
+
+    /// A thread's list of children that cannot be read makes the whole answer unknown: a
+    /// partial one would prove the tree gone while an orphan re-parented to that thread runs
+    /// (`EMFILE` fails each read alike; here a list that is a directory stands for it).
+    #[test]
+    fn children_are_unknown_when_any_threads_list_cannot_be_read() {
+        let tasks = tempfile::tempdir().unwrap();
+        let task = |tid: &str| {
+            let dir = tasks.path().join(tid);
+            std::fs::create_dir(&dir).unwrap();
+            dir
+        };
+        std::fs::write(task("10").join("children"), "11 12 ").unwrap();
+        std::fs::write(task("13").join("children"), "14 ").unwrap();
+        // A thread that exited between the listing and the read: skipped.
+        task("15");
+        let root = tasks.path().to_str().unwrap();
+        let mut all = children_of(root, Some(Pid::from_raw(12))).unwrap();
+        all.sort();
+        assert_eq!(all, [Pid::from_raw(11), Pid::from_raw(14)]);
+        std::fs::create_dir(task("16").join("children")).unwrap();
+        assert_eq!(children_of(root, None), None);
     }
 
     /// A stop is two passes, the stop signal and then SIGCONT; a descendant that left the group
