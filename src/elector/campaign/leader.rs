@@ -112,9 +112,8 @@ impl Campaign<'_> {
         );
         // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
         // before anything can run under the term. A first grant before the watchdog is up
-        // waits here for its start (see `runner`).
-        // Without that copy a killed leaderrun would hand the lock on at once, its tree maybe
-        // still running: no term begins, and the session goes, giving the lock back.
+        // waits here for its start (see `runner`). Without the copy a killed leaderrun would
+        // hand the lock on at once, its tree maybe still running: no term begins.
         if let Some(keeper) = &config.keeper {
             if let Err(err) = keeper.keep(session.fd.as_fd()) {
                 // Back to the standby, which gives the lock back as it does a pooler's grant.
