@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     leaderrun::cli::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
     let early = early.filter(|_| cli.action.is_none());
-    let exit = match cli.settings(&|name| std::env::var(name).ok()) {
+    let exit = match cli.settings_from_env() {
         Ok(settings) => {
             // COMMAND is looked up, and a one-shot's connect begins before the rest of
             // start-up: the server starts its backend meanwhile (a signal meanwhile waits,

@@ -1078,3 +1078,39 @@ fn leaderrun_connects_as_libpq_does() {
     );
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
 }
+
+/// A variable libpq reads that holds bytes that are not UTF-8 is refused by name (exit 125,
+/// nothing started): taken as unset, as before, `PGHOST` fell back to the default socket and
+/// `PGPORT` to 5432, so such a replica connected, and could lead, on another server than its
+/// peers (libpq uses the bytes, and fails to resolve such a host).
+#[test]
+fn a_setting_variable_that_is_not_utf8_is_refused_not_ignored() {
+    use crate::support::{leaderrun, unique_lock_id, Cluster};
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let cluster = Cluster::shared();
+    let port = cluster.addr().port().to_string();
+    let cases: [(&str, Vec<u8>); 3] = [
+        ("PGHOST", b"127.0.0.1\xff".to_vec()),
+        ("PGPORT", [port.as_bytes(), b"\xff"].concat()),
+        ("PGDATABASE", b"postgres\xff".to_vec()),
+    ];
+    for (name, value) in cases {
+        let mut cmd = leaderrun();
+        cmd.env("PGHOST", "127.0.0.1")
+            .env("PGPORT", &port)
+            .env("PGUSER", "postgres")
+            .env("PGDATABASE", "postgres")
+            .env(name, OsStr::from_bytes(&value))
+            .args(["--lock-id", &unique_lock_id().to_string(), "--once"])
+            .args(["--", "sh", "-c", "echo RAN"]);
+        let out = cmd.output().expect("run leaderrun");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{name}:\n{log}");
+        assert!(
+            log.contains(&format!("{name} is set, but not to valid UTF-8 text")),
+            "{name}:\n{log}"
+        );
+        assert!(out.stdout.is_empty(), "{name}: COMMAND ran:\n{log}");
+    }
+}

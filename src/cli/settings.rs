@@ -241,6 +241,32 @@ impl Cli {
         }
     }
 
+    /// [`Cli::settings`] from this process's environment.
+    ///
+    /// # Errors
+    /// As [`Cli::settings`], and [`ConnInfoError::NotUnicode`] for a variable it reads that
+    /// is set to bytes that are not UTF-8 (taken as unset, it would connect elsewhere).
+    ///
+    /// [`ConnInfoError::NotUnicode`]: crate::pg::conninfo::ConnInfoError::NotUnicode
+    pub fn settings_from_env(&self) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
+        let not_unicode = std::cell::RefCell::new(None);
+        let env = |name: &str| match std::env::var(name) {
+            Ok(value) => Some(value),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => {
+                not_unicode
+                    .borrow_mut()
+                    .get_or_insert_with(|| name.to_owned());
+                None
+            }
+        };
+        let settings = self.settings(&env);
+        match not_unicode.into_inner() {
+            Some(name) => Err(crate::pg::conninfo::ConnInfoError::NotUnicode { name }),
+            None => settings,
+        }
+    }
+
     /// Checks the options and resolves the connection settings.
     ///
     /// # Errors

@@ -180,6 +180,14 @@ pub enum ConnInfoError {
         /// The service name.
         name: String,
     },
+    /// A variable leaderrun reads (`PGHOST`, `LEADERRUN_DSN`, …) is set, but not to UTF-8
+    /// text. libpq would use its bytes; taken as unset, it would make leaderrun connect
+    /// elsewhere (the default socket instead of `PGHOST`'s server) and elect there.
+    #[error("{name} is set, but not to valid UTF-8 text: fix or unset it")]
+    NotUnicode {
+        /// The variable's name.
+        name: String,
+    },
 }
 
 /// Resolved connection settings: tokio-postgres' part and the TLS part.
