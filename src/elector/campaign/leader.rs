@@ -178,7 +178,7 @@ impl Campaign<'_> {
         if let Some(until) = control.term().proven_until().filter(|&u| boottime() >= u) {
             let window = self.shared.config.safe_window();
             return Err(Error::SafeWindowPassed {
-                since: boottime().saturating_sub(until) + window,
+                since: since_last_proof(boottime(), until, window).unwrap_or(window),
             });
         }
         let first = std::mem::take(first_check);
@@ -226,10 +226,14 @@ impl Campaign<'_> {
                 }
             });
         let window = config.safe_window();
-        // An answer that arrives after the window closed proves nothing any more.
+        // An answer that arrives after the window closed proves nothing any more. The window
+        // that closed is the last proof's: read before this proof is offered.
+        let last = control.term().proven_until();
         let result = result.and_then(|()| match control.prove(sent + window) {
             false => Err(Error::SafeWindowPassed {
-                since: boottime().saturating_sub(sent),
+                since: last
+                    .and_then(|until| since_last_proof(boottime(), until, window))
+                    .unwrap_or_else(|| boottime().saturating_sub(sent)),
             }),
             true => Ok(()),
         });
@@ -385,4 +389,17 @@ impl Campaign<'_> {
         session.release_copy(!unlocked);
         session.close(unlock_failed).await;
     }
+}
+
+/// Time from the send of the check whose proof ran until `until` (its window `window` long) to
+/// `now`, all on [`boottime`]: what [`Error::SafeWindowPassed`] reports. `None` for a proof
+/// that was revoked rather than run out (its end is not a check's).
+pub(crate) fn since_last_proof(
+    now: Duration,
+    until: Duration,
+    window: Duration,
+) -> Option<Duration> {
+    until
+        .checked_sub(window)
+        .map(|proved_at| now.saturating_sub(proved_at))
 }

@@ -368,7 +368,7 @@ impl Campaign<'_> {
             return;
         };
         let window = self.shared.config.safe_window();
-        let since = boottime().saturating_sub(until) + window;
+        let since = leader::since_last_proof(boottime(), until, window).unwrap_or(window);
         self.demote(&Error::SafeWindowPassed { since }).await;
     }
 

@@ -120,3 +120,19 @@ fn jitter_stays_between_5_ms_and_its_bound_and_spreads() {
         assert_eq!(jitter(max), Duration::from_millis(5));
     }
 }
+
+/// A leader demoted because its check's answer came too late reports the time since the last
+/// check that proved the lock, not that check's own round trip: "no check has proved the lock
+/// for 358ms (more than 2 check intervals)" at a 200 ms interval said less than it claimed.
+#[test]
+fn a_passed_window_is_reported_from_the_last_proof() {
+    use super::leader::since_last_proof;
+    let ms = Duration::from_millis;
+    // Proved at 1000 ms with a 400 ms window; the late answer is handled at 1450 ms.
+    assert_eq!(since_last_proof(ms(1450), ms(1400), ms(400)), Some(ms(450)));
+    // A revoked proof (its end set to 1 ns) is no check's.
+    assert_eq!(
+        since_last_proof(ms(1450), Duration::from_nanos(1), ms(400)),
+        None
+    );
+}
