@@ -278,6 +278,50 @@ fn after_ctrl_z_and_bg_the_shell_keeps_the_terminal() {
     assert!(!alive(start.pid));
 }
 
+/// The terminal's foreground group as the process `pid` sees it (`tpgid` of its stat), and
+/// its own process group.
+fn foreground_and_group(pid: i32) -> Option<(i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+    Some((fields.get(5)?.parse().ok()?, fields.get(2)?.parse().ok()?))
+}
+
+/// After Ctrl-Z and `bg`, a child leaderrun starts later (a restart, a new term) runs in the
+/// background too: before, each child took the terminal before exec (SIGTTOU is ignored), and
+/// the shell lost it, exiting at its next read.
+#[test]
+fn after_ctrl_z_and_bg_later_children_leave_the_terminal_to_the_shell() {
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "sleep 0.3");
+    let pane = Pane::start(&scratch);
+    pane.type_line(&leaderrun_line(&format!(
+        "--restart always -- {}",
+        script.display()
+    )));
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    pane.key("C-z");
+    pane.wait_screen("Stopped", 1);
+    wait_for("leaderrun to be stopped", secs(3.0), || {
+        (state(first.ppid) == Some('T')).then_some(())
+    });
+    pane.type_line("bg");
+    let later = scratch.wait_starts(3, secs(10.0));
+    for start in &later[1..] {
+        if let Some((foreground, group)) = foreground_and_group(start.pid) {
+            assert_ne!(
+                foreground, group,
+                "child {} took the terminal in the background",
+                start.pid
+            );
+        }
+    }
+    // The shell still owns the terminal: it runs what we type.
+    pane.type_line("echo \"sh\"\"ell-$((40+2))\"");
+    pane.wait_screen("shell-42", 1);
+    pane.type_line("kill %1; wait %1; echo \"r\"\"c=$?\"");
+    pane.wait_screen("rc=", 1);
+}
+
 #[test]
 fn with_pid_namespace_ctrl_z_and_fg_and_ctrl_c_work_as_without_it() {
     if leaderrun::process::pidns::PidNamespace::new().is_err() {

@@ -84,7 +84,7 @@ pub fn main(
     }
     // Decided before anything is spawned: only a leaderrun that owns the terminal's foreground
     // at start hands it to its children.
-    let terminal = Terminal::claim();
+    let terminal = Terminal::claim().map(Arc::new);
     if let Err(err) = child::become_subreaper() {
         warn!("cannot become a child subreaper; orphans of COMMAND will not be stopped: {err}");
     }
@@ -187,7 +187,7 @@ pub async fn run(
     settings: Settings,
     command: Command,
     signals: SignalStream,
-    terminal: Option<Terminal>,
+    terminal: Option<Arc<Terminal>>,
     early: Option<EarlyWatchdog>,
     early_connect: Option<Arc<EarlyConnect>>,
 ) -> Exit {
@@ -296,7 +296,7 @@ pub async fn run(
     });
     let spawner = ProcessSpawner {
         command,
-        foreground: terminal.as_ref().map(Terminal::fd),
+        terminal: terminal.clone(),
         cgroup,
         helper: watchdog.helper_pid(),
         pid_namespace,

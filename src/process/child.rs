@@ -426,13 +426,16 @@ pub trait Spawner {
 }
 
 /// The real [`Spawner`]: forks and execs `command`, giving the child the terminal's foreground
-/// when leaderrun owned it at start (`foreground`: the terminal's descriptor).
+/// when leaderrun owned it at start and owns it still.
 #[derive(Debug)]
 pub struct ProcessSpawner {
     /// What to run.
     pub command: Command,
-    /// The controlling terminal's descriptor when leaderrun owns its foreground.
-    pub foreground: Option<RawFd>,
+    /// The controlling terminal, when leaderrun owned its foreground at start
+    /// ([`Terminal::claim`]).
+    ///
+    /// [`Terminal::claim`]: crate::process::terminal::Terminal::claim
+    pub terminal: Option<Arc<crate::process::terminal::Terminal>>,
     /// COMMAND's cgroup, where leaderrun could make one.
     pub cgroup: Option<Arc<Cgroup>>,
     /// leaderrun's helper process, never counted as part of a tree.
@@ -452,7 +455,14 @@ impl Spawner for ProcessSpawner {
             &self.command,
             env,
             Placement {
-                foreground: self.foreground,
+                // Only while leaderrun's group has the foreground now: after Ctrl-Z and `bg`
+                // the shell has it, and a child that took it (SIGTTOU is ignored) would leave
+                // the shell without its terminal.
+                foreground: self
+                    .terminal
+                    .as_ref()
+                    .filter(|terminal| terminal.owns_foreground())
+                    .map(|terminal| terminal.fd()),
                 cgroup: self.cgroup.clone(),
                 helper: self.helper.clone(),
                 pid_namespace: self.pid_namespace.as_deref(),

@@ -2,7 +2,8 @@
 //! docs/guarantees.md#the-child-process).
 //!
 //! When leaderrun has a controlling terminal and its process group is that terminal's
-//! foreground group at start, leaderrun hands the foreground to each child's process group and
+//! foreground group at start, leaderrun hands the foreground to each child's process group
+//! (while its own group has it: after `bg` the shell keeps it, from later children too) and
 //! takes it back when the child is gone, so Ctrl-C, Ctrl-Z and reading the terminal behave as
 //! if leaderrun were not there. The terminal is `/dev/tty`, not stdin: with stdin redirected
 //! (`< /dev/null`) a child that opens `/dev/tty` (an ssh or sudo prompt) must still be in the

@@ -204,7 +204,7 @@ pub struct Supervisor<E: Election, S: Spawner> {
     election: E,
     spawner: S,
     signals: SignalStream,
-    terminal: Option<Terminal>,
+    terminal: Option<Arc<Terminal>>,
     metrics: Metrics,
     health: Arc<Health>,
     state: State,
@@ -247,7 +247,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         election: E,
         spawner: S,
         signals: SignalStream,
-        terminal: Option<Terminal>,
+        terminal: Option<Arc<Terminal>>,
         metrics: Metrics,
         health: Arc<Health>,
     ) -> Self {
