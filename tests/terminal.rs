@@ -278,6 +278,21 @@ fn after_ctrl_z_and_bg_the_shell_keeps_the_terminal() {
     assert!(!alive(start.pid));
 }
 
+/// Kills leaderrun (and its child) when a test ends, passed or not: a leaderrun left in a
+/// group no shell owns (stopped, or restarting its child) would otherwise outlive the pane.
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 /// The terminal's foreground group as the process `pid` sees it (`tpgid` of its stat), and
 /// its own process group.
 fn foreground_and_group(pid: i32) -> Option<(i32, i32)> {
@@ -299,6 +314,7 @@ fn after_ctrl_z_and_bg_later_children_leave_the_terminal_to_the_shell() {
         script.display()
     )));
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![first.ppid]);
     pane.key("C-z");
     pane.wait_screen("Stopped", 1);
     wait_for("leaderrun to be stopped", secs(3.0), || {
@@ -320,6 +336,57 @@ fn after_ctrl_z_and_bg_later_children_leave_the_terminal_to_the_shell() {
     pane.wait_screen("shell-42", 1);
     pane.type_line("kill %1; wait %1; echo \"r\"\"c=$?\"");
     pane.wait_screen("rc=", 1);
+}
+
+/// Started with `&` by a script that then exits, leaderrun is left in an orphaned process
+/// group that owned the terminal at start. Its child, reading the terminal once the shell has
+/// it back, stops on SIGTTIN; leaderrun must not stop itself (no shell could continue it, and
+/// TERM would wait for good), and a TERM ends it and the child.
+#[test]
+fn in_an_orphaned_group_a_child_that_reads_the_terminal_does_not_stop_leaderrun() {
+    let scratch = Scratch::new();
+    // The launcher exits once the child runs (leaderrun claimed the terminal before). The
+    // shell (a session leader: its pid is its group) has the terminal back once the launcher
+    // is gone: only then does the child read it.
+    let child = scratch.child_script(
+        "child.sh",
+        "while [ \"$(cut -d' ' -f8 /proc/$$/stat)\" != \"$SHELL_PID\" ]; do sleep 0.02; done\n\
+         read x < /dev/tty\n\
+         sleep 100",
+    );
+    let log = scratch.file("leaderrun.log");
+    let launcher = scratch.file("launch.sh");
+    std::fs::write(
+        &launcher,
+        format!(
+            "#!/bin/sh\nexport SHELL_PID=$PPID\n{} -- {} 2>{} &\n\
+             until grep -q start '{}' 2>/dev/null; do sleep 0.02; done\nexit 0\n",
+            leaderrun_line(""),
+            child.display(),
+            log.display(),
+            scratch.file("events").display()
+        ),
+    )
+    .unwrap();
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!("sh {}", launcher.display()));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    wait_for("the child to stop on SIGTTIN", secs(10.0), || {
+        (state(start.pid) == Some('T')).then_some(())
+    });
+    wait_for("leaderrun to say why it does not stop", secs(5.0), || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|log| log.contains("its process group is orphaned"))
+    });
+    assert_ne!(state(start.ppid), Some('T'), "leaderrun stopped itself");
+    let leaderrun = nix::unistd::Pid::from_raw(start.ppid);
+    nix::sys::signal::kill(leaderrun, nix::sys::signal::Signal::SIGTERM).unwrap();
+    wait_for("leaderrun to exit on TERM", secs(10.0), || {
+        (!alive(start.ppid)).then_some(())
+    });
+    assert!(!alive(start.pid), "the child outlived leaderrun");
 }
 
 #[test]

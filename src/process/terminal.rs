@@ -83,3 +83,49 @@ impl Terminal {
         }
     }
 }
+
+/// Whether leaderrun's process group is orphaned (POSIX: no member has a parent in another
+/// group of the same session), read from `/proc`: then no shell can continue it, and a job
+/// control stop would last for good (the kernel discards SIGTSTP, SIGTTIN and SIGTTOU for such a
+/// group, but not the SIGSTOP that [`suspend_self`](crate::process::signals::suspend_self)
+/// raises). `false` when `/proc` cannot be read. A scan of every process: called only when a
+/// child stopped.
+pub fn own_group_is_orphaned() -> bool {
+    let group = getpgrp().as_raw();
+    let Ok(session) = nix::unistd::getsid(None) else {
+        return false;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    // (parent, group, session) of a process.
+    let stat = |pid: &str| -> Option<(i32, i32, i32)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut fields = text.rsplit_once(") ")?.1.split(' ').skip(1);
+        let parent = fields.next()?.parse().ok()?;
+        let group = fields.next()?.parse().ok()?;
+        let session = fields.next()?.parse().ok()?;
+        Some((parent, group, session))
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Some((parent, member_group, _)) = stat(pid) else {
+            continue;
+        };
+        if member_group != group {
+            continue;
+        }
+        if let Some((_, parent_group, parent_session)) = stat(&parent.to_string()) {
+            if parent_group != group && parent_session == session.as_raw() {
+                return false;
+            }
+        }
+    }
+    true
+}

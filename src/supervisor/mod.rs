@@ -442,7 +442,10 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 },
                 _,
             ) => {}
-            (_, Signal::SIGTSTP) => suspend_self(),
+            // Not in an orphaned group: nothing could continue it (docs/process-model.md#job-control).
+            (_, Signal::SIGTSTP) if !crate::process::terminal::own_group_is_orphaned() => {
+                suspend_self()
+            }
             (_, sig) => debug!(
                 signal = sig.as_str(),
                 "no child to pass {} to",

@@ -417,7 +417,29 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             return;
         };
         let pid = run.pid();
+        // A shell that has gone (leaderrun was started with `&` by a script that exited)
+        // leaves leaderrun's group orphaned: a stop would last for good, with stop requests
+        // pending, so the child is left stopped as if leaderrun had started in the background.
+        let orphaned = || {
+            let orphaned = crate::process::terminal::own_group_is_orphaned();
+            if orphaned {
+                warn!(
+                    pid,
+                    signal = sig.as_str(),
+                    "the child stopped on {}, and no shell can continue leaderrun (its process \
+                     group is orphaned), so leaderrun does not stop; `kill -CONT {pid}` \
+                     continues the child",
+                    sig.as_str()
+                );
+            }
+            orphaned
+        };
         match sig {
+            Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU
+                if (sig == Signal::SIGTSTP || self.terminal.is_some()) && orphaned() =>
+            {
+                return
+            }
             Signal::SIGTSTP => {}
             Signal::SIGTTIN | Signal::SIGTTOU if self.terminal.is_some() => {}
             Signal::SIGTTIN | Signal::SIGTTOU => {
