@@ -389,6 +389,64 @@ fn in_an_orphaned_group_a_child_that_reads_the_terminal_does_not_stop_leaderrun(
     assert!(!alive(start.pid), "the child outlived leaderrun");
 }
 
+/// The terminal hangs up (its window closed, its ssh session ended) while leaderrun's job is
+/// in the foreground: the kernel sends SIGHUP to the child's group and to the shell, which
+/// need not pass it on to leaderrun before it dies. leaderrun sees the hangup itself and stops
+/// as a shell stops its jobs; before, `--restart always` restarted the child that died of the
+/// SIGHUP, and leaderrun led on, orphaned. Sent to the background with `bg`, it goes on, as
+/// the kernel leaves a background job alone (`disown`).
+#[test]
+fn a_terminal_that_hangs_up_ends_the_foreground_job_and_not_a_background_one() {
+    for background in [false, true] {
+        let scratch = Scratch::new();
+        let child = scratch.child_script("child.sh", "while :; do sleep 0.05; done");
+        let log = scratch.file("leaderrun.log");
+        let pane = Pane::start(&scratch);
+        // At the default level: the hangup is an INFO line.
+        let line = leaderrun_line("--restart always").replacen(" -q ", " ", 1);
+        pane.type_line(&format!(
+            "{line} -- {} 2>{}",
+            child.display(),
+            log.display()
+        ));
+        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+        let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        if background {
+            pane.key("C-z");
+            pane.wait_screen("Stopped", 1);
+            pane.type_line("bg");
+            pane.type_line("disown");
+            wait_for("leaderrun to run again", secs(5.0), || {
+                (state(start.ppid).is_some_and(|s| s != 'T')).then_some(())
+            });
+        }
+        drop(pane);
+        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+        if background {
+            wait_for("leaderrun to say it goes on", secs(5.0), || {
+                read_log()
+                    .contains("the terminal hung up; leaderrun runs in the background")
+                    .then_some(())
+            });
+            assert!(
+                alive(start.ppid),
+                "a background job ended with the terminal"
+            );
+        } else {
+            wait_for("leaderrun to exit with the terminal", secs(10.0), || {
+                (!alive(start.ppid)).then_some(())
+            });
+            let log = read_log();
+            assert!(log.contains("the terminal hung up; stopping"), "{log}");
+            assert_eq!(
+                scratch.starts().len(),
+                1,
+                "the child was restarted after the hangup:\n{log}"
+            );
+        }
+    }
+}
+
 #[test]
 fn with_pid_namespace_ctrl_z_and_fg_and_ctrl_c_work_as_without_it() {
     if leaderrun::process::pidns::PidNamespace::new().is_err() {

@@ -27,6 +27,8 @@ use tracing::debug;
 pub struct Terminal {
     tty: OwnedFd,
     own_group: Pid,
+    /// What [`Terminal::owns_foreground`] found last (at first: the claim's answer).
+    in_foreground: std::sync::atomic::AtomicBool,
 }
 
 impl Terminal {
@@ -48,7 +50,11 @@ impl Terminal {
         unsafe {
             let _ = signal(Signal::SIGTTOU, SigHandler::SigIgn);
         }
-        Some(Terminal { tty, own_group })
+        Some(Terminal {
+            tty,
+            own_group,
+            in_foreground: std::sync::atomic::AtomicBool::new(true),
+        })
     }
 
     /// The terminal's descriptor, for the child to take the foreground before exec.
@@ -59,7 +65,18 @@ impl Terminal {
     /// Whether leaderrun's own group is the foreground group now: after a resume, `fg` gave it
     /// back to us, `bg` left it with the shell.
     pub fn owns_foreground(&self) -> bool {
-        tcgetpgrp(self.tty.as_fd()).is_ok_and(|g| g == self.own_group)
+        let owns = tcgetpgrp(self.tty.as_fd()).is_ok_and(|g| g == self.own_group);
+        self.in_foreground
+            .store(owns, std::sync::atomic::Ordering::Relaxed);
+        owns
+    }
+
+    /// Whether leaderrun's job (its group, or the child's it handed the terminal to) was in
+    /// the foreground when last looked at: at the claim, at each spawn and after each resume
+    /// from job control. A hung-up terminal can no longer be asked.
+    pub fn job_in_foreground(&self) -> bool {
+        self.in_foreground
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Makes `group` the foreground process group. The child also does this itself before exec
@@ -128,4 +145,34 @@ pub fn own_group_is_orphaned() -> bool {
         }
     }
     true
+}
+
+/// A watch on the terminal for its hangup ([`Terminal::watch_hangup`]).
+#[derive(Debug)]
+pub struct Hangup(tokio::io::unix::AsyncFd<OwnedFd>);
+
+impl Terminal {
+    /// Watches the terminal for its hangup (its window closed, its ssh session ended): the
+    /// kernel then sends SIGHUP to the foreground group (COMMAND's) and to the session's
+    /// leader (the shell), which need not pass it on to leaderrun's job before it dies.
+    /// Registered for errors only: input on the terminal does not wake leaderrun. `None`
+    /// when the descriptor cannot be watched. Call within the runtime.
+    pub fn watch_hangup(&self) -> Option<Hangup> {
+        let fd = self.tty.try_clone().ok()?;
+        // SAFETY: an `OwnedFd` stays open, and the same descriptor, until the watch drops it.
+        unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::ERROR) }
+            .ok()
+            .map(Hangup)
+    }
+}
+
+/// Resolves once the watched terminal has hung up (a hung-up terminal reports `POLLERR`);
+/// pending for ever without a watch.
+pub async fn hung_up(watch: Option<&Hangup>) {
+    match watch {
+        Some(Hangup(fd)) => {
+            let _ = fd.ready(tokio::io::Interest::ERROR).await;
+        }
+        None => std::future::pending().await,
+    }
 }

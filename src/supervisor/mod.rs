@@ -53,7 +53,7 @@ use crate::cli::metrics::Metrics;
 use crate::elector::{Checks, Term, TermEnd};
 use crate::history::{History, RunId};
 use crate::process::child::{ExitStatus, Spawner};
-use crate::process::signals::{is_forwarded, is_shutdown, suspend_self, SignalStream};
+use crate::process::signals::{is_forwarded, is_shutdown, SignalStream};
 use crate::process::terminal::Terminal;
 
 mod due;
@@ -141,6 +141,8 @@ pub enum Event {
     Poll,
     /// The election ended by itself.
     ElectionFailed(String),
+    /// The terminal leaderrun owned hung up.
+    HungUp,
 }
 
 /// Why a tree is being stopped.
@@ -205,6 +207,8 @@ pub struct Supervisor<E: Election, S: Spawner> {
     spawner: S,
     signals: SignalStream,
     terminal: Option<Arc<Terminal>>,
+    /// The terminal's hangup, watched from the first event on while leaderrun owns it.
+    hangup: Option<crate::process::terminal::Hangup>,
     metrics: Metrics,
     health: Arc<Health>,
     state: State,
@@ -275,6 +279,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             spawner,
             signals,
             terminal,
+            hangup: None,
             metrics,
             health,
             state: State::Standby { deadline },
@@ -314,6 +319,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
 
     /// Runs until the mode is done; returns the exit status of docs/guarantees.md#exit-codes.
     pub async fn run(mut self) -> Exit {
+        self.hangup = self.terminal.as_ref().and_then(|t| t.watch_hangup());
         loop {
             self.enforce();
             if let State::Done(exit) = self.state {
@@ -371,6 +377,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         tokio::select! {
             biased;
             sig = self.signals.recv() => Event::Signal(sig),
+            () = crate::process::terminal::hung_up(self.hangup.as_ref()) => Event::HungUp,
             reason = self.election.failed() => Event::ElectionFailed(reason),
             cause = ended(term.as_ref()) => Event::TermEnded(cause),
             term = next_term(&mut self.terms, after), if standby => Event::TermBegan(term),
@@ -396,6 +403,22 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Event::Due => self.due(),
             Event::CatchUp(term, due, answer) => self.catch_up_answered(term, due, answer),
             Event::Poll => self.poll(),
+            Event::HungUp => {
+                // Watched once: a hung-up terminal stays so.
+                self.hangup = None;
+                // As the kernel does: a hangup ends the foreground job, not one sent to the
+                // background (`bg`, maybe `disown`ed).
+                if self
+                    .terminal
+                    .as_ref()
+                    .is_some_and(|t| t.job_in_foreground())
+                {
+                    info!("the terminal hung up; stopping as a shell stops its jobs, with SIGHUP");
+                    self.shutdown_signal(Signal::SIGHUP);
+                } else {
+                    info!("the terminal hung up; leaderrun runs in the background and goes on");
+                }
+            }
             Event::ElectionFailed(reason) => {
                 error!("the election stopped unexpectedly: {reason}");
                 self.ending.election_failed();
@@ -444,7 +467,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             ) => {}
             // Not in an orphaned group: nothing could continue it (docs/process-model.md#job-control).
             (_, Signal::SIGTSTP) if !crate::process::terminal::own_group_is_orphaned() => {
-                suspend_self()
+                self.suspend()
             }
             (_, sig) => debug!(
                 signal = sig.as_str(),

@@ -466,8 +466,17 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         if let Some(terminal) = &self.terminal {
             terminal.take_back(Pid::from_raw(pid as i32));
         }
-        suspend_self();
+        self.suspend();
         self.resume_child();
+    }
+
+    /// Stops leaderrun itself for job control until something continues it, then looks at
+    /// whom the shell gave the terminal: `fg` gives it to leaderrun's job, `bg` keeps it.
+    pub(super) fn suspend(&self) {
+        suspend_self();
+        if let Some(terminal) = &self.terminal {
+            terminal.owns_foreground();
+        }
     }
 }
 
