@@ -331,9 +331,19 @@ fn a_flood_of_scrapes_holds_up_no_probe() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     const SCRAPERS: usize = 32;
+    /// Stops the flood's threads however the test ends: left running after a failed
+    /// assertion, 33 threads that reconnect at once to a closed port kept both cores busy for
+    /// the rest of the suite.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let mut leading = Leading::start(None);
     let addr = leading.addr;
     let stop = Arc::new(AtomicBool::new(false));
+    let _stop_on_drop = StopOnDrop(stop.clone());
     let scraped = Arc::new(AtomicUsize::new(0));
     let flood = {
         let stop = stop.clone();
@@ -362,6 +372,7 @@ fn a_flood_of_scrapes_holds_up_no_probe() {
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let Ok(mut stream) = TcpStream::connect_timeout(&addr, secs(1.0)) else {
+                        std::thread::sleep(Duration::from_millis(10));
                         continue;
                     };
                     let _ = stream.set_read_timeout(Some(secs(2.0)));
