@@ -167,6 +167,60 @@ fn sigterm_at_any_moment_of_start_up_leaves_no_child_and_no_hang() {
     }
 }
 
+/// A file the settings name that blocks when read (a FIFO nobody writes to, as a hung NFS mount
+/// would block) holds up no stop request. A service file is read at start-up, before the
+/// signal handlers exist: TERM ends leaderrun by its default action, nothing started. A root
+/// certificate is read at each connect, on a thread of its own: TERM is handled as for any
+/// standby (exit 0). Before, start-up kept every signal blocked while it read, and the
+/// certificate was read on the runtime's only thread: only SIGKILL ended either.
+#[test]
+fn sigterm_while_a_file_the_settings_name_blocks_ends_leaderrun() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let fifo = scratch.file("blocks");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let id = unique_lock_id().to_string();
+    let service = cluster.dsn().replace("dbname=", "service=x dbname=");
+    let verify = format!("{} sslmode=verify-ca", cluster.dsn());
+    for (name, dsn, handled) in [
+        ("PGSERVICEFILE", service, false),
+        ("PGSSLROOTCERT", verify, true),
+    ] {
+        let mut cmd = crate::support::leaderrun();
+        cmd.env(name, &fifo)
+            .args(["--dsn", &dsn, "--lock-id", &id, "--once"])
+            .args(["--", "sh", "-c", "echo RAN"]);
+        let mut replica = Replica::spawn(cmd);
+        let pid = replica.pid();
+        // Whichever thread opens it.
+        let opening = || {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+            tasks.flatten().find(|task| {
+                std::fs::read_to_string(task.path().join("wchan"))
+                    .is_ok_and(|w| w.contains("fifo") || w.contains("partner"))
+            })
+        };
+        wait_for(
+            &format!("{name}: leaderrun to block opening the FIFO"),
+            secs(10.0),
+            opening,
+        );
+        replica.signal(Signal::SIGTERM);
+        let status = replica.wait_exit(secs(5.0));
+        if handled {
+            assert_eq!(
+                status.code(),
+                Some(0),
+                "{name}: {status:?}\n{}",
+                replica.log()
+            );
+        } else {
+            assert_eq!(status.signal(), Some(libc::SIGTERM), "{name}: {status:?}");
+        }
+        assert!(replica.stdout().is_empty(), "{name}: COMMAND ran");
+    }
+}
+
 #[test]
 fn each_forwarded_signal_arrives_exactly_once() {
     let scratch = Scratch::new();

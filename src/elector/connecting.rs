@@ -617,7 +617,7 @@ pub(crate) async fn connect_socket(
         .iter()
         .any(|h| matches!(h.address, Address::Tcp { .. }));
     let connector = if tls.enabled() && any_tcp {
-        Some(tls.connector().map_err(Error::Tls)?)
+        Some(connector_off_the_runtime(tls).await?)
     } else {
         None
     };
@@ -980,6 +980,32 @@ where
         let _ = tx.send(connection.await.err());
     });
     (client, closed, task)
+}
+
+/// The TLS connector; built on a thread of its own when it reads files
+/// ([`TlsSettings::reads_files`]): a file can block for good (a FIFO nobody writes to, a hung
+/// NFS mount), and the runtime's thread must go on acting on signals and the fence meanwhile.
+/// Such a thread is left behind, blocked; the process's exit ends it.
+async fn connector_off_the_runtime(
+    tls: &TlsSettings,
+) -> Result<crate::pg::tls::MakeRustlsConnect, Error> {
+    if !tls.reads_files() {
+        return tls.connector().map_err(Error::Tls);
+    }
+    let (built, answer) = tokio::sync::oneshot::channel();
+    let settings = tls.clone();
+    std::thread::Builder::new()
+        .name("tls-files".into())
+        .spawn(move || {
+            let _ = built.send(settings.connector());
+        })
+        .map_err(|err| Error::Tls(crate::pg::tls::TlsError::Thread(err)))?;
+    match answer.await {
+        Ok(connector) => connector.map_err(Error::Tls),
+        Err(_) => Err(Error::Tls(crate::pg::tls::TlsError::Thread(
+            std::io::Error::other("it ended without an answer"),
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -160,6 +160,37 @@ pub fn block_all() -> Blocked {
     }
 }
 
+/// The stop signals [`Blocked::stoppable`] leaves to their default action: HUP, INT and TERM
+/// (not QUIT, whose default dumps core).
+const START_UP_STOPS: [libc::c_int; 3] = [libc::SIGHUP, libc::SIGINT, libc::SIGTERM];
+
+impl Blocked {
+    /// Runs `read` with HUP, INT and TERM unblocked at their default action (or ignored, when
+    /// they were ignored at entry: `nohup`): for start-up's reads of what the settings name (a
+    /// service file, TLS files, COMMAND on `PATH`), which can block for good (a FIFO nobody
+    /// writes, a hung NFS mount). Blocked as the rest of start-up is, such a stop request
+    /// waited for good. Nothing has started yet, and the watchdog forked at start exits with
+    /// leaderrun, so it ends as any program would, by the signal (exit 128 + N).
+    pub fn stoppable<T>(&self, read: impl FnOnce() -> T) -> T {
+        // SAFETY: sigset_t is plain data; pthread_sigmask changes this thread's mask only.
+        let stops = unsafe {
+            let mut stops: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut stops);
+            for sig in START_UP_STOPS {
+                libc::sigaddset(&mut stops, sig);
+            }
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &stops, std::ptr::null_mut());
+            stops
+        };
+        let out = read();
+        // SAFETY: as above.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_BLOCK, &stops, std::ptr::null_mut());
+        }
+        out
+    }
+}
+
 impl Drop for Blocked {
     fn drop(&mut self) {
         // A parent that blocked TERM, INT or CHLD before starting us (a mask survives exec)

@@ -102,6 +102,9 @@ pub enum TlsError {
     /// rustls refused the configuration (e.g. a key that does not match the certificate).
     #[error("invalid TLS configuration")]
     Rustls(#[source] rustls::Error),
+    /// The thread that reads the files could not be started, or ended without an answer.
+    #[error("cannot read the TLS files off the runtime's thread")]
+    Thread(#[source] io::Error),
 }
 
 /// The `sslrootcert` value that means the system's trusted roots, as in libpq 16 and later
@@ -144,6 +147,15 @@ impl TlsSettings {
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
             _ => tokio_postgres::config::SslMode::Require,
         }
+    }
+
+    /// Whether [`TlsSettings::connector`] reads files: a root certificate (or the system's
+    /// store, to verify the server) or a client certificate and key.
+    pub fn reads_files(&self) -> bool {
+        matches!(self.mode, SslMode::VerifyCa | SslMode::VerifyFull)
+            || self.root_cert.is_some()
+            || self.client_cert.is_some()
+            || self.client_key.is_some()
     }
 
     /// Builds the connector.
