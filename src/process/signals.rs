@@ -167,9 +167,9 @@ const START_UP_STOPS: [libc::c_int; 3] = [libc::SIGHUP, libc::SIGINT, libc::SIGT
 impl Blocked {
     /// Runs `read` with HUP, INT and TERM unblocked at their default action (or ignored, when
     /// they were ignored at entry: `nohup`): for start-up's reads of what the settings name (a
-    /// service file, TLS files, COMMAND on `PATH`), which can block for good (a FIFO nobody
-    /// writes, a hung NFS mount). Blocked as the rest of start-up is, such a stop request
-    /// waited for good. Nothing has started yet, and the watchdog forked at start exits with
+    /// service file, COMMAND on `PATH`), which can block for good (a FIFO nobody writes to, a
+    /// hung NFS mount). Blocked as the rest of start-up is, such a stop request waited for
+    /// good. (TLS files are read at each connect, off the runtime's thread.) Nothing has started yet, and the watchdog forked at start exits with
     /// leaderrun, so it ends as any program would, by the signal (exit 128 + N).
     pub fn stoppable<T>(&self, read: impl FnOnce() -> T) -> T {
         // SAFETY: sigset_t is plain data; pthread_sigmask changes this thread's mask only.
