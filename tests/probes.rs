@@ -455,4 +455,14 @@ fn a_leader_cut_off_is_not_ready_and_stays_live_while_it_stops_its_tree() {
         "the stop took {:?}, not the grace",
         stopping.elapsed()
     );
+    // Still live once the tree is dead and the lock session released, while checks still
+    // find no server: before, the last check was a grace old then, and /healthz read 503
+    // until the next one was recorded.
+    let after = std::time::Instant::now();
+    while after.elapsed() < secs(1.0) {
+        let health = http(addr, "GET", "/healthz");
+        seen.push((stopping.elapsed(), health.clone(), (0, String::new())));
+        assert_eq!(health.0, 200, "/healthz after the stop: {seen:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

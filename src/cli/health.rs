@@ -64,9 +64,10 @@ impl Health {
     }
 
     /// `/healthz`: the check loop has run within 3 check intervals (counting from boot until
-    /// the first check), or, while a demoted term's tree is still being stopped (the loop
-    /// waits for it before it checks again, the release only after the tree is dead), within
-    /// that and the grace. `Err` carries the reason for a 503.
+    /// the first check, and from the end of a wait for a demoted term's tree when that came
+    /// later), or, while a demoted term's tree is still being stopped (the loop waits for it
+    /// before it checks again, the release only after the tree is dead), within that and the
+    /// grace. `Err` carries the reason for a 503.
     pub fn liveness(&self, elector: &Elector) -> Result<String, String> {
         let stopping = elector.is_releasing();
         let limit = if stopping {
@@ -74,7 +75,13 @@ impl Health {
         } else {
             self.liveness_limit
         };
-        let since = elector.checks().last_at.unwrap_or(self.booted);
+        // Counted from the wait's end too: right after a long stop, the last check is a
+        // grace old, and /healthz read 503 until the next one was recorded.
+        let since = elector
+            .checks()
+            .last_at
+            .unwrap_or(self.booted)
+            .max(elector.released_at().unwrap_or(self.booted));
         let age = since.elapsed();
         if age <= limit {
             Ok("ok".to_owned())

@@ -326,6 +326,8 @@ pub(crate) struct Shared {
     pub(crate) running: AtomicBool,
     /// A demoted term's holds are being waited for before its session is released.
     pub(crate) releasing: AtomicBool,
+    /// When the last such wait ended.
+    pub(crate) released_at: std::sync::Mutex<Option<Instant>>,
     pub(crate) terms: AtomicU64,
     pub(crate) current: watch::Sender<Term>,
     pub(crate) metrics: Option<Arc<ElectorMetrics>>,
@@ -372,6 +374,7 @@ impl Elector {
                 leader: AtomicBool::new(false),
                 running: AtomicBool::new(false),
                 releasing: AtomicBool::new(false),
+                released_at: std::sync::Mutex::new(None),
                 terms: AtomicU64::new(0),
                 current,
                 metrics,
@@ -396,6 +399,17 @@ impl Elector {
     /// at most `idle_session_timeout`. One atomic load.
     pub fn is_releasing(&self) -> bool {
         self.shared.releasing.load(Ordering::Acquire)
+    }
+
+    /// When the last wait of [`Elector::is_releasing`] ended (monotonic clock); `None` before
+    /// the first. No check ran during it, so a liveness rule that counts from the last check
+    /// counts from here too, until the next check is recorded.
+    pub fn released_at(&self) -> Option<Instant> {
+        *self
+            .shared
+            .released_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The tally of checks so far.

@@ -313,6 +313,11 @@ impl Campaign<'_> {
         let bound = self.shared.config.effective_idle_session_timeout();
         self.shared.releasing.store(true, Ordering::Release);
         let released = control.released(bound).await;
+        *self
+            .shared
+            .released_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.shared.releasing.store(false, Ordering::Release);
         if !released {
             warn!(
