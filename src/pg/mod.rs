@@ -39,7 +39,8 @@ pub async fn within<T>(
 /// its looks), whatever the role's or the database's defaults. A default of a few
 /// milliseconds would otherwise fail these statements, or end the session, while the
 /// replicas, which pin their own timers (docs/guarantees.md#session-timers), lead. One round
-/// trip; `what` names it in an error.
+/// trip, or up to [`BOUND_SESSION_TRIES`] when the role's own default cancels it; `what`
+/// names it in an error.
 ///
 /// # Errors
 /// [`Error::Query`] when the server refuses a setting; [`Error::Timeout`] after `bound`.
@@ -57,5 +58,23 @@ pub async fn bound_session(
         bound.as_millis().clamp(1, i32::MAX as u128),
         (bound / 2).as_millis().clamp(1, i32::MAX as u128)
     );
-    within(what, bound, client.batch_execute(&sql)).await
+    // The first `SET` runs under the role's own `statement_timeout`: a default of a
+    // millisecond can cancel it on a busy machine, or, when the timer fires just as a
+    // statement ends, the next one ("due to user request"; seen in CI). Every try that gets
+    // further has set more of the bound, and the settings are the same each time.
+    let mut tries = 1;
+    loop {
+        match within(what, bound, client.batch_execute(&sql)).await {
+            Err(Error::Query { source, .. })
+                if tries < BOUND_SESSION_TRIES
+                    && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
+            {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
 }
+
+/// How often [`bound_session`] sends its settings when the server cancels them.
+pub const BOUND_SESSION_TRIES: u32 = 4;
