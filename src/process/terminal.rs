@@ -99,6 +99,19 @@ impl Terminal {
             }
         }
     }
+
+    /// Watches the terminal for its hangup (its window closed, its ssh session ended): the
+    /// kernel then sends SIGHUP to the foreground group (COMMAND's) and to the session's
+    /// leader (the shell), which need not pass it on to leaderrun's job before it dies.
+    /// Registered for errors only: input on the terminal does not wake leaderrun. `None`
+    /// when the descriptor cannot be watched. Call within the runtime.
+    pub fn watch_hangup(&self) -> Option<Hangup> {
+        let fd = self.tty.try_clone().ok()?;
+        // SAFETY: an `OwnedFd` stays open, and the same descriptor, until the watch drops it.
+        unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::ERROR) }
+            .ok()
+            .map(Hangup)
+    }
 }
 
 /// Whether leaderrun's process group is orphaned (POSIX: no member has a parent in another
@@ -150,21 +163,6 @@ pub fn own_group_is_orphaned() -> bool {
 /// A watch on the terminal for its hangup ([`Terminal::watch_hangup`]).
 #[derive(Debug)]
 pub struct Hangup(tokio::io::unix::AsyncFd<OwnedFd>);
-
-impl Terminal {
-    /// Watches the terminal for its hangup (its window closed, its ssh session ended): the
-    /// kernel then sends SIGHUP to the foreground group (COMMAND's) and to the session's
-    /// leader (the shell), which need not pass it on to leaderrun's job before it dies.
-    /// Registered for errors only: input on the terminal does not wake leaderrun. `None`
-    /// when the descriptor cannot be watched. Call within the runtime.
-    pub fn watch_hangup(&self) -> Option<Hangup> {
-        let fd = self.tty.try_clone().ok()?;
-        // SAFETY: an `OwnedFd` stays open, and the same descriptor, until the watch drops it.
-        unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::ERROR) }
-            .ok()
-            .map(Hangup)
-    }
-}
 
 /// Resolves once the watched terminal has hung up (a hung-up terminal reports `POLLERR`);
 /// pending for ever without a watch.
