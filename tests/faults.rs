@@ -205,7 +205,33 @@ fn random_overlapping_faults_keep_one_tree_at_a_time_and_leave_nothing() {
             Undo::Heal(slot) => slots[slot].proxy.forward(),
         }
     }
-    for slot in &mut slots {
+    // Every run hands over at least once: the leader is stopped first, and a standby's tree
+    // must follow. Under the rest of the suite a run can see its random faults all land on
+    // standbys, and the checks below would then judge no handover at all (CI saw one tree in
+    // a run on PostgreSQL 14).
+    let leader = wait_for(
+        "a tree running under one of the replicas",
+        secs(15.0),
+        || {
+            let tree = *tree_order(&setup.scratch.events()).last()?;
+            slots.iter().position(|s| {
+                s.replica
+                    .as_ref()
+                    .is_some_and(|r| alive(tree) && descends_from(tree, r.pid()))
+            })
+        },
+    );
+    let trees_before = tree_order(&setup.scratch.events()).len();
+    let mut replica = slots[leader].replica.take().unwrap();
+    replica.signal(Signal::SIGTERM);
+    replica.wait_exit(secs(15.0));
+    done.push(replica);
+    wait_for(
+        "a standby's tree after the leader's stop",
+        secs(15.0),
+        || (tree_order(&setup.scratch.events()).len() > trees_before).then_some(()),
+    );
+    for slot in slots.iter_mut().filter(|s| s.replica.is_some()) {
         let mut replica = slot.replica.take().unwrap();
         replica.signal(Signal::SIGTERM);
         replica.wait_exit(secs(15.0));
@@ -292,6 +318,37 @@ fn check(events: &[String], replicas: &[Replica], seed: u64) {
         trees.len(),
         members.len()
     );
+}
+
+/// Whether `ancestor` is `pid`'s parent or an ancestor within three generations (leaderrun,
+/// then under `--pid-namespace` the namespace's init, then the tree's main child).
+fn descends_from(pid: i32, ancestor: i32) -> bool {
+    let mut at = pid;
+    for _ in 0..3 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{at}/stat")) else {
+            return false;
+        };
+        // The parent is the second field after the command's name, which may hold anything.
+        let Some(parent) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        else {
+            return false;
+        };
+        if parent == ancestor {
+            return true;
+        }
+        at = parent;
+    }
+    false
+}
+
+/// The trees in the order their main children recorded their tokens.
+fn tree_order(events: &[String]) -> Vec<i32> {
+    events
+        .iter()
+        .filter_map(|l| l.strip_prefix("token ")?.split(' ').next()?.parse().ok())
+        .collect()
 }
 
 /// The fencing token each tree's main child recorded (`token TREE TOKEN`).

@@ -29,6 +29,12 @@ const SLACK: Duration = Duration::from_secs(3);
 /// One HTTP/1.0 request on a new connection; the status code (0 for none) and how long the
 /// whole exchange took, from connect to the server's close.
 fn timed(addr: SocketAddr, path: &str) -> (u16, Duration) {
+    let (status, _, took) = timed_answer(addr, path);
+    (status, took)
+}
+
+/// A probe's status, body and round-trip time.
+fn timed_answer(addr: SocketAddr, path: &str) -> (u16, String, Duration) {
     let begun = Instant::now();
     let mut stream = TcpStream::connect_timeout(&addr, secs(2.0)).expect("connect to the port");
     stream.set_read_timeout(Some(secs(2.0))).unwrap();
@@ -40,15 +46,22 @@ fn timed(addr: SocketAddr, path: &str) -> (u16, Duration) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    (status, begun.elapsed())
+    let took = begun.elapsed();
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
+    (status, body.to_owned(), took)
 }
 
-/// [`PROBES`] probes, `/healthz` and `/readyz` in turn: each must answer 200; the median must
-/// be within [`PROBE_BOUND`] and the worst within [`PROBE_WORST`], in at least one of
-/// [`ROUNDS`] rounds. The rest of the suite shares the 2 cores: a round can read slow because
+/// [`PROBES`] probes, `/healthz` and `/readyz` in turn: each must answer its probe (below); the
+/// median must be within [`PROBE_BOUND`] and the worst within [`PROBE_WORST`], in at least one
+/// of [`ROUNDS`] rounds. The rest of the suite shares the 2 cores: a round can read slow because
 /// the scheduler gave leaderrun's one HTTP thread no CPU, which is no property of the server
 /// (in CI the flood's median once read 141 ms); a server that keeps probes waiting behind a
 /// flood fails every round. Prints the figures.
+///
+/// `/healthz` must be 200. `/readyz` must be 200, or 503 for a check that failed to reach the
+/// server in time: starved of CPU the same way, a 200 ms leader check can miss its deadline,
+/// and then the leader is demoted and rightly not ready (CI saw it once on PostgreSQL 14). That
+/// is the election's answer, not the port's; any other answer fails.
 fn probes_answer_fast(addr: SocketAddr, during: &str) {
     const ROUNDS: usize = 3;
     let mut rounds = Vec::new();
@@ -56,8 +69,17 @@ fn probes_answer_fast(addr: SocketAddr, during: &str) {
         let mut times: Vec<Duration> = (0..PROBES)
             .map(|i| {
                 let path = if i % 2 == 0 { "/healthz" } else { "/readyz" };
-                let (status, took) = timed(addr, path);
-                assert_eq!(status, 200, "{path} during {during} answered {status}");
+                let (status, body, took) = timed_answer(addr, path);
+                let demoted = path == "/readyz"
+                    && status == 503
+                    && body.starts_with("cannot reach the server");
+                if demoted {
+                    println!("{path} during {during}: 503, {body}");
+                }
+                assert!(
+                    status == 200 || demoted,
+                    "{path} during {during} answered {status}: {body}"
+                );
                 took
             })
             .collect();
