@@ -40,13 +40,16 @@ fn main() -> ExitCode {
     leaderrun::cli::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
     let early = early.filter(|_| cli.action.is_none());
-    // Reading what the settings name can block for good: a stop signal meanwhile ends it.
-    let exit = match blocked.stoppable(|| cli.settings_from_env()) {
+    // Reading what the settings name can block for good: a stop request meanwhile ends it.
+    let watchdog = early
+        .as_ref()
+        .and_then(leaderrun::watchdog::EarlyWatchdog::pid);
+    let exit = match blocked.stoppable(watchdog, || cli.settings_from_env()) {
         Ok(settings) => {
             // COMMAND is looked up, and a one-shot's connect begins before the rest of
             // start-up: the server starts its backend meanwhile.
             let prepared = match cli.action {
-                None => Some(blocked.stoppable(|| runner::prepare(&settings))),
+                None => Some(blocked.stoppable(watchdog, || runner::prepare(&settings))),
                 Some(_) => None,
             };
             match leaderrun::process::signals::install() {

@@ -390,7 +390,8 @@ fn own_children() -> Vec<i32> {
 
 /// Runs every mode once under this process as a subreaper that reaps nothing but its own
 /// direct child (`wait` on its pid): right after each run's exit, nothing of leaderrun's is
-/// left among this process's children (its watchdog, alive or a zombie, would be).
+/// left among this process's children (its watchdog, alive or a zombie, would be). Then a
+/// one-shot stopped by SIGTERM while start-up blocks reading its service file (a FIFO).
 fn be_a_non_reaping_parent(setting: &str) {
     let (dsn, id) = setting.rsplit_once(' ').expect("DSN LOCK_ID");
     // SAFETY: plain prctl on this process.
@@ -442,6 +443,37 @@ fn be_a_non_reaping_parent(setting: &str) {
             "{args:?}: leaderrun left {left:?} to its parent (its watchdog was {watchdog})"
         );
     }
+    let fifo = scratch.file("service");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut child = leaderrun()
+        .args([
+            "--dsn",
+            &format!("service=x {dsn}"),
+            "--lock-id",
+            id,
+            "--once",
+        ])
+        .args(["--", "true"])
+        .env("PGSERVICEFILE", &fifo)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn leaderrun");
+    let pid = child.id() as i32;
+    let watchdog = wait_for("its watchdog, and its open of the FIFO", secs(10.0), || {
+        let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).ok()?;
+        (wchan.contains("fifo") || wchan.contains("partner"))
+            .then(|| watchdog_of(pid))
+            .flatten()
+    });
+    kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    let status = child.wait().expect("wait for leaderrun");
+    assert_eq!(status.code(), Some(0), "stopped in start-up: {status:?}");
+    let left = own_children();
+    assert!(
+        left.is_empty(),
+        "stopped in start-up, leaderrun left {left:?} to its parent (its watchdog was {watchdog})"
+    );
 }
 
 #[test]

@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -160,33 +160,79 @@ pub fn block_all() -> Blocked {
     }
 }
 
-/// The stop signals [`Blocked::stoppable`] leaves to their default action: HUP, INT and TERM
-/// (not QUIT, whose default dumps core).
-const START_UP_STOPS: [libc::c_int; 3] = [libc::SIGHUP, libc::SIGINT, libc::SIGTERM];
+/// The stop requests [`Blocked::stoppable`] acts on: INT and TERM. HUP stays blocked there as
+/// in the rest of start-up: there is no child yet to pass it on to, which is all a running
+/// leaderrun does with it (a terminal's hangup is watched for once running).
+const START_UP_STOPS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+/// The watchdog forked at start, for [`start_up_stop`] to reap (0: none).
+static START_UP_WATCHDOG: AtomicI32 = AtomicI32::new(0);
+
+/// The handler of a stop request during [`Blocked::stoppable`]'s reads: nothing has started,
+/// so leaderrun ends as a standby that is stopped does (exit 0, docs/guarantees.md#exit-codes),
+/// after killing and reaping the watchdog forked at start: left to leaderrun's parent, it
+/// would be a zombie under one that does not reap (an application as a container's PID 1).
+/// Async-signal-safe: `kill`, `waitpid`, `_exit`; no log line (the log's writer may hold a
+/// lock, and a stalled stderr must not hold up the stop).
+extern "C" fn start_up_stop(_: libc::c_int) {
+    let watchdog = START_UP_WATCHDOG.load(Ordering::Acquire);
+    // SAFETY: async-signal-safe calls on a child of this process (or none).
+    unsafe {
+        if watchdog > 0 {
+            libc::kill(watchdog, libc::SIGKILL);
+            while libc::waitpid(watchdog, std::ptr::null_mut(), 0) == -1
+                && *libc::__errno_location() == libc::EINTR
+            {}
+        }
+        libc::_exit(0);
+    }
+}
 
 impl Blocked {
-    /// Runs `read` with HUP, INT and TERM unblocked at their default action (or ignored, when
-    /// they were ignored at entry: `nohup`): for start-up's reads of what the settings name (a
-    /// service file, COMMAND on `PATH`), which can block for good (a FIFO nobody writes to, a
-    /// hung NFS mount). Blocked as the rest of start-up is, such a stop request waited for
-    /// good. (TLS files are read at each connect, off the runtime's thread.) Nothing has started yet, and the watchdog forked at start exits with
-    /// leaderrun, so it ends as any program would, by the signal (exit 128 + N).
-    pub fn stoppable<T>(&self, read: impl FnOnce() -> T) -> T {
-        // SAFETY: sigset_t is plain data; pthread_sigmask changes this thread's mask only.
-        let stops = unsafe {
+    /// Runs `read` with INT and TERM unblocked and handled (unless they were ignored at entry:
+    /// `nohup`): for start-up's reads of what the settings name (a service file, COMMAND on
+    /// `PATH`), which can block for good (a FIFO nobody writes to, a hung NFS mount). Blocked
+    /// as the rest of start-up is, such a stop request waited for good. Nothing has started
+    /// yet: a stop request meanwhile kills and reaps `watchdog` (the pid of the watchdog forked
+    /// at start, if any) and exits 0, as a stopped standby does. (TLS files are read at each
+    /// connect, off the runtime's thread.) The dispositions in place before are restored
+    /// after `read`, before [`install`] chains its handlers to them.
+    pub fn stoppable<T>(&self, watchdog: Option<i32>, read: impl FnOnce() -> T) -> T {
+        START_UP_WATCHDOG.store(watchdog.unwrap_or(0), Ordering::Release);
+        // SAFETY: sigset_t and sigaction are plain data; the handler is async-signal-safe;
+        // pthread_sigmask changes this thread's mask only (every other thread blocks all).
+        let (stops, saved) = unsafe {
             let mut stops: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut stops);
-            for sig in START_UP_STOPS {
-                libc::sigaddset(&mut stops, sig);
+            let mut saved: [Option<libc::sigaction>; START_UP_STOPS.len()] = [None; 2];
+            for (sig, saved) in START_UP_STOPS.into_iter().zip(&mut saved) {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(sig, std::ptr::null(), &mut old);
+                if old.sa_sigaction == libc::SIG_IGN {
+                    continue;
+                }
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = start_up_stop as extern "C" fn(libc::c_int) as usize;
+                libc::sigfillset(&mut action.sa_mask);
+                if libc::sigaction(sig, &action, std::ptr::null_mut()) == 0 {
+                    *saved = Some(old);
+                    libc::sigaddset(&mut stops, sig);
+                }
             }
             libc::pthread_sigmask(libc::SIG_UNBLOCK, &stops, std::ptr::null_mut());
-            stops
+            (stops, saved)
         };
         let out = read();
-        // SAFETY: as above.
+        // SAFETY: as above; what arrives from here on waits for the handlers of `install`.
         unsafe {
             libc::pthread_sigmask(libc::SIG_BLOCK, &stops, std::ptr::null_mut());
+            for (sig, saved) in START_UP_STOPS.into_iter().zip(saved) {
+                if let Some(old) = saved {
+                    libc::sigaction(sig, &old, std::ptr::null_mut());
+                }
+            }
         }
+        START_UP_WATCHDOG.store(0, Ordering::Release);
         out
     }
 }

@@ -146,6 +146,13 @@ fn close_all_but(keep: RawFd) {
     }
 }
 
+impl EarlyWatchdog {
+    /// The watchdog's pid, while it is this handle's to end.
+    pub fn pid(&self) -> Option<i32> {
+        self.link.as_ref().map(|link| link.pid as i32)
+    }
+}
+
 impl Drop for EarlyWatchdog {
     fn drop(&mut self) {
         if let Some(Link { fd, pid, .. }) = self.link.take() {
