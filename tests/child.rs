@@ -729,3 +729,70 @@ fn command_inherits_leaderruns_cpu_affinity() {
         assert_eq!(theirs, want, "narrowed to CPU {last}: {narrow}");
     }
 }
+
+/// Set for the test binary run as COMMAND by
+/// [`a_command_that_moves_into_leaderruns_group_is_still_stopped`]: the file to record in.
+const JOINER: &str = "LEADERRUN_TEST_JOIN_PARENTS_GROUP";
+
+/// As COMMAND: moves into its parent's (leaderrun's) process group, as `setpgid` lets any
+/// process do within its session, starts `sleep 600` there, records both pids, and waits. It
+/// dies of SIGTERM (no handler).
+fn join_parents_group(record: &str) {
+    let group = nix::unistd::getpgid(Some(nix::unistd::getppid())).expect("the parent's group");
+    nix::unistd::setpgid(Pid::from_raw(0), group).expect("setpgid into the parent's group");
+    // Never waited for: this process waits until the stop kills it.
+    #[allow(clippy::zombie_processes)]
+    let sleeper = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("spawn sleep");
+    std::fs::write(record, format!("{} {}\n", std::process::id(), sleeper.id()))
+        .expect("record the pids");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A COMMAND that leaves its own process group for leaderrun's (the same session, so
+/// `setpgid` allows it) is stopped all the same: the stop signal reaches it by pid, and what
+/// it started there is an orphan of leaderrun once it died, stopped too. Before, the group's
+/// signal missed it and it was no orphan: it got no stop signal, was killed by pid only 5 s
+/// after the grace, and its `sleep` lived on beside the next leader's tree.
+#[test]
+fn a_command_that_moves_into_leaderruns_group_is_still_stopped() {
+    if let Ok(record) = std::env::var(JOINER) {
+        return join_parents_group(&record);
+    }
+    let scratch = Scratch::new();
+    let record = scratch.file("joined");
+    let me = std::env::current_exe().unwrap();
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &Cluster::shared().dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--once", "--timeout", "1s", "--grace", "20s", "--"])
+        .arg(&me)
+        .args([
+            "child::a_command_that_moves_into_leaderruns_group_is_still_stopped",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(JOINER, &record);
+    let mut replica = Replica::spawn(cmd);
+    let (joiner, sleeper) = wait_for("COMMAND in leaderrun's group", secs(10.0), || {
+        let text = std::fs::read_to_string(&record).ok()?;
+        let (a, b) = text.trim().split_once(' ')?;
+        Some((a.parse::<i32>().ok()?, b.parse::<i32>().ok()?))
+    });
+    // The timeout's stop: the stop signal ends COMMAND at once, well inside the grace.
+    let status = replica.wait_exit(secs(10.0));
+    assert_eq!(status.code(), Some(124), "{status:?}\n{}", replica.log());
+    assert!(
+        !replica.log().contains("SIGKILL"),
+        "the stop signal did not end COMMAND:\n{}",
+        replica.log()
+    );
+    for pid in [joiner, sleeper] {
+        assert!(!alive(pid), "{pid} outlived leaderrun:\n{}", replica.log());
+    }
+}

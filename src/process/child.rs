@@ -385,7 +385,8 @@ pub struct TreeState {
 pub trait Tree: std::fmt::Debug {
     /// The main child's pid, which is also its process group id.
     fn pid(&self) -> u32;
-    /// Sends `sig` to the main child's process group only (signals passed on, job control).
+    /// Sends `sig` to the main child's process group only (signals passed on, job control),
+    /// and to the main child by pid when it has left that group.
     fn signal_group(&mut self, sig: Signal);
     /// Sends `sig` to the group and to every adopted orphan (a stop).
     fn signal_all(&mut self, sig: Signal);
@@ -738,6 +739,19 @@ impl Tree for Child {
                 signal = sig.as_str(),
                 "cannot signal the child's process group: {err}"
             ),
+        }
+        // COMMAND may have moved itself into another group of the session (`setpgid` into
+        // leaderrun's own): the group's signal then misses it, and it is no orphan either, so
+        // nothing reached it and whatever it started outlived the stop. Reached by pid then,
+        // and only then: one that stayed must not get every signal twice. Checked after the
+        // group's signal, so one that moves meanwhile gets it one way or the other. (Under
+        // `--pid-namespace` the group's leader is the namespace's init, which passes signals
+        // on itself.)
+        if self.init.is_none()
+            && self.status.is_none()
+            && nix::unistd::getpgid(Some(self.pid)).is_ok_and(|group| group != self.pid)
+        {
+            let _ = kill(self.pid, sig);
         }
     }
 
