@@ -892,3 +892,57 @@ fn running_out_of_descriptors_anywhere_never_runs_command_unguarded() {
     }
     panic!("COMMAND never ran, even with 64 descriptors");
 }
+
+/// With no process left to start (`RLIMIT_NPROC`, as a container at its cgroup's `pids.max`):
+/// COMMAND cannot be started, nor the thread that writes the log; a one-shot says why on
+/// stderr and exits 125. Before, the log thread's failed start panicked, and the panic's own
+/// line asked for that same half-made queue: leaderrun waited on itself for good, every signal
+/// blocked, the lock held, until SIGKILL. Run as a uid of its own (root is not held to
+/// `RLIMIT_NPROC`), from a copy of the binary that uid can read.
+#[test]
+fn with_no_process_left_to_start_a_one_shot_fails_and_never_hangs() {
+    const TEST: &str = "fence::with_no_process_left_to_start_a_one_shot_fails_and_never_hangs";
+    const UID: u32 = 54_321;
+    if !nix::unistd::geteuid().is_root() {
+        crate::support::cluster::skip(TEST, "needs root to run as a uid of its own");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let scratch = Scratch::new();
+    let bin = scratch.file("leaderrun");
+    std::fs::copy(env!("CARGO_BIN_EXE_leaderrun"), &bin).expect("copy the binary");
+    for path in [bin.as_path(), bin.parent().unwrap()] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut cmd = Command::new(&bin);
+    crate::support::default_signals(&mut cmd);
+    crate::support::clear_settings_env(&mut cmd);
+    cmd.args(["--dsn", &Cluster::shared().dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--once", "--", "true"]);
+    // Two tasks for the uid: leaderrun and the watchdog it forks at start.
+    let nproc = libc::rlimit {
+        rlim_cur: 2,
+        rlim_max: 2,
+    };
+    // SAFETY: setgroups, setgid, setuid and setrlimit only, async-signal-safe, between fork
+    // and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(UID) != 0
+                || libc::setuid(UID) != 0
+                || libc::setrlimit(libc::RLIMIT_NPROC, &nproc) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut replica = Replica::spawn(cmd);
+    let status = replica.wait_exit(secs(10.0));
+    let log = replica.log();
+    assert_eq!(status.code(), Some(125), "{status:?}\n{log}");
+    assert!(log.contains("cannot start true"), "{log}");
+}

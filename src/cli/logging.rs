@@ -39,7 +39,7 @@ static DONE: AtomicU64 = AtomicU64::new(0);
 /// The queue's count of lines it refused because it was full.
 static QUEUE_DROPS: OnceLock<ErrorCounter> = OnceLock::new();
 /// The queue's front, made with its writer thread by the first line ([`queue`]).
-static QUEUE: OnceLock<NonBlocking> = OnceLock::new();
+static QUEUE: OnceLock<Option<NonBlocking>> = OnceLock::new();
 /// The writer thread's guard, kept until [`finish`].
 static GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 /// Set by the first [`init`]: later calls do nothing.
@@ -126,27 +126,71 @@ fn write_all_fd2(mut buf: &[u8]) -> bool {
 /// writes it to descriptor 2. The thread is born with every signal blocked, whichever thread
 /// logs first, so no signal handler ever runs on it (a handler on a thread held by a stalled
 /// stderr would still run, but a thread that waits on output is no place for one).
-fn queue() -> &'static NonBlocking {
-    QUEUE.get_or_init(|| {
-        // SAFETY: sigset_t is plain data; the masks are this thread's own, restored below.
-        let old = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-            old
+///
+/// `None` when the thread cannot be started (no process left under `RLIMIT_NPROC` or a
+/// cgroup's `pids.max`): `tracing-appender` panics then, and the panic's own line came back
+/// here while the queue was being made, which waited on itself for good, every signal blocked
+/// (a hang only SIGKILL ended). Lines then go to [`write_now_or_drop`].
+fn queue() -> Option<&'static NonBlocking> {
+    QUEUE
+        .get_or_init(|| {
+            STARTING.set(true);
+            // SAFETY: sigset_t is plain data; the masks are this thread's own, restored below.
+            let old = unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                let mut old: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+                old
+            };
+            let made = std::panic::catch_unwind(|| {
+                NonBlockingBuilder::default()
+                    .lossy(true)
+                    .buffered_lines_limit(QUEUE_LINES)
+                    .thread_name("leaderrun-log")
+                    .finish(Stderr { reported: 0 })
+            });
+            // SAFETY: restores the mask saved above.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+            STARTING.set(false);
+            let (writer, guard) = made.ok()?;
+            let _ = QUEUE_DROPS.set(writer.error_counter());
+            *GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
+            Some(writer)
+        })
+        .as_ref()
+}
+
+thread_local! {
+    /// Set while this thread makes the queue: a line it logs meanwhile (the panic of a thread
+    /// that could not be started) must not ask for the queue again.
+    static STARTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Without the writer thread: writes `buf` to descriptor 2 only as far as it takes it at once
+/// (`poll` with no wait before each write; a pipe that polls writable takes up to a page
+/// without blocking), and drops the rest. False when any of it was dropped.
+fn write_now_or_drop(mut buf: &[u8]) -> bool {
+    while !buf.is_empty() {
+        let mut fd = libc::pollfd {
+            fd: 2,
+            events: libc::POLLOUT,
+            revents: 0,
         };
-        let (writer, guard) = NonBlockingBuilder::default()
-            .lossy(true)
-            .buffered_lines_limit(QUEUE_LINES)
-            .thread_name("leaderrun-log")
-            .finish(Stderr { reported: 0 });
-        // SAFETY: restores the mask saved above.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-        let _ = QUEUE_DROPS.set(writer.error_counter());
-        *GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
-        writer
-    })
+        // SAFETY: one pollfd, valid for the call; no wait.
+        let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+        if ready != 1 || fd.revents & libc::POLLOUT == 0 {
+            return false;
+        }
+        let chunk = &buf[..buf.len().min(4096)];
+        // SAFETY: write(2) from a live buffer of the given length.
+        let n = unsafe { libc::write(2, chunk.as_ptr().cast(), chunk.len()) };
+        if n <= 0 {
+            return false;
+        }
+        buf = &buf[n as usize..];
+    }
+    true
 }
 
 /// The queue's front: counts each line handed to it.
@@ -155,10 +199,23 @@ struct Counted;
 
 impl Write for Counted {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if STARTING.get() {
+            // The panic of the writer thread's start: reported by the lines that follow.
+            return Ok(buf.len());
+        }
         QUEUED.fetch_add(1, Ordering::Relaxed);
-        // NonBlocking writes through `&mut self`; a clone is the channel's sender and the
-        // error counter, two reference counts.
-        queue().clone().write(buf)
+        match queue() {
+            // NonBlocking writes through `&mut self`; a clone is the channel's sender and the
+            // error counter, two reference counts.
+            Some(queue) => queue.clone().write(buf),
+            None => {
+                if !write_now_or_drop(buf) {
+                    WRITE_DROPS.fetch_add(1, Ordering::Relaxed);
+                }
+                DONE.fetch_add(1, Ordering::Relaxed);
+                Ok(buf.len())
+            }
+        }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
