@@ -462,3 +462,125 @@ fn a_host_list_leaves_a_hot_standby_once_the_primary_is_back() {
         "led elsewhere than on the primary"
     );
 }
+
+/// A resolver that never answers holds up no stop request: INT/TERM while a host name is
+/// looked up ends leaderrun at once (exit 0, as a stopped standby), whether the name is the
+/// DSN's host (a continuous run, a one-shot) or `--http-addr`'s (looked up at start-up, where
+/// a stop request is acted on). Before, the lookup ran on a blocking thread that the runtime
+/// waited for at exit, and `--http-addr`'s while the command line was parsed with every signal
+/// blocked: the stop took as long as the resolver took to give up (30 s here, no answer at
+/// all). Each run gets a mount namespace of its own whose `/etc/resolv.conf` names a UDP
+/// socket of this test that reads queries and never answers (root only).
+#[test]
+fn a_resolver_that_never_answers_holds_up_no_stop() {
+    use std::ffi::CString;
+    use std::os::unix::process::CommandExt;
+
+    const TEST: &str = "connecting::a_resolver_that_never_answers_holds_up_no_stop";
+    if !nix::unistd::geteuid().is_root() {
+        crate::support::cluster::skip(TEST, "needs root for a mount namespace of its own");
+        return;
+    }
+    let scratch = crate::support::Scratch::new();
+    // Port 53 of a loopback address no resolver uses.
+    let hole = (0..50)
+        .find_map(|_| {
+            let ip = format!("127.{}.{}.{}", fastrand::u8(1..255), fastrand::u8(..), 53);
+            std::net::UdpSocket::bind((ip.as_str(), 53)).ok()
+        })
+        .expect("a loopback address with port 53 free");
+    hole.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let conf = scratch.file("resolv.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "nameserver {}\noptions timeout:30 attempts:1\n",
+            hole.local_addr().unwrap().ip()
+        ),
+    )
+    .unwrap();
+    let conf = CString::new(conf.to_str().unwrap()).unwrap();
+    let cluster = Cluster::shared();
+    let name = "leaderrun-test-resolver.example";
+    let by_ip = cluster.dsn();
+    let by_name = format!("host={name} port=5432 dbname=postgres user=postgres");
+    let cases: [(&str, &[&str], libc::c_int); 3] = [
+        (
+            "the DSN's host, continuous",
+            &["--dsn", &by_name],
+            libc::SIGTERM,
+        ),
+        (
+            "the DSN's host, --once",
+            &["--once", "--dsn", &by_name],
+            libc::SIGINT,
+        ),
+        (
+            "--http-addr",
+            &["--dsn", &by_ip, "--http-addr", &format!("{name}:9464")],
+            libc::SIGTERM,
+        ),
+    ];
+    let in_own_mounts = |cmd: &mut std::process::Command| {
+        let conf = conf.clone();
+        // SAFETY: unshare and mount only, async-signal-safe, between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let ok = libc::unshare(libc::CLONE_NEWNS) == 0
+                    && libc::mount(
+                        c"none".as_ptr(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) == 0
+                    && libc::mount(
+                        conf.as_ptr(),
+                        c"/etc/resolv.conf".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ) == 0;
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    };
+    // Root in a container may still be refused a mount namespace.
+    let mut probe = std::process::Command::new("true");
+    in_own_mounts(&mut probe);
+    if let Err(err) = probe.status() {
+        crate::support::cluster::skip(TEST, &format!("no mount namespace: {err}"));
+        return;
+    }
+    for (what, args, sig) in cases {
+        // Queries of an earlier case still arriving.
+        let mut buf = [0u8; 512];
+        while hole.recv(&mut buf).is_ok() {}
+        let mut cmd = leaderrun();
+        cmd.args(args)
+            .args(["--lock-id", &unique_lock_id().to_string(), "--", "true"]);
+        in_own_mounts(&mut cmd);
+        let mut replica = crate::support::Replica::spawn(cmd);
+        crate::support::wait_for(
+            &format!("{what}: a query at the resolver"),
+            crate::support::secs(10.0),
+            || hole.recv(&mut buf).ok(),
+        );
+        let sent = Instant::now();
+        // SAFETY: a signal to the child this test started.
+        unsafe { libc::kill(replica.pid(), sig) };
+        let status = replica.wait_exit(crate::support::secs(5.0));
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{what}: {status:?} {:?} after the stop\n{}",
+            sent.elapsed(),
+            replica.log()
+        );
+    }
+}

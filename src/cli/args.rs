@@ -586,7 +586,7 @@ pub struct Cli {
         value_parser = parse_http_addr,
         help_heading = "Observing"
     )]
-    pub http_addr: Option<std::net::SocketAddr>,
+    pub http_addr: Option<HttpAddr>,
 
     /// Who leads right now, or whether the lock works through these settings
     #[command(subcommand)]
@@ -815,20 +815,73 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
-/// Parses `--http-addr`: `IP:PORT`, `HOST:PORT` (the first address the name resolves to) or
-/// `:PORT` (every interface: `[::]:PORT`, which the server binds for IPv6 and IPv4 alike, or
-/// `0.0.0.0:PORT` where the machine has no IPv6; see `http::serve`).
-pub fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
-    use std::net::ToSocketAddrs;
+/// `--http-addr` as given: an address, or a host name to look up before the port is bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HttpAddr {
+    /// `IP:PORT`, or `:PORT` as `[::]:PORT` (every interface).
+    Addr(std::net::SocketAddr),
+    /// `HOST:PORT`: looked up by [`HttpAddr::resolve`], not while the command line is parsed
+    /// (with every signal blocked, a resolver that does not answer held a stop request for as
+    /// long as it took to give up).
+    Name(String, u16),
+}
+
+impl HttpAddr {
+    /// The address to bind: the first one a name resolves to.
+    ///
+    /// # Errors
+    /// The lookup's error, or `NotFound` when the name resolves to no address.
+    pub fn resolve(&self) -> std::io::Result<std::net::SocketAddr> {
+        use std::net::ToSocketAddrs;
+        match self {
+            HttpAddr::Addr(addr) => Ok(*addr),
+            HttpAddr::Name(host, port) => (host.as_str(), *port)
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("{host:?} resolves to no address"),
+                    )
+                }),
+        }
+    }
+}
+
+impl std::fmt::Display for HttpAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HttpAddr::Addr(addr) => addr.fmt(f),
+            HttpAddr::Name(host, port) => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+/// Parses `--http-addr`: `IP:PORT`, `HOST:PORT` (the first address the name resolves to,
+/// looked up later: [`HttpAddr::resolve`]) or `:PORT` (every interface: `[::]:PORT`, which the
+/// server binds for IPv6 and IPv4 alike, or `0.0.0.0:PORT` where the machine has no IPv6; see
+/// `http::serve`).
+pub fn parse_http_addr(text: &str) -> Result<HttpAddr, String> {
     let text = text.trim();
+    let expected = "expected HOST:PORT, IP:PORT or :PORT";
     let full = match text.strip_prefix(':') {
         Some(port) => format!("[::]:{port}"),
         None => text.to_owned(),
     };
-    full.to_socket_addrs()
-        .map_err(|e| format!("{e}; expected HOST:PORT, IP:PORT or :PORT"))?
-        .next()
-        .ok_or_else(|| format!("{text:?} resolves to no address"))
+    if let Ok(addr) = full.parse::<std::net::SocketAddr>() {
+        return Ok(HttpAddr::Addr(addr));
+    }
+    let (host, port) = full
+        .rsplit_once(':')
+        .ok_or_else(|| format!("no port; {expected}"))?;
+    let port = port
+        .parse::<u16>()
+        .map_err(|e| format!("port {port:?}: {e}; {expected}"))?;
+    if host.is_empty() || host.contains([':', '[', ']', '/']) || host.contains(char::is_whitespace)
+    {
+        return Err(format!("{text:?} is no address; {expected}"));
+    }
+    Ok(HttpAddr::Name(host.to_owned(), port))
 }
 
 /// Like [`parse_duration`], but zero is allowed, with or without a unit (`--takeover-delay 0`,

@@ -32,6 +32,8 @@ use crate::watchdog::{EarlyWatchdog, Watchdog, WatchdogPlan, WatchedSpawner};
 pub struct Prepared {
     command: Result<Command, child::SpawnError>,
     early_connect: Option<Arc<EarlyConnect>>,
+    /// `--http-addr` resolved, or why it could not be.
+    http_addr: Option<Result<std::net::SocketAddr, String>>,
 }
 
 /// Looks COMMAND up (`PATH`), and for a one-shot whose COMMAND can run begins the connect to
@@ -43,6 +45,9 @@ pub struct Prepared {
 /// Not for a COMMAND that cannot run: [`main`] exits 127 or 126 before any attempt, and a
 /// session begun for nothing makes a server that asks for a password, or offers TLS, log a
 /// lost client on every run of a mistyped cron job.
+///
+/// A host name in `--http-addr` is looked up here too: `main` runs this where a stop request
+/// ends a wait for a resolver that does not answer (`signals::Blocked::stoppable`).
 pub fn prepare(settings: &Settings) -> Prepared {
     let path = std::env::var_os("PATH");
     let command = Command::resolve(settings.command.clone(), path.as_deref());
@@ -50,9 +55,14 @@ pub fn prepare(settings: &Settings) -> Prepared {
     let early_connect = (one_shot && command.is_ok())
         .then(|| EarlyConnect::start(&settings.connect, &settings.tls))
         .flatten();
+    let http_addr = settings.http_addr.as_ref().map(|addr| {
+        addr.resolve()
+            .map_err(|err| format!("--http-addr {addr}: {err}"))
+    });
     Prepared {
         command,
         early_connect,
+        http_addr,
     }
 }
 
@@ -69,6 +79,7 @@ pub fn main(
     let Prepared {
         command,
         early_connect,
+        http_addr,
     } = prepared;
     // COMMAND is looked up before campaigning: a typo must not wait silently as a standby.
     let command = match command {
@@ -76,6 +87,13 @@ pub fn main(
         Err(err) => {
             error!("{}{}", Chain(&err), lock_file_hint(&settings.command, &err));
             return Exit::Code(err.exit_code());
+        }
+    };
+    let http_addr = match http_addr.transpose() {
+        Ok(addr) => addr,
+        Err(err) => {
+            error!("{err}");
+            return Exit::Code(exit_codes::FAILURE);
         }
     };
     // The server may have answered the early SSLRequest by now: the startup message follows.
@@ -98,14 +116,21 @@ pub fn main(
             return Exit::Code(exit_codes::FAILURE);
         }
     };
-    runtime.block_on(run(
+    let exit = runtime.block_on(run(
         settings,
         command,
         signals,
         terminal,
         early,
         early_connect,
-    ))
+        http_addr,
+    ));
+    // A host name's lookup runs on a blocking thread that no timeout can end (getaddrinfo):
+    // dropped, the runtime would wait for it, and a stop acted on at once would exit only
+    // when the resolver gave up (seconds to a minute against a resolver that does not
+    // answer). Everything of the run has ended by now; the lookup is left to the exit.
+    runtime.shutdown_background();
+    exit
 }
 
 /// flock's word order, `leaderrun -n /var/lock/x cmd`: a path that cannot be run, followed by
@@ -190,6 +215,7 @@ pub async fn run(
     terminal: Option<Arc<Terminal>>,
     early: Option<EarlyWatchdog>,
     early_connect: Option<Arc<EarlyConnect>>,
+    http_addr: Option<std::net::SocketAddr>,
 ) -> Exit {
     let metrics = Metrics::new();
     let mut config = elector_config(&settings);
@@ -264,7 +290,7 @@ pub async fn run(
     let health = Arc::new(Health::new(&settings.timing));
     log_settings(&settings, &command);
     // Probes come up before the first check, on threads of their own.
-    if let Some(addr) = settings.http_addr {
+    if let Some(addr) = http_addr {
         let observed = Observed {
             elector: elector.clone(),
             metrics: metrics.clone(),
@@ -419,6 +445,7 @@ fn log_settings(settings: &Settings, command: &Command) {
     let timeout = settings.timeout.map(dur).unwrap_or_else(|| "none".into());
     let http = settings
         .http_addr
+        .as_ref()
         .map(|a| a.to_string())
         .unwrap_or_else(|| "off".into());
     let program = command.program().display().to_string();

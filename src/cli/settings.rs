@@ -41,7 +41,7 @@ pub struct Settings {
     /// `--conflict-exit-code`.
     pub conflict_exit_code: u8,
     /// `--http-addr`.
-    pub http_addr: Option<std::net::SocketAddr>,
+    pub http_addr: Option<crate::cli::args::HttpAddr>,
     /// Where the database name came from (`default`: none was given; it is the user's name).
     pub database_from: &'static str,
     /// Which setting gave the DSN: `--dsn`, `LEADERRUN_DSN`, `PLEXSPHERE_DSN`, `DATABASE_URL`,
@@ -304,7 +304,7 @@ impl Cli {
             takeover_delay: self.takeover_delay.unwrap_or(Duration::ZERO),
             timeout: self.timeout,
             conflict_exit_code: self.conflict_exit_code,
-            http_addr: self.http_addr,
+            http_addr: self.http_addr.clone(),
             cgroup: self.cgroup,
             pid_namespace: self.pid_namespace,
             // Checked by `validate`; an error here cannot happen but is no reason to panic.

@@ -130,13 +130,27 @@ fn the_first_check_spread_fits_the_mode() {
 
 #[test]
 fn http_addresses() {
-    assert_eq!(parse_http_addr("127.0.0.1:9464").unwrap().port(), 9464);
-    assert_eq!(parse_http_addr(":9464").unwrap().to_string(), "[::]:9464");
-    assert!(parse_http_addr("localhost:9464")
-        .unwrap()
-        .ip()
-        .is_loopback());
-    assert!(parse_http_addr("9464").is_err());
+    let resolved = |text: &str| parse_http_addr(text).unwrap().resolve().unwrap();
+    assert_eq!(resolved("127.0.0.1:9464").port(), 9464);
+    assert_eq!(resolved(":9464").to_string(), "[::]:9464");
+    assert_eq!(resolved("[::1]:9464").to_string(), "[::1]:9464");
+    // A name is only looked up when resolved (at start-up, where a stop request is acted on).
+    assert_eq!(
+        parse_http_addr("localhost:9464").unwrap(),
+        HttpAddr::Name("localhost".into(), 9464)
+    );
+    assert!(resolved("localhost:9464").ip().is_loopback());
+    for bad in [
+        "9464",
+        "localhost",
+        "host:port",
+        ":",
+        "a b:1",
+        "[::1:9464",
+        "h:70000",
+    ] {
+        assert!(parse_http_addr(bad).is_err(), "{bad}");
+    }
 }
 
 #[test]
