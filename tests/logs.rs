@@ -425,3 +425,83 @@ fn the_password_appears_nowhere() {
     }
     assert!(outputs[0].contains("background leader lock acquired"));
 }
+
+/// Whether `line` is one text record: an RFC 3339 timestamp, a level, a message.
+fn is_record(line: &str) -> bool {
+    let Some((timestamp, rest)) = line.split_once(' ') else {
+        return false;
+    };
+    humantime::parse_rfc3339(timestamp).is_ok()
+        && ["TRACE ", "DEBUG ", "INFO ", "WARN ", "ERROR "]
+            .iter()
+            .any(|level| rest.trim_start().starts_with(level))
+}
+
+/// A newline or an ESC in COMMAND's name or in `PGAPPNAME` (text leaderrun does not control)
+/// neither splits a text record nor forges one, nor reaches the terminal: each record is one
+/// line, its control characters escaped (docs/guarantees.md#observing-a-replica).
+#[test]
+fn control_characters_in_fields_and_messages_are_escaped_one_record_per_line() {
+    const FORGED: &str = "2026-12-04T00:00:00Z  INFO background leader lock acquired FAKE";
+    let check = |log: &str| {
+        for line in log.lines() {
+            assert!(is_record(line), "not a record: {line:?}\n{log}");
+            assert!(!line.starts_with(FORGED), "a forged record:\n{log}");
+            assert!(!line.contains(['\r', '\t', '\x1b', '\x07']), "{line:?}");
+        }
+    };
+    // COMMAND a script whose name carries a record of its own and a colour, PGAPPNAME a
+    // newline and a terminal title: the settings line shows both, one line.
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let job = scratch.child_script(&format!("job\n{FORGED}\x1b[31m"), "exit 0");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["-v", "--once", "--"])
+        .arg(&job)
+        .env("PGAPPNAME", "app\nname\x1b]0;title\x07\t");
+    let mut replica = Replica::spawn(cmd);
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    let log = replica.log();
+    check(&log);
+    let settings = log
+        .lines()
+        .find(|l| l.contains("campaigning for the background leader lock"))
+        .unwrap_or_else(|| panic!("no settings line:\n{log}"));
+    assert!(
+        settings.contains("application_name=app\\nname\\u{1b}]0;title\\u{7}\\t "),
+        "{settings}"
+    );
+    assert!(
+        settings.contains(&format!("/job\\n{FORGED}\\u{{1b}}[31m")),
+        "{settings}"
+    );
+    // One grant, one record that says so.
+    let grants = log
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, rest)| {
+            rest.trim_start()
+                .starts_with("INFO background leader lock acquired")
+        })
+        .count();
+    assert_eq!(grants, 1, "{log}");
+    // A COMMAND that does not exist: the ERROR that names it is one line (tracing-subscriber
+    // itself writes an ESC in a message as `\x1b`).
+    let out = leaderrun()
+        .args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--once", "--"])
+        .arg(format!("nonexistent\n{FORGED}\x1b[31m"))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{log}");
+    check(&log);
+    assert_eq!(log.lines().count(), 1, "{log}");
+    assert!(
+        log.contains(&format!("nonexistent\\n{FORGED}\\x1b[31m")),
+        "{log}"
+    );
+}

@@ -755,6 +755,88 @@ fn wait_retries_a_momentarily_full_server_without_warnings() {
     assert!(!waiting.log().contains("WARN"), "{}", waiting.log());
 }
 
+/// A long-running standby tries a full server (53300: its role's `CONNECTION LIMIT 1` taken by
+/// another session) once per check interval, as after any failure: only the one-shots retry it
+/// sooner (docs/field-notes.md#full-and-starting-servers-are-transient). Before, each standby
+/// tried every few tens of milliseconds for a whole interval.
+#[test]
+fn a_standby_tries_a_full_server_once_per_interval() {
+    let cluster = Cluster::shared();
+    let role = format!("full_{}_{}", std::process::id(), unique_lock_id());
+    cluster.sql(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 1"));
+    let dsn = cluster
+        .dsn()
+        .replace("user=postgres", &format!("user={role}"));
+    let mut psql = Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &dsn])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sessions = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
+    wait_for("the role's one session", secs(10.0), || {
+        (cluster.sql(&sessions) == ["1"]).then_some(())
+    });
+    // The default mode and a ticker, both standing by against the full server.
+    let mut standbys: Vec<Replica> = [&[][..], &["--every", "1h"]]
+        .iter()
+        .map(|mode| {
+            let mut cmd = leaderrun();
+            cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+                .args(["--check-interval", "1s"])
+                .args(*mode)
+                .args(["--", "sleep", "600"]);
+            Replica::spawn(cmd)
+        })
+        .collect();
+    // The times of its refused tries, from their log lines.
+    let tries = |replica: &Replica| -> Vec<std::time::SystemTime> {
+        replica
+            .log()
+            .lines()
+            .filter(|l| l.contains("WARN leader: acquire lock connection: "))
+            .inspect(|l| assert!(l.contains("too many connections"), "{l}"))
+            .map(|l| humantime::parse_rfc3339(l.split(' ').next().unwrap()).unwrap())
+            .collect()
+    };
+    // A window of 3 intervals from the first refused try, read off the lines' own times (so
+    // the test's own delays do not count): that try and at most one per interval. Once a try
+    // comes after the window, every try in it has been logged.
+    let window = secs(3.0);
+    for standby in &standbys {
+        let (first, in_window) = wait_for("a try after the window", secs(15.0), || {
+            let tries = tries(standby);
+            let first = *tries.first()?;
+            tries.iter().any(|t| *t > first + window).then(|| {
+                (
+                    first,
+                    tries.iter().filter(|t| **t <= first + window).count(),
+                )
+            })
+        });
+        assert!(
+            in_window <= 4,
+            "{in_window} tries in the {window:?} from {first:?}:\n{}",
+            standby.log()
+        );
+    }
+    for standby in &mut standbys {
+        standby.signal(Signal::SIGTERM);
+        assert_eq!(
+            standby.wait_exit(secs(10.0)).code(),
+            Some(0),
+            "{}",
+            standby.log()
+        );
+    }
+    drop(psql.stdin.take());
+    psql.wait().unwrap();
+    wait_for("the role's session gone", secs(10.0), || {
+        (cluster.sql(&sessions) == ["0"]).then_some(())
+    });
+    cluster.sql(&format!("DROP ROLE {role}"));
+}
+
 /// SIGTERM while the leftovers of a run are being stopped, under `--restart always`: nothing
 /// restarts, and no line says it will.
 #[test]

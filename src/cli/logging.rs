@@ -17,6 +17,11 @@
 //! The queue and its thread start with the first line, not with [`init`]: a one-shot that has
 //! nothing to say (cron's good night) starts no thread and has none to end at exit
 //! (BENCHMARKS.md, "Issue 18 item 6, third pass").
+//!
+//! # One record, one line
+//!
+//! In the text format every control character inside a record is escaped by its writer
+//! ([`Escaping`]), once for every record rather than at each call site that logs outside text.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -231,6 +236,172 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Counted {
     }
 }
 
+/// A text record's bytes, kept by a thread between records so that escaping allocates nothing
+/// once warm ([`Record`]).
+const KEEP_SCRATCH: usize = 64 * 1024;
+
+thread_local! {
+    /// The scratch buffer of this thread's records: taken by [`Escaping::make_writer`], given
+    /// back by [`Record`]'s drop (a record logged while another is being written on the same
+    /// thread finds it taken, and starts an empty one).
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The text format's writer (docs/guarantees.md#observing-a-replica): one record, one line. A
+/// field or message may carry text leaderrun does not control (COMMAND's name, `PGAPPNAME`, a
+/// server's error): a newline in it would split the record or forge another, an ESC would
+/// drive the terminal. So every control character of a record (`char::is_control`: C0, DEL,
+/// C1; `\t` too, so a record is also one field for tools that split on tabs) is written
+/// escaped, as `char::escape_debug` writes it (`\n`, `\t`, `\u{1b}`), but the newline that
+/// ends the record. With colours on (stderr a terminal), the formatter's own SGR sequences
+/// (`ESC [ digits ; m`) pass, and so would one in a field: they cannot move the cursor or end
+/// a line, and the record ends with a reset of every colour. JSON needs none of this: serde escapes the control
+/// characters inside strings.
+#[derive(Clone, Copy)]
+struct Escaping {
+    /// Colours are on: SGR sequences pass.
+    ansi: bool,
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Escaping {
+    type Writer = Record;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        Record {
+            ansi: self.ansi,
+            buf: SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default(),
+        }
+    }
+}
+
+/// One record on its way to the queue. The fmt layer formats a record into a buffer and hands
+/// it to a writer of its own in one `write_all`, but nothing promises one `write`: the bytes
+/// are gathered, and only the drop, at the record's end, escapes them and queues them as one
+/// line, so a newline that ends a `write` is never taken for the record's end.
+struct Record {
+    ansi: bool,
+    buf: Vec<u8>,
+}
+
+impl Write for Record {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        let mut buf = std::mem::take(&mut self.buf);
+        if !buf.is_empty() {
+            let raw = buf.len();
+            let line = if escape_record(&mut buf, self.ansi) {
+                &buf[raw..]
+            } else {
+                &buf[..]
+            };
+            let _ = Counted.write(line);
+        }
+        buf.clear();
+        // A rare long record (a panic's backtrace is not one: it does not come this way)
+        // does not keep its memory for the life of the thread.
+        if buf.capacity() <= KEEP_SCRATCH {
+            let _ = SCRATCH.try_with(|s| s.set(buf));
+        }
+    }
+}
+
+/// Escapes the record in `buf` ([`Escaping`]) by appending its escaped form after it; false,
+/// with nothing appended, when it has nothing to escape (the usual record: no copy). The
+/// record's final newline, if any, stays as it is.
+fn escape_record(buf: &mut Vec<u8>, ansi: bool) -> bool {
+    let newline = buf.last() == Some(&b'\n');
+    let end = buf.len() - usize::from(newline);
+    let control = (0..end).find(|&i| matches!(classify(&buf[..end], i, ansi), Byte::Control(..)));
+    // With colours on, a colour a field set (an SGR it carried) ends with the record, not in
+    // COMMAND's output that follows it.
+    let reset = ansi && !buf[..end].ends_with(RESET);
+    let first = match control {
+        Some(first) => first,
+        None if reset => end,
+        None => return false,
+    };
+    buf.reserve(end + 16);
+    buf.extend_from_within(..first);
+    let mut i = first;
+    while i < end {
+        match classify(&buf[..end], i, ansi) {
+            Byte::Plain => {
+                let b = buf[i];
+                buf.push(b);
+                i += 1;
+            }
+            Byte::Sgr(len) => {
+                buf.extend_from_within(i..i + len);
+                i += len;
+            }
+            Byte::Control(c, len) => {
+                // `escape_debug` of a control character is ASCII.
+                buf.extend(c.escape_debug().map(|e| e as u8));
+                i += len;
+            }
+        }
+    }
+    if reset {
+        buf.extend_from_slice(RESET);
+    }
+    if newline {
+        buf.push(b'\n');
+    }
+    true
+}
+
+/// SGR 0: every colour and style off.
+const RESET: &[u8] = b"\x1b[0m";
+
+/// What starts at `record[i]`, for [`escape_record`].
+enum Byte {
+    /// A byte written as it is.
+    Plain,
+    /// An SGR sequence of this length, with colours on: written as it is.
+    Sgr(usize),
+    /// A control character, encoded in this many bytes: written escaped.
+    Control(char, usize),
+}
+
+/// Classifies `record[i]`. The record is UTF-8 (the formatter writes a `String`), so its
+/// control characters are the bytes below 0x20, 0x7f, and C1 (U+0080 to U+009F: 0xc2 then
+/// 0x80 to 0x9f); every other byte of a multi-byte character is 0x80 or more.
+fn classify(record: &[u8], i: usize, ansi: bool) -> Byte {
+    let b = record[i];
+    match b {
+        0x1b if ansi => match sgr_len(&record[i..]) {
+            Some(len) => Byte::Sgr(len),
+            None => Byte::Control('\x1b', 1),
+        },
+        0..=0x1f | 0x7f => Byte::Control(char::from(b), 1),
+        0xc2 => match record.get(i + 1) {
+            Some(&c @ 0x80..=0x9f) => Byte::Control(char::from(c), 2),
+            _ => Byte::Plain,
+        },
+        _ => Byte::Plain,
+    }
+}
+
+/// The length of the SGR sequence (`ESC [`, digits and semicolons, `m`) at the start of `s`.
+fn sgr_len(s: &[u8]) -> Option<usize> {
+    let rest = s.strip_prefix(b"\x1b[")?;
+    let params = rest
+        .iter()
+        .take_while(|b| b.is_ascii_digit() || **b == b';')
+        .count();
+    (rest.get(params) == Some(&b'm')).then_some(2 + params + 1)
+}
+
 /// Installs the global subscriber: lines on stderr at `level`, unless `RUST_LOG` is set and no
 /// -v/-q flag was given, in which case `RUST_LOG` decides. `json` writes one object per line
 /// with `timestamp`, `level`, `message` and the event's fields at the top level. Lines never
@@ -267,19 +438,21 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
     // with eprintln!, which panics on that same broken stderr and would abort a leader
     // mid-term.
     let builder = tracing_subscriber::fmt()
-        .with_writer(Counted)
         .log_internal_errors(false)
         .with_target(false)
         .with_env_filter(filter);
     let _ = if json {
         builder
+            .with_writer(Counted)
             .json()
             .flatten_event(true)
             .with_current_span(false)
             .try_init()
     } else {
+        let ansi = std::io::stderr().is_terminal();
         builder
-            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(Escaping { ansi })
+            .with_ansi(ansi)
             .try_init()
     };
 }
@@ -300,4 +473,81 @@ pub fn finish() {
     // The guard's own drop waits up to 1.1 s for the worker and prints to stdout when the
     // queue is full: the queue is drained or given up on here, so it is never dropped.
     std::mem::forget(guard);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line [`Record`] queues for `record`.
+    fn escaped(record: &str, ansi: bool) -> String {
+        let mut buf = record.as_bytes().to_vec();
+        let raw = buf.len();
+        if escape_record(&mut buf, ansi) {
+            buf.drain(..raw);
+        }
+        String::from_utf8(buf).unwrap()
+    }
+
+    #[test]
+    fn a_record_without_control_characters_is_queued_as_it_is() {
+        let line = "2026-12-04T00:00:00Z  INFO child started pid=1 ünïcödé €\n";
+        let mut buf = line.as_bytes().to_vec();
+        assert!(!escape_record(&mut buf, false));
+        assert_eq!(buf, line.as_bytes());
+    }
+
+    #[test]
+    fn every_control_character_but_the_final_newline_is_escaped() {
+        assert_eq!(
+            escaped("INFO a\nb\r\tc\x1b[2J\x7f\u{9b}\0 é\n", false),
+            "INFO a\\nb\\r\\tc\\u{1b}[2J\\u{7f}\\u{9b}\\0 é\n"
+        );
+        // Only the last newline ends the record; a record without one gets none.
+        assert_eq!(escaped("a\n\n", false), "a\\n\n");
+        assert_eq!(escaped("a\nb", false), "a\\nb");
+        // Every character `char::is_control` names, and none other.
+        for c in (0..=0x10ffff).filter_map(char::from_u32) {
+            let out = escaped(&format!("{c}\n"), false);
+            if c.is_control() {
+                assert_eq!(out, format!("{}\n", c.escape_debug()), "{c:?}");
+            } else {
+                assert_eq!(out, format!("{c}\n"), "{c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn with_colours_sgr_sequences_pass_and_the_record_ends_reset() {
+        assert_eq!(
+            escaped(
+                "\x1b[2mtime\x1b[0m \x1b[32mINFO\x1b[0m x=\x1b[31m\x1b[1A\x1b]0;t\x07\n",
+                true
+            ),
+            "\x1b[2mtime\x1b[0m \x1b[32mINFO\x1b[0m x=\x1b[31m\\u{1b}[1A\\u{1b}]0;t\\u{7}\x1b[0m\n"
+        );
+        assert_eq!(escaped("\x1b[0m a\x1b[0m\n", true), "\x1b[0m a\x1b[0m\n");
+        assert_eq!(escaped("\x1b[\n", true), "\\u{1b}[\x1b[0m\n");
+    }
+
+    #[test]
+    fn a_record_written_in_pieces_is_one_line() {
+        // Pieces that end in a newline, or split a C1 character: only the drop sees the end.
+        let before = QUEUED.load(Ordering::Relaxed);
+        let mut record =
+            tracing_subscriber::fmt::MakeWriter::make_writer(&Escaping { ansi: false });
+        record.write_all(b"a\n").unwrap();
+        record.write_all(b"b\xc2").unwrap();
+        record.write_all(b"\x9b\n").unwrap();
+        let mut copy = record.buf.clone();
+        let raw = copy.len();
+        assert!(escape_record(&mut copy, false));
+        assert_eq!(&copy[raw..], b"a\\nb\\u{9b}\n");
+        drop(record);
+        assert_eq!(
+            QUEUED.load(Ordering::Relaxed),
+            before + 1,
+            "one line queued"
+        );
+    }
 }

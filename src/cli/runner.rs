@@ -186,6 +186,9 @@ pub fn elector_config(settings: &Settings) -> Config {
     config.warn_failed_tries = !matches!(settings.mode, Mode::OneShot { wait: None, .. });
     // A one-shot's retries of a momentarily full server are no error (cron mails nothing).
     config.warn_transient_tries = !matches!(settings.mode, Mode::OneShot { .. });
+    // Only a one-shot retries a momentarily full or starting server soon: it decides within
+    // its first interval. The long-running modes try once per interval, as on any failure.
+    config.retry_transient_soon = matches!(settings.mode, Mode::OneShot { .. });
     // A one-shot (cron) would say the server's weaker bound on every run: `doctor` says it.
     config.warn_weaker_server = !matches!(settings.mode, Mode::OneShot { .. });
     config

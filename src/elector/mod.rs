@@ -157,10 +157,18 @@ pub struct Config {
     /// cause instead of the same text twice.
     pub warn_failed_tries: bool,
     /// With [`Config::warn_failed_tries`], also log at WARN a try the server refused because it
-    /// is momentarily full or starting up (SQLSTATE 53300, 57P03), which the campaign retries
-    /// soon (the default). `false` logs those at DEBUG, for `leaderrun --wait`: a cron herd that
-    /// fills the server for a moment is no error, and mails nothing (CONTRACT's `--once`).
+    /// is momentarily full or starting up (SQLSTATE 53300, 57P03) (the default). `false` logs
+    /// those at DEBUG, for `leaderrun --wait`: a cron herd that fills the server for a moment is
+    /// no error, and mails nothing (CONTRACT's `--once`).
     pub warn_transient_tries: bool,
+    /// After a try the server refused because it is momentarily full or starting up (SQLSTATE
+    /// 53300, 57P03), try again soon, with a jitter of up to an eighth of the interval, for up
+    /// to one interval (docs/field-notes.md#full-and-starting-servers-are-transient): for a
+    /// one-shot, which decides on its first interval, so that a cron herd against a small
+    /// `max_connections` gets through. `false` (the default), for a campaign that goes on:
+    /// the next try is at the next check, as after any failure; a full server is not hammered
+    /// by every standby, each trying every few hundred milliseconds.
+    pub retry_transient_soon: bool,
     /// Say once per process, at WARN, that the server has no `idle_session_timeout`
     /// (PostgreSQL 13, outside the supported 14–18), with the weaker bound that leaves: the
     /// default, for the long-running modes. `false` says it at DEBUG, for `leaderrun --once`,
@@ -201,6 +209,7 @@ impl Config {
             first_check_spread: Duration::ZERO,
             warn_failed_tries: true,
             warn_transient_tries: true,
+            retry_transient_soon: false,
             warn_weaker_server: true,
             span: tracing::Span::none(),
             registry: None,

@@ -130,9 +130,11 @@ pub(super) fn wait_exits(pgid: i32, members: &[i32], deadline: Duration) -> Opti
 
 /// One log line on stderr in leaderrun's format (`--log-format`): the watchdog has no tracing
 /// subscriber, so that its loop stays small; its lines are rare, and written without waiting
-/// ([`write_now`]).
+/// ([`write_now`]). `message` is a literal, so no text from outside (COMMAND, the
+/// environment, the server) reaches a line: there is nothing to escape, and no newline can
+/// split one (the text format of leaderrun's own lines escapes, see `cli::logging`).
 #[cold]
-pub(super) fn say(level: &str, message: &str) {
+pub(super) fn say(level: &str, message: &'static str) {
     let timestamp = humantime::format_rfc3339_micros(std::time::SystemTime::now());
     let line = if WATCHDOG_JSON.load(Ordering::Relaxed) {
         format!(

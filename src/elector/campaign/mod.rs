@@ -310,11 +310,14 @@ impl Campaign<'_> {
                     ticker.reset_after(FIRST_CHECK_AFTER_GRANT.min(interval / 4));
                 }
                 Phase::Checked(Ok(())) => {
-                    // A server that is momentarily full or starting up (53300, 57P03) is tried
-                    // again soon, with jitter, for up to one interval (see
+                    // A one-shot tries a server that is momentarily full or starting up (53300,
+                    // 57P03) again soon, with jitter, for up to one interval (see
                     // docs/field-notes.md#full-and-starting-servers-are-transient): a fleet whose
-                    // cron fires the same minute gets through.
-                    let transient = self.shared.checks.borrow().last == Some(CheckOutcome::Failed)
+                    // cron fires the same minute gets through. A campaign that goes on tries at
+                    // its next check: every standby retrying within the interval would hammer
+                    // the server that is full.
+                    let transient = self.shared.config.retry_transient_soon
+                        && self.shared.checks.borrow().last == Some(CheckOutcome::Failed)
                         && self.shared.checks.borrow().last_transient;
                     if let Role::Standby {
                         transient_since, ..
