@@ -89,7 +89,7 @@ fn run(
         settings.slots,
     );
     match action {
-        Some(Action::Status { json }) => Exit::Code(status::status_main(
+        Some(Action::Status { json }) => status::status_main(
             connect,
             tls,
             lock,
@@ -97,11 +97,12 @@ fn run(
             bound,
             json,
             (&settings.history_table, settings.schedule.as_ref()),
-        )),
-        Some(Action::StepDown { slot }) => Exit::Code(status::step_down_main(
-            connect, tls, lock, slots, slot, bound,
-        )),
-        Some(Action::Doctor { scratch_id }) => Exit::Code(doctor::doctor_main(
+            signals,
+        ),
+        Some(Action::StepDown { slot }) => {
+            status::step_down_main(connect, tls, lock, slots, slot, bound, signals)
+        }
+        Some(Action::Doctor { scratch_id }) => doctor::doctor_main(
             connect,
             tls,
             lock,
@@ -109,7 +110,8 @@ fn run(
             bound,
             settings.database_from,
             scratch_id,
-        )),
+            signals,
+        ),
         None => {
             let prepared = prepared.unwrap_or_else(|| runner::prepare(&settings));
             runner::main(settings, signals, early, prepared)

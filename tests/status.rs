@@ -879,3 +879,169 @@ fn status_step_down_and_doctor_outlast_a_role_default_of_one_millisecond() {
     assert_eq!(code, Some(0), "{text}");
     scratch.wait_starts(2, secs(10.0));
 }
+
+/// A server that accepts every connection on 127.0.0.1 and never answers: a subcommand given
+/// it waits in its connect for as long as `connect_timeout` lets it. Counts the connections
+/// it accepted, so a test knows when the subcommand got there.
+struct Mute {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Mute {
+    fn start() -> Mute {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            // Kept open (never read, never written) until the test process ends.
+            let mut held = Vec::new();
+            for stream in listener.incoming().flatten() {
+                held.push(stream);
+                count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
+        });
+        Mute { port, accepted }
+    }
+
+    fn dsn(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=30",
+            self.port
+        )
+    }
+
+    fn wait_connected(&self, who: &str) {
+        wait_for(&format!("{who} to connect"), secs(10.0), || {
+            (self.accepted.load(std::sync::atomic::Ordering::Acquire) > 0).then_some(())
+        });
+    }
+}
+
+/// `status`, `doctor` and `step-down` end at once on INT or TERM, even while a connect waits
+/// on a server that never answers: each dies of the signal (a shell sees 128 + N), prints
+/// nothing and logs one line. HUP, USR1 and WINCH, sent first, do not end them (as standard
+/// signals pending together are delivered lowest number first, a subcommand that ended on
+/// HUP would say SIGHUP).
+#[test]
+fn status_doctor_and_step_down_end_at_once_on_int_or_term() {
+    use std::os::unix::process::ExitStatusExt;
+    let cases = [
+        ("status", Signal::SIGINT),
+        ("doctor", Signal::SIGTERM),
+        ("step-down", Signal::SIGINT),
+    ];
+    let mut running = Vec::new();
+    for (sub, sig) in cases {
+        let mute = Mute::start();
+        let mut cmd = leaderrun();
+        cmd.args([sub, "--dsn", &mute.dsn(), "--lock-id", "7"]);
+        let replica = Replica::spawn(cmd);
+        mute.wait_connected(sub);
+        running.push((sub, sig, replica, mute));
+    }
+    for (_, _, replica, _) in &running {
+        for other in [Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGWINCH] {
+            replica.signal(other);
+        }
+    }
+    for (sub, sig, mut replica, _mute) in running {
+        let sent = std::time::Instant::now();
+        replica.signal(sig);
+        let status = replica.wait_exit(secs(2.0));
+        let log = replica.log();
+        assert!(sent.elapsed() < secs(2.0), "{sub}: {log}");
+        assert_eq!(
+            status.signal(),
+            Some(sig as i32),
+            "{sub}: {status:?}\n{log}"
+        );
+        assert_eq!(replica.stdout(), "", "{sub} printed something\n{log}");
+        assert!(
+            log.contains(&format!("{sub}: interrupted by {}", sig.as_str())),
+            "{sub}: {log}"
+        );
+        assert!(!log.contains("SIGHUP"), "{sub}: {log}");
+        if sub == "step-down" {
+            assert!(
+                log.contains("step-down: the leader was not asked to step down"),
+                "{log}"
+            );
+        }
+    }
+}
+
+/// A `step-down` interrupted before it took the step-down request leaves the leader alone:
+/// the request is never held, the leader goes on leading with the same COMMAND, and the log
+/// says it was not asked. The interruption comes while it looks at the standbys a second time
+/// (README: twice, 0.75 s apart), behind a proxy blackholed once the first look was answered,
+/// with a standby there that could take over.
+#[test]
+fn step_down_interrupted_before_it_asks_leaves_the_leader_leading() {
+    use std::os::unix::process::ExitStatusExt;
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let leader = setup.replica("300ms", &[]);
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _standby = setup.replica("300ms", &[]);
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    let holders = cluster.lock_holders(CLASS, id);
+    assert_eq!(holders.len(), 1, "{holders:?}");
+
+    let proxy = crate::support::proxy::Proxy::recording(cluster.addr());
+    let mut cmd = leaderrun();
+    cmd.args([
+        "step-down",
+        "--dsn",
+        &proxy.dsn(),
+        "--lock-id",
+        &id.to_string(),
+    ]);
+    let mut step_down = Replica::spawn(cmd);
+    // The first look names the leader's session; the ask can come only after the second.
+    let leader_name = format!("leaderrun@{}:{}", hostname(), leader.pid());
+    wait_for("step-down's first look at the lock", secs(10.0), || {
+        proxy
+            .server_bytes()
+            .iter()
+            .any(|bytes| String::from_utf8_lossy(bytes).contains(&leader_name))
+            .then_some(())
+    });
+    proxy.blackhole();
+    let request = |cluster: &Cluster| {
+        cluster.sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND classid = ({CLASS}::bigint & 4294967295)::text::oid \
+             AND objid = ({id}::bigint & 4294967295)::text::oid"
+        ))
+    };
+    assert_eq!(request(cluster), ["0"], "the request was taken already");
+
+    let sent = std::time::Instant::now();
+    step_down.signal(Signal::SIGINT);
+    let status = step_down.wait_exit(secs(2.0));
+    let log = step_down.log();
+    assert!(sent.elapsed() < secs(2.0), "{log}");
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}\n{log}");
+    assert_eq!(step_down.stdout(), "", "{log}");
+    assert!(log.contains("step-down: interrupted by SIGINT"), "{log}");
+    assert!(
+        log.contains("step-down: the leader was not asked to step down"),
+        "{log}"
+    );
+    proxy.cut();
+
+    // Over several of the leader's checks: never asked, it leads on with the same COMMAND.
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < secs(1.5) {
+        assert_eq!(request(cluster), ["0"]);
+        assert_eq!(cluster.lock_holders(CLASS, id), holders);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!leader.log().contains("stepping down"), "{}", leader.log());
+    assert_eq!(scratch.starts().len(), 1);
+    assert!(crate::support::alive(first.pid));
+}

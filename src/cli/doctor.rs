@@ -15,7 +15,9 @@ use crate::pg::conninfo::describe;
 use crate::pg::lock::{DURABLE_TOKEN, DURABLE_TOKEN_GRANT, SYNC_STANDBYS};
 use crate::pg::within;
 
-use super::status::{out, report, runtime};
+use super::status::{out, report, runtime, until_interrupted};
+use crate::process::signals::SignalStream;
+use crate::supervisor::Exit;
 
 /// One line of `doctor`'s output: `ok`, `FAIL` (with a hint), or `warn` (holds, with a hint).
 #[derive(Debug)]
@@ -459,7 +461,10 @@ pub fn database_finding(database: &str, database_from: &str) -> Finding {
 /// it cannot connect. A finding that holds but comes with a hint is printed as `warn` and does
 /// not change the exit status. `database_from` says where the database name came from
 /// ([`crate::pg::conninfo::ConnSettings::database_from`]); `scratch_id` is `--scratch-id`, the id
-/// of the scratch key in the lock's class (default: derived from this process).
+/// of the scratch key in the lock's class (default: derived from this process). INT or TERM
+/// (from `signals`) ends it at once, printing no finding: [`Exit::Interrupted`].
+// Each argument is one setting of the command line; a struct of them would serve one call.
+#[allow(clippy::too_many_arguments)]
 pub fn doctor_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::pg::tls::TlsSettings,
@@ -468,9 +473,10 @@ pub fn doctor_main(
     bound: Duration,
     database_from: &str,
     scratch_id: Option<i32>,
-) -> u8 {
+    mut signals: SignalStream,
+) -> Exit {
     let Some(rt) = runtime() else {
-        return EXIT_FAILURE;
+        return Exit::Code(EXIT_FAILURE);
     };
     let server = describe(connect_config);
     // A scratch id of the same class that no replica uses: --scratch-id, or derived from this
@@ -482,7 +488,7 @@ pub fn doctor_main(
             lock.id
         ))
     });
-    let result = rt.block_on(async {
+    let work = async {
         let (a, _ca, _ta) = connect(connect_config, tls, &server, bound).await?;
         let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;
         // Both at once: one round trip.
@@ -493,9 +499,13 @@ pub fn doctor_main(
         bound_a?;
         bound_b?;
         Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, bound).await)
-    });
+    };
+    let result = match until_interrupted(rt, &mut signals, "doctor", work) {
+        Ok(result) => result,
+        Err(sig) => return Exit::Interrupted(sig),
+    };
     let database = connect_config.get_dbname().unwrap_or("");
-    match result {
+    Exit::Code(match result {
         Ok(mut findings) => {
             findings.insert(1, database_finding(database, database_from));
             for f in &findings {
@@ -520,5 +530,5 @@ pub fn doctor_main(
             ));
             EXIT_FAILURE
         }
-    }
+    })
 }

@@ -20,6 +20,9 @@ use crate::elector::{standby_comment, CLIENT_CONNECTION_CHECK};
 use crate::error::{Chain, Error};
 use crate::pg::conninfo::describe;
 use crate::pg::within;
+use crate::process::signals::{is_shutdown, suspend_self, SignalStream};
+use crate::supervisor::Exit;
+use nix::sys::signal::Signal;
 
 /// The leader as `status` sees it. Field names are stable (`--json`, documented in README).
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -629,8 +632,44 @@ pub(super) fn runtime() -> Option<tokio::runtime::Runtime> {
     }
 }
 
+/// Runs `work` on `rt` to its end, unless INT or TERM arrives first (`what` names the
+/// subcommand in the log): then `work` is dropped where it waits, one line says so, and the
+/// signal is returned for [`Exit::Interrupted`]. The handlers took the signals' default action
+/// away, so without this a subcommand would run on, a hung connect included, after Ctrl-C.
+/// Other signals do not end a subcommand: SIGTSTP stops leaderrun (the shell's job control
+/// still works), the rest are ignored. On an interruption the runtime is shut down without
+/// waiting for blocking tasks (a name lookup can hang for good).
+pub(super) fn until_interrupted<T>(
+    rt: tokio::runtime::Runtime,
+    signals: &mut SignalStream,
+    what: &str,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, Signal> {
+    let result = rt.block_on(async {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return Ok(out),
+                sig = signals.recv() => match sig {
+                    sig if is_shutdown(sig) => return Err(sig),
+                    Signal::SIGTSTP => suspend_self(),
+                    _ => {}
+                },
+            }
+        }
+    });
+    if let Err(sig) = result {
+        tracing::error!("{what}: interrupted by {}", sig.as_str());
+        rt.shutdown_background();
+    }
+    result
+}
+
 /// `leaderrun status`: prints the report; exit 0 with a leader, 1 without (or on a hot
-/// standby, whoever holds the key there), 125 on error.
+/// standby, whoever holds the key there), 125 on error. INT or TERM (from `signals`) ends it at
+/// once, printing nothing: [`Exit::Interrupted`].
+// Each argument is one setting of the command line; a struct of them would serve one call.
+#[allow(clippy::too_many_arguments)]
 pub fn status_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::pg::tls::TlsSettings,
@@ -642,19 +681,24 @@ pub fn status_main(
         &crate::history::TableName,
         Option<&crate::supervisor::schedule::Schedule>,
     ),
-) -> u8 {
+    mut signals: SignalStream,
+) -> Exit {
     let Some(rt) = runtime() else {
-        return EXIT_FAILURE;
+        return Exit::Code(EXIT_FAILURE);
     };
     let server = describe(connect_config);
-    let result = rt.block_on(async {
+    let work = async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
         crate::pg::bound_session("session settings", &client, bound).await?;
         let mut report = report(&client, &server, lock, slots, bound).await?;
         add_history(&mut report, &client, history.0, lock, history.1, bound).await;
         Ok::<_, Error>(report)
-    });
-    match result {
+    };
+    let result = match until_interrupted(rt, &mut signals, "status", work) {
+        Ok(result) => result,
+        Err(sig) => return Exit::Interrupted(sig),
+    };
+    Exit::Code(match result {
         Ok(report) => {
             if json {
                 let json = serde_json::to_string(&report).unwrap_or_else(|_| "{}".to_owned());
@@ -669,7 +713,7 @@ pub fn status_main(
             tracing::error!("status: {}", Chain(&err));
             EXIT_FAILURE
         }
-    }
+    })
 }
 
 /// How long `step-down` waits for another replica to lead.
@@ -681,6 +725,11 @@ pub const STEP_DOWN_WAIT: Duration = Duration::from_secs(60);
 /// that slot, and releases the request. Exit 0 when another replica leads, 1 when none took
 /// over within [`STEP_DOWN_WAIT`], none led, or the holder is not leaderrun, 125 on error
 /// (a slot outside 0 … N−1 included).
+///
+/// INT or TERM (from `signals`) ends it at once ([`Exit::Interrupted`]), printing nothing.
+/// Before the request is taken the leader is left alone; after, the log says that it was asked
+/// already: it may still hand over, and the request ends with this process's session (no
+/// release is awaited from a server that may not answer).
 pub fn step_down_main(
     connect_config: &tokio_postgres::Config,
     tls: &crate::pg::tls::TlsSettings,
@@ -688,20 +737,23 @@ pub fn step_down_main(
     slots: u32,
     slot: u32,
     bound: Duration,
-) -> u8 {
+    mut signals: SignalStream,
+) -> Exit {
     if slot >= slots.max(1) {
         tracing::error!(
             "step-down: --slot {slot} is not a slot of --slots {}: give 0 … {}",
             slots.max(1),
             slots.max(1) - 1
         );
-        return EXIT_FAILURE;
+        return Exit::Code(EXIT_FAILURE);
     }
     let Some(rt) = runtime() else {
-        return EXIT_FAILURE;
+        return Exit::Code(EXIT_FAILURE);
     };
     let server = describe(connect_config);
-    let result: Result<u8, Error> = rt.block_on(async {
+    // Set as the request is sent, so that an interruption tells whether the leader was asked.
+    let asked = std::cell::Cell::new(false);
+    let work = async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
         crate::pg::bound_session("session settings", &client, bound).await?;
         let leader_of = |r: Report| {
@@ -747,6 +799,7 @@ pub fn step_down_main(
         }
         let request = lock.slot(slot).step_down_request();
         let take = format!("SELECT pg_advisory_lock({request})");
+        asked.set(true);
         within(
             "take the step-down request",
             bound,
@@ -800,11 +853,25 @@ pub fn step_down_main(
                 1
             }
         })
-    });
-    result.unwrap_or_else(|err| {
+    };
+    let result: Result<u8, Error> = match until_interrupted(rt, &mut signals, "step-down", work) {
+        Ok(result) => result,
+        Err(sig) => {
+            if asked.get() {
+                tracing::error!(
+                    "step-down: the leader was asked to step down already and may still hand \
+                     over; the request ends with this session"
+                );
+            } else {
+                tracing::error!("step-down: the leader was not asked to step down");
+            }
+            return Exit::Interrupted(sig);
+        }
+    };
+    Exit::Code(result.unwrap_or_else(|err| {
         tracing::error!("step-down: {}", Chain(&err));
         EXIT_FAILURE
-    })
+    }))
 }
 
 #[cfg(test)]

@@ -74,13 +74,19 @@ pub enum Exit {
     /// A status of leaderrun's own: 0 (stopped while standby), the conflict code, 124
     /// (`--timeout`), 125, 126, 127.
     Code(u8),
+    /// A subcommand (`status`, `doctor`, `step-down`) was interrupted by this signal (INT or
+    /// TERM). It has nothing to shut down, so leaderrun ends as the signal's default action
+    /// would have ended it: a shell must see a program killed by the signal, not one that
+    /// finished (docs/guarantees.md#exit-codes).
+    Interrupted(Signal),
 }
 
 impl Exit {
     /// The process exit code. For a child that died of SIGINT, when leaderrun is not PID 1,
     /// leaderrun first dies of SIGINT itself so a calling shell loop stops
     /// (docs/field-notes.md#exit-statuses-as-a-shell-sees-them); should that return, 130 is the
-    /// fallback.
+    /// fallback. An interrupted subcommand dies of its signal the same way (128 + N as the
+    /// fallback).
     pub fn finish(self) -> std::process::ExitCode {
         match self {
             Exit::Child(ExitStatus::Signal(Signal::SIGINT)) if std::process::id() != 1 => {
@@ -89,6 +95,14 @@ impl Exit {
             }
             Exit::Child(status) => std::process::ExitCode::from(status.exit_code()),
             Exit::Code(code) => std::process::ExitCode::from(code),
+            // Dies of it (default disposition restored, then raised), so a calling shell loop
+            // stops on Ctrl-C; as PID 1 the kernel drops it, hence the shell's 128 + N.
+            Exit::Interrupted(sig) => {
+                if std::process::id() != 1 {
+                    let _ = signal_hook::low_level::emulate_default_handler(sig as libc::c_int);
+                }
+                std::process::ExitCode::from(128 + sig as u8)
+            }
         }
     }
 }
