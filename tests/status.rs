@@ -975,8 +975,8 @@ fn status_doctor_and_step_down_end_at_once_on_int_or_term() {
 /// A `step-down` interrupted before it took the step-down request leaves the leader alone:
 /// the request is never held, the leader goes on leading with the same COMMAND, and the log
 /// says it was not asked. The interruption comes while it looks at the standbys a second time
-/// (README: twice, 0.75 s apart), behind a proxy blackholed once the first look was answered,
-/// with a standby there that could take over.
+/// (README: twice, 0.75 s apart), behind a proxy that blackholes itself once it forwarded the
+/// first look's answer, with a standby there that could take over.
 #[test]
 fn step_down_interrupted_before_it_asks_leaves_the_leader_leading() {
     use std::os::unix::process::ExitStatusExt;
@@ -991,7 +991,11 @@ fn step_down_interrupted_before_it_asks_leaves_the_leader_leading() {
     let holders = cluster.lock_holders(CLASS, id);
     assert_eq!(holders.len(), 1, "{holders:?}");
 
-    let proxy = crate::support::proxy::Proxy::recording(cluster.addr());
+    // The first look names the leader's session; the ask can come only after the second,
+    // which the proxy, blackholed by its own thread right after the first answer, holds.
+    let leader_name = format!("leaderrun@{}:{}", hostname(), leader.pid());
+    let proxy =
+        crate::support::proxy::Proxy::blackholing_after(cluster.addr(), leader_name.as_bytes());
     let mut cmd = leaderrun();
     cmd.args([
         "step-down",
@@ -1001,16 +1005,9 @@ fn step_down_interrupted_before_it_asks_leaves_the_leader_leading() {
         &id.to_string(),
     ]);
     let mut step_down = Replica::spawn(cmd);
-    // The first look names the leader's session; the ask can come only after the second.
-    let leader_name = format!("leaderrun@{}:{}", hostname(), leader.pid());
     wait_for("step-down's first look at the lock", secs(10.0), || {
-        proxy
-            .server_bytes()
-            .iter()
-            .any(|bytes| String::from_utf8_lossy(bytes).contains(&leader_name))
-            .then_some(())
+        proxy.is_blackholed().then_some(())
     });
-    proxy.blackhole();
     let request = |cluster: &Cluster| {
         cluster.sql(&format!(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \

@@ -41,6 +41,9 @@ pub struct Proxy {
 struct Sever {
     pattern: Vec<u8>,
     nth: usize,
+    /// Instead of ending the client's side: forward that answer, then blackhole the proxy
+    /// ([`Proxy::blackholing_after`]).
+    blackhole: bool,
     /// Set once the client's side is ended: from then on nothing reaches the server, and the
     /// server's side stays open (its session, and any lock, with it).
     done: Arc<AtomicBool>,
@@ -130,6 +133,13 @@ fn pump(
                         .count();
                     // The answer is complete at its ReadyForQuery ('Z', length 5, status).
                     let ready = n >= 6 && chunk[n - 6..n - 1] == [b'Z', 0, 0, 0, 5];
+                    if seen >= sever_at.nth && ready && sever_at.blackhole {
+                        // Forwarded, then nothing more: in this thread, so that no client can
+                        // send another flight through before the path is blackholed.
+                        let _ = to.write_all(chunk);
+                        mode.store(BLACKHOLE, Ordering::Release);
+                        continue;
+                    }
                     if seen >= sever_at.nth && ready {
                         sever_at.done.store(true, Ordering::Release);
                         sever(&mut to, chunk);
@@ -177,10 +187,28 @@ impl Proxy {
     /// whose effects the server still keeps.
     #[allow(dead_code)]
     pub fn severing(target: SocketAddr, pattern: &[u8], nth: usize) -> Proxy {
-        Proxy::start_with(target, false, Some((pattern.to_vec(), nth)))
+        Proxy::start_with(target, false, Some((pattern.to_vec(), nth, false)))
     }
 
-    fn start_with(target: SocketAddr, record: bool, sever_at: Option<(Vec<u8>, usize)>) -> Proxy {
+    /// Like [`Proxy::start`], and blackholes every connection ([`Proxy::blackhole`]) right
+    /// after it forwarded the server's answer that completes the first occurrence of `pattern`:
+    /// the client has that answer, and nothing it sends after it gets through.
+    #[allow(dead_code)]
+    pub fn blackholing_after(target: SocketAddr, pattern: &[u8]) -> Proxy {
+        Proxy::start_with(target, false, Some((pattern.to_vec(), 1, true)))
+    }
+
+    /// Whether the proxy is blackholed now.
+    #[allow(dead_code)]
+    pub fn is_blackholed(&self) -> bool {
+        self.mode.load(Ordering::Acquire) == BLACKHOLE
+    }
+
+    fn start_with(
+        target: SocketAddr,
+        record: bool,
+        sever_at: Option<(Vec<u8>, usize, bool)>,
+    ) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(AtomicU8::new(FORWARD));
@@ -206,9 +234,10 @@ impl Proxy {
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (m1, m2) = (m.clone(), m.clone());
                 let carried2 = carried.clone();
-                let sever_at = sever_at.clone().map(|(pattern, nth)| Sever {
+                let sever_at = sever_at.clone().map(|(pattern, nth, blackhole)| Sever {
                     pattern,
                     nth,
+                    blackhole,
                     done: Arc::new(AtomicBool::new(false)),
                 });
                 let sever_at2 = sever_at.clone();
