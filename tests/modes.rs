@@ -678,6 +678,27 @@ fn tick_at_grant_runs_at_the_grant_then_on_the_cadence() {
     assert_eq!(out.status.code(), Some(125));
 }
 
+/// A psql session as `role` through `dsn`, returned once the server counts it (a role with
+/// `CONNECTION LIMIT 1` is full then), with its stdin: dropping that ends the session.
+fn hold_the_roles_session(
+    cluster: &Cluster,
+    dsn: &str,
+    role: &str,
+) -> (std::process::Child, Option<std::process::ChildStdin>) {
+    let mut psql = Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", dsn])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sessions = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
+    wait_for("the role's one session", secs(10.0), || {
+        (cluster.sql(&sessions) == ["1"]).then_some(())
+    });
+    let stdin = psql.stdin.take();
+    (psql, stdin)
+}
+
 /// `--wait` against a server that is momentarily full (53300, the role's connection limit
 /// taken by another session): the retries print nothing at the default level, the job runs
 /// once the session is free; a server full for the whole wait is one ERROR with the cause
@@ -688,21 +709,7 @@ fn wait_retries_a_momentarily_full_server_without_warnings() {
     let cluster = Cluster::start_private();
     cluster.sql("CREATE ROLE full1 LOGIN CONNECTION LIMIT 1");
     let dsn = cluster.dsn().replace("user=postgres", "user=full1");
-    let hold = || {
-        let mut psql = Command::new(cluster.psql_path())
-            .args(["-X", "-q", "-d", &dsn])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_for("the role's one session", secs(10.0), || {
-            (cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'full1'") == ["1"])
-                .then_some(())
-        });
-        // Closing stdin ends the session.
-        let stdin = psql.stdin.take();
-        (psql, stdin)
-    };
+    let hold = || hold_the_roles_session(&cluster, &dsn, "full1");
     let scratch = Scratch::new();
     let job = scratch.child_script("job.sh", "exit 0");
     // Full for the whole wait: 125, one ERROR that names the cause, no WARN.
@@ -767,16 +774,7 @@ fn a_standby_tries_a_full_server_once_per_interval() {
     let dsn = cluster
         .dsn()
         .replace("user=postgres", &format!("user={role}"));
-    let mut psql = Command::new(cluster.psql_path())
-        .args(["-X", "-q", "-d", &dsn])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let sessions = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
-    wait_for("the role's one session", secs(10.0), || {
-        (cluster.sql(&sessions) == ["1"]).then_some(())
-    });
+    let (mut psql, stdin) = hold_the_roles_session(cluster, &dsn, &role);
     // The default mode and a ticker, both standing by against the full server.
     let mut standbys: Vec<Replica> = [&[][..], &["--every", "1h"]]
         .iter()
@@ -829,8 +827,9 @@ fn a_standby_tries_a_full_server_once_per_interval() {
             standby.log()
         );
     }
-    drop(psql.stdin.take());
+    drop(stdin);
     psql.wait().unwrap();
+    let sessions = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
     wait_for("the role's session gone", secs(10.0), || {
         (cluster.sql(&sessions) == ["0"]).then_some(())
     });
