@@ -470,7 +470,8 @@ fn a_host_list_leaves_a_hot_standby_once_the_primary_is_back() {
 /// waited for at exit, and `--http-addr`'s while the command line was parsed with every signal
 /// blocked: the stop took as long as the resolver took to give up (30 s here, no answer at
 /// all). Each run gets a mount namespace of its own whose `/etc/resolv.conf` names a UDP
-/// socket of this test that reads queries and never answers (root only).
+/// socket of this test that reads queries and never answers (root only). `status`, whose
+/// connect gave up after its `connect_timeout`, exits then too.
 #[test]
 fn a_resolver_that_never_answers_holds_up_no_stop() {
     use std::ffi::CString;
@@ -583,4 +584,12 @@ fn a_resolver_that_never_answers_holds_up_no_stop() {
             replica.log()
         );
     }
+    // A subcommand whose connect timed out exits then, not when the lookup ends.
+    let mut cmd = leaderrun();
+    cmd.args(["status", "--dsn", &format!("{by_name} connect_timeout=1")])
+        .args(["--lock-id", &unique_lock_id().to_string()]);
+    in_own_mounts(&mut cmd);
+    let mut status = crate::support::Replica::spawn(cmd);
+    let exit = status.wait_exit(crate::support::secs(5.0));
+    assert_eq!(exit.code(), Some(125), "{exit:?}\n{}", status.log());
 }

@@ -637,8 +637,8 @@ pub(super) fn runtime() -> Option<tokio::runtime::Runtime> {
 /// signal is returned for [`Exit::Interrupted`]. The handlers took the signals' default action
 /// away, so without this a subcommand would run on, a hung connect included, after Ctrl-C.
 /// Other signals do not end a subcommand: SIGTSTP stops leaderrun (the shell's job control
-/// still works), the rest are ignored. On an interruption the runtime is shut down without
-/// waiting for blocking tasks (a name lookup can hang for good).
+/// still works), the rest are ignored. The runtime is shut down without waiting for blocking
+/// tasks (a name lookup can hang for good).
 pub(super) fn until_interrupted<T>(
     rt: tokio::runtime::Runtime,
     signals: &mut SignalStream,
@@ -660,8 +660,10 @@ pub(super) fn until_interrupted<T>(
     });
     if let Err(sig) = result {
         tracing::error!("{what}: interrupted by {}", sig.as_str());
-        rt.shutdown_background();
     }
+    // Not waiting for blocking tasks either way: a name lookup that outlived its connect's
+    // timeout would hold the exit until the resolver gave up.
+    rt.shutdown_background();
     result
 }
 
