@@ -428,11 +428,9 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("<unnamed>");
         let backtrace = std::backtrace::Backtrace::capture();
-        let mut line = format!("thread '{name}' {info}\n");
-        if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
-            line.push_str(&format!("stack backtrace:\n{backtrace}\n"));
-        }
-        let _ = Counted.write(line.as_bytes());
+        let backtrace = (backtrace.status() == std::backtrace::BacktraceStatus::Captured)
+            .then(|| backtrace.to_string());
+        let _ = Counted.write(&panic_lines(name, &info.to_string(), backtrace.as_deref()));
     }));
     // A line that cannot be written is dropped: tracing-subscriber would otherwise report it
     // with eprintln!, which panics on that same broken stderr and would abort a leader
@@ -475,9 +473,41 @@ pub fn finish() {
     std::mem::forget(guard);
 }
 
+/// A panic's report: its first line (the thread and the message) escaped as a text record is
+/// ([`escape_record`]: a message may carry outside text, a path or a server's words), then the
+/// backtrace, if any, over as many lines as it has (the runtime's own text).
+fn panic_lines(thread: &str, message: &str, backtrace: Option<&str>) -> Vec<u8> {
+    let mut line = format!("thread '{thread}' {message}\n").into_bytes();
+    let raw = line.len();
+    if escape_record(&mut line, false) {
+        line.drain(..raw);
+    }
+    if let Some(backtrace) = backtrace {
+        line.extend_from_slice(format!("stack backtrace:\n{backtrace}\n").as_bytes());
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panics_message_is_one_line_and_its_backtrace_keeps_its_lines() {
+        let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+        assert_eq!(
+            text(panic_lines(
+                "main",
+                "panicked at a.rs:1:1:\nINFO forged\u{1b}[2J",
+                None
+            )),
+            "thread 'main' panicked at a.rs:1:1:\\nINFO forged\\u{1b}[2J\n"
+        );
+        assert_eq!(
+            text(panic_lines("t", "plain", Some("0: a\n1: b"))),
+            "thread 't' plain\nstack backtrace:\n0: a\n1: b\n"
+        );
+    }
 
     /// The line [`Record`] queues for `record`.
     fn escaped(record: &str, ansi: bool) -> String {
