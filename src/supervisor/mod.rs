@@ -89,22 +89,22 @@ impl Exit {
     /// fallback).
     pub fn finish(self) -> std::process::ExitCode {
         match self {
-            Exit::Child(ExitStatus::Signal(Signal::SIGINT)) if std::process::id() != 1 => {
-                let _ = signal_hook::low_level::emulate_default_handler(libc::SIGINT);
-                std::process::ExitCode::from(130)
-            }
+            Exit::Child(ExitStatus::Signal(Signal::SIGINT)) => die_of(Signal::SIGINT),
             Exit::Child(status) => std::process::ExitCode::from(status.exit_code()),
             Exit::Code(code) => std::process::ExitCode::from(code),
-            // Dies of it (default disposition restored, then raised), so a calling shell loop
-            // stops on Ctrl-C; as PID 1 the kernel drops it, hence the shell's 128 + N.
-            Exit::Interrupted(sig) => {
-                if std::process::id() != 1 {
-                    let _ = signal_hook::low_level::emulate_default_handler(sig as libc::c_int);
-                }
-                std::process::ExitCode::from(128 + sig as u8)
-            }
+            Exit::Interrupted(sig) => die_of(sig),
         }
     }
+}
+
+/// Dies of `sig` (its default disposition restored, then raised), so that a calling shell loop
+/// stops on Ctrl-C; as PID 1 the kernel drops it, and should it return the exit is the
+/// shell's 128 + N.
+fn die_of(sig: Signal) -> std::process::ExitCode {
+    if std::process::id() != 1 {
+        let _ = signal_hook::low_level::emulate_default_handler(sig as libc::c_int);
+    }
+    std::process::ExitCode::from(128 + sig as u8)
 }
 
 /// How long a stop waits for the tree after SIGKILL before it gives up on what it cannot
