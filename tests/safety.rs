@@ -1,6 +1,7 @@
 //! The guarantees of docs/guarantees.md#safety-guarantees with real components: partitions through
-//! a TCP proxy, a paused leaderrun, fencing tokens over forced terms, the session's timers and
-//! the TCP timers of the lock session.
+//! a TCP proxy, a paused leaderrun, fencing tokens over forced terms, the session's timers,
+//! the TCP timers of the lock session, poolers, and a role's `search_path` that shadows the
+//! catalog.
 
 use std::time::Instant;
 
@@ -682,4 +683,146 @@ fn a_grant_whose_connection_ended_with_its_answer_starts_nothing() {
     wait_for("the severed session's lock freed", secs(10.0), || {
         cluster.lock_holders(CLASS, id).is_empty().then_some(())
     });
+}
+
+/// Every name in leaderrun's SQL is the catalog's, whatever the role's `search_path`
+/// (docs/guarantees.md#names-in-its-sql): a role whose path puts a schema before `pg_catalog`,
+/// where every catalog function, aggregate, operator, table, view and base type is shadowed
+/// by one that raises (tests/support/shadow_catalog.sql), leads, waits, hands over, refuses a
+/// one-shot, writes its history and answers `status`, `doctor` and `step-down` as any role
+/// does, directly, with slots, and through a transaction-mode pooler, and not one shadow is
+/// used. Before, the try called the schema's `pg_try_advisory_lock`: a function there that
+/// returns true gave the lock to every replica at once, and ran as leaderrun's role.
+#[test]
+fn names_a_roles_search_path_puts_before_pg_catalog_are_never_used() {
+    use crate::support::pooler::Bouncer;
+    let cluster = Cluster::start_private();
+    cluster.sql(include_str!("support/shadow_catalog.sql"));
+    cluster.sql(
+        "CREATE ROLE shadowed LOGIN SUPERUSER; \
+         ALTER ROLE shadowed SET search_path = shadow, pg_catalog",
+    );
+    let port = cluster.addr().port();
+    let dsn = format!("host=127.0.0.1 port={port} user=shadowed dbname=postgres");
+    let hits = || {
+        cluster.sql("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM shadow.hits")[0]
+            .parse::<u64>()
+            .unwrap()
+    };
+    // The shadows are in force for the role, and each use is counted.
+    let plain = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &dsn, "-c", "SELECT 1 = 1"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&plain.stderr).contains("shadowed: operator ="),
+        "{plain:?}"
+    );
+    assert_eq!(hits(), 1);
+    cluster.sql("SELECT setval('shadow.hits', 1, false)");
+
+    let id = unique_lock_id().to_string();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = |dsn: &str, extra: &[&str], id: &str| {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", dsn, "--lock-id", id, "--check-interval", "200ms"])
+            .args(extra)
+            .arg("--")
+            .arg(&script);
+        Replica::spawn(cmd)
+    };
+    let tool = |dsn: &str, args: &[&str]| {
+        let out = leaderrun()
+            .args(["--dsn", dsn, "--lock-id", &id])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let mut logs: Vec<String> = Vec::new();
+
+    let mut leader = replica(&dsn, &["--history"], &id);
+    scratch.wait_starts(1, secs(10.0));
+    // A standby that asks for a read-write server, as libpq checks one.
+    let mut standby = replica(
+        &format!("{dsn} target_session_attrs=read-write"),
+        &["--history"],
+        &id,
+    );
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id.parse().unwrap()) == 1).then_some(())
+    });
+    // It read who holds the lock.
+    standby.wait_log("standing by", 1, secs(5.0));
+    for (args, wanted) in [
+        (
+            &["--once", "--conflict-exit-code", "3", "--", "true"][..],
+            3,
+        ),
+        (
+            &["--wait", "300ms", "--conflict-exit-code", "3", "--", "true"],
+            3,
+        ),
+        (&["status"], 0),
+        (&["status", "--json"], 0),
+        (&["doctor"], 0),
+    ] {
+        let (code, text) = tool(&dsn, args);
+        assert_eq!(code, Some(wanted), "{args:?}: {text}");
+        assert!(!text.contains("shadowed:"), "{args:?}: {text}");
+        logs.push(text);
+    }
+    let (code, text) = tool(&dsn, &["status", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&text).expect(&text);
+    assert_eq!(report["runs"].as_array().map(Vec::len), Some(1), "{text}");
+    let (code_down, down) = tool(&dsn, &["step-down"]);
+    assert_eq!((code, code_down), (Some(0), Some(0)), "{down}");
+    logs.push(down);
+    scratch.wait_starts(2, secs(10.0));
+
+    // Slots: two leaders and a standby in line, with the heads' look for slots with no head.
+    let slots_id = unique_lock_id().to_string();
+    let mut slotted: Vec<Replica> = (0..3)
+        .map(|_| replica(&dsn, &["--slots", "2"], &slots_id))
+        .collect();
+    scratch.wait_starts(4, secs(10.0));
+    wait_for("the third replica in line", secs(10.0), || {
+        (cluster.waiters(slots_id.parse().unwrap()) >= 1).then_some(())
+    });
+
+    // Through poolers: their sessions are not direct, so the statements carry the guard of a
+    // shared backend and a grant is proven on a second session. Session mode leads; transaction
+    // mode is refused, as for any role.
+    for (mode, wanted, says) in [
+        ("session", 0, ""),
+        ("transaction", 125, "transaction-mode connection pooler"),
+    ] {
+        let bouncer = Bouncer::start_for(&cluster, mode, 4, "", &["postgres", "shadowed"]);
+        let pooled = bouncer.dsn().replace("user=postgres", "user=shadowed");
+        let out = leaderrun()
+            .args(["--dsn", &pooled, "--lock-id", &unique_lock_id().to_string()])
+            .args(["--once", "--", "true"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(wanted), "{mode}: {text}");
+        assert!(text.contains(says), "{mode}: {text}");
+        logs.push(text.replace("ERROR", "error (expected)"));
+    }
+
+    for replica in slotted.iter_mut().chain([&mut leader, &mut standby]) {
+        replica.signal(Signal::SIGTERM);
+        replica.wait_exit(secs(10.0));
+        logs.push(replica.log());
+    }
+    let all = logs.join("\n----\n");
+    assert!(!all.contains("shadowed:"), "{all}");
+    assert!(!all.contains("ERROR"), "{all}");
+    assert_eq!(hits(), 0, "a shadow was used:\n{all}");
 }

@@ -3,7 +3,7 @@
 //! subject (its header says what it covers); run one with `cargo test --test tests -- NAME::`.
 //!
 //! * The product's promises: `rules` (the three rules, docs/guarantees.md#the-three-rules),
-//!   `safety` (partitions, pauses, fencing tokens, session timers), `faults` (a randomized run
+//!   `safety` (partitions, pauses, fencing tokens, session timers, the role's `search_path`), `faults` (a randomized run
 //!   of overlapping kills, freezes, partitions and restarts), `fence` (nothing outside
 //!   the election holds up the fence: stderr, reaping, the watchdog killed).
 //! * Electing: `failover` (one leader, failover and hand-over), `scale` (many standbys,

@@ -12,7 +12,7 @@ use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
 use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
 use crate::pg::conninfo::describe;
-use crate::pg::lock::{DURABLE_TOKEN, DURABLE_TOKEN_GRANT, SYNC_STANDBYS};
+use crate::pg::lock::{unlock_sql, DURABLE_TOKEN, DURABLE_TOKEN_GRANT, SYNC_STANDBYS};
 use crate::pg::within;
 
 use super::status::{out, report, runtime, until_interrupted};
@@ -110,6 +110,13 @@ fn permission_hint(err: &Error) -> String {
     }
 }
 
+/// How many synchronous standbys stream (or may: without `pg_read_all_stats`, `sync_state`
+/// reads NULL). `IS DISTINCT FROM` would look `=` up by name
+/// (docs/guarantees.md#names-in-its-sql).
+const STREAMING_SYNC_STANDBYS_SQL: &str = "SELECT pg_catalog.count(*) \
+     FROM pg_catalog.pg_stat_replication WHERE sync_state IS NULL \
+     OR NOT (sync_state OPERATOR(pg_catalog.=) ANY (ARRAY['async', 'potential']))";
+
 /// `doctor`'s finding on the grant's fencing token ([`DURABLE_TOKEN`]): asked on `a` whether
 /// commits here wait for a synchronous standby and whether one streams, then taken on `b`.
 async fn fencing_token_finding(a: &Client, b: &Client, bound: Duration) -> Finding {
@@ -119,14 +126,7 @@ async fn fencing_token_finding(a: &Client, b: &Client, bound: Duration) -> Findi
         .flatten();
     if let Some(names) = &standbys {
         // Without pg_read_all_stats, sync_state reads NULL: unknown, so tried.
-        let streaming: Option<i64> = one(
-            a,
-            "SELECT count(*) FROM pg_stat_replication \
-             WHERE sync_state IS DISTINCT FROM 'async' AND sync_state IS DISTINCT FROM 'potential'",
-            bound,
-        )
-        .await
-        .ok();
+        let streaming: Option<i64> = one(a, STREAMING_SYNC_STANDBYS_SQL, bound).await.ok();
         if streaming == Some(0) {
             return Finding::fail(
                 "fencing token",
@@ -247,7 +247,7 @@ pub async fn findings(
         out.extend(num.parse::<u32>().ok().map(|n| version_finding(n / 10_000)));
     }
 
-    let recovery = one::<bool>(a, "SELECT pg_is_in_recovery()", bound).await;
+    let recovery = one::<bool>(a, "SELECT pg_catalog.pg_is_in_recovery()", bound).await;
     let primary = matches!(recovery, Ok(false));
     match recovery {
         Ok(false) => out.push(Finding::pass("primary", "the server is not in recovery")),
@@ -261,8 +261,15 @@ pub async fn findings(
     }
 
     // Exclusion on a scratch id: a takes it, b must be refused, then b gets it once a lets go.
-    let try_sql = format!("SELECT pg_try_advisory_lock({}, {scratch})", lock.class);
-    let unlock_sql = format!("SELECT pg_advisory_unlock({}, {scratch})", lock.class);
+    let key = LockKey {
+        class: lock.class,
+        id: scratch,
+    };
+    let try_sql = format!(
+        "SELECT pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int4, ({})::pg_catalog.int4)",
+        key.class, key.id
+    );
+    let unlock_sql = unlock_sql(key);
     let exclusion = async {
         let first: bool = one(a, &try_sql, bound).await?;
         let second: bool = one(b, &try_sql, bound).await?;
@@ -312,17 +319,17 @@ pub async fn findings(
 
     // The session keeps its backend and its session state between statements.
     let sticky = async {
-        let pid1: i32 = one(a, "SELECT pg_backend_pid()", bound).await?;
+        let pid1: i32 = one(a, "SELECT pg_catalog.pg_backend_pid()", bound).await?;
         let _: String = one(
             a,
-            "SELECT set_config('leaderrun.doctor_marker', 'marked', false)",
+            "SELECT pg_catalog.set_config('leaderrun.doctor_marker', 'marked', false)",
             bound,
         )
         .await?;
-        let pid2: i32 = one(a, "SELECT pg_backend_pid()", bound).await?;
+        let pid2: i32 = one(a, "SELECT pg_catalog.pg_backend_pid()", bound).await?;
         let marker: Option<String> = one(
             a,
-            "SELECT current_setting('leaderrun.doctor_marker', true)",
+            "SELECT pg_catalog.current_setting('leaderrun.doctor_marker', true)",
             bound,
         )
         .await?;
@@ -349,7 +356,7 @@ pub async fn findings(
 
     match one::<String>(
         a,
-        "SELECT set_config('idle_session_timeout', '60000', false)",
+        "SELECT pg_catalog.set_config('idle_session_timeout', '60000', false)",
         bound,
     )
     .await
@@ -384,7 +391,8 @@ pub async fn findings(
 
     match one::<Option<bool>>(
         a,
-        "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+        "SELECT ssl FROM pg_catalog.pg_stat_ssl \
+         WHERE pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()",
         bound,
     )
     .await
@@ -531,4 +539,12 @@ pub fn doctor_main(
             EXIT_FAILURE
         }
     })
+}
+
+#[cfg(test)]
+mod qualified {
+    #[test]
+    fn every_name_in_doctors_own_statements_is_the_catalogs() {
+        crate::pg::assert_qualified(super::STREAMING_SYNC_STANDBYS_SQL);
+    }
 }

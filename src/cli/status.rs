@@ -176,10 +176,12 @@ pub struct Report {
 
 /// Which slots' keys beyond the ones asked about are held. `$1`: their classes (`oid[]`),
 /// `$2`: the id.
-const MORE_SLOTS_SQL: &str = "SELECT l.classid FROM pg_locks l \
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-       AND l.objid = $2 AND l.classid = ANY($1)";
+const MORE_SLOTS_SQL: &str = "SELECT l.classid FROM pg_catalog.pg_locks l \
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted \
+       AND l.objsubid OPERATOR(pg_catalog.=) 2 \
+       AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+       AND l.objid OPERATOR(pg_catalog.=) $2 AND l.classid OPERATOR(pg_catalog.=) ANY ($1)";
 
 /// The most slots a lock can have (`--slots`).
 const MAX_SLOTS: u32 = 1024;
@@ -188,25 +190,31 @@ const MAX_SLOTS: u32 = 1024;
 /// `pg_stat_activity`. `$1`: the slots' classes, `$2`: the places' classes (both `oid[]`, the
 /// unsigned view of the int4), `$3`: the id.
 const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
-       host(a.client_addr), NULLIF(a.client_port, -1), \
-       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
-       a.query, current_database(), \
-       to_char((to_jsonb(l) ->> 'waitstart')::timestamptz AT TIME ZONE 'UTC', \
-               'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+       pg_catalog.host(a.client_addr), \
+       CASE WHEN a.client_port OPERATOR(pg_catalog.<>) -1 THEN a.client_port END, \
+       pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+       a.query, pg_catalog.current_database(), \
+       pg_catalog.to_char((pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart')\
+         ::pg_catalog.timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
        l.classid, l.objsubid \
-     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' \
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-       AND l.objid = $3 \
-       AND ((l.objsubid = 2 AND l.classid = ANY($1)) OR (l.objsubid = 1 AND l.classid = ANY($2))) \
+     FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a \
+       ON a.pid OPERATOR(pg_catalog.=) l.pid \
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' \
+       AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+       AND l.objid OPERATOR(pg_catalog.=) $3 \
+       AND ((l.objsubid OPERATOR(pg_catalog.=) 2 AND l.classid OPERATOR(pg_catalog.=) ANY ($1)) \
+         OR (l.objsubid OPERATOR(pg_catalog.=) 1 AND l.classid OPERATOR(pg_catalog.=) ANY ($2))) \
      ORDER BY l.granted DESC, l.pid";
 
 /// Standby sessions between their checks: their last statement carries
 /// [`standby_comment`]. `$1`: the comment.
-const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, host(a.client_addr), a.query \
-     FROM pg_stat_activity a \
-     WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() \
-       AND starts_with(a.query, $1) \
+const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, \
+       pg_catalog.host(a.client_addr), a.query \
+     FROM pg_catalog.pg_stat_activity a \
+     WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() \
+       AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid() \
+       AND pg_catalog.starts_with(a.query, $1) \
      ORDER BY a.pid";
 
 use crate::pg::holder::parse_check_comment;
@@ -274,7 +282,7 @@ pub async fn report(
         within(
             "recovery query",
             bound,
-            client.query_typed("SELECT pg_is_in_recovery()", &[]),
+            client.query_typed("SELECT pg_catalog.pg_is_in_recovery()", &[]),
         )
     );
     let (rows, between, more) = (rows?, between?, more?);
@@ -287,7 +295,9 @@ pub async fn report(
     let database = match rows.first() {
         Some(row) => row.get(7),
         None => {
-            let row = client.query_one("SELECT current_database()", &[]).await;
+            let row = client
+                .query_one("SELECT pg_catalog.current_database()", &[])
+                .await;
             row.map(|r| r.get(0)).unwrap_or_default()
         }
     };
@@ -404,7 +414,10 @@ pub async fn add_history(
     let exists = within(
         "history table lookup",
         bound,
-        client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.sql()]),
+        client.query_one(
+            "SELECT pg_catalog.to_regclass($1) IS NOT NULL",
+            &[&table.sql()],
+        ),
     )
     .await
     .map(|row| row.get::<_, bool>(0));
@@ -800,7 +813,7 @@ pub fn step_down_main(
             return Ok(1);
         }
         let request = lock.slot(slot).step_down_request();
-        let take = format!("SELECT pg_advisory_lock({request})");
+        let take = format!("SELECT pg_catalog.pg_advisory_lock(({request})::pg_catalog.int8)");
         asked.set(true);
         within(
             "take the step-down request",
@@ -834,7 +847,7 @@ pub fn step_down_main(
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let release = format!("SELECT pg_advisory_unlock({request})");
+        let release = format!("SELECT pg_catalog.pg_advisory_unlock(({request})::pg_catalog.int8)");
         within(
             "release the step-down request",
             bound,

@@ -128,6 +128,13 @@ pub(crate) fn sync_standbys(names: &str, commit: &str) -> Option<String> {
         .then(|| names.to_owned())
 }
 
+/// The last statement of the pin's round trip: the backend's pid and, over TCP, the client's
+/// address and port and the server's port as the backend sees them (NULL over a Unix socket),
+/// which tell whether the session is direct (no pooler between).
+const BACKEND_SQL: &str = "SELECT pg_catalog.pg_backend_pid(), \
+     pg_catalog.host(pg_catalog.inet_client_addr()), pg_catalog.inet_client_port(), \
+     pg_catalog.inet_server_port()";
+
 /// Says, once per process, that the server has no `idle_session_timeout` (PostgreSQL 13):
 /// at WARN for the long-running modes, at DEBUG when [`Config::warn_weaker_server`] is off.
 fn weaker_server(config: &Config) {
@@ -391,11 +398,8 @@ impl Session {
         for (name, _) in &timers {
             sql.push_str(&format!("SHOW {name}; "));
         }
-        sql.push_str(
-            "SHOW synchronous_standby_names; SHOW synchronous_commit; \
-             SELECT pg_backend_pid(), host(inet_client_addr()), inet_client_port(), \
-             inet_server_port()",
-        );
+        sql.push_str("SHOW synchronous_standby_names; SHOW synchronous_commit; ");
+        sql.push_str(BACKEND_SQL);
         let messages = within("pin session timers", bound, client.simple_query(&sql)).await?;
         // SHOW answers with a column named after the setting.
         let shown: Vec<(String, String)> = messages
@@ -683,6 +687,11 @@ pub(crate) fn unix_listener_is_parent_of(fd: BorrowedFd<'_>, backend_pid: i32) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pins_select_names_the_catalogs_functions() {
+        crate::pg::assert_qualified(BACKEND_SQL);
+    }
 
     /// Over TCP a session is direct only when the server sees our socket's own address and
     /// port as the client's and took the connection on the port our socket reached: a pooler's

@@ -161,19 +161,20 @@ impl TableName {
              \x20 lock_class    integer NOT NULL,\n\
              \x20 lock_id       integer NOT NULL,\n\
              \x20 slot          integer NOT NULL DEFAULT 0,\n\
-             \x20 host          text NOT NULL,\n\
+             \x20 host          pg_catalog.text NOT NULL,\n\
              \x20 pid           integer NOT NULL,\n\
              \x20 term          bigint NOT NULL,\n\
              \x20 fencing_token bigint NOT NULL,\n\
-             \x20 due_at        timestamptz,\n\
-             \x20 started_at    timestamptz NOT NULL,\n\
-             \x20 ended_at      timestamptz,\n\
+             \x20 due_at        timestamp with time zone,\n\
+             \x20 started_at    timestamp with time zone NOT NULL,\n\
+             \x20 ended_at      timestamp with time zone,\n\
              \x20 exit_code     integer,\n\
-             \x20 signal        text,\n\
-             \x20 outcome       text NOT NULL CHECK (outcome IN ('ok', 'failed', 'lost', 'running')),\n\
+             \x20 signal        pg_catalog.text,\n\
+             \x20 outcome       pg_catalog.text NOT NULL\n\
+             \x20   CHECK (outcome OPERATOR(pg_catalog.=) ANY (ARRAY['ok', 'failed', 'lost', 'running'])),\n\
              \x20 lost          boolean NOT NULL DEFAULT false,\n\
-             \x20 schedule      text,\n\
-             \x20 tz            text\n\
+             \x20 schedule      pg_catalog.text,\n\
+             \x20 tz            pg_catalog.text\n\
              );\n\
              CREATE INDEX IF NOT EXISTS {index} ON {table} (lock_class, lock_id, started_at);\n"
         )
@@ -247,10 +248,13 @@ pub async fn recent(
     bound: Duration,
 ) -> Result<Recent, Error> {
     let sql = format!(
-        "SELECT host, pid, slot, term, fencing_token, extract(epoch FROM due_at)::float8, \
-                extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8, \
+        "SELECT host, pid, slot, term, fencing_token, \
+                extract(epoch FROM due_at)::pg_catalog.float8, \
+                extract(epoch FROM started_at)::pg_catalog.float8, \
+                extract(epoch FROM ended_at)::pg_catalog.float8, \
                 exit_code, signal, outcome, lost, schedule, tz \
-         FROM {} WHERE lock_class = $1 AND lock_id = $2 \
+         FROM {} WHERE lock_class OPERATOR(pg_catalog.=) $1 \
+           AND lock_id OPERATOR(pg_catalog.=) $2 \
          ORDER BY started_at DESC, id DESC LIMIT $3",
         table.sql()
     );

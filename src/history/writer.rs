@@ -362,7 +362,7 @@ impl Writer {
                     Some(row) => {
                         let sql = format!(
                             "UPDATE {} SET ended_at = $2, exit_code = $3, signal = $4, \
-                               outcome = $5, lost = $6 WHERE id = $1",
+                               outcome = $5, lost = $6 WHERE id OPERATOR(pg_catalog.=) $1",
                             self.table
                         );
                         within(
@@ -425,8 +425,10 @@ impl Writer {
                 let client = self.client.as_ref().expect("connected");
                 let sql = format!(
                     "UPDATE {} SET outcome = 'lost', lost = true \
-                     WHERE lock_class = $1 AND lock_id = $2 AND slot = $3 \
-                       AND outcome = 'running' AND fencing_token < $4",
+                     WHERE lock_class OPERATOR(pg_catalog.=) $1 \
+                       AND lock_id OPERATOR(pg_catalog.=) $2 AND slot OPERATOR(pg_catalog.=) $3 \
+                       AND outcome OPERATOR(pg_catalog.=) 'running' \
+                       AND fencing_token OPERATOR(pg_catalog.<) $4",
                     self.table
                 );
                 let marked = within(
@@ -457,8 +459,10 @@ impl Writer {
         let (class, lock_id) = (self.settings.lock.class, self.settings.lock.id);
         let keep = self.settings.keep.as_secs_f64();
         let sql = format!(
-            "DELETE FROM {} WHERE lock_class = $1 AND lock_id = $2 \
-               AND started_at < now() - $3 * interval '1 second'",
+            "DELETE FROM {} WHERE lock_class OPERATOR(pg_catalog.=) $1 \
+               AND lock_id OPERATOR(pg_catalog.=) $2 \
+               AND started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) \
+                 pg_catalog.make_interval(secs => $3))",
             self.table
         );
         self.ensure_client().await?;
@@ -483,8 +487,9 @@ impl Writer {
         let bound = self.client_bound();
         let (class, lock_id) = (self.settings.lock.class, self.settings.lock.id);
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE lock_class = $1 AND lock_id = $2 \
-               AND slot = $3 AND due_at = $4)",
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE lock_class OPERATOR(pg_catalog.=) $1 \
+               AND lock_id OPERATOR(pg_catalog.=) $2 AND slot OPERATOR(pg_catalog.=) $3 \
+               AND due_at OPERATOR(pg_catalog.=) $4)",
             self.table
         );
         let result = async {
@@ -579,7 +584,10 @@ impl Writer {
         let exists = within(
             "history: look for the table",
             bound,
-            client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.table]),
+            client.query_one(
+                "SELECT pg_catalog.to_regclass($1) IS NOT NULL",
+                &[&self.table],
+            ),
         )
         .await
         .map(|row| row.get::<_, bool>(0));

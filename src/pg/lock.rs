@@ -112,7 +112,7 @@ pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, guarded: bool) -> S
         for place in 1..=QUEUE_PLACES {
             for slot in 0..slots {
                 cases.push_str(&format!(
-                    " WHEN pg_try_advisory_lock(({})::int8) THEN {}",
+                    " WHEN pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int8) THEN {}",
                     lock.slot(slot).queue_key(place),
                     place * slots + slot
                 ));
@@ -138,23 +138,28 @@ pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32, guarded
             for other in 0..slots {
                 let other_key = lock.slot(other);
                 cases.push_str(&format!(
-                    " WHEN pg_try_advisory_lock(({})::int4, ({})::int4) \
-                     THEN (SELECT {other} WHERE pg_advisory_unlock(({})::int8) IS NOT NULL)",
+                    " WHEN pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int4, \
+                     ({})::pg_catalog.int4) THEN (SELECT {other} WHERE \
+                     pg_catalog.pg_advisory_unlock(({})::pg_catalog.int8) IS NOT NULL)",
                     other_key.class,
                     other_key.id,
                     key.queue_key(place)
                 ));
             }
         }
-        format!("({})::int4, ({})::int4", key.class, key.id)
+        format!(
+            "({})::pg_catalog.int4, ({})::pg_catalog.int4",
+            key.class, key.id
+        )
     } else {
-        format!("({})::int8", key.queue_key(place - 1))
+        format!("({})::pg_catalog.int8", key.queue_key(place - 1))
     };
     let moved = (place.max(1) - 1) * slots + slot;
     // CASE orders the two: the old place is given back only once the wait was granted.
     let wait = format!(
-        "CASE WHEN (SELECT true FROM (SELECT pg_advisory_lock({target})) AS waited) \
-         THEN (SELECT {moved} WHERE pg_advisory_unlock(({})::int8) IS NOT NULL) END",
+        "CASE WHEN (SELECT true FROM (SELECT pg_catalog.pg_advisory_lock({target})) AS waited) \
+         THEN (SELECT {moved} WHERE pg_catalog.pg_advisory_unlock(({})::pg_catalog.int8) \
+         IS NOT NULL) END",
         key.queue_key(place)
     );
     statement(lock, slots, &cases, &wait, guarded)
@@ -179,13 +184,16 @@ pub(crate) fn headless_sql(lock: LockKey, slots: u32) -> String {
         })
         .collect();
     format!(
-        "{} {} WITH held AS (SELECT classid::int8 AS class, objsubid FROM pg_locks \
-         WHERE locktype = 'advisory' AND granted AND objid::int8 = {} \
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())) \
+        "{} {} WITH held AS (SELECT classid::pg_catalog.int8 AS class, objsubid \
+         FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted \
+         AND objid::pg_catalog.int8 OPERATOR(pg_catalog.=) {} \
+         AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())) \
          SELECT ARRAY(SELECT s.k FROM (VALUES {}) AS s(k, slot_class, place_class) \
-         WHERE EXISTS (SELECT 1 FROM held WHERE class = s.slot_class AND objsubid = 2) \
-         AND NOT EXISTS (SELECT 1 FROM held WHERE class = s.place_class AND objsubid = 1) \
-         ORDER BY s.k)",
+         WHERE EXISTS (SELECT 1 FROM held WHERE class OPERATOR(pg_catalog.=) s.slot_class \
+         AND objsubid OPERATOR(pg_catalog.=) 2) \
+         AND NOT EXISTS (SELECT 1 FROM held WHERE class OPERATOR(pg_catalog.=) s.place_class \
+         AND objsubid OPERATOR(pg_catalog.=) 1) ORDER BY s.k)",
         standby_comment(lock),
         super::holder::identity_comment(),
         lock.id as u32,
@@ -198,7 +206,7 @@ pub(crate) fn headless_sql(lock: LockKey, slots: u32) -> String {
 /// [`wait_sql`] for `(slot, 1)`, as a head that took its place with [`try_sql`] does.
 pub(crate) fn head_sql(lock: LockKey, slot: u32) -> String {
     format!(
-        "{} {} SELECT pg_try_advisory_lock(({})::int8)",
+        "{} {} SELECT pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int8)",
         standby_comment(lock),
         super::holder::identity_comment(),
         lock.slot(slot).queue_key(1)
@@ -207,7 +215,8 @@ pub(crate) fn head_sql(lock: LockKey, slot: u32) -> String {
 
 fn try_case(key: LockKey, code: u32) -> String {
     format!(
-        " WHEN pg_try_advisory_lock(({})::int4, ({})::int4) THEN {code}",
+        " WHEN pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int4, ({})::pg_catalog.int4) \
+         THEN {code}",
         key.class, key.id
     )
 }
@@ -229,9 +238,12 @@ fn shared_backend_case(lock: LockKey, slots: u32) -> String {
         .map(|k| (lock.slot(k).class as u32).to_string())
         .collect();
     format!(
-        " WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND pid = pg_backend_pid() AND objsubid = 2 AND objid::int8 = {} \
-         AND classid::int8 IN ({})) THEN {SHARED_BACKEND}",
+        " WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+         WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted \
+         AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() \
+         AND objsubid OPERATOR(pg_catalog.=) 2 AND objid::pg_catalog.int8 OPERATOR(pg_catalog.=) {} \
+         AND classid::pg_catalog.int8 OPERATOR(pg_catalog.=) ANY (ARRAY[{}]::pg_catalog.int8[])) \
+         THEN {SHARED_BACKEND}",
         lock.id as u32,
         classes.join(", ")
     )
@@ -245,11 +257,17 @@ fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str, guarded: b
     };
     // A guarded statement also says which backend answered it: a grant there is the
     // session's only when its backend is the one its timers were pinned on.
-    let backend = if guarded { ", pg_backend_pid()" } else { "" };
+    let backend = if guarded {
+        ", pg_catalog.pg_backend_pid()"
+    } else {
+        ""
+    };
     format!(
-        "{} {} SELECT t.r, CASE WHEN t.r BETWEEN 0 AND {} THEN ({DURABLE_TOKEN}) END, \
-         current_database(){backend} FROM (SELECT CASE WHEN pg_is_in_recovery() THEN \
-         NULL{guard}{cases} ELSE {otherwise} END AS r OFFSET 0) AS t",
+        "{} {} SELECT t.r, CASE WHEN t.r OPERATOR(pg_catalog.>=) 0 \
+         AND t.r OPERATOR(pg_catalog.<=) {} THEN ({DURABLE_TOKEN}) END, \
+         pg_catalog.current_database(){backend} FROM (SELECT CASE WHEN \
+         pg_catalog.pg_is_in_recovery() THEN NULL{guard}{cases} ELSE {otherwise} END AS r \
+         OFFSET 0) AS t",
         standby_comment(lock),
         super::holder::identity_comment(),
         slots - 1
@@ -266,16 +284,18 @@ fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str, guarded: b
 /// transaction alone, the server's own value unless it is `off` (then `local`), makes its commit
 /// wait for the flush. Evaluated only for a grant (the `CASE` around it); the subquery's
 /// `OFFSET 0` keeps its volatile columns, used or not.
-pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT txid_current() AS token, \
-     set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
-     WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true) AS durable, \
-     pg_logical_emit_message(true, 'leaderrun', 'fencing token') AS logged OFFSET 0) AS g";
+pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT pg_catalog.txid_current() \
+     AS token, pg_catalog.set_config('synchronous_commit', CASE WHEN \
+     pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'off' THEN 'local' \
+     ELSE pg_catalog.current_setting('synchronous_commit') END, true) AS durable, \
+     pg_catalog.pg_logical_emit_message(true, 'leaderrun', 'fencing token') AS logged \
+     OFFSET 0) AS g";
 
 /// The unlock of slot key `key`, the key written out: sent as the unnamed statement, it needs
 /// no round trip of its own.
 pub(crate) fn unlock_sql(key: LockKey) -> String {
     format!(
-        "SELECT pg_advisory_unlock(({})::int4, ({})::int4)",
+        "SELECT pg_catalog.pg_advisory_unlock(({})::pg_catalog.int4, ({})::pg_catalog.int4)",
         key.class, key.id
     )
 }
@@ -286,9 +306,11 @@ pub(crate) fn unlock_sql(key: LockKey) -> String {
 /// so on such a server every grant waits for that standby, as every commit does
 /// (PostgreSQL's manual, "Synchronous Replication"), and a synchronous standby that is down
 /// holds every grant.
-pub(crate) const SYNC_STANDBYS: &str = "CASE WHEN current_setting('synchronous_standby_names') \
-     <> '' AND current_setting('synchronous_commit') IN ('on', 'remote_write', 'remote_apply') \
-     THEN current_setting('synchronous_standby_names') END";
+pub(crate) const SYNC_STANDBYS: &str = "CASE WHEN \
+     pg_catalog.current_setting('synchronous_standby_names') OPERATOR(pg_catalog.<>) '' \
+     AND pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) \
+     ANY (ARRAY['on', 'remote_write', 'remote_apply']) \
+     THEN pg_catalog.current_setting('synchronous_standby_names') END";
 
 /// What a DBA runs so that a role may take [`DURABLE_TOKEN`] again, for `doctor`'s hint and
 /// the error's: PostgreSQL 17 gave `pg_logical_emit_message` a fourth argument (`flush`, with a
@@ -353,7 +375,7 @@ mod tests {
         assert!(take.starts_with(&standby_comment(lock)), "{take}");
         assert!(
             take.ends_with(&format!(
-                "SELECT pg_try_advisory_lock(({})::int8)",
+                "SELECT pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int8)",
                 lock.slot(1).queue_key(1)
             )),
             "{take}"
@@ -362,7 +384,10 @@ mod tests {
         assert!(look.starts_with(&standby_comment(lock)), "{look}");
         // pg_locks' halves as unsigned numbers: the id, each slot's class and its place 1.
         assert!(
-            look.contains(&format!("objid::int8 = {}", (-2i32) as u32)),
+            look.contains(&format!(
+                "objid::pg_catalog.int8 OPERATOR(pg_catalog.=) {}",
+                (-2i32) as u32
+            )),
             "{look}"
         );
         for k in 0..3u32 {
@@ -381,8 +406,11 @@ mod tests {
             // Every slot's key, unsigned as pg_locks shows it, held by this very backend.
             let guard = sql
                 .find(&format!(
-                    "pid = pg_backend_pid() AND objsubid = 2 AND objid::int8 = {} \
-                     AND classid::int8 IN (7, 8)) THEN {SHARED_BACKEND}",
+                    "pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() \
+                     AND objsubid OPERATOR(pg_catalog.=) 2 \
+                     AND objid::pg_catalog.int8 OPERATOR(pg_catalog.=) {} \
+                     AND classid::pg_catalog.int8 OPERATOR(pg_catalog.=) \
+                     ANY (ARRAY[7, 8]::pg_catalog.int8[])) THEN {SHARED_BACKEND}",
                     -2i32 as u32
                 ))
                 .unwrap_or_else(|| panic!("{sql}"));
@@ -395,11 +423,35 @@ mod tests {
             );
             // The backend that answered, as a fourth column.
             assert!(
-                sql.contains("current_database(), pg_backend_pid() FROM"),
+                sql.contains("pg_catalog.current_database(), pg_catalog.pg_backend_pid() FROM"),
                 "{sql}"
             );
         }
         assert!(!try_sql(lock, 1, false, false).contains("pg_backend_pid() FROM"));
+    }
+
+    #[test]
+    fn every_name_in_the_election_statements_is_the_catalogs() {
+        let lock = LockKey { class: 7, id: -2 };
+        let mut all = vec![
+            headless_sql(lock, 3),
+            head_sql(lock, 1),
+            unlock_sql(lock),
+            DURABLE_TOKEN.to_owned(),
+            SYNC_STANDBYS.to_owned(),
+        ];
+        for guarded in [false, true] {
+            for slots in [1, 2] {
+                all.push(try_sql(lock, slots, true, guarded));
+                all.push(try_sql(lock, slots, false, guarded));
+                for place in 0..3 {
+                    all.push(wait_sql(lock, slots, slots - 1, place, guarded));
+                }
+            }
+        }
+        for sql in all {
+            crate::pg::assert_qualified(&sql);
+        }
     }
 
     #[test]

@@ -53,8 +53,9 @@ pub async fn bound_session(
     // `idle_session_timeout` through pg_settings: a server before 14 has none, and a `SET`
     // of it would fail there.
     let sql = format!(
-        "SET statement_timeout = {}; SET lock_timeout = {}; SELECT set_config(name, '0', false) \
-         FROM pg_settings WHERE name = 'idle_session_timeout'",
+        "SET statement_timeout = {}; SET lock_timeout = {}; \
+         SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
+         WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout'",
         bound.as_millis().clamp(1, i32::MAX as u128),
         (bound / 2).as_millis().clamp(1, i32::MAX as u128)
     );
@@ -78,3 +79,135 @@ pub async fn bound_session(
 
 /// How often [`bound_session`] sends its settings when the server cancels them.
 pub const BOUND_SESSION_TRIES: u32 = 4;
+
+/// Panics unless every name in `sql` is resolved without the session's `search_path`
+/// (docs/guarantees.md#names-in-its-sql): each function, type and catalog relation written
+/// `pg_catalog.NAME`, each operator `OPERATOR(pg_catalog.OP)`, and none of the constructs that
+/// look an operator up by name behind the text (`BETWEEN`, `IN (…)`, `LIKE`, `NULLIF`,
+/// `IS DISTINCT FROM`, a `CASE` with an operand). Comments and string literals are skipped;
+/// the names of `WITH` queries and the aliases after `AS` are the statement's own. A lint for
+/// the statements the crate writes, kept with them.
+#[cfg(test)]
+pub(crate) fn assert_qualified(sql: &str) {
+    // Comments and literals out, `OPERATOR(pg_catalog.…)` out: what is left must hold no
+    // operator character and no bare name that calls, casts or reads.
+    let mut text = String::new();
+    let mut rest = sql;
+    while let Some(c) = rest.chars().next() {
+        if let Some(after) = rest.strip_prefix("/*") {
+            rest = &after[after.find("*/").map_or(after.len(), |i| i + 2)..];
+            text.push(' ');
+        } else if let Some(after) = rest.strip_prefix('\'') {
+            rest = &after[after.find('\'').map_or(after.len(), |i| i + 1)..];
+            text.push_str(" 'literal' ");
+        } else if let Some(after) = rest.strip_prefix("OPERATOR(pg_catalog.") {
+            rest = &after[after.find(')').map_or(after.len(), |i| i + 1)..];
+            text.push_str(" \u{2295} ");
+        } else {
+            text.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    // A minus before a number is part of the constant (the grammar negates it, no `-` is
+    // looked up), and the stars of `count(*)` and `SELECT *` are none.
+    // Every word ends at a separator, the last one too.
+    text.push(' ');
+    let clean = text
+        .replace("'literal'", "")
+        .replace("(*)", "()")
+        .replace("SELECT *", "SELECT");
+    for (i, op) in clean.match_indices(['=', '<', '>', '!', '|', '~', '+', '-', '*', '/', '%']) {
+        let negative_number = op == "-" && clean[i + 1..].starts_with(|c: char| c.is_ascii_digit());
+        assert!(negative_number, "operator {op:?} by name in: {sql}");
+    }
+    // Words, with what stands before and after each.
+    let words: Vec<(usize, &str)> = text
+        .match_indices(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .scan(0usize, |start, (i, sep)| {
+            let word = (*start, &text[*start..i]);
+            *start = i + sep.len();
+            Some(word)
+        })
+        .filter(|(_, w)| !w.is_empty())
+        .collect();
+    let ctes: Vec<&str> = words
+        .windows(3)
+        .filter(|w| w[0].1.eq_ignore_ascii_case("WITH") && w[2].1 == "AS")
+        .map(|w| w[1].1)
+        .collect();
+    for (k, &(at, word)) in words.iter().enumerate() {
+        let upper = word.to_ascii_uppercase();
+        for banned in ["BETWEEN", "LIKE", "ILIKE", "SIMILAR", "NULLIF", "DISTINCT"] {
+            assert!(upper != banned, "{banned} looks an operator up in: {sql}");
+        }
+        let after = text[at + word.len()..].trim_start();
+        let before = words
+            .get(k.wrapping_sub(1))
+            .map(|w| w.1.to_ascii_uppercase());
+        if upper == "IN" {
+            panic!("IN looks `=` up in: {sql}");
+        }
+        if upper == "CASE" {
+            assert!(
+                words.get(k + 1).is_some_and(|w| w.1 == "WHEN"),
+                "a CASE with an operand looks `=` up in: {sql}"
+            );
+        }
+        let qualified = word.starts_with("pg_catalog.");
+        let is_number = word.chars().all(|c| c.is_ascii_digit());
+        let keyword_call = [
+            "EXISTS", "ARRAY", "VALUES", "ANY", "AS", "FROM", "WHERE", "AND", "OR", "NOT", "THEN",
+            "ELSE", "WHEN", "ON", "LATERAL", "SELECT", "CASE", "IN", "JOIN",
+        ]
+        .contains(&upper.as_str());
+        if after.starts_with('(') && !qualified && !keyword_call && before.as_deref() != Some("AS")
+        {
+            panic!("function {word} by name in: {sql}");
+        }
+        if text[..at].ends_with("::") && !qualified {
+            panic!("type {word} by name in: {sql}");
+        }
+        let adjacent = k > 0 && {
+            let (prev_at, prev) = words[k - 1];
+            text[prev_at + prev.len()..at].trim().is_empty()
+        };
+        if matches!(before.as_deref(), Some("FROM" | "JOIN"))
+            && adjacent
+            && !qualified
+            && !is_number
+            && !ctes.contains(&word)
+            && !after.starts_with('(')
+        {
+            panic!("relation {word} by name in: {sql}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_lint_finds_each_name_the_search_path_resolves() {
+        for sql in [
+            "SELECT now()",
+            "SELECT 1 = 1",
+            "SELECT 1 OPERATOR(=) 1",
+            "SELECT (1)::int4",
+            "SELECT 1 FROM pg_locks",
+            "SELECT 1 FROM pg_catalog.pg_locks l JOIN pg_stat_activity a ON true",
+            "SELECT 2 BETWEEN 1 AND 3",
+            "SELECT 2 IN (1, 2)",
+            "SELECT CASE 2 WHEN 1 THEN 0 END",
+            "SELECT NULLIF(1, 2)",
+            "SELECT -x",
+        ] {
+            let caught = std::panic::catch_unwind(|| super::assert_qualified(sql));
+            assert!(caught.is_err(), "the lint passed {sql}");
+        }
+        super::assert_qualified(
+            "/* a = b */ WITH held AS (SELECT 1) SELECT pg_catalog.now(), -1, 'a=b', \
+             (2)::pg_catalog.int4 OPERATOR(pg_catalog.=) 2 FROM held, pg_catalog.pg_locks \
+             WHERE EXISTS (SELECT 1) AND 3 OPERATOR(pg_catalog.=) ANY (ARRAY[3]) \
+             AND CASE WHEN true THEN true END",
+        );
+    }
+}

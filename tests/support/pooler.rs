@@ -31,6 +31,18 @@ impl Bouncer {
 
     /// [`Bouncer::start`] with more lines of `[pgbouncer]` settings (`name = value\n` each).
     pub fn start_with(cluster: &Cluster, pool_mode: &str, pool_size: u32, more: &str) -> Bouncer {
+        Bouncer::start_for(cluster, pool_mode, pool_size, more, &["postgres"])
+    }
+
+    /// [`Bouncer::start_with`] that lets in the roles `users` (each must exist on `cluster`;
+    /// the pooler trusts them all).
+    pub fn start_for(
+        cluster: &Cluster,
+        pool_mode: &str,
+        pool_size: u32,
+        more: &str,
+        roles: &[&str],
+    ) -> Bouncer {
         let dir = tempfile::Builder::new()
             .prefix("leaderrun-pgbouncer-")
             .tempdir_in("/tmp")
@@ -42,7 +54,11 @@ impl Bouncer {
             .port();
         let ini = dir.path().join("pgbouncer.ini");
         let users = dir.path().join("userlist.txt");
-        std::fs::write(&users, "\"postgres\" \"\"\n").unwrap();
+        let listed: String = roles
+            .iter()
+            .map(|user| format!("\"{user}\" \"\"\n"))
+            .collect();
+        std::fs::write(&users, listed).unwrap();
         std::fs::write(
             &ini,
             format!(

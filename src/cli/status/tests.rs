@@ -321,3 +321,14 @@ fn a_hot_standby_is_said_under_the_lock_line() {
         "{table}"
     );
 }
+
+#[test]
+fn every_name_in_the_status_statements_is_the_catalogs() {
+    for sql in [
+        super::STATUS_SQL,
+        super::STANDBYS_SQL,
+        super::MORE_SLOTS_SQL,
+    ] {
+        crate::pg::assert_qualified(sql);
+    }
+}

@@ -188,30 +188,37 @@ pub(crate) struct Campaign<'a> {
 /// Who holds the lock, for a standby whose check was refused: one row whatever is found (the
 /// holder's fields are NULL when the lock was released meanwhile). The activity is read for
 /// the holder's pid only.
-const HOLDER_SQL: &str = "SELECT l.pid, a.application_name, host(a.client_addr), \
-       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), a.query \
+const HOLDER_SQL: &str = "SELECT l.pid, a.application_name, pg_catalog.host(a.client_addr), \
+       pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', \
+       'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), a.query \
      FROM (SELECT 1) AS one \
-     LEFT JOIN pg_locks l ON l.locktype = 'advisory' \
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-       AND l.classid = ANY($1) AND l.objid = $2 AND l.objsubid = 2 AND l.granted \
-     LEFT JOIN LATERAL (SELECT * FROM pg_stat_get_activity(l.pid) WHERE l.pid IS NOT NULL) a \
-       ON true \
-     ORDER BY array_position($1, l.classid)";
+     LEFT JOIN pg_catalog.pg_locks l ON l.locktype OPERATOR(pg_catalog.=) 'advisory' \
+       AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+       AND l.classid OPERATOR(pg_catalog.=) ANY ($1) AND l.objid OPERATOR(pg_catalog.=) $2 \
+       AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted \
+     LEFT JOIN LATERAL (SELECT * FROM pg_catalog.pg_stat_get_activity(l.pid) \
+       WHERE l.pid IS NOT NULL) a ON true \
+     ORDER BY pg_catalog.array_position($1, l.classid)";
 
 /// How soon after a grant the term's first check runs (at most a quarter interval).
 const FIRST_CHECK_AFTER_GRANT: Duration = Duration::from_millis(50);
 
-pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_backend_pid(), \
-     EXISTS (SELECT 1 FROM pg_locks \
-             WHERE locktype = 'advisory' \
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-               AND classid = $1 AND objid = $2 AND objsubid = 2 \
-               AND pid = pg_backend_pid() AND granted), \
-     pg_is_in_recovery(), \
-     EXISTS (SELECT 1 FROM pg_locks \
-             WHERE locktype = 'advisory' \
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-               AND classid = $1 AND objid = $2 AND objsubid = 1 AND granted)";
+pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_catalog.pg_backend_pid(), \
+     EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+             WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+               AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+                 WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+               AND classid OPERATOR(pg_catalog.=) $1 AND objid OPERATOR(pg_catalog.=) $2 \
+               AND objsubid OPERATOR(pg_catalog.=) 2 \
+               AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND granted), \
+     pg_catalog.pg_is_in_recovery(), \
+     EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+             WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+               AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+                 WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+               AND classid OPERATOR(pg_catalog.=) $1 AND objid OPERATOR(pg_catalog.=) $2 \
+               AND objsubid OPERATOR(pg_catalog.=) 1 AND granted)";
 
 impl Campaign<'_> {
     /// The server this replica's session reached (`USER@HOST:PORT/DBNAME`), for a message

@@ -373,7 +373,7 @@ impl Campaign<'_> {
                 let undo = match place {
                     0 => unlock_sql(config.lock.slot(slot)),
                     place => format!(
-                        "SELECT pg_advisory_unlock(({})::int8)",
+                        "SELECT pg_catalog.pg_advisory_unlock(({})::pg_catalog.int8)",
                         config.lock.slot(slot).queue_key(place)
                     ),
                 };
@@ -479,7 +479,10 @@ impl Campaign<'_> {
             connect(&config.connect, &config.tls, &self.shared.target, bound).await?;
         // The simple protocol: no named prepared statement that a pooler could mix up; the
         // key is two integers.
-        let try_sql = format!("SELECT pg_try_advisory_lock({}, {})", lock.class, lock.id);
+        let try_sql = format!(
+            "SELECT pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int4, ({})::pg_catalog.int4)",
+            lock.class, lock.id
+        );
         let granted = within("probe exclusion", bound, client.simple_query(&try_sql))
             .await?
             .iter()

@@ -136,3 +136,9 @@ fn a_passed_window_is_reported_from_the_last_proof() {
         None
     );
 }
+
+#[test]
+fn every_name_in_the_holder_and_check_statements_is_the_catalogs() {
+    crate::pg::assert_qualified(super::HOLDER_SQL);
+    crate::pg::assert_qualified(super::LOCK_ROW_SQL);
+}
