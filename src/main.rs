@@ -22,6 +22,10 @@ fn main() -> ExitCode {
     // Signals wait (blocked) until the handlers exist: a signal that arrives during start-up
     // is delivered to them, then waits in the stream.
     let blocked = leaderrun::process::signals::block_all();
+    // Before anything is opened or forked, so that the watchdog has the same room: a
+    // leaderrun that runs short later cannot see COMMAND's tree gone
+    // (docs/process-model.md#enough-descriptors). Said once the log exists.
+    let descriptors = leaderrun::process::descriptors::reserve();
     // The run mode's watchdog is forked first, before the parse, while the process is at its
     // smallest: nothing that start-up writes later is a page it shares with the watchdog, so
     // neither pays a copy-on-write fault for it (docs/process-model.md#the-watchdog). It needs
@@ -40,6 +44,20 @@ fn main() -> ExitCode {
     leaderrun::cli::logging::init(cli.log_level(), cli.verbose > 0 || cli.quiet > 0, json);
     leaderrun::watchdog::use_json_logs(json);
     let early = early.filter(|_| cli.action.is_none());
+    // Refused before anything of the run is begun (a one-shot's connect included); the
+    // subcommands hold no lock and no tree, and say their own errors.
+    match descriptors {
+        leaderrun::process::descriptors::Reserve::Short { .. } if cli.action.is_none() => {
+            tracing::error!("{descriptors}");
+            drop(early);
+            leaderrun::cli::logging::finish();
+            return ExitCode::from(FAILURE);
+        }
+        leaderrun::process::descriptors::Reserve::Raised { .. } => {
+            tracing::debug!("{descriptors}");
+        }
+        _ => {}
+    }
     // Reading what the settings name can block for good: a stop request meanwhile ends it.
     let watchdog = early
         .as_ref()

@@ -835,62 +835,143 @@ fn a_leaderrun_frozen_as_command_starts_is_fenced_by_its_watchdog() {
     leader.signal(Signal::SIGTERM);
 }
 
-/// Descriptors run out at each point of a one-shot in turn (`RLIMIT_NOFILE` from 8 up to the
-/// first limit at which COMMAND runs): leaderrun fails before anything runs (exit 125, COMMAND
-/// never started), or COMMAND runs with the watchdog holding its lock session. One limit
-/// leaves none for the watchdog's copy of the session at the grant: no term begins, the lock
-/// is given back and COMMAND does not start (docs/process-model.md#the-watchdog); before,
-/// COMMAND ran after a WARN, and a leaderrun killed then would have handed the lock on with
-/// the tree still running.
+/// Descriptors too few at each limit in turn (`RLIMIT_NOFILE`, soft and hard, from 8 up to
+/// the first at which COMMAND runs): leaderrun refuses at start (exit 125, nothing campaigned,
+/// COMMAND never started) and names the lowest limit that will do, or COMMAND runs, with the
+/// watchdog holding its lock session, and leaderrun exits at once after it. Before, a limit
+/// that left no room to read COMMAND's children made every stop wait out the grace and 5 s
+/// more, saying the tree was still running; one lower gave the lock back at the grant
+/// (docs/process-model.md#enough-descriptors).
 #[test]
 fn running_out_of_descriptors_anywhere_never_runs_command_unguarded() {
     let cluster = Cluster::shared();
     let id = unique_lock_id().to_string();
-    let mut refused_at = None;
-    for limit in 8..=64 {
+    let mut named = None;
+    for limit in 8..=96 {
         let mut cmd = leaderrun();
         cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &id, "--once"])
             .args(["--grace", "100ms", "--", "sh", "-c", "echo RAN"]);
         crate::support::descriptor_limit(&mut cmd, limit);
+        let started = Instant::now();
         let mut replica = Replica::spawn(cmd);
         let status = replica.wait_exit(secs(30.0));
+        let took = started.elapsed();
         let (log, stdout) = (replica.log(), replica.stdout());
         if stdout.contains("RAN") {
             assert!(status.success(), "limit {limit}: {status:?}\n{log}");
+            assert!(!log.contains("WARN"), "limit {limit}: {log}");
             assert!(
-                !log.contains("watchdog"),
-                "limit {limit}: COMMAND ran, but the watchdog was in trouble:\n{log}"
+                took < secs(3.0),
+                "limit {limit}: exited after {took:?}\n{log}"
             );
-            let refused_at = refused_at.unwrap_or_else(|| {
-                panic!("COMMAND ran at {limit} descriptors, and no lower limit failed at the grant")
-            });
-            eprintln!(
-                "the grant gave the lock back at {refused_at} descriptors, COMMAND ran at {limit}"
+            assert_eq!(
+                named,
+                Some(limit),
+                "COMMAND ran at {limit} descriptors; the refusals named {named:?}"
             );
+            eprintln!("COMMAND ran at {limit} descriptors, every lower limit was refused");
             return;
         }
         assert_eq!(status.code(), Some(125), "limit {limit}:\n{log}");
-        assert!(!log.contains("child started"), "limit {limit}:\n{log}");
-        if log.contains("cannot hand the lock session to the watchdog, so the lock is given back") {
-            assert!(
-                !log.contains("lock acquired"),
-                "limit {limit}: a term began:\n{log}"
-            );
-            refused_at.get_or_insert(limit);
-        }
-        // Whatever it held, the server frees as the session ends, a moment after the exit.
-        wait_for(
-            &format!("limit {limit}: the lock to be free after leaderrun exited"),
-            secs(5.0),
-            || {
-                cluster
-                    .lock_holders(CLASS, id.parse().unwrap())
-                    .is_empty()
-                    .then_some(())
-            },
+        assert!(
+            log.contains("too few file descriptors"),
+            "limit {limit}:\n{log}"
         );
+        assert!(!log.contains("campaigning"), "limit {limit}:\n{log}");
+        assert!(!log.contains("child started"), "limit {limit}:\n{log}");
+        named = Some(at_least(&log));
+        assert!(cluster.lock_holders(CLASS, id.parse().unwrap()).is_empty());
     }
-    panic!("COMMAND never ran, even with 64 descriptors");
+    panic!("COMMAND never ran, even with 96 descriptors");
+}
+
+/// The limit a refusal names: `raise it to at least N`.
+fn at_least(log: &str) -> u64 {
+    let (_, rest) = log
+        .split_once("raise it to at least ")
+        .unwrap_or_else(|| panic!("no limit named:\n{log}"));
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no limit named:\n{log}"))
+}
+
+/// At 16 and 17 descriptors (soft and hard), a one-shot and a leaderrun that would lead on
+/// both refuse at once, before campaigning. Before, both took the lock and ran COMMAND with no
+/// descriptor left to read COMMAND's children: a tree they could not see gone was one that
+/// might still run, so every stop waited out the grace and then 5 s after SIGKILL, said
+/// processes of COMMAND were still running (none were), and exited that late.
+#[test]
+fn a_descriptor_limit_too_low_is_refused_at_start_never_run_late() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    for limit in [16, 17] {
+        for args in [
+            &["--once", "--", "true"][..],
+            &["--check-interval", "200ms", "--", "sleep", "30"][..],
+        ] {
+            let mut cmd = leaderrun();
+            cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &id])
+                .args(args);
+            crate::support::descriptor_limit(&mut cmd, limit);
+            let mut replica = Replica::spawn(cmd);
+            let status = replica.wait_exit(secs(3.0));
+            let log = replica.log();
+            assert_eq!(status.code(), Some(125), "limit {limit} {args:?}:\n{log}");
+            assert!(
+                log.contains("too few file descriptors: the limit (RLIMIT_NOFILE) is"),
+                "limit {limit} {args:?}:\n{log}"
+            );
+            assert!(at_least(&log) > limit, "limit {limit} {args:?}:\n{log}");
+            assert!(
+                !log.contains("campaigning"),
+                "limit {limit} {args:?}:\n{log}"
+            );
+            assert!(cluster.lock_holders(CLASS, id.parse().unwrap()).is_empty());
+        }
+    }
+}
+
+/// A soft limit of 16 under a hard one of 1024: leaderrun raises its own soft limit as far as
+/// it needs, runs and stops on time, and COMMAND starts with the limit leaderrun was given
+/// (soft 16, hard 1024), as it would without leaderrun.
+#[test]
+fn a_low_soft_descriptor_limit_is_raised_for_leaderrun_and_given_back_to_command() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let report = r#"echo "nofile $(ulimit -n) $(ulimit -Hn)""#;
+
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &id, "--once"])
+        .args(["--", "sh", "-c", report]);
+    crate::support::descriptor_limits(&mut cmd, 16, 1024);
+    let started = Instant::now();
+    let mut one_shot = Replica::spawn(cmd);
+    let status = one_shot.wait_exit(secs(30.0));
+    let (took, log) = (started.elapsed(), one_shot.log());
+    assert!(status.success(), "{status:?}\n{log}");
+    assert_eq!(one_shot.stdout().trim(), "nofile 16 1024", "{log}");
+    assert!(!log.contains("WARN"), "{log}");
+    assert!(took < secs(3.0), "exited after {took:?}\n{log}");
+
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &id])
+        .args(["--check-interval", "200ms", "--", "sh", "-c"])
+        .arg(format!("{report}; exec sleep 30"));
+    crate::support::descriptor_limits(&mut cmd, 16, 1024);
+    let mut leader = Replica::spawn(cmd);
+    wait_for("COMMAND to report its limit", secs(10.0), || {
+        leader.stdout().contains("nofile").then_some(())
+    });
+    assert_eq!(leader.stdout().trim(), "nofile 16 1024", "{}", leader.log());
+    let stopping = Instant::now();
+    leader.signal(Signal::SIGTERM);
+    let status = leader.wait_exit(secs(30.0));
+    let (took, log) = (stopping.elapsed(), leader.log());
+    // sleep dies of the TERM passed on to it, as leaderrun does after it.
+    assert_eq!(status.code(), Some(143), "{status:?}\n{log}");
+    assert!(!log.contains("WARN"), "{log}");
+    assert!(took < secs(3.0), "exited {took:?} after SIGTERM\n{log}");
 }
 
 /// With no process left to start (`RLIMIT_NPROC`, as a container at its cgroup's `pids.max`):

@@ -439,7 +439,10 @@ fn is_record(line: &str) -> bool {
 
 /// A newline or an ESC in COMMAND's name or in `PGAPPNAME` (text leaderrun does not control)
 /// neither splits a text record nor forges one, nor reaches the terminal: each record is one
-/// line, its control characters escaped (docs/guarantees.md#observing-a-replica).
+/// line, its control characters escaped (docs/guarantees.md#observing-a-replica). So are
+/// U+2028/U+2029, where some viewers break a line, and the bidirectional controls that make a
+/// record display as something else ("Trojan Source"); in the JSON format too, as `\uXXXX`
+/// escapes of the same value.
 #[test]
 fn control_characters_in_fields_and_messages_are_escaped_one_record_per_line() {
     const FORGED: &str = "2026-12-04T00:00:00Z  INFO background leader lock acquired FAKE";
@@ -447,20 +450,23 @@ fn control_characters_in_fields_and_messages_are_escaped_one_record_per_line() {
         for line in log.lines() {
             assert!(is_record(line), "not a record: {line:?}\n{log}");
             assert!(!line.starts_with(FORGED), "a forged record:\n{log}");
-            assert!(!line.contains(['\r', '\t', '\x1b', '\x07']), "{line:?}");
+            assert!(
+                !line.contains(['\r', '\t', '\x1b', '\x07', '\u{2028}', '\u{2029}', '\u{202e}']),
+                "{line:?}"
+            );
         }
     };
     // COMMAND a script whose name carries a record of its own and a colour, PGAPPNAME a
     // newline and a terminal title: the settings line shows both, one line.
     let cluster = Cluster::shared();
     let scratch = Scratch::new();
-    let job = scratch.child_script(&format!("job\n{FORGED}\x1b[31m"), "exit 0");
+    let job = scratch.child_script(&format!("job\n{FORGED}\x1b[31m\u{2029}"), "exit 0");
     let mut cmd = leaderrun();
     cmd.args(["--dsn", &cluster.dsn()])
         .args(["--lock-id", &unique_lock_id().to_string()])
         .args(["-v", "--once", "--"])
         .arg(&job)
-        .env("PGAPPNAME", "app\nname\x1b]0;title\x07\t");
+        .env("PGAPPNAME", "app\nname\x1b]0;title\x07\t\u{2028}\u{202e}");
     let mut replica = Replica::spawn(cmd);
     assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
     let log = replica.log();
@@ -470,11 +476,11 @@ fn control_characters_in_fields_and_messages_are_escaped_one_record_per_line() {
         .find(|l| l.contains("campaigning for the background leader lock"))
         .unwrap_or_else(|| panic!("no settings line:\n{log}"));
     assert!(
-        settings.contains("application_name=app\\nname\\u{1b}]0;title\\u{7}\\t "),
+        settings.contains("application_name=app\\nname\\u{1b}]0;title\\u{7}\\t\\u{2028}\\u{202e} "),
         "{settings}"
     );
     assert!(
-        settings.contains(&format!("/job\\n{FORGED}\\u{{1b}}[31m")),
+        settings.contains(&format!("/job\\n{FORGED}\\u{{1b}}[31m\\u{{2029}}")),
         "{settings}"
     );
     // One grant, one record that says so.
@@ -493,7 +499,7 @@ fn control_characters_in_fields_and_messages_are_escaped_one_record_per_line() {
         .args(["--dsn", &cluster.dsn()])
         .args(["--lock-id", &unique_lock_id().to_string()])
         .args(["--once", "--"])
-        .arg(format!("nonexistent\n{FORGED}\x1b[31m"))
+        .arg(format!("nonexistent\n{FORGED}\x1b[31m\u{2028}"))
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
@@ -501,7 +507,31 @@ fn control_characters_in_fields_and_messages_are_escaped_one_record_per_line() {
     check(&log);
     assert_eq!(log.lines().count(), 1, "{log}");
     assert!(
-        log.contains(&format!("nonexistent\\n{FORGED}\\x1b[31m")),
+        log.contains(&format!("nonexistent\\n{FORGED}\\x1b[31m\\u{{2028}}")),
+        "{log}"
+    );
+    // The JSON format: the same characters as escapes, the values as they were.
+    let appname = "app\u{2028}name\u{202e}";
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn(), "--log-format", "json"])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["-v", "--once", "--"])
+        .arg(&job)
+        .env("PGAPPNAME", appname);
+    let mut replica = Replica::spawn(cmd);
+    assert_eq!(replica.wait_exit(secs(10.0)).code(), Some(0));
+    let log = replica.log();
+    assert!(!log.contains(['\u{2028}', '\u{2029}', '\u{202e}']), "{log}");
+    let settings: serde_json::Value = log
+        .lines()
+        .find(|l| l.contains("campaigning for the background leader lock"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .unwrap_or_else(|| panic!("no settings line:\n{log}"));
+    assert_eq!(settings["application_name"], appname, "{log}");
+    assert!(log.contains("app\\u2028name\\u202e"), "{log}");
+    let command = settings["command"].as_str().unwrap_or_default();
+    assert!(
+        command.ends_with(&format!("job\n{FORGED}\x1b[31m\u{2029}")),
         "{log}"
     );
 }

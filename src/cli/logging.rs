@@ -20,8 +20,11 @@
 //!
 //! # One record, one line
 //!
-//! In the text format every control character inside a record is escaped by its writer
+//! In the text format every control character inside a record, and every character that
+//! breaks a line or reorders what is shown ([`must_escape`]), is escaped by its writer
 //! ([`Escaping`]), once for every record rather than at each call site that logs outside text.
+//! The JSON format writes the same characters as `\uXXXX` escapes, which decode to the same
+//! strings.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -247,20 +250,57 @@ thread_local! {
     static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// The text format's writer (docs/guarantees.md#observing-a-replica): one record, one line. A
-/// field or message may carry text leaderrun does not control (COMMAND's name, `PGAPPNAME`, a
-/// server's error): a newline in it would split the record or forge another, an ESC would
-/// drive the terminal. So every control character of a record (`char::is_control`: C0, DEL,
-/// C1; `\t` too, so a record is also one field for tools that split on tabs) is written
-/// escaped, as `char::escape_debug` writes it (`\n`, `\t`, `\u{1b}`), but the newline that
-/// ends the record. With colours on (stderr a terminal), the formatter's own SGR sequences
-/// (`ESC [ digits ; m`) pass, and so would one in a field: they cannot move the cursor or end
-/// a line, and the record ends with a reset of every colour. JSON needs none of this: serde escapes the control
-/// characters inside strings.
+/// Whether a log line writes `c` escaped: text leaderrun does not control (COMMAND's name,
+/// `PGAPPNAME`, a server's error) may carry it into a record, where it would end or split the
+/// line, drive the terminal, or make the record display as something else. The one place
+/// that says which:
+///
+/// - every control character (`char::is_control`: C0, DEL, C1; `\t` too, so a record is also
+///   one field for tools that split on tabs);
+/// - U+2028 LINE SEPARATOR and U+2029 PARAGRAPH SEPARATOR, which some viewers and editors
+///   break a line at (and JavaScript before ES2019 does not take raw in a string);
+/// - the bidirectional controls (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069),
+///   which reorder the text displayed after them ("Trojan Source", CVE-2021-42574): a
+///   record shown other than as written.
+pub fn must_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}'
+                | '\u{2029}'
+                | '\u{061c}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// The format a [`Record`] is written in.
+#[derive(Clone, Copy)]
+enum Style {
+    /// Text; with colours on (stderr a terminal) when true.
+    Text { ansi: bool },
+    /// One JSON object per line.
+    Json,
+}
+
+/// The writer of both formats (docs/guarantees.md#observing-a-replica): one record, one line,
+/// and no character of [`must_escape`]'s written as it is.
+///
+/// Text: such a character is written as `char::escape_debug` writes it (`\n`, `\t`,
+/// `\u{1b}`, `\u{2028}`), but the newline that ends the record. With colours on, the
+/// formatter's own SGR sequences (`ESC [ digits ; m`) pass, and so would one in a field: they
+/// cannot move the cursor or end a line, and the record ends with a reset of every colour.
+///
+/// JSON: serde escapes the C0 controls inside strings, not the others; they are written as
+/// JSON's `\uXXXX` escapes, which every parser reads back as the same string, so a consumer
+/// sees the value unchanged while a raw line read in a terminal or a viewer shows what it
+/// holds (outside strings a JSON line is ASCII, so nothing else is touched).
 #[derive(Clone, Copy)]
 struct Escaping {
-    /// Colours are on: SGR sequences pass.
-    ansi: bool,
+    /// How records are written.
+    style: Style,
 }
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Escaping {
@@ -268,7 +308,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Escaping {
 
     fn make_writer(&'a self) -> Self::Writer {
         Record {
-            ansi: self.ansi,
+            style: self.style,
             buf: SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default(),
         }
     }
@@ -279,7 +319,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Escaping {
 /// are gathered, and only the drop, at the record's end, escapes them and queues them as one
 /// line, so a newline that ends a `write` is never taken for the record's end.
 struct Record {
-    ansi: bool,
+    style: Style,
     buf: Vec<u8>,
 }
 
@@ -299,11 +339,11 @@ impl Drop for Record {
         let mut buf = std::mem::take(&mut self.buf);
         if !buf.is_empty() {
             let raw = buf.len();
-            let line = if escape_record(&mut buf, self.ansi) {
-                &buf[raw..]
-            } else {
-                &buf[..]
+            let escaped = match self.style {
+                Style::Text { ansi } => escape_record(&mut buf, ansi),
+                Style::Json => escape_json_record(&mut buf),
             };
+            let line = if escaped { &buf[raw..] } else { &buf[..] };
             let _ = Counted.write(line);
         }
         buf.clear();
@@ -321,7 +361,7 @@ impl Drop for Record {
 fn escape_record(buf: &mut Vec<u8>, ansi: bool) -> bool {
     let newline = buf.last() == Some(&b'\n');
     let end = buf.len() - usize::from(newline);
-    let control = (0..end).find(|&i| matches!(classify(&buf[..end], i, ansi), Byte::Control(..)));
+    let control = (0..end).find(|&i| matches!(classify(&buf[..end], i, ansi), Byte::Escaped(..)));
     // With colours on, a colour a field set (an SGR it carried) ends with the record, not in
     // COMMAND's output that follows it.
     let reset = ansi && !buf[..end].ends_with(RESET);
@@ -344,8 +384,8 @@ fn escape_record(buf: &mut Vec<u8>, ansi: bool) -> bool {
                 buf.extend_from_within(i..i + len);
                 i += len;
             }
-            Byte::Control(c, len) => {
-                // `escape_debug` of a control character is ASCII.
+            Byte::Escaped(c, len) => {
+                // `escape_debug` of each character `must_escape` names is ASCII.
                 buf.extend(c.escape_debug().map(|e| e as u8));
                 i += len;
             }
@@ -353,6 +393,40 @@ fn escape_record(buf: &mut Vec<u8>, ansi: bool) -> bool {
     }
     if reset {
         buf.extend_from_slice(RESET);
+    }
+    if newline {
+        buf.push(b'\n');
+    }
+    true
+}
+
+/// Escapes the JSON record in `buf` ([`Escaping`]) as [`escape_record`] does a text one:
+/// appends its escaped form after it, or returns false when it has nothing to escape. Each
+/// character of [`must_escape`]'s is written as `\uXXXX` (a pair of them beyond the BMP); the
+/// record's final newline stays.
+fn escape_json_record(buf: &mut Vec<u8>) -> bool {
+    let newline = buf.last() == Some(&b'\n');
+    let end = buf.len() - usize::from(newline);
+    let Some(first) = (0..end).find(|&i| escaped_at(&buf[..end], i).is_some()) else {
+        return false;
+    };
+    buf.reserve(end + 16);
+    buf.extend_from_within(..first);
+    let mut i = first;
+    while i < end {
+        match escaped_at(&buf[..end], i) {
+            Some((c, len)) => {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    let _ = write!(buf, "\\u{unit:04x}");
+                }
+                i += len;
+            }
+            None => {
+                let b = buf[i];
+                buf.push(b);
+                i += 1;
+            }
+        }
     }
     if newline {
         buf.push(b'\n');
@@ -369,27 +443,40 @@ enum Byte {
     Plain,
     /// An SGR sequence of this length, with colours on: written as it is.
     Sgr(usize),
-    /// A control character, encoded in this many bytes: written escaped.
-    Control(char, usize),
+    /// A character of [`must_escape`]'s, encoded in this many bytes: written escaped.
+    Escaped(char, usize),
 }
 
-/// Classifies `record[i]`. The record is UTF-8 (the formatter writes a `String`), so its
-/// control characters are the bytes below 0x20, 0x7f, and C1 (U+0080 to U+009F: 0xc2 then
-/// 0x80 to 0x9f); every other byte of a multi-byte character is 0x80 or more.
+/// Classifies `record[i]` for the text format.
 fn classify(record: &[u8], i: usize, ansi: bool) -> Byte {
-    let b = record[i];
-    match b {
-        0x1b if ansi => match sgr_len(&record[i..]) {
-            Some(len) => Byte::Sgr(len),
-            None => Byte::Control('\x1b', 1),
-        },
-        0..=0x1f | 0x7f => Byte::Control(char::from(b), 1),
-        0xc2 => match record.get(i + 1) {
-            Some(&c @ 0x80..=0x9f) => Byte::Control(char::from(c), 2),
-            _ => Byte::Plain,
-        },
-        _ => Byte::Plain,
+    if ansi && record[i] == 0x1b {
+        if let Some(len) = sgr_len(&record[i..]) {
+            return Byte::Sgr(len);
+        }
     }
+    match escaped_at(record, i) {
+        Some((c, len)) => Byte::Escaped(c, len),
+        None => Byte::Plain,
+    }
+}
+
+/// The character of [`must_escape`]'s that starts at `record[i]`, and its length in bytes.
+/// The record is UTF-8 (the formatter writes a `String`): a byte below 0x80 is a character,
+/// a lead byte starts one of 2 to 4 bytes, and a continuation byte (or anything that is not
+/// UTF-8 after all) starts none.
+fn escaped_at(record: &[u8], i: usize) -> Option<(char, usize)> {
+    let len = match record[i] {
+        0..=0x7f => 1,
+        0xc2..=0xdf => 2,
+        0xe0..=0xef => 3,
+        0xf0..=0xf4 => 4,
+        _ => return None,
+    };
+    let c = std::str::from_utf8(record.get(i..i + len)?)
+        .ok()?
+        .chars()
+        .next()?;
+    must_escape(c).then_some((c, len))
 }
 
 /// The length of the SGR sequence (`ESC [`, digits and semicolons, `m`) at the start of `s`.
@@ -441,7 +528,7 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
         .with_env_filter(filter);
     let _ = if json {
         builder
-            .with_writer(Counted)
+            .with_writer(Escaping { style: Style::Json })
             .json()
             .flatten_event(true)
             .with_current_span(false)
@@ -449,7 +536,9 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
     } else {
         let ansi = std::io::stderr().is_terminal();
         builder
-            .with_writer(Escaping { ansi })
+            .with_writer(Escaping {
+                style: Style::Text { ansi },
+            })
             .with_ansi(ansi)
             .try_init()
     };
@@ -536,15 +625,81 @@ mod tests {
         // Only the last newline ends the record; a record without one gets none.
         assert_eq!(escaped("a\n\n", false), "a\\n\n");
         assert_eq!(escaped("a\nb", false), "a\\nb");
-        // Every character `char::is_control` names, and none other.
+        // Every character `must_escape` names, and none other.
         for c in (0..=0x10ffff).filter_map(char::from_u32) {
             let out = escaped(&format!("{c}\n"), false);
-            if c.is_control() {
+            if must_escape(c) {
                 assert_eq!(out, format!("{}\n", c.escape_debug()), "{c:?}");
+                assert!(out.is_ascii(), "{c:?}: {out:?}");
             } else {
                 assert_eq!(out, format!("{c}\n"), "{c:?}");
             }
         }
+    }
+
+    /// The control characters, and the separators and bidirectional controls ("Trojan
+    /// Source"), and nothing else.
+    #[test]
+    fn must_escape_names_controls_separators_and_bidi_controls() {
+        let named: Vec<char> = (0..=0x10ffff)
+            .filter_map(char::from_u32)
+            .filter(|&c| must_escape(c) && !c.is_control())
+            .collect();
+        let expected: Vec<char> = [0x061c, 0x200e, 0x200f]
+            .into_iter()
+            .chain(0x2028..=0x202e)
+            .chain(0x2066..=0x2069)
+            .filter_map(char::from_u32)
+            .collect();
+        assert_eq!(named, expected);
+        assert!((0..=0x10ffff)
+            .filter_map(char::from_u32)
+            .filter(|c| c.is_control())
+            .all(must_escape));
+    }
+
+    #[test]
+    fn separators_and_bidi_controls_are_escaped_in_a_text_record() {
+        assert_eq!(
+            escaped("INFO a\u{2028}b\u{2029}c\n", false),
+            "INFO a\\u{2028}b\\u{2029}c\n"
+        );
+        // A name that displays as "txt.exe" reversed: shown escaped, in the order written.
+        assert_eq!(
+            escaped(
+                "command=/x/\u{202e}exe.txt \u{2066}\u{61c}\u{200e}\u{200f}\u{2069}é\n",
+                true
+            ),
+            "command=/x/\\u{202e}exe.txt \\u{2066}\\u{61c}\\u{200e}\\u{200f}\\u{2069}é\x1b[0m\n"
+        );
+        // The neighbours of the set pass as they are.
+        for c in [
+            '\u{2027}', '\u{202f}', '\u{2065}', '\u{206a}', '\u{061b}', '\u{200d}',
+        ] {
+            assert_eq!(escaped(&format!("{c}\n"), false), format!("{c}\n"));
+        }
+    }
+
+    /// A JSON record's escapes decode to the same value: serde's output, with the characters of
+    /// `must_escape` it leaves raw written as `\uXXXX`.
+    #[test]
+    fn a_json_record_escapes_the_same_characters_and_keeps_its_value() {
+        let value = "a\u{2028}b\u{2029}\u{202e}c\u{9b}\u{7f}\n\t\u{1b} é 😀";
+        let mut buf = format!("{}\n", serde_json::json!({ "message": value })).into_bytes();
+        let raw = buf.len();
+        assert!(escape_json_record(&mut buf));
+        let line = std::str::from_utf8(&buf[raw..]).unwrap();
+        assert_eq!(
+            line,
+            "{\"message\":\"a\\u2028b\\u2029\\u202ec\\u009b\\u007f\\n\\t\\u001b é 😀\"}\n"
+        );
+        let parsed: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(parsed["message"], value);
+        // Nothing to escape: no copy.
+        let mut plain = "{\"message\":\"\\n \\u001b \\u2028 é\"}\n"
+            .as_bytes()
+            .to_vec();
+        assert!(!escape_json_record(&mut plain));
     }
 
     #[test]
@@ -564,8 +719,9 @@ mod tests {
     fn a_record_written_in_pieces_is_one_line() {
         // Pieces that end in a newline, or split a C1 character: only the drop sees the end.
         let before = QUEUED.load(Ordering::Relaxed);
-        let mut record =
-            tracing_subscriber::fmt::MakeWriter::make_writer(&Escaping { ansi: false });
+        let mut record = tracing_subscriber::fmt::MakeWriter::make_writer(&Escaping {
+            style: Style::Text { ansi: false },
+        });
         record.write_all(b"a\n").unwrap();
         record.write_all(b"b\xc2").unwrap();
         record.write_all(b"\x9b\n").unwrap();

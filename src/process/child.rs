@@ -636,6 +636,7 @@ impl Child {
             use std::os::fd::AsRawFd;
             (a.socket.as_raw_fd(), a.datagram)
         });
+        let nofile = crate::process::descriptors::original_soft();
         let prepare = move || {
             prepare_child(
                 parent,
@@ -643,6 +644,7 @@ impl Child {
                 keep_ignored,
                 procs.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
                 ns,
+                nofile,
                 announce,
             )
         };
@@ -938,6 +940,7 @@ fn prepare_child(
     keep_ignored: u64,
     cgroup_procs: *const libc::c_char,
     ns: ChildNamespace,
+    nofile: Option<libc::rlimit>,
     announce: Option<(RawFd, &[u8])>,
 ) -> std::io::Result<()> {
     // SAFETY: plain syscalls on values we own; no allocation, no locks.
@@ -1018,6 +1021,14 @@ fn prepare_child(
                 if flags >= 0 {
                     libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
                 }
+            }
+        }
+        // COMMAND gets the descriptor limit leaderrun was started with, when leaderrun raised
+        // its own (docs/process-model.md#enough-descriptors). After the marking above, whose
+        // fallback reads the soft limit: leaderrun's descriptors may lie above the original.
+        if let Some(nofile) = nofile {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &nofile) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
         }
         // The init's report pipe, the one descriptor it keeps (dup2 onto itself would keep

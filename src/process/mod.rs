@@ -2,12 +2,14 @@
 //! reaper ([`child`]), an optional cgroup for its tree ([`cgroup`]), the signals leaderrun acts on
 //! ([`signals`]), the controlling terminal handed to COMMAND's group ([`terminal`]), COMMAND under an init of its
 //! own PID namespace ([`pidns`], `--pid-namespace`), the vfork-style start of COMMAND
-//! (`spawn`), and the
-//! memory settings leaderrun applies to itself ([`memory`]). Nothing here knows about the
+//! (`spawn`), the
+//! memory settings leaderrun applies to itself ([`memory`]) and its descriptor limit
+//! ([`descriptors`]). Nothing here knows about the
 //! election: the supervisor and the watchdog tie the two together.
 
 pub mod cgroup;
 pub mod child;
+pub mod descriptors;
 pub mod memory;
 pub mod pidns;
 pub mod signals;

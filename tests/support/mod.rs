@@ -311,10 +311,15 @@ pub fn default_signals(cmd: &mut Command) -> &mut Command {
 /// Limits the process `cmd` starts to `limit` open descriptors (`RLIMIT_NOFILE`, soft and
 /// hard).
 pub fn descriptor_limit(cmd: &mut Command, limit: u64) -> &mut Command {
+    descriptor_limits(cmd, limit, limit)
+}
+
+/// Sets the descriptor limit (`RLIMIT_NOFILE`) of the process `cmd` starts: `soft`, `hard`.
+pub fn descriptor_limits(cmd: &mut Command, soft: u64, hard: u64) -> &mut Command {
     use std::os::unix::process::CommandExt;
     let rlimit = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
+        rlim_cur: soft,
+        rlim_max: hard,
     };
     // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
     unsafe {
@@ -328,8 +333,6 @@ pub fn descriptor_limit(cmd: &mut Command, limit: u64) -> &mut Command {
     }
 }
 
-/// A `Command` for the binary under test, with the environment cleared of leaderrun and
-/// libpq variables so the host's settings cannot leak into a test.
 pub fn leaderrun() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
     default_signals(&mut cmd);

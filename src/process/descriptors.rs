@@ -1,0 +1,187 @@
+//! leaderrun's own descriptor limit (`RLIMIT_NOFILE`): made sure of at start, before anything
+//! is opened, and given back to COMMAND as it was
+//! (docs/process-model.md#enough-descriptors).
+//!
+//! A leaderrun that runs out of descriptors partway cannot look at COMMAND's tree (its
+//! children are read from `/proc`), and a tree it cannot see gone is a tree that may still run:
+//! it then waited out the grace and the wait after SIGKILL, said the tree was still there, and
+//! exited late. So the limit is settled before campaigning, once: enough, raised to enough
+//! within the hard limit, or refused.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The descriptors leaderrun keeps free for itself below its soft limit. With every option a
+/// leader holds about 25 (the lock session and the watchdog's copy of it, the pair to the
+/// watchdog and pidfds, the runtime's, the history's session, the cgroup's, the init's pipe,
+/// the probe port) and needs 2 more to read its children; the rest is room for a reconnect
+/// beside the old session, a name lookup, TLS files and the probe port's clients (a quarter of
+/// the soft limit, `cli::http::connection_limit`).
+pub const NEEDED: u64 = 64;
+
+/// `u64::MAX`: the soft limit was not raised; otherwise the soft limit leaderrun started with.
+static ORIGINAL_SOFT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// What [`reserve`] found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reserve {
+    /// The soft limit leaves [`NEEDED`] descriptors free.
+    Enough,
+    /// The soft limit was raised from `from` to `to` (within `hard`); COMMAND gets `from` back.
+    Raised {
+        /// The soft limit leaderrun started with.
+        from: u64,
+        /// The soft limit it runs with.
+        to: u64,
+        /// The hard limit, unchanged.
+        hard: u64,
+    },
+    /// Not even the hard limit leaves [`NEEDED`] descriptors free.
+    Short {
+        /// The soft limit.
+        soft: u64,
+        /// The hard limit.
+        hard: u64,
+        /// The descriptors open at start (stdio and whatever was inherited) below the limit
+        /// that would do.
+        in_use: u64,
+        /// The lowest limit that would leave [`NEEDED`] free.
+        needed: u64,
+    },
+    /// The limit cannot be read or set (no such limit): nothing was changed.
+    Unknown,
+}
+
+impl std::fmt::Display for Reserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Reserve::Enough => write!(f, "enough descriptors"),
+            Reserve::Raised { from, to, hard } => write!(
+                f,
+                "raised the soft descriptor limit from {from} to {to} (hard {hard}); COMMAND \
+                 gets {from}"
+            ),
+            Reserve::Short {
+                soft,
+                hard,
+                in_use,
+                needed,
+            } => write!(
+                f,
+                "too few file descriptors: the limit (RLIMIT_NOFILE) is {soft} (hard {hard}) \
+                 and {in_use} are open at start; leaderrun needs {NEEDED} of its own to watch \
+                 COMMAND's tree and hold the lock: raise it to at least {needed} (ulimit -n)"
+            ),
+            Reserve::Unknown => write!(f, "the descriptor limit cannot be read"),
+        }
+    }
+}
+
+/// Makes sure [`NEEDED`] descriptor numbers are free below the soft limit: raises the soft limit
+/// as far as that takes, never past the hard limit, and notes the original for COMMAND
+/// ([`original_soft`]). Call once, first thing, while the process is one thread (the count
+/// looks at each number in turn: a descriptor another thread opens meanwhile is not seen).
+///
+/// Raised no further than needed: the user's low limit is kept as far as leaderrun can run
+/// with it (the probe port's share of connections follows the soft limit).
+pub fn reserve() -> Reserve {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given, nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Reserve::Unknown;
+    }
+    let (soft, hard) = (limit.rlim_cur, limit.rlim_max);
+    // Descriptors are handed out lowest number first: what counts is the free numbers below
+    // the limit, not how many are open (one inherited above the limit takes no room).
+    let Some(needed) = lowest_limit_leaving(NEEDED) else {
+        return Reserve::Unknown;
+    };
+    if needed <= soft {
+        return Reserve::Enough;
+    }
+    if needed > hard {
+        return Reserve::Short {
+            soft,
+            hard,
+            in_use: needed - NEEDED,
+            needed,
+        };
+    }
+    let raised = libc::rlimit {
+        rlim_cur: needed,
+        rlim_max: hard,
+    };
+    // SAFETY: setrlimit reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return Reserve::Short {
+            soft,
+            hard,
+            in_use: needed - NEEDED,
+            needed,
+        };
+    }
+    ORIGINAL_SOFT.store(soft, Ordering::Release);
+    Reserve::Raised {
+        from: soft,
+        to: needed,
+        hard,
+    }
+}
+
+/// The lowest soft limit under which `free` descriptor numbers are unused now: one past the
+/// `free`-th unused number. `None` past the largest descriptor number.
+fn lowest_limit_leaving(free: u64) -> Option<u64> {
+    let mut found = 0;
+    for fd in 0..=libc::c_int::MAX {
+        // SAFETY: F_GETFD only reads the descriptor's flags; EBADF says the number is unused.
+        let unused = unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF);
+        if unused {
+            found += 1;
+            if found == free {
+                return Some(fd as u64 + 1);
+            }
+        }
+    }
+    None
+}
+
+/// The descriptor limit COMMAND starts with when [`reserve`] raised leaderrun's: the soft limit
+/// leaderrun started with and the hard limit. `None` when it was not raised (COMMAND inherits
+/// leaderrun's as it is).
+pub fn original_soft() -> Option<libc::rlimit> {
+    let soft = ORIGINAL_SOFT.load(Ordering::Acquire);
+    if soft == u64::MAX {
+        return None;
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given, nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    limit.rlim_cur = soft.min(limit.rlim_max);
+    Some(limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_limit_says_what_would_do() {
+        let short = Reserve::Short {
+            soft: 16,
+            hard: 16,
+            in_use: 3,
+            needed: 67,
+        };
+        let text = short.to_string();
+        assert!(text.contains("is 16 (hard 16)"), "{text}");
+        assert!(text.contains("at least 67 (ulimit -n)"), "{text}");
+    }
+}
