@@ -643,6 +643,69 @@ fn killing_the_watchdog_then_leaderrun_a_moment_later_leaves_nothing_of_the_tree
     assert!(replaced < secs(1.0), "replaced after {replaced:?}");
 }
 
+/// Whether `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn is_stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // The state follows the command name's closing parenthesis.
+            let rest = &stat[stat.rfind(')')? + 1..];
+            rest.split_whitespace().next().map(|state| state == "T")
+        })
+        .unwrap_or(false)
+}
+
+/// A watchdog stopped from outside (`kill -STOP`) guards nothing: a `kill -9` of leaderrun
+/// then left COMMAND's helpers running beside the next leader's tree. leaderrun continues it
+/// at once (the stop's SIGCHLD), a leader's and a standby's alike, says so, and the tree is
+/// fenced as before.
+#[test]
+fn a_watchdog_stopped_from_outside_is_continued_and_still_fences_the_tree() {
+    let setup = Setup::new(
+        Cluster::shared(),
+        "sleep 600 &\necho \"helper $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let scratch = &setup.scratch;
+    let helpers = || -> Vec<i32> {
+        scratch
+            .events()
+            .iter()
+            .filter_map(|l| l.strip_prefix("helper ")?.trim().parse().ok())
+            .collect()
+    };
+    let leader = setup.replica("300ms", &[]);
+    scratch.wait_starts(1, secs(10.0));
+    let standby = setup.replica("300ms", &[]);
+    let said = "the watchdog was stopped from outside; continued it";
+    // The standby's (nothing to guard yet) and the leader's (guarding the tree).
+    for replica in [&standby, &leader] {
+        let watchdog = wait_for("the watchdog", secs(5.0), || watchdog_of(replica.pid()));
+        kill(Pid::from_raw(watchdog), Signal::SIGSTOP).unwrap();
+        replica.wait_log(said, 1, secs(2.0));
+        wait_for("the watchdog running again", secs(2.0), || {
+            (!is_stopped(watchdog)).then_some(())
+        });
+    }
+    let first = wait_for("the first tree's helper", secs(5.0), || {
+        helpers().first().copied()
+    });
+    leader.signal(Signal::SIGKILL);
+    wait_for("the first tree's helper killed", secs(3.0), || {
+        (!alive(first)).then_some(())
+    });
+    // The standby leads, and its watchdog fences its tree.
+    scratch.wait_starts(2, secs(10.0));
+    let second = wait_for("the second tree's helper", secs(5.0), || {
+        helpers().get(1).copied()
+    });
+    let watchdog = watchdog_of(standby.pid()).expect("the standby's watchdog");
+    assert!(!is_stopped(watchdog));
+    standby.signal(Signal::SIGKILL);
+    wait_for("the second tree's helper killed", secs(3.0), || {
+        (!alive(second)).then_some(())
+    });
+}
+
 /// The pid namespace `pid` is in (the target of `/proc/PID/ns/pid`).
 fn pid_namespace(pid: i32) -> Option<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()

@@ -266,11 +266,12 @@ pub struct Reaped {
 
 /// Reaps every child that has exited: the one place that waits
 /// (docs/field-notes.md#one-place-waits). Also reports a stop of the main child (`WUNTRACED`),
-/// which is how a Ctrl-Z shows.
+/// which is how a Ctrl-Z shows, and continues `helper` (the watchdog) when it was stopped
+/// ([`continue_if_stopped`]).
 ///
 /// `main` is the pid whose status matters; every other reaped pid is an adopted orphan or a
 /// leftover of an earlier term and is only logged at DEBUG.
-pub fn reap(main: Option<Pid>) -> Reaped {
+pub fn reap(main: Option<Pid>, helper: Option<Pid>) -> Reaped {
     let mut reaped = Reaped::default();
     loop {
         match waitpid(
@@ -298,11 +299,43 @@ pub fn reap(main: Option<Pid>) -> Reaped {
             Ok(WaitStatus::Stopped(pid, sig)) if Some(pid) == main => {
                 reaped.main_stopped = Some(sig);
             }
+            Ok(WaitStatus::Stopped(pid, sig)) if Some(pid) == helper => {
+                continued_helper(pid, sig);
+            }
             Ok(_) => {}
             Err(Errno::EINTR) => {}
             Err(_) => return reaped, // ECHILD: no children at all
         }
     }
+}
+
+/// Continues `helper` (the watchdog) if it is stopped now, and says so: a stopped watchdog
+/// guards nothing, and a `kill -9` of leaderrun meanwhile would leave COMMAND's tree running
+/// beside the next leader's (docs/process-model.md#the-watchdog). Its own stops (`SIGSTOP`
+/// from outside; it ignores the terminal's) are undone at once: [`reap`] sees them when
+/// `SIGCHLD` comes, and a grant looks before it hands the session over. Returns whether it was
+/// stopped. The stop's report is left for [`reap`] (`WNOWAIT`); once continued there is none.
+pub fn continue_if_stopped(helper: Pid) -> bool {
+    use nix::sys::wait::{waitid, Id};
+    match waitid(
+        Id::Pid(helper),
+        WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+    ) {
+        Ok(WaitStatus::Stopped(pid, sig)) => {
+            continued_helper(pid, sig);
+            true
+        }
+        _ => false,
+    }
+}
+
+fn continued_helper(pid: Pid, sig: Signal) {
+    let _ = kill(pid, Signal::SIGCONT);
+    tracing::warn!(
+        pid = pid.as_raw(),
+        signal = sig.as_str(),
+        "the watchdog was stopped from outside; continued it"
+    );
 }
 
 /// The pid of leaderrun's own helper process (the watchdog), which is a child of leaderrun but
@@ -473,7 +506,7 @@ impl Spawner for ProcessSpawner {
     }
 
     fn reap_strays(&mut self) {
-        reap(None);
+        reap(None, self.helper.get());
     }
 }
 
@@ -780,7 +813,7 @@ impl Tree for Child {
     }
 
     fn poll(&mut self) -> TreeState {
-        let reaped = reap(Some(self.pid));
+        let reaped = reap(Some(self.pid), self.helper.get());
         let mut stopped_now = reaped.main_stopped;
         match &mut self.init {
             None => {

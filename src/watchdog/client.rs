@@ -497,6 +497,10 @@ impl SessionKeeper for Watchdog {
     fn keep(&self, socket: BorrowedFd<'_>) -> std::io::Result<()> {
         let copy = socket.try_clone_to_owned()?;
         let mut held = self.lock();
+        // Stopped while no tree ran, nothing looked: it must run before a term begins.
+        if let Some(link) = &held.link {
+            crate::process::child::continue_if_stopped(nix::unistd::Pid::from_raw(link.pid as i32));
+        }
         let sent = held.link.as_ref().is_some_and(|link| {
             send_on(link.fd.as_fd(), Message::Session, Some(copy.as_fd())).is_ok()
         });
