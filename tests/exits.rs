@@ -121,25 +121,34 @@ fn missing_or_unexecutable_command_exits_at_once() {
     .unwrap();
     // Nothing listens on this port: the checks must happen before any connection attempt.
     let dsn = "host=127.0.0.1 port=1 user=postgres dbname=postgres connect_timeout=30";
+    // A path the system cannot look at is found but cannot be run (126, as env(1) and a
+    // shell say), with the system's reason: not "command not found".
+    let (one, two) = (scratch.file("loop1"), scratch.file("loop2"));
+    std::os::unix::fs::symlink(&two, &one).unwrap();
+    std::os::unix::fs::symlink(&one, &two).unwrap();
+    let too_long = format!("./{}", "a".repeat(5000));
     let cases = [
-        ("no-such-command-leaderrun", 127),
-        ("./no/such/file", 127),
-        (plain.to_str().unwrap(), 126),
-        (scratch.path().to_str().unwrap(), 126),
-        (bad_interpreter.to_str().unwrap(), 127),
+        ("no-such-command-leaderrun", 127, "command not found"),
+        ("./no/such/file", 127, "command not found"),
+        (plain.to_str().unwrap(), 126, "permission denied"),
+        (scratch.path().to_str().unwrap(), 126, "permission denied"),
+        (bad_interpreter.to_str().unwrap(), 127, "bad interpreter"),
+        (
+            one.to_str().unwrap(),
+            126,
+            "Too many levels of symbolic links",
+        ),
+        (too_long.as_str(), 126, "File name too long"),
     ];
-    for (command, code) in cases {
+    for (command, code, says) in cases {
         let started = Instant::now();
         let out = leaderrun()
             .args(["--dsn", dsn, "--", command])
             .output()
             .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "{command}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{command}: {stderr}");
+        assert!(stderr.contains(says), "{command}: {stderr}");
         assert!(started.elapsed() < secs(2.0));
     }
 }

@@ -120,7 +120,7 @@ pub fn man_page() -> Vec<u8> {
         ("0", "Stopped by INT or TERM while standby."),
         ("124", "--timeout expired and COMMAND was stopped (--once/--wait and the default mode)."),
         ("125", "leaderrun itself failed: usage error, bad DSN, database unreachable or authentication failed in --once/--wait, HTTP port in use, no watchdog can run."),
-        ("126", "COMMAND was found but is not executable."),
+        ("126", "COMMAND was found but cannot be run: not executable, or exec failed."),
         ("127", "COMMAND was not found."),
     ] {
         item(&mut roff, code, text);

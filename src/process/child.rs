@@ -105,6 +105,17 @@ pub enum SpawnError {
         /// COMMAND as given.
         program: String,
     },
+    /// Found, but the system cannot look at it (a loop of symbolic links, a name too long, a
+    /// directory on the way without search permission): exit 126, as env(1) and a shell give,
+    /// with the system's reason.
+    #[error("cannot execute {program}")]
+    Unusable {
+        /// COMMAND as given.
+        program: String,
+        /// What the system said of the path.
+        #[source]
+        source: std::io::Error,
+    },
     /// A script whose `#!` interpreter does not exist (exit 127, as a shell reports it).
     #[error("{program}: bad interpreter {interpreter}: no such file")]
     BadInterpreter {
@@ -135,12 +146,24 @@ impl SpawnError {
     pub fn exit_code(&self) -> u8 {
         match self {
             SpawnError::NotFound { .. } | SpawnError::BadInterpreter { .. } => 127,
-            SpawnError::NotExecutable { .. } => 126,
+            SpawnError::NotExecutable { .. } | SpawnError::Unusable { .. } => 126,
             SpawnError::Unguarded => 125,
+            // exec's own failures are 126 as env(1) gives them (found, cannot be run); the
+            // rest (the clone: EAGAIN, ENOMEM) are leaderrun's.
             SpawnError::Spawn { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOENT) | Some(libc::ENOTDIR) => 127,
-                Some(libc::EACCES) | Some(libc::ENOEXEC) | Some(libc::EISDIR)
-                | Some(libc::EPERM) | Some(libc::ETXTBSY) => 126,
+                Some(
+                    libc::EACCES
+                    | libc::ENOEXEC
+                    | libc::EISDIR
+                    | libc::EPERM
+                    | libc::ETXTBSY
+                    | libc::E2BIG
+                    | libc::ELOOP
+                    | libc::ENAMETOOLONG
+                    | libc::ELIBBAD
+                    | libc::EIO,
+                ) => 126,
                 _ => 125,
             },
         }
@@ -161,7 +184,8 @@ impl Command {
     ///
     /// # Errors
     /// [`SpawnError::NotFound`] when nothing matches; [`SpawnError::NotExecutable`] when only
-    /// non-executable files (or directories) match.
+    /// non-executable files (or directories) match; [`SpawnError::Unusable`] when a path with a
+    /// slash cannot be looked at (a loop of symbolic links, a name too long).
     ///
     /// # Panics
     /// When `argv` is empty (the command line parser requires COMMAND).
@@ -171,7 +195,8 @@ impl Command {
         if name.is_empty() {
             return Err(SpawnError::NotFound { program: shown });
         }
-        let candidates: Vec<PathBuf> = if name.as_bytes().contains(&b'/') {
+        let direct = name.as_bytes().contains(&b'/');
+        let candidates: Vec<PathBuf> = if direct {
             vec![PathBuf::from(&name)]
         } else {
             let path = path
@@ -188,9 +213,15 @@ impl Command {
                 .collect()
         };
         let mut not_executable = false;
+        let mut unusable = None;
         for candidate in candidates {
             match executable(&candidate) {
-                Some(true) => {
+                // A path of its own is reported as the system saw it, as a shell does; a
+                // directory of PATH that cannot be looked in is passed over, as a shell does.
+                Err(source) if direct => unusable = Some(source),
+                Err(_) => {}
+                Ok(None) => {}
+                Ok(Some(true)) => {
                     if let Some(interpreter) = missing_interpreter(&candidate) {
                         return Err(SpawnError::BadInterpreter {
                             program: shown,
@@ -202,11 +233,15 @@ impl Command {
                         argv,
                     });
                 }
-                Some(false) => not_executable = true,
-                None => {}
+                Ok(Some(false)) => not_executable = true,
             }
         }
-        if not_executable {
+        if let Some(source) = unusable.filter(|_| !not_executable) {
+            Err(SpawnError::Unusable {
+                program: shown,
+                source,
+            })
+        } else if not_executable {
             Err(SpawnError::NotExecutable { program: shown })
         } else {
             Err(SpawnError::NotFound { program: shown })
@@ -242,15 +277,25 @@ fn missing_interpreter(path: &Path) -> Option<String> {
 
 /// `None`: nothing there. `Some(true)`: an executable regular file. `Some(false)`: something
 /// that exec would refuse (a directory, a file without execute permission for us).
-fn executable(path: &Path) -> Option<bool> {
-    let meta = std::fs::metadata(path).ok()?;
+///
+/// # Errors
+/// What the system said when it could not look (`ELOOP`, `ENAMETOOLONG`, `EACCES` on a
+/// directory on the way): not "nothing there", which is `ENOENT` and `ENOTDIR` only.
+fn executable(path: &Path) -> std::io::Result<Option<bool>> {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+            return Ok(None)
+        }
+        Err(err) => return Err(err),
+    };
     if !meta.is_file() {
-        return Some(false);
+        return Ok(Some(false));
     }
     // access(2) answers for our real uid, including root's "any x bit" rule.
     let ok = nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).is_ok()
         && meta.permissions().mode() & 0o111 != 0;
-    Some(ok)
+    Ok(Some(ok))
 }
 
 /// What one drain of `waitpid(-1, WNOHANG)` found.
@@ -1116,6 +1161,35 @@ fn is_reaper() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn execs_own_failures_are_126_and_the_clones_are_leaderruns() {
+        let spawn = |errno| {
+            SpawnError::Spawn {
+                program: "job".into(),
+                source: std::io::Error::from_raw_os_error(errno),
+            }
+            .exit_code()
+        };
+        for errno in [libc::ENOENT, libc::ENOTDIR] {
+            assert_eq!(spawn(errno), 127, "{errno}");
+        }
+        // An environment too large for COMMAND (leaderrun adds its variables), a loop of
+        // links, a name too long, a broken library: env(1) and a shell say 126.
+        for errno in [
+            libc::E2BIG,
+            libc::ELOOP,
+            libc::ENAMETOOLONG,
+            libc::ELIBBAD,
+            libc::EACCES,
+            libc::ETXTBSY,
+        ] {
+            assert_eq!(spawn(errno), 126, "{errno}");
+        }
+        for errno in [libc::EAGAIN, libc::ENOMEM] {
+            assert_eq!(spawn(errno), 125, "{errno}");
+        }
+    }
 
     #[test]
     fn exit_codes() {
