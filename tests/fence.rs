@@ -706,6 +706,47 @@ fn a_watchdog_stopped_from_outside_is_continued_and_still_fences_the_tree() {
     });
 }
 
+/// A leaderrun stopped while it stops COMMAND (after its SIGTERM, during the grace) finds on
+/// resume that its watchdog stopped the tree meanwhile: it says nothing of a tree "still
+/// running after the grace period" (before, a false WARN and a SIGKILL to a dead group) and
+/// exits at once.
+#[test]
+fn a_tree_the_watchdog_stopped_while_leaderrun_was_frozen_is_not_said_to_run() {
+    // The whole group ignores TERM: only SIGKILL, after the grace, ends it.
+    let setup = Setup::new(
+        Cluster::shared(),
+        "trap '' TERM INT HUP\nsleep 600 &\necho \"helper $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let scratch = &setup.scratch;
+    let mut leader = setup.replica("300ms", &["--grace", "300ms"]);
+    let child = scratch.wait_starts(1, secs(10.0))[0].pid;
+    let helper = scratch.recorded_pid("helper ");
+    leader.signal(Signal::SIGTERM);
+    // Frozen once it is stopping the tree (the grace runs), not before it read the signal.
+    leader.wait_log("received SIGTERM", 1, secs(5.0));
+    leader.signal(Signal::SIGSTOP);
+    let frozen = Instant::now();
+    // The watchdog, without heartbeats, stops the tree itself: TERM, its grace, SIGKILL.
+    wait_for("the watchdog to kill the tree", secs(10.0), || {
+        (!alive(child) && !alive(helper)).then_some(())
+    });
+    assert!(
+        frozen.elapsed() > secs(0.3),
+        "leaderrun's grace ran out while it was stopped"
+    );
+    leader.signal(Signal::SIGCONT);
+    let resumed = Instant::now();
+    leader.wait_exit(secs(10.0));
+    let log = leader.log();
+    assert!(!log.contains("still running after the grace"), "{log}");
+    assert!(!log.contains("still there"), "{log}");
+    assert!(
+        resumed.elapsed() < secs(2.0),
+        "exited {:?} after resuming: {log}",
+        resumed.elapsed()
+    );
+}
+
 /// The pid namespace `pid` is in (the target of `/proc/PID/ns/pid`).
 fn pid_namespace(pid: i32) -> Option<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()

@@ -629,38 +629,58 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 self.stop(Why::TimedOut, self.plan.stop_signal);
             }
             State::Child {
-                run,
                 phase:
                     Phase::Stopping {
                         kill_at,
-                        give_up_at,
-                        status,
+                        give_up_at: None,
                         ..
                     },
-            } => {
-                if give_up_at.is_none() && *kill_at <= now {
-                    let what = if status.is_some() {
-                        "processes COMMAND left behind are"
-                    } else {
-                        "child is"
-                    };
-                    warn!(
-                        pgid = run.pid(),
-                        grace = %humantime::format_duration(self.plan.grace),
-                        "{what} still running after the grace period; sending SIGKILL"
-                    );
-                    run.tree().signal_all(Signal::SIGKILL);
-                    *give_up_at = Some(now + KILL_WAIT);
-                    self.poll();
-                } else if give_up_at.is_some_and(|at| at <= now) {
-                    warn!(
-                        pgid = run.pid(),
-                        "processes of COMMAND are still there {} after SIGKILL; going on without them",
-                        humantime::format_duration(KILL_WAIT)
-                    );
-                    let status = status.unwrap_or(ExitStatus::Signal(Signal::SIGKILL));
-                    self.stopped(status);
-                }
+                ..
+            } if *kill_at <= now => {
+                // Looked at first: a leaderrun that was stopped itself past the grace may
+                // find the tree gone (its watchdog stopped it meanwhile), and then it is not
+                // still running.
+                self.poll();
+                let State::Child {
+                    run,
+                    phase:
+                        Phase::Stopping {
+                            give_up_at: give_up_at @ None,
+                            status,
+                            ..
+                        },
+                } = &mut self.state
+                else {
+                    return;
+                };
+                let what = if status.is_some() {
+                    "processes COMMAND left behind are"
+                } else {
+                    "child is"
+                };
+                warn!(
+                    pgid = run.pid(),
+                    grace = %humantime::format_duration(self.plan.grace),
+                    "{what} still running after the grace period; sending SIGKILL"
+                );
+                run.tree().signal_all(Signal::SIGKILL);
+                *give_up_at = Some(now + KILL_WAIT);
+                self.poll();
+            }
+            State::Child {
+                run,
+                phase:
+                    Phase::Stopping {
+                        give_up_at, status, ..
+                    },
+            } if give_up_at.is_some_and(|at| at <= now) => {
+                warn!(
+                    pgid = run.pid(),
+                    "processes of COMMAND are still there {} after SIGKILL; going on without them",
+                    humantime::format_duration(KILL_WAIT)
+                );
+                let status = status.unwrap_or(ExitStatus::Signal(Signal::SIGKILL));
+                self.stopped(status);
             }
             _ => {}
         }
