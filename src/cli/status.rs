@@ -189,11 +189,14 @@ const MAX_SLOTS: u32 = 1024;
 /// The seed's `pg_locks` query for every slot's key and every place in line, joined to
 /// `pg_stat_activity`. `$1`: the slots' classes, `$2`: the places' classes (both `oid[]`, the
 /// unsigned view of the int4), `$3`: the id.
-const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
-       pg_catalog.host(a.client_addr), \
+const STATUS_SQL: &str = concat!(
+    "SELECT l.pid, l.granted, ",
+    activity_bytes!("a.application_name"),
+    ", pg_catalog.host(a.client_addr), \
        CASE WHEN a.client_port OPERATOR(pg_catalog.<>) -1 THEN a.client_port END, \
-       pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
-       a.query, pg_catalog.current_database(), \
+       pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), ",
+    activity_bytes!("a.query"),
+    ", pg_catalog.current_database(), \
        pg_catalog.to_char((pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart')\
          ::pg_catalog.timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
        l.classid, l.objsubid \
@@ -205,19 +208,24 @@ const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
        AND l.objid OPERATOR(pg_catalog.=) $3 \
        AND ((l.objsubid OPERATOR(pg_catalog.=) 2 AND l.classid OPERATOR(pg_catalog.=) ANY ($1)) \
          OR (l.objsubid OPERATOR(pg_catalog.=) 1 AND l.classid OPERATOR(pg_catalog.=) ANY ($2))) \
-     ORDER BY l.granted DESC, l.pid";
+     ORDER BY l.granted DESC, l.pid"
+);
 
 /// Standby sessions between their checks: their last statement carries
 /// [`standby_comment`]. `$1`: the comment.
-const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, \
-       pg_catalog.host(a.client_addr), a.query \
-     FROM pg_catalog.pg_stat_activity a \
+const STANDBYS_SQL: &str = concat!(
+    "SELECT a.pid, ",
+    activity_bytes!("a.application_name"),
+    ", pg_catalog.host(a.client_addr), ",
+    activity_bytes!("a.query"),
+    " FROM pg_catalog.pg_stat_activity a \
      WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() \
        AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid() \
        AND pg_catalog.starts_with(a.query, $1) \
-     ORDER BY a.pid";
+     ORDER BY a.pid"
+);
 
-use crate::pg::holder::parse_check_comment;
+use crate::pg::holder::{activity_bytes, activity_text, parse_check_comment};
 
 /// The host and pid of a leaderrun session: from `leaderrun@HOST:PID`, else from the
 /// identity comment of its last statement ([`crate::pg::holder::identify`]).
@@ -313,9 +321,9 @@ pub async fn report(
     for row in &rows {
         let pid: i32 = row.get(0);
         let granted: bool = row.get(1);
-        let application_name: Option<String> = row.get(2);
-        let activity: Option<&str> = row.get(6);
-        let (host, leaderrun_pid) = who(application_name.as_deref(), activity);
+        let application_name = activity_text(row.get(2));
+        let activity = activity_text(row.get(6));
+        let (host, leaderrun_pid) = who(application_name.as_deref(), activity.as_deref());
         let class: u32 = row.get(9);
         let objsubid: i16 = row.get(10);
         if !granted {
@@ -323,8 +331,8 @@ pub async fn report(
         }
         if granted && objsubid == 2 {
             let slot = class.wrapping_sub(lock.class as u32);
-            let query: Option<String> = row.get(6);
-            let (term, since, fencing_token) = parse_check_comment(query.as_deref().unwrap_or(""));
+            let (term, since, fencing_token) =
+                parse_check_comment(activity.as_deref().unwrap_or(""));
             let leading_seconds = since
                 .as_deref()
                 .and_then(|s| humantime::parse_rfc3339(s).ok())
@@ -353,7 +361,12 @@ pub async fn report(
         let standby = match in_line.iter_mut().find(|s| s.backend_pid == pid) {
             Some(standby) => standby,
             None => {
-                in_line.push(Standby::seen(pid, application_name, row.get(3), activity));
+                in_line.push(Standby::seen(
+                    pid,
+                    application_name,
+                    row.get(3),
+                    activity.as_deref(),
+                ));
                 in_line.last_mut().expect("just pushed")
             }
         };
@@ -377,7 +390,13 @@ pub async fn report(
         if leaders.contains(&pid) || standbys.iter().any(|s| s.backend_pid == pid) {
             continue;
         }
-        standbys.push(Standby::seen(pid, row.get(1), row.get(2), row.get(3)));
+        let query = activity_text(row.get(3));
+        standbys.push(Standby::seen(
+            pid,
+            activity_text(row.get(1)),
+            row.get(2),
+            query.as_deref(),
+        ));
     }
     let leader = slot_leaders.iter().find_map(|s| s.leader.clone());
     Ok(Report {
