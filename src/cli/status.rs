@@ -172,6 +172,10 @@ pub struct Report {
     pub tz: Option<String>,
     /// The next due time of that schedule (RFC 3339 in its zone), or null.
     pub next_due_at: Option<String>,
+    /// Why the next due time of the stored schedule cannot be told here (its zone cannot be
+    /// loaded, or has no name); not in `--json`, whose `next_due_at` is null then.
+    #[serde(skip)]
+    pub next_due_unknown: Option<String>,
 }
 
 /// Which slots' keys beyond the ones asked about are held. `$1`: their classes (`oid[]`),
@@ -416,6 +420,7 @@ pub async fn report(
         schedule: None,
         tz: None,
         next_due_at: None,
+        next_due_unknown: None,
     })
 }
 
@@ -461,25 +466,45 @@ pub async fn add_history(
             Chain(&err)
         ),
     }
-    use crate::supervisor::schedule::{named_zone, Schedule};
-    let schedule = match schedule {
-        Some(s) => Some(s.clone()),
-        None => stored.and_then(|(expr, tz)| {
-            let zone = if tz == "local time" || tz.is_empty() {
-                crate::supervisor::schedule::zone(None).ok()?
-            } else {
-                named_zone(&tz, "the history").ok()?
-            };
-            Schedule::parse(&expr, zone).ok()
-        }),
+    let schedule = match (schedule, stored) {
+        (Some(s), _) => s.clone(),
+        (None, None) => return,
+        (None, Some((expr, tz))) => match stored_schedule(&expr, &tz) {
+            Ok(s) => s,
+            Err(why) => {
+                // Shown without a next due time rather than with one from another zone.
+                tracing::warn!(
+                    "status: cannot tell the next due time of the schedule {expr} ({tz}) the \
+                     runs were made under: {why}; give status --schedule and --tz"
+                );
+                report.schedule = Some(expr);
+                report.tz = Some(tz);
+                report.next_due_unknown = Some(why);
+                return;
+            }
+        },
     };
-    if let Some(schedule) = schedule {
-        report.schedule = Some(schedule.expr().to_owned());
-        report.tz = Some(schedule.zone().to_owned());
-        report.next_due_at = schedule
-            .next_after(SystemTime::now())
-            .map(|t| schedule.format(t));
+    report.schedule = Some(schedule.expr().to_owned());
+    report.tz = Some(schedule.zone().to_owned());
+    report.next_due_at = schedule
+        .next_after(SystemTime::now())
+        .map(|t| schedule.format(t));
+}
+
+/// The schedule `expr` the history stored, in the zone `tz` it stored with it: the zone the
+/// runs were made in, loaded by that name ([`crate::supervisor::schedule::Zone::name`]);
+/// why not, when it cannot be.
+fn stored_schedule(expr: &str, tz: &str) -> Result<crate::supervisor::schedule::Schedule, String> {
+    use crate::supervisor::schedule::{named_zone, Schedule, LOCAL_TIME};
+    if tz == LOCAL_TIME || tz.is_empty() {
+        // This host's local time need not be the runs' host's.
+        return Err(format!(
+            "the zone of the runs has no name ({LOCAL_TIME:?}: their host's /etc/localtime, or a \
+             POSIX TZ rule as earlier releases stored one)"
+        ));
     }
+    let zone = named_zone(tz, "the history").map_err(|e| e.to_string())?;
+    Schedule::parse(expr, zone).map_err(|e| e.to_string())
 }
 
 fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
@@ -617,7 +642,13 @@ impl Report {
             ));
         }
         if let (Some(schedule), Some(tz)) = (&self.schedule, &self.tz) {
-            let next = self.next_due_at.as_deref().unwrap_or("none");
+            let next = match (&self.next_due_at, &self.next_due_unknown) {
+                (Some(next), _) => next.as_str(),
+                (None, Some(_)) => {
+                    "unknown (the runs' zone cannot be loaded here: give --schedule and --tz)"
+                }
+                (None, None) => "none",
+            };
             out.push_str(&format!("schedule       {schedule} ({tz})\n"));
             out.push_str(&format!("next due       {next}\n"));
         }
