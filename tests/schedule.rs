@@ -701,6 +701,138 @@ fn history_records_a_one_shot_and_status_shows_it() {
     );
 }
 
+#[test]
+fn status_tells_the_next_due_time_in_the_posix_tz_rule_the_runs_were_made_in() {
+    let cluster = Cluster::shared();
+    let status_in = |tz: &str, id: i32, table: &str, json: bool| {
+        let mut cmd = leaderrun();
+        cmd.env("TZ", tz)
+            .args([
+                "status",
+                "--dsn",
+                &cluster.dsn(),
+                "--lock-id",
+                &id.to_string(),
+            ])
+            .args(["--history-table", table]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "no leader: {out:?}");
+        out
+    };
+    let json_of = |out: &std::process::Output| -> serde_json::Value {
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // `TZ` rules with no IANA name; `status` itself runs in yet another zone.
+    for (rule, offsets) in [
+        ("<+14>-14", &["+14:00"][..]),
+        ("UTC0", &["+00:00"][..]),
+        ("EST5EDT,M3.2.0,M11.1.0", &["-05:00", "-04:00"][..]),
+    ] {
+        let id = unique_lock_id();
+        let table = format!("runs_tz_{id}");
+        // Every two seconds, in this hour of the rule's wall clock and the next (any hour where
+        // the offset changes with the season): read in another zone, those hours are far off.
+        let schedule = match offsets {
+            [fixed] => {
+                let hours: i64 = fixed[..3].parse().unwrap();
+                let hour = (now() as i64 / 3600 + hours).rem_euclid(24);
+                format!("*/2 * {hour},{} * * *", (hour + 1) % 24)
+            }
+            _ => "*/2 * * * * *".to_owned(),
+        };
+        let mut cmd = leaderrun();
+        cmd.env("TZ", rule)
+            .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
+            .args([
+                "--check-interval",
+                INTERVAL,
+                "--history",
+                "--history-table",
+                &table,
+            ])
+            .args(["--schedule", &schedule, "--", "true"]);
+        let mut replica = Replica::spawn(cmd);
+        wait_for("a run in the history", secs(10.0), || {
+            let rows = cluster.sql(&format!(
+                "SELECT count(*) FROM pg_catalog.pg_tables WHERE tablename = '{table}'"
+            ));
+            (rows == ["1"]
+                && cluster.sql(&format!(
+                    "SELECT count(*) FROM {table} WHERE ended_at IS NOT NULL"
+                )) != ["0"])
+            .then_some(())
+        });
+        replica.signal(Signal::SIGTERM);
+        stopped_by_term(&mut replica);
+        assert_eq!(
+            cluster.sql(&format!("SELECT DISTINCT tz FROM {table}")),
+            [rule],
+            "the history names the rule the schedule was read in"
+        );
+        let json = json_of(&status_in("<-03>3", id, &table, true));
+        assert_eq!(json["schedule"], schedule.as_str(), "{json}");
+        assert_eq!(json["tz"], rule, "{json}");
+        let next = json["next_due_at"].as_str().unwrap_or_default();
+        assert!(
+            offsets.iter().any(|o| next.ends_with(o)),
+            "{rule}: next due {next:?} is not in the rule's offset {offsets:?}: {json}"
+        );
+        let next: jiff::Timestamp = next.parse().unwrap();
+        let ahead = next.as_second() as f64 - now();
+        assert!(
+            (-1.0..=3.0).contains(&ahead),
+            "{rule}: next due {next} is {ahead} s away, not the next two-second mark: {json}"
+        );
+        let table_out = String::from_utf8(status_in("<-03>3", id, &table, false).stdout).unwrap();
+        assert!(
+            table_out.contains(&format!("schedule       {schedule} ({rule})")),
+            "{table_out}"
+        );
+    }
+
+    // A zone status cannot load by the stored name (an unnamed /etc/localtime is stored as
+    // `local time`): no next due time from another zone, and a WARN says why.
+    let id = unique_lock_id();
+    let table = format!("runs_tz_{id}");
+    let mut once = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--once",
+            "--history",
+            "--history-table",
+            &table,
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0));
+    for tz in ["local time", "Mars/Olympus"] {
+        cluster.sql(&format!(
+            "UPDATE {table} SET schedule = '*/2 * * * * *', tz = '{tz}'"
+        ));
+        let out = status_in("UTC", id, &table, true);
+        let json = json_of(&out);
+        assert_eq!(json["tz"], tz, "{json}");
+        assert!(json["next_due_at"].is_null(), "{json}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(" WARN ") && stderr.contains("cannot tell the next due time"),
+            "{stderr}"
+        );
+        let table_out = String::from_utf8(status_in("UTC", id, &table, false).stdout).unwrap();
+        assert!(
+            table_out.contains(&format!("schedule       */2 * * * * * ({tz})"))
+                && table_out.contains("next due       unknown"),
+            "{table_out}"
+        );
+    }
+}
+
 /// The README's SQL for a DBA is the SQL leaderrun runs itself.
 #[test]
 fn the_readme_gives_the_history_tables_sql() {

@@ -212,6 +212,148 @@ fn a_holder_that_is_not_leaderrun_leads_too() {
     scratch.wait_starts(1, secs(10.0));
 }
 
+/// A `psql` session on database `db` of `cluster` (application_name `psql-holder`, client
+/// encoding `encoding`) that sends `statements` as they are, bytes that are not UTF-8
+/// included, and stays until it is killed.
+fn psql_on(cluster: &Cluster, db: &str, encoding: &str, statements: &[u8]) -> std::process::Child {
+    let mut psql = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+        .args(["-h", "127.0.0.1", "-p", &cluster.addr().port().to_string()])
+        .args(["-U", "postgres", "-d", db])
+        .env("PGAPPNAME", "psql-holder")
+        .env("PGCLIENTENCODING", encoding)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run psql");
+    psql.stdin.as_mut().unwrap().write_all(statements).unwrap();
+    psql
+}
+
+#[test]
+fn status_and_standbys_read_other_sessions_in_every_database_encoding() {
+    // Databases of its own: a private cluster.
+    let cluster = Cluster::start_private();
+    for (db, encoding) in [("lr_sql_ascii", "SQL_ASCII"), ("lr_latin1", "LATIN1")] {
+        cluster.sql(&format!(
+            "CREATE DATABASE {db} ENCODING '{encoding}' TEMPLATE template0 \
+             LC_COLLATE 'C' LC_CTYPE 'C'"
+        ));
+    }
+    let dsn = |db: &str| {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={db}",
+            cluster.addr().port()
+        )
+    };
+    let holder_of = |db: &str, id: i32| {
+        wait_for("psql to hold the lock", secs(10.0), || {
+            cluster
+                .sql(&format!(
+                    "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
+                     WHERE d.datname = '{db}' AND l.locktype = 'advisory' AND l.granted \
+                       AND l.classid = ({CLASS}::bigint & 4294967295)::text::oid \
+                       AND l.objid = ({id}::bigint & 4294967295)::text::oid AND l.objsubid = 2"
+                ))
+                .first()
+                .map(|pid| pid.parse::<i32>().unwrap())
+        })
+    };
+    let status_of = |db: &str, id: i32, json: bool| {
+        let mut cmd = leaderrun();
+        cmd.args(["status", "--dsn", &dsn(db), "--lock-id", &id.to_string()]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "status in {db}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+
+    // In a SQL_ASCII database the server cannot convert a session's bytes that are not UTF-8 to
+    // the client's encoding: a holder that is not leaderrun whose statement has some.
+    let id = unique_lock_id();
+    let mut sql = format!("SELECT pg_advisory_lock({CLASS}, {id}) /* ").into_bytes();
+    sql.extend_from_slice(b"\xff\xfe */, '\xff';\n");
+    let mut stranger = psql_on(&cluster, "lr_sql_ascii", "SQL_ASCII", &sql);
+    let holder = holder_of("lr_sql_ascii", id);
+    let report: serde_json::Value =
+        serde_json::from_slice(&status_of("lr_sql_ascii", id, true)).unwrap();
+    let l = &report["leader"];
+    assert_eq!(l["pid"], holder, "{report}");
+    assert_eq!(l["leaderrun"], false, "{report}");
+    assert_eq!(l["application_name"], "psql-holder", "{report}");
+    let table = String::from_utf8(status_of("lr_sql_ascii", id, false)).unwrap();
+    assert!(
+        table.contains("leader         not leaderrun: application_name=psql-holder"),
+        "{table}"
+    );
+    // A standby there says who holds the lock, and status lists it.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn("lr_sql_ascii"), "--lock-id", &id.to_string()])
+        .args(["--check-interval", INTERVAL, "--", job.to_str().unwrap()]);
+    let standby = Replica::spawn(cmd);
+    standby.wait_log("the lock is held by", 1, secs(10.0));
+    let lines = holder_lines(&standby.log());
+    assert!(
+        lines[0].contains(" INFO ")
+            && lines[0].contains(&format!(
+                "the lock is held by not leaderrun: application_name=psql-holder, backend \
+                 {holder}, session started "
+            )),
+        "{lines:?}"
+    );
+    let report: serde_json::Value = wait_for("status to list the standby", secs(10.0), || {
+        let report: serde_json::Value =
+            serde_json::from_slice(&status_of("lr_sql_ascii", id, true)).unwrap();
+        report["standbys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["leaderrun_pid"] == standby.pid())
+            .then_some(report)
+    });
+    assert_eq!(report["leader"]["pid"], holder, "{report}");
+
+    // A leaderrun known by the comment its statements carry, on a host whose name is not ASCII,
+    // is read right in every encoding: SQL_ASCII keeps the UTF-8 bytes it was sent, LATIN1
+    // converts them to its own and back.
+    for db in ["lr_sql_ascii", "lr_latin1", "postgres"] {
+        let id = unique_lock_id();
+        let mut named = psql_on(
+            &cluster,
+            db,
+            "UTF8",
+            format!("/* by=hôte-é:4242 */ SELECT pg_advisory_lock({CLASS}, {id});\n").as_bytes(),
+        );
+        holder_of(db, id);
+        let report: serde_json::Value = serde_json::from_slice(&status_of(db, id, true)).unwrap();
+        let l = &report["leader"];
+        assert_eq!(
+            (&l["leaderrun"], &l["host"], &l["leaderrun_pid"]),
+            (
+                &serde_json::json!(true),
+                &serde_json::json!("hôte-é"),
+                &serde_json::json!(4242)
+            ),
+            "{db}: {report}"
+        );
+        let _ = named.kill();
+        let _ = named.wait();
+    }
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    scratch.wait_starts(1, secs(10.0));
+}
+
 #[test]
 fn status_and_doctor_take_negative_lock_keys_in_every_form() {
     let cluster = Cluster::shared();

@@ -172,6 +172,10 @@ pub struct Report {
     pub tz: Option<String>,
     /// The next due time of that schedule (RFC 3339 in its zone), or null.
     pub next_due_at: Option<String>,
+    /// Why the next due time of the stored schedule cannot be told here (its zone cannot be
+    /// loaded, or has no name); not in `--json`, whose `next_due_at` is null then.
+    #[serde(skip)]
+    pub next_due_unknown: Option<String>,
 }
 
 /// Which slots' keys beyond the ones asked about are held. `$1`: their classes (`oid[]`),
@@ -189,11 +193,14 @@ const MAX_SLOTS: u32 = 1024;
 /// The seed's `pg_locks` query for every slot's key and every place in line, joined to
 /// `pg_stat_activity`. `$1`: the slots' classes, `$2`: the places' classes (both `oid[]`, the
 /// unsigned view of the int4), `$3`: the id.
-const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
-       pg_catalog.host(a.client_addr), \
+const STATUS_SQL: &str = concat!(
+    "SELECT l.pid, l.granted, ",
+    activity_bytes!("a.application_name"),
+    ", pg_catalog.host(a.client_addr), \
        CASE WHEN a.client_port OPERATOR(pg_catalog.<>) -1 THEN a.client_port END, \
-       pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
-       a.query, pg_catalog.current_database(), \
+       pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), ",
+    activity_bytes!("a.query"),
+    ", pg_catalog.current_database(), \
        pg_catalog.to_char((pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart')\
          ::pg_catalog.timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
        l.classid, l.objsubid \
@@ -205,19 +212,24 @@ const STATUS_SQL: &str = "SELECT l.pid, l.granted, a.application_name, \
        AND l.objid OPERATOR(pg_catalog.=) $3 \
        AND ((l.objsubid OPERATOR(pg_catalog.=) 2 AND l.classid OPERATOR(pg_catalog.=) ANY ($1)) \
          OR (l.objsubid OPERATOR(pg_catalog.=) 1 AND l.classid OPERATOR(pg_catalog.=) ANY ($2))) \
-     ORDER BY l.granted DESC, l.pid";
+     ORDER BY l.granted DESC, l.pid"
+);
 
 /// Standby sessions between their checks: their last statement carries
 /// [`standby_comment`]. `$1`: the comment.
-const STANDBYS_SQL: &str = "SELECT a.pid, a.application_name, \
-       pg_catalog.host(a.client_addr), a.query \
-     FROM pg_catalog.pg_stat_activity a \
+const STANDBYS_SQL: &str = concat!(
+    "SELECT a.pid, ",
+    activity_bytes!("a.application_name"),
+    ", pg_catalog.host(a.client_addr), ",
+    activity_bytes!("a.query"),
+    " FROM pg_catalog.pg_stat_activity a \
      WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() \
        AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid() \
        AND pg_catalog.starts_with(a.query, $1) \
-     ORDER BY a.pid";
+     ORDER BY a.pid"
+);
 
-use crate::pg::holder::parse_check_comment;
+use crate::pg::holder::{activity_bytes, activity_text, parse_check_comment};
 
 /// The host and pid of a leaderrun session: from `leaderrun@HOST:PID`, else from the
 /// identity comment of its last statement ([`crate::pg::holder::identify`]).
@@ -313,9 +325,9 @@ pub async fn report(
     for row in &rows {
         let pid: i32 = row.get(0);
         let granted: bool = row.get(1);
-        let application_name: Option<String> = row.get(2);
-        let activity: Option<&str> = row.get(6);
-        let (host, leaderrun_pid) = who(application_name.as_deref(), activity);
+        let application_name = activity_text(row.get(2));
+        let activity = activity_text(row.get(6));
+        let (host, leaderrun_pid) = who(application_name.as_deref(), activity.as_deref());
         let class: u32 = row.get(9);
         let objsubid: i16 = row.get(10);
         if !granted {
@@ -323,8 +335,8 @@ pub async fn report(
         }
         if granted && objsubid == 2 {
             let slot = class.wrapping_sub(lock.class as u32);
-            let query: Option<String> = row.get(6);
-            let (term, since, fencing_token) = parse_check_comment(query.as_deref().unwrap_or(""));
+            let (term, since, fencing_token) =
+                parse_check_comment(activity.as_deref().unwrap_or(""));
             let leading_seconds = since
                 .as_deref()
                 .and_then(|s| humantime::parse_rfc3339(s).ok())
@@ -353,7 +365,12 @@ pub async fn report(
         let standby = match in_line.iter_mut().find(|s| s.backend_pid == pid) {
             Some(standby) => standby,
             None => {
-                in_line.push(Standby::seen(pid, application_name, row.get(3), activity));
+                in_line.push(Standby::seen(
+                    pid,
+                    application_name,
+                    row.get(3),
+                    activity.as_deref(),
+                ));
                 in_line.last_mut().expect("just pushed")
             }
         };
@@ -377,7 +394,13 @@ pub async fn report(
         if leaders.contains(&pid) || standbys.iter().any(|s| s.backend_pid == pid) {
             continue;
         }
-        standbys.push(Standby::seen(pid, row.get(1), row.get(2), row.get(3)));
+        let query = activity_text(row.get(3));
+        standbys.push(Standby::seen(
+            pid,
+            activity_text(row.get(1)),
+            row.get(2),
+            query.as_deref(),
+        ));
     }
     let leader = slot_leaders.iter().find_map(|s| s.leader.clone());
     Ok(Report {
@@ -397,6 +420,7 @@ pub async fn report(
         schedule: None,
         tz: None,
         next_due_at: None,
+        next_due_unknown: None,
     })
 }
 
@@ -442,25 +466,45 @@ pub async fn add_history(
             Chain(&err)
         ),
     }
-    use crate::supervisor::schedule::{named_zone, Schedule};
-    let schedule = match schedule {
-        Some(s) => Some(s.clone()),
-        None => stored.and_then(|(expr, tz)| {
-            let zone = if tz == "local time" || tz.is_empty() {
-                crate::supervisor::schedule::zone(None).ok()?
-            } else {
-                named_zone(&tz, "the history").ok()?
-            };
-            Schedule::parse(&expr, zone).ok()
-        }),
+    let schedule = match (schedule, stored) {
+        (Some(s), _) => s.clone(),
+        (None, None) => return,
+        (None, Some((expr, tz))) => match stored_schedule(&expr, &tz) {
+            Ok(s) => s,
+            Err(why) => {
+                // Shown without a next due time rather than with one from another zone.
+                tracing::warn!(
+                    "status: cannot tell the next due time of the schedule {expr} ({tz}) the \
+                     runs were made under: {why}; give status --schedule and --tz"
+                );
+                report.schedule = Some(expr);
+                report.tz = Some(tz);
+                report.next_due_unknown = Some(why);
+                return;
+            }
+        },
     };
-    if let Some(schedule) = schedule {
-        report.schedule = Some(schedule.expr().to_owned());
-        report.tz = Some(schedule.zone().to_owned());
-        report.next_due_at = schedule
-            .next_after(SystemTime::now())
-            .map(|t| schedule.format(t));
+    report.schedule = Some(schedule.expr().to_owned());
+    report.tz = Some(schedule.zone().to_owned());
+    report.next_due_at = schedule
+        .next_after(SystemTime::now())
+        .map(|t| schedule.format(t));
+}
+
+/// The schedule `expr` the history stored, in the zone `tz` it stored with it: the zone the
+/// runs were made in, loaded by that name ([`crate::supervisor::schedule::Zone::name`]);
+/// why not, when it cannot be.
+fn stored_schedule(expr: &str, tz: &str) -> Result<crate::supervisor::schedule::Schedule, String> {
+    use crate::supervisor::schedule::{named_zone, Schedule, LOCAL_TIME};
+    if tz == LOCAL_TIME || tz.is_empty() {
+        // This host's local time need not be the runs' host's.
+        return Err(format!(
+            "the zone of the runs has no name ({LOCAL_TIME:?}: their host's /etc/localtime, or a \
+             POSIX TZ rule as earlier releases stored one)"
+        ));
     }
+    let zone = named_zone(tz, "the history").map_err(|e| e.to_string())?;
+    Schedule::parse(expr, zone).map_err(|e| e.to_string())
 }
 
 fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
@@ -598,7 +642,13 @@ impl Report {
             ));
         }
         if let (Some(schedule), Some(tz)) = (&self.schedule, &self.tz) {
-            let next = self.next_due_at.as_deref().unwrap_or("none");
+            let next = match (&self.next_due_at, &self.next_due_unknown) {
+                (Some(next), _) => next.as_str(),
+                (None, Some(_)) => {
+                    "unknown (the runs' zone cannot be loaded here: give --schedule and --tz)"
+                }
+                (None, None) => "none",
+            };
             out.push_str(&format!("schedule       {schedule} ({tz})\n"));
             out.push_str(&format!("next due       {next}\n"));
         }

@@ -10,6 +10,32 @@
 
 use std::fmt;
 
+/// A text column of another session in `pg_stat_activity` (`application_name`, `query`), as
+/// the SQL of a `bytea` of its UTF-8 bytes, cut to its first 400 characters (only the leading
+/// comments are read). Read it with [`activity_text`].
+///
+/// Read as text, such a column must be converted to the client's encoding (UTF8), and in a
+/// `SQL_ASCII` database the server cannot: a stranger's bytes that are not UTF-8 fail the whole
+/// statement (22021). So the server converts what it can (every other database encoding has a
+/// UTF-8 form) and gives a `SQL_ASCII` database's bytes as they are, which are decoded lossily.
+macro_rules! activity_bytes {
+    ($column:literal) => {
+        concat!(
+            "pg_catalog.convert_to(pg_catalog.left(",
+            $column,
+            ", 400), CASE WHEN pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.=) \
+             'SQL_ASCII' THEN 'SQL_ASCII' ELSE 'UTF8' END::pg_catalog.name)"
+        )
+    };
+}
+pub(crate) use activity_bytes;
+
+/// A column read with `activity_bytes!` as text: bytes that are not UTF-8 (possible only in a
+/// `SQL_ASCII` database) become U+FFFD.
+pub fn activity_text(bytes: Option<&[u8]>) -> Option<String> {
+    bytes.map(|b| String::from_utf8_lossy(b).into_owned())
+}
+
 /// The host and leaderrun pid in an `application_name` of the form `leaderrun@HOST:PID`;
 /// `None` for any other name.
 pub fn parse_application_name(name: &str) -> Option<(String, u32)> {
@@ -31,8 +57,13 @@ pub fn identity_comment() -> String {
 
 /// The host and leaderrun pid an [`identity_comment`] in `query`'s leading comments names.
 pub fn parse_identity_comment(query: &str) -> Option<(String, u32)> {
-    // Only the leading comments: the rest is SQL text of ours, or a stranger's.
-    let head = &query[..query.len().min(400)];
+    // Only the leading comments: the rest is SQL text of ours, or a stranger's. The cut is
+    // moved back to a character's start: a stranger's text may have any character there.
+    let mut cut = query.len().min(400);
+    while !query.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let head = &query[..cut];
     let start = head.find("/* by=")? + "/* by=".len();
     let rest = &head[start..];
     let (host, pid) = rest[..rest.find(" */")?].rsplit_once(':')?;
@@ -153,6 +184,23 @@ mod tests {
         );
         assert_eq!(identify(Some("psql"), Some("SELECT 1")), None);
         assert!(parse_identity_comment(&identity_comment()).is_some());
+        // A character across the 400th byte of a stranger's statement.
+        let long = format!("SELECT '{}é'", "x".repeat(391));
+        assert_eq!(long.len(), 402);
+        assert_eq!(parse_identity_comment(&long), None);
+    }
+
+    #[test]
+    fn activity_text_is_lossy() {
+        assert_eq!(activity_text(None), None);
+        assert_eq!(
+            activity_text(Some("été".as_bytes())).as_deref(),
+            Some("été")
+        );
+        assert_eq!(
+            activity_text(Some(b"a \xff\xfe b")).as_deref(),
+            Some("a \u{fffd}\u{fffd} b")
+        );
     }
 
     #[test]

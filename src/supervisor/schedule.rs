@@ -47,13 +47,37 @@ pub enum ScheduleError {
     },
 }
 
+/// The name [`Schedule::zone`] gives a zone that has none: an `/etc/localtime` that is not a
+/// link into the zone database. No other host (and no `status`) can load it by that name.
+pub const LOCAL_TIME: &str = "local time";
+
+/// A zone to read a schedule in, with the name that loads the same zone again through
+/// [`named_zone`] (what the history stores for `status`), or [`LOCAL_TIME`] when it has none.
+#[derive(Clone, Debug)]
+pub struct Zone {
+    tz: TimeZone,
+    name: String,
+}
+
+impl Zone {
+    /// The zone itself.
+    pub fn tz(&self) -> &TimeZone {
+        &self.tz
+    }
+
+    /// Its name: an IANA name (`Europe/Berlin`), the path of a zone file, a POSIX rule
+    /// (`EST5EDT,M3.2.0,M11.1.0`) as given, or [`LOCAL_TIME`].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 /// A parsed `--schedule` in its zone. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Schedule {
     expr: String,
     cron: Cron,
-    tz: TimeZone,
-    zone: String,
+    zone: Zone,
 }
 
 /// Upper bound of how far back [`Schedule::last_at_or_before`] looks: a due time longer ago is
@@ -61,12 +85,12 @@ pub struct Schedule {
 const LOOK_BACK: Duration = Duration::from_secs(400 * 24 * 3600);
 
 impl Schedule {
-    /// Parses `expr` (see the module documentation) to be evaluated in `tz`.
+    /// Parses `expr` (see the module documentation) to be evaluated in `zone`.
     ///
     /// # Errors
     /// [`ScheduleError::Expression`] when `expr` is not a cron expression of five or six
     /// fields or a known `@` name, or can never fall due.
-    pub fn parse(expr: &str, tz: TimeZone) -> Result<Schedule, ScheduleError> {
+    pub fn parse(expr: &str, zone: Zone) -> Result<Schedule, ScheduleError> {
         let invalid = |reason: String| ScheduleError::Expression {
             expr: expr.to_owned(),
             reason,
@@ -82,11 +106,9 @@ impl Schedule {
             .build()
             .parse(trimmed)
             .map_err(|e| invalid(e.to_string()))?;
-        let zone = tz.iana_name().unwrap_or("local time").to_owned();
         let schedule = Schedule {
             expr: trimmed.to_owned(),
             cron,
-            tz,
             zone,
         };
         // `0 0 30 2 *` parses but never falls due: say so now, not by never running.
@@ -101,10 +123,10 @@ impl Schedule {
         &self.expr
     }
 
-    /// The zone's IANA name (`Europe/Berlin`, `UTC`), or `local time` for a zone that has
-    /// none (a POSIX `TZ` rule, an unnamed `/etc/localtime`).
+    /// The zone's name ([`Zone::name`]): `Europe/Berlin`, `UTC`, a zone file's path, a POSIX
+    /// rule, or [`LOCAL_TIME`] for an unnamed `/etc/localtime`.
     pub fn zone(&self) -> &str {
-        &self.zone
+        &self.zone.name
     }
 
     /// The first due time strictly after `t`; `None` when there is none (past year 9999).
@@ -134,7 +156,7 @@ impl Schedule {
 
     fn zoned(&self, t: SystemTime) -> Option<Zoned> {
         let ts = Timestamp::try_from(t).ok()?;
-        Some(ts.to_zoned(self.tz.clone()))
+        Some(ts.to_zoned(self.zone.tz.clone()))
     }
 }
 
@@ -144,43 +166,54 @@ impl Schedule {
 ///
 /// # Errors
 /// [`ScheduleError::Zone`] when the zone named cannot be loaded.
-pub fn zone(tz_flag: Option<&str>) -> Result<TimeZone, ScheduleError> {
+pub fn zone(tz_flag: Option<&str>) -> Result<Zone, ScheduleError> {
     match tz_flag {
         Some(name) => named_zone(name, "--tz"),
         None => match std::env::var("TZ") {
             Ok(name) if !name.is_empty() => named_zone(&name, "TZ"),
             // Unset (or empty, which C libraries read as UTC; jiff does the same).
-            _ => TimeZone::try_system().map_err(|e| ScheduleError::Zone {
-                zone: "/etc/localtime".to_owned(),
-                from: "the system's local time",
-                reason: e.to_string(),
-            }),
+            _ => {
+                let tz = TimeZone::try_system().map_err(|e| ScheduleError::Zone {
+                    zone: "/etc/localtime".to_owned(),
+                    from: "the system's local time",
+                    reason: e.to_string(),
+                })?;
+                // Named when /etc/localtime links into the zone database; else no name loads
+                // it elsewhere.
+                let name = tz.iana_name().unwrap_or(LOCAL_TIME).to_owned();
+                Ok(Zone { tz, name })
+            }
         },
     }
 }
 
 /// Loads the zone `name` (as `TZ` and `--tz` take it) and says `from` where it came from when
-/// it cannot be loaded.
+/// it cannot be loaded. The zone's [`Zone::name`] loads it again: its IANA name, or `name`
+/// without a leading `:` (a path, a POSIX rule).
 ///
 /// # Errors
 /// [`ScheduleError::Zone`].
-pub fn named_zone(name: &str, from: &'static str) -> Result<TimeZone, ScheduleError> {
+pub fn named_zone(name: &str, from: &'static str) -> Result<Zone, ScheduleError> {
     let bare = name.strip_prefix(':').unwrap_or(name);
     let err = |reason: String| ScheduleError::Zone {
         zone: name.to_owned(),
         from,
         reason,
     };
-    if bare.starts_with('/') || bare.starts_with('.') {
+    let tz = if bare.starts_with('/') || bare.starts_with('.') {
         let data = std::fs::read(bare).map_err(|e| err(e.to_string()))?;
-        return TimeZone::tzif(bare, &data).map_err(|e| err(e.to_string()));
-    }
-    match TimeZone::get(bare) {
-        Ok(tz) => Ok(tz),
-        // Not a name in the database: a POSIX rule (`CET-1CEST,M3.5.0,M10.5.0/3`) is what
-        // C libraries accept in `TZ` besides.
-        Err(by_name) => TimeZone::posix(bare).map_err(|_| err(by_name.to_string())),
-    }
+        TimeZone::tzif(bare, &data).map_err(|e| err(e.to_string()))?
+    } else {
+        match TimeZone::get(bare) {
+            Ok(tz) => tz,
+            // Not a name in the database: a POSIX rule (`CET-1CEST,M3.5.0,M10.5.0/3`) is what
+            // C libraries accept in `TZ` besides. jiff gives such a zone no name, so it is
+            // named by the rule itself.
+            Err(by_name) => TimeZone::posix(bare).map_err(|_| err(by_name.to_string()))?,
+        }
+    };
+    let name = tz.iana_name().unwrap_or(bare).to_owned();
+    Ok(Zone { tz, name })
 }
 
 #[cfg(test)]
@@ -352,16 +385,41 @@ mod tests {
     #[test]
     fn zones_by_name_colon_path_and_rule() {
         assert_eq!(
-            named_zone(":Europe/Berlin", "TZ").unwrap().iana_name(),
-            Some("Europe/Berlin")
+            named_zone(":Europe/Berlin", "TZ").unwrap().name(),
+            "Europe/Berlin"
         );
-        assert!(named_zone("/usr/share/zoneinfo/Europe/Berlin", "TZ").is_ok());
+        assert_eq!(
+            named_zone("/usr/share/zoneinfo/Europe/Berlin", "TZ")
+                .unwrap()
+                .name(),
+            "/usr/share/zoneinfo/Europe/Berlin"
+        );
         let rule = named_zone("CET-1CEST,M3.5.0,M10.5.0/3", "TZ").unwrap();
         let s = Schedule::parse("0 12 * * *", rule).unwrap();
-        assert_eq!(s.zone(), "local time");
         assert_eq!(
             utc(s.next_after(at("2026-07-01T00:00:00Z")).unwrap()),
             "2026-07-01T10:00:00Z"
+        );
+        // A rule is named by itself, which loads the same zone again (what `status` does
+        // with the name the history stored).
+        for rule in [
+            "CET-1CEST,M3.5.0,M10.5.0/3",
+            ":<+14>-14",
+            "UTC0",
+            "EST5EDT,M3.2.0,M11.1.0",
+        ] {
+            let s = Schedule::parse("0 12 * * *", named_zone(rule, "TZ").unwrap()).unwrap();
+            assert_eq!(s.zone(), rule.trim_start_matches(':'));
+            let again =
+                Schedule::parse("0 12 * * *", named_zone(s.zone(), "status").unwrap()).unwrap();
+            let t = at("2026-01-10T00:00:00Z");
+            assert_eq!(s.next_after(t), again.next_after(t), "{rule}");
+            assert_eq!(s.format(t), again.format(t), "{rule}");
+        }
+        let plus14 = Schedule::parse("0 16 * * *", named_zone("<+14>-14", "TZ").unwrap()).unwrap();
+        assert_eq!(
+            plus14.format(plus14.next_after(at("2026-01-10T00:00:00Z")).unwrap()),
+            "2026-01-10T16:00:00+14:00"
         );
         let err = named_zone("Mars/Olympus", "--tz").unwrap_err().to_string();
         assert!(

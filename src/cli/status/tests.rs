@@ -47,6 +47,7 @@ fn report() -> Report {
         schedule: None,
         tz: None,
         next_due_at: None,
+        next_due_unknown: None,
     }
 }
 

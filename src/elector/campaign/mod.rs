@@ -13,6 +13,7 @@ use super::session::{boottime, session_closed, Session};
 use super::term::{TermControl, TermEnd};
 use super::{CheckOutcome, Shared};
 use crate::error::{Chain, Error};
+use crate::pg::holder::activity_bytes;
 
 mod heads;
 mod leader;
@@ -188,10 +189,14 @@ pub(crate) struct Campaign<'a> {
 /// Who holds the lock, for a standby whose check was refused: one row whatever is found (the
 /// holder's fields are NULL when the lock was released meanwhile). The activity is read for
 /// the holder's pid only.
-const HOLDER_SQL: &str = "SELECT l.pid, a.application_name, pg_catalog.host(a.client_addr), \
+const HOLDER_SQL: &str = concat!(
+    "SELECT l.pid, ",
+    activity_bytes!("a.application_name"),
+    ", pg_catalog.host(a.client_addr), \
        pg_catalog.to_char(a.backend_start AT TIME ZONE 'UTC', \
-       'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), a.query \
-     FROM (SELECT 1) AS one \
+       'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), ",
+    activity_bytes!("a.query"),
+    " FROM (SELECT 1) AS one \
      LEFT JOIN pg_catalog.pg_locks l ON l.locktype OPERATOR(pg_catalog.=) 'advisory' \
        AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
          WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
@@ -199,7 +204,8 @@ const HOLDER_SQL: &str = "SELECT l.pid, a.application_name, pg_catalog.host(a.cl
        AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted \
      LEFT JOIN LATERAL (SELECT * FROM pg_catalog.pg_stat_get_activity(l.pid) \
        WHERE l.pid IS NOT NULL) a ON true \
-     ORDER BY pg_catalog.array_position($1, l.classid)";
+     ORDER BY pg_catalog.array_position($1, l.classid)"
+);
 
 /// How soon after a grant the term's first check runs (at most a quarter interval).
 const FIRST_CHECK_AFTER_GRANT: Duration = Duration::from_millis(50);

@@ -178,9 +178,9 @@ impl Campaign<'_> {
             let Some(pid) = row.get::<_, Option<i32>>(0) else {
                 continue;
             };
-            let application_name: Option<String> = row.get(1);
+            let application_name = crate::pg::holder::activity_text(row.get(1));
             let backend_start: Option<String> = row.get(3);
-            let query: Option<String> = row.get(4);
+            let query = crate::pg::holder::activity_text(row.get(4));
             let (_, since, _) =
                 crate::pg::holder::parse_check_comment(query.as_deref().unwrap_or(""));
             let who = crate::pg::holder::Who {
