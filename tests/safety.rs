@@ -732,19 +732,7 @@ fn names_a_roles_search_path_puts_before_pg_catalog_are_never_used() {
             .arg(&script);
         Replica::spawn(cmd)
     };
-    let tool = |dsn: &str, args: &[&str]| {
-        let out = leaderrun()
-            .args(["--dsn", dsn, "--lock-id", &id])
-            .args(args)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.code(), text)
-    };
+    let tool = |dsn: &str, args: &[&str]| crate::support::run_tool(dsn, &id, args);
     let mut logs: Vec<String> = Vec::new();
 
     let mut leader = replica(&dsn, &["--history"], &id);

@@ -999,19 +999,7 @@ fn status_step_down_and_doctor_outlast_a_role_default_of_one_millisecond() {
     wait_for("the standby in the lock queue", secs(10.0), || {
         (cluster.waiters(id.parse().unwrap()) == 1).then_some(())
     });
-    let tool = |args: &[&str]| {
-        let out = leaderrun()
-            .args(["--dsn", &dsn, "--lock-id", &id])
-            .args(args)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.code(), text)
-    };
+    let tool = |args: &[&str]| crate::support::run_tool(&dsn, &id, args);
     let (code, text) = tool(&["status"]);
     assert_eq!(code, Some(0), "{text}");
     let (code, text) = tool(&["doctor"]);

@@ -378,6 +378,22 @@ pub fn status_with(
     cmd.output().expect("run leaderrun status")
 }
 
+/// `leaderrun --dsn DSN --lock-id ID ARGS...` to its end: its exit code and what it wrote,
+/// stdout then stderr.
+pub fn run_tool(dsn: &str, lock_id: &str, args: &[&str]) -> (Option<i32>, String) {
+    let out = leaderrun()
+        .args(["--dsn", dsn, "--lock-id", lock_id])
+        .args(args)
+        .output()
+        .expect("run leaderrun");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
 /// `leaderrun step-down --dsn DSN --lock-id ID`.
 pub fn step_down(cluster: &Cluster, id: i32) -> std::process::Output {
     leaderrun()
