@@ -102,12 +102,13 @@ fn a_resumed_leader_stops_its_child_before_any_round_trip() {
     let leader = through_proxy(cluster, &proxy, id, "2s", script);
     let first = scratch.wait_starts(1, secs(10.0))[0].clone();
     let _standby = Replica::start(cluster, id, "200ms", &["--", script]);
-    // The whole machine freezes (a paused VM): leaderrun and its watchdog alike.
+    // The whole machine freezes (a paused VM): leaderrun and its watchdog alike. leaderrun
+    // first: a running leaderrun continues a watchdog that was stopped on its own.
     let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
         watchdog_of(leader.pid())
     });
-    kill(Pid::from_raw(watchdog), Signal::SIGSTOP).unwrap();
     leader.signal(Signal::SIGSTOP);
+    kill(Pid::from_raw(watchdog), Signal::SIGSTOP).unwrap();
     // The server ends the paused leader's idle session (4 × 2 s) and the standby takes over.
     let second = scratch.wait_starts(2, secs(20.0))[1].clone();
     assert_ne!(second.ppid, first.ppid);
