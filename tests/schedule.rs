@@ -894,3 +894,85 @@ fn the_leader_deletes_rows_older_than_history_keep_and_marks_vanished_runs_lost(
         ]
     );
 }
+
+#[test]
+fn a_new_leader_whose_clock_is_behind_skips_a_due_time_an_earlier_leader_started() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let table = format!("runs_skew_{id}");
+    cluster.sql(
+        &table
+            .parse::<leaderrun::history::TableName>()
+            .unwrap()
+            .create_sql(),
+    );
+    let job = stamping_job(&scratch, "0.2");
+    // An even second at least four seconds ahead: the replica leads well before it.
+    let due = ((now() + 4.0) / 2.0).ceil() as i64 * 2;
+    // What a leader whose clock is ahead of this host's leaves: it ran `due` by its clock,
+    // then handed over before this host's clock reached it.
+    cluster.sql(&format!(
+        "INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, due_at, \
+           started_at, ended_at, exit_code, outcome) \
+         VALUES ({}, {id}, 'ahead', 1, 1, 1, to_timestamp({due}), to_timestamp({due}), \
+           to_timestamp({due}) + interval '200 ms', 0, 'ok')",
+        crate::support::CLASS
+    ));
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--schedule",
+            "*/2 * * * * *",
+            "--tz",
+            "UTC",
+            "--history",
+            "--history-table",
+            &table,
+            "--",
+            &job,
+        ],
+    );
+    // The due time after it is not in the history: it runs.
+    let next = due + 2;
+    let started = wait_for("the run of the next due time", secs(15.0), || {
+        let rows = cluster.sql(&format!(
+            "SELECT pid FROM {table} WHERE lock_id = {id} \
+               AND due_at = to_timestamp({next}) AND host <> 'ahead'"
+        ));
+        (!rows.is_empty()).then_some(rows)
+    });
+    assert_eq!(started, [replica.pid().to_string()]);
+    replica.signal(Signal::SIGTERM);
+    stopped_by_term(&mut replica);
+    let log = replica.log();
+    let shown = jiff::Timestamp::from_second(due)
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%S+00:00")
+        .to_string();
+    let skipped: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("the due time was started already"))
+        .collect();
+    assert!(
+        skipped.len() == 1 && skipped[0].contains(" INFO ") && skipped[0].contains(&shown),
+        "one INFO line for {shown}: {log}"
+    );
+    // The earlier leader's row is the only start of that due time, and no run began between
+    // it and the next one.
+    assert_eq!(
+        cluster.sql(&format!(
+            "SELECT host FROM {table} WHERE lock_id = {id} AND due_at = to_timestamp({due})"
+        )),
+        ["ahead"]
+    );
+    for (pid, began, _) in runs(&scratch) {
+        assert!(
+            !(due as f64..next as f64).contains(&began),
+            "run {pid} began at {began}, for the due time {due}: {log}"
+        );
+    }
+    assert!(!log.contains("history: cannot"), "{log}");
+}

@@ -374,7 +374,9 @@ pub struct Cli {
     /// /etc/localtime, with daylight-saving changes handled as cron does (a fixed time in the
     /// spring-forward gap runs right after it, once; a fixed time in the repeated hour runs
     /// once). Only the leader runs a due time, and it falls to whoever leads at that moment: a
-    /// replica that becomes leader later does not run one that passed (see --catch-up). Runs
+    /// replica that becomes leader later does not run one that passed (see --catch-up), and
+    /// with --history it skips a due time of its first 10 minutes that the history shows a
+    /// replica whose clock is ahead started already. Runs
     /// never overlap: a due time that comes while the last run goes on is skipped with a WARN;
     /// --timeout bounds each run; a failed run is a WARN and the schedule goes on, until
     /// signalled. status shows the next due time.

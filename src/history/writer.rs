@@ -32,6 +32,11 @@ pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// database that is down costs one attempt per second, not one per queued write.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 
+/// How much earlier than its due time a run's `started_at` may be, at most, as
+/// [`History::was_started`] looks for it (a due time's timer may fire a few milliseconds
+/// early; the rest is slack for a clock set meanwhile).
+const STARTED_EARLY: Duration = Duration::from_secs(60);
+
 /// What the writer needs: where to connect, the table, the key whose runs it writes.
 #[derive(Clone, Debug)]
 pub struct HistorySettings {
@@ -486,19 +491,23 @@ impl Writer {
     async fn was_started(&mut self, slot: u32, due_at: SystemTime) -> Option<bool> {
         let bound = self.client_bound();
         let (class, lock_id) = (self.settings.lock.class, self.settings.lock.id);
+        // A run starts at its due time or after it, by the clock of the leader that computed
+        // both: the bound on `started_at` lets the key's index find the row instead of reading
+        // all the key's rows (a leader asks this for each due time early in its term).
         let sql = format!(
             "SELECT EXISTS (SELECT 1 FROM {} WHERE lock_class OPERATOR(pg_catalog.=) $1 \
                AND lock_id OPERATOR(pg_catalog.=) $2 AND slot OPERATOR(pg_catalog.=) $3 \
-               AND due_at OPERATOR(pg_catalog.=) $4)",
+               AND due_at OPERATOR(pg_catalog.=) $4 AND started_at OPERATOR(pg_catalog.>=) $5)",
             self.table
         );
+        let since = due_at.checked_sub(STARTED_EARLY).unwrap_or(due_at);
         let result = async {
             self.ensure_client().await?;
             let client = self.client.as_ref().expect("connected");
             within(
                 "history: was the due time started",
                 bound,
-                client.query_one(&sql, &[&class, &lock_id, &(slot as i32), &due_at]),
+                client.query_one(&sql, &[&class, &lock_id, &(slot as i32), &due_at, &since]),
             )
             .await
         }

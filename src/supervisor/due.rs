@@ -6,6 +6,10 @@
 //! `--every`: it starts COMMAND only from `State::Leading` waiting to start, through
 //! `Supervisor::start` (the proven-term rule); a standby runs nothing; a run still going makes
 //! it skip with a WARN; during a takeover delay it waits for the delay's end.
+//!
+//! With `--history`, the due times that come in the first [`DUE_CHECK_WINDOW`] of a term are
+//! looked up in the history before they run ([`Supervisor::run_due`]): an earlier leader whose
+//! clock was ahead of ours ran them already by its clock, and ran them before our term began.
 
 use std::time::{Duration, SystemTime};
 
@@ -26,6 +30,22 @@ const DUE_EARLY: Duration = Duration::from_millis(20);
 
 /// Shortest bound of the catch-up's history query.
 const CATCH_UP_BOUND_MIN: Duration = Duration::from_secs(1);
+
+/// How long after a term's start (by this host's clock) its due times are looked up in the
+/// history before they run.
+///
+/// Only due times early in a term can have run already: an earlier leader ran a due time when
+/// its own clock reached it, before our term began, so one that comes after the term's start by
+/// our clock ran already only if our clock is behind its clock by more than that. A window
+/// rather than every due time: a query before every start would put the history, and its
+/// outages (each one a wait of the bound), in front of every run for good. Ten minutes covers
+/// clocks NTP keeps many times over, and a host left to drift for a while; the README states
+/// the bound.
+pub const DUE_CHECK_WINDOW: Duration = Duration::from_secs(600);
+
+/// Shortest bound of a due time's history query (the check interval otherwise): the start it
+/// delays waits at most this long for the answer.
+const DUE_CHECK_BOUND_MIN: Duration = Duration::from_millis(250);
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// Arms the timer for the first due time after `after`.
@@ -67,8 +87,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 then: Then::Start,
             } => {
                 let term = term.clone();
-                self.starting_due = Some(due);
-                self.start(term);
+                if self.due_check.take().is_some() {
+                    // Only with a history slower than the time between two due times.
+                    warn!(due = %shown, "the previous due time is skipped: the history did not answer whether it was started before this one came");
+                }
+                self.run_due(term, due);
             }
             // The takeover delay: it runs when the delay is over.
             State::Leading {
@@ -157,6 +180,80 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             _ => {
                 debug!(due = %shown, "catch-up: the term moved on or a run goes on; not running it")
             }
+        }
+    }
+
+    /// At a term's start (`--schedule` with `--history`): the due times of the next
+    /// [`DUE_CHECK_WINDOW`] are looked up in the history before they run.
+    pub(super) fn arm_due_checks(&mut self) {
+        self.due_check = None;
+        self.check_due_until = (self.schedule.is_some() && self.history.is_some())
+            .then(|| SystemTime::now() + DUE_CHECK_WINDOW);
+    }
+
+    /// Runs the due time `due` in `term`, from `State::Leading` waiting to start. Early in a
+    /// term (see [`DUE_CHECK_WINDOW`]) the history is asked first whether an earlier leader
+    /// started it (its clock ahead of ours); the answer comes back as [`Event::DueChecked`]
+    /// and the state waits for it as it is, so a stop or the term's end is handled meanwhile
+    /// as ever.
+    pub(super) fn run_due(&mut self, term: Term, due: SystemTime) {
+        if let (Some(until), Some(history), Some(lease)) =
+            (self.check_due_until, &self.history, term.lease())
+        {
+            if due <= until {
+                let history = history.clone();
+                let (number, slot) = (term.number(), lease.slot);
+                let bound = self.plan.check_interval.max(DUE_CHECK_BOUND_MIN);
+                self.due_check = Some(Box::pin(async move {
+                    let answer = history.was_started(slot, due, bound).await;
+                    Event::DueChecked(number, due, answer)
+                }));
+                return;
+            }
+            // Later due times are later still: none is looked up again in this term.
+            self.check_due_until = None;
+        }
+        self.starting_due = Some(due);
+        self.start(term);
+    }
+
+    /// The history's answer for a due time early in a term: one an earlier leader started is
+    /// not run again; otherwise (not started, or no answer in time) it runs now if this term
+    /// still leads without a run.
+    pub(super) fn due_checked(&mut self, term: u64, due: SystemTime, answer: Option<bool>) {
+        self.due_check = None;
+        let shown = self.shown(due);
+        match answer {
+            Some(true) => {
+                info!(due = %shown, "the due time was started already (by an earlier leader whose clock is ahead of this host's); not running it again");
+                return;
+            }
+            Some(false) => {}
+            None => {
+                // A history that does not answer delays no further start of this term.
+                self.check_due_until = None;
+                warn!(due = %shown, "the history cannot tell whether an earlier leader started the due time; running it");
+            }
+        }
+        match &mut self.state {
+            State::Leading {
+                term: t,
+                until: None,
+                then: Then::Start,
+            } if t.number() == term => {
+                let t = t.clone();
+                self.starting_due = Some(due);
+                self.start(t);
+            }
+            State::Child { run, .. } if run.term().number() == term => {
+                warn!(
+                    pid = run.pid(),
+                    due = %shown,
+                    "due time skipped: the previous run is still going"
+                );
+                self.metrics.tick(metrics::Tick::Skipped);
+            }
+            _ => debug!(due = %shown, "the term moved on; the due time does not run"),
         }
     }
 

@@ -5,7 +5,7 @@
 //!
 //! [`Supervisor::run`] is a loop over one event type, [`Event`]: a signal, a term that began,
 //! the end of the term, a change of the check tally, the state's deadline, a tick of
-//! `--every`, a due time of `--schedule` and a catch-up's answer (`due`), a poll of the
+//! `--every`, a due time of `--schedule` and the history's answers for it (`due`), a poll of the
 //! child's tree, the election failing. Each event is handled by one function, which moves the
 //! one `State` value on; each mode (docs/guarantees.md#modes) is a small policy over those
 //! events (`Supervisor::after_stop` and friends). A stop is a state the loop
@@ -151,6 +151,10 @@ pub enum Event {
     /// The history answered whether a replica started the due time a new term may catch up:
     /// the term's number, the due time, the answer (`None`: unknown).
     CatchUp(u64, SystemTime, Option<bool>),
+    /// The history answered whether an earlier leader started a due time that has come early
+    /// in this term (its clock ahead of ours): the term's number, the due time, the answer
+    /// (`None`: unknown).
+    DueChecked(u64, SystemTime, Option<bool>),
     /// Time to look at the child's tree (reap, leftovers).
     Poll,
     /// The election ended by itself.
@@ -256,6 +260,11 @@ pub struct Supervisor<E: Election, S: Spawner> {
     history_run: Option<RunId>,
     /// The history's answer for a catch-up, while it is awaited.
     catch_up: Option<Pin<Box<dyn Future<Output = Event>>>>,
+    /// Due times up to this wall-clock time are looked up in the history before they run
+    /// (set at a term's start, `None` past it or once the history could not answer).
+    check_due_until: Option<SystemTime>,
+    /// The history's answer for a due time about to run, while it is awaited.
+    due_check: Option<Pin<Box<dyn Future<Output = Event>>>>,
 }
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
@@ -315,6 +324,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             history: None,
             history_run: None,
             catch_up: None,
+            check_due_until: None,
+            due_check: None,
         }
     }
 
@@ -401,7 +412,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             _ = self.reap.tick() => Event::Poll,
             () = next_tick(self.ticker.as_mut()) => Event::Tick,
             () = sleep_until(self.next_due.map(|(_, at)| at)) => Event::Due,
-            event = catch_up_answer(self.catch_up.as_mut()) => event,
+            event = answer(self.catch_up.as_mut()) => event,
+            event = answer(self.due_check.as_mut()) => event,
         }
     }
 
@@ -416,6 +428,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Event::Tick => self.tick(),
             Event::Due => self.due(),
             Event::CatchUp(term, due, answer) => self.catch_up_answered(term, due, answer),
+            Event::DueChecked(term, due, answer) => self.due_checked(term, due, answer),
             Event::Poll => self.poll(),
             Event::HungUp => {
                 // Watched once: a hung-up terminal stays so.
@@ -510,6 +523,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         self.pending_due = None;
         self.pending_tick = false;
         self.ask_catch_up(&term);
+        self.arm_due_checks();
         if !delay.is_zero() {
             info!(term = term.number(), delay = %humantime::format_duration(delay), "takeover delay: verifying the lock before COMMAND starts");
             let then = if is_every {
@@ -605,8 +619,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     // A due time or a tick that came during the takeover delay runs now.
                     if let Some(due) = self.pending_due.take() {
                         let term = term.clone();
-                        self.starting_due = Some(due);
-                        self.start(term);
+                        self.run_due(term, due);
                     } else if std::mem::take(&mut self.pending_tick) {
                         let term = term.clone();
                         self.start(term);
@@ -745,8 +758,9 @@ async fn next_term(terms: &mut watch::Receiver<Term>, after: u64) -> Term {
     }
 }
 
-/// The answer of a catch-up query; pending forever without one.
-async fn catch_up_answer(query: Option<&mut Pin<Box<dyn Future<Output = Event>>>>) -> Event {
+/// The answer of a history query (a catch-up, a due time's check); pending forever without
+/// one.
+async fn answer(query: Option<&mut Pin<Box<dyn Future<Output = Event>>>>) -> Event {
     match query {
         Some(query) => query.await,
         None => std::future::pending().await,
