@@ -976,3 +976,60 @@ fn a_new_leader_whose_clock_is_behind_skips_a_due_time_an_earlier_leader_started
     }
     assert!(!log.contains("history: cannot"), "{log}");
 }
+
+/// A history slower than the schedule never holds a new leader's due times back: each due
+/// time early in a term waits for the history's word at most until the next one comes, and
+/// then it and the term's later ones run without asking. Before, each lookup was replaced by
+/// the next due time's before it could time out, and every due time of the term's first ten
+/// minutes was skipped.
+#[test]
+fn a_history_slower_than_the_schedule_skips_one_due_time_at_most() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let table = format!("runs_slow_{id}");
+    cluster.sql(
+        &table
+            .parse::<leaderrun::history::TableName>()
+            .unwrap()
+            .create_sql(),
+    );
+    // Every history statement waits on this lock until its own timeout.
+    let mut locker = cluster.psql_session();
+    {
+        use std::io::Write;
+        let stdin = locker.stdin.as_mut().unwrap();
+        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
+        stdin.flush().unwrap();
+    }
+    wait_for("the table lock", secs(5.0), || {
+        let rows = cluster.sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass \
+               AND mode = 'AccessExclusiveLock' AND granted"
+        ));
+        (rows == ["1"]).then_some(())
+    });
+    let job = scratch.child_script("job.sh", "true");
+    // A lookup may wait one check interval (5 s); the due times come every 2 s.
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        "5s",
+        &[
+            "--schedule",
+            "*/2 * * * * *",
+            "--history",
+            "--history-table",
+            &table,
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    replica.wait_log("background leader lock acquired", 1, secs(15.0));
+    scratch.wait_starts(2, secs(10.0));
+    replica.wait_log("later due times run without asking", 1, secs(1.0));
+    let _ = locker.kill();
+    let _ = locker.wait();
+    replica.signal(Signal::SIGTERM);
+    stopped_by_term(&mut replica);
+}

@@ -810,7 +810,7 @@ fn doctor_fails_for_a_role_that_cannot_make_the_fencing_token_durable() {
         "{text}"
     );
     assert!(
-        text.contains("GRANT EXECUTE ON FUNCTION pg_logical_emit_message"),
+        text.contains("GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message"),
         "{text}"
     );
     let scratch = Scratch::new();

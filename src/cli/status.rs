@@ -495,7 +495,7 @@ pub async fn add_history(
 /// runs were made in, loaded by that name ([`crate::supervisor::schedule::Zone::name`]);
 /// why not, when it cannot be.
 fn stored_schedule(expr: &str, tz: &str) -> Result<crate::supervisor::schedule::Schedule, String> {
-    use crate::supervisor::schedule::{named_zone, Schedule, LOCAL_TIME};
+    use crate::supervisor::schedule::{stored_zone, Schedule, LOCAL_TIME};
     if tz == LOCAL_TIME || tz.is_empty() {
         // This host's local time need not be the runs' host's.
         return Err(format!(
@@ -503,7 +503,7 @@ fn stored_schedule(expr: &str, tz: &str) -> Result<crate::supervisor::schedule::
              POSIX TZ rule as earlier releases stored one)"
         ));
     }
-    let zone = named_zone(tz, "the history").map_err(|e| e.to_string())?;
+    let zone = stored_zone(tz).map_err(|e| e.to_string())?;
     Schedule::parse(expr, zone).map_err(|e| e.to_string())
 }
 

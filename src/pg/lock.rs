@@ -317,8 +317,8 @@ pub(crate) const SYNC_STANDBYS: &str = "CASE WHEN \
 /// the error's: PostgreSQL 17 gave `pg_logical_emit_message` a fourth argument (`flush`, with a
 /// default), so the function's signature, which `GRANT` names, depends on the major.
 pub(crate) const DURABLE_TOKEN_GRANT: &str = "GRANT EXECUTE ON FUNCTION \
-     pg_logical_emit_message(boolean, text, text) TO the role (on PostgreSQL 17 and later: \
-     pg_logical_emit_message(boolean, text, text, boolean))";
+     pg_catalog.pg_logical_emit_message(boolean, text, text) TO the role (on PostgreSQL 17 and \
+     later: pg_catalog.pg_logical_emit_message(boolean, text, text, boolean))";
 
 /// The comment that starts every standby statement of `lock`: `pg_stat_activity.query`
 /// shows it for a standby between its checks and while it waits, which is how `leaderrun

@@ -188,8 +188,9 @@ pub fn zone(tz_flag: Option<&str>) -> Result<Zone, ScheduleError> {
 }
 
 /// Loads the zone `name` (as `TZ` and `--tz` take it) and says `from` where it came from when
-/// it cannot be loaded. The zone's [`Zone::name`] loads it again: its IANA name, or `name`
-/// without a leading `:` (a path, a POSIX rule).
+/// it cannot be loaded. The zone's [`Zone::name`] loads it again on any host: its IANA name
+/// (for a zone file, the name of the database's file it is, [`LOCAL_TIME`] when it is none),
+/// or a POSIX rule without a leading `:`.
 ///
 /// # Errors
 /// [`ScheduleError::Zone`].
@@ -200,7 +201,7 @@ pub fn named_zone(name: &str, from: &'static str) -> Result<Zone, ScheduleError>
         from,
         reason,
     };
-    let tz = if bare.starts_with('/') || bare.starts_with('.') {
+    let tz = if is_path(bare) {
         let data = std::fs::read(bare).map_err(|e| err(e.to_string()))?;
         TimeZone::tzif(bare, &data).map_err(|e| err(e.to_string()))?
     } else {
@@ -212,8 +213,47 @@ pub fn named_zone(name: &str, from: &'static str) -> Result<Zone, ScheduleError>
             Err(by_name) => TimeZone::posix(bare).map_err(|_| err(by_name.to_string()))?,
         }
     };
-    let name = tz.iana_name().unwrap_or(bare).to_owned();
+    let name = if is_path(bare) {
+        zone_name_of_path(bare).unwrap_or_else(|| LOCAL_TIME.to_owned())
+    } else {
+        tz.iana_name().unwrap_or(bare).to_owned()
+    };
     Ok(Zone { tz, name })
+}
+
+/// Whether a `TZ` value (its `:` taken off) names a zone file rather than a zone.
+fn is_path(bare: &str) -> bool {
+    bare.starts_with('/') || bare.starts_with('.')
+}
+
+/// The name that loads the zone file at `path` on any host: its IANA name, when the file
+/// (links followed) lies in a zone database (`…/zoneinfo/Europe/Berlin`); `None` otherwise. A
+/// path itself names this host's file (`TZ=:/etc/localtime`, common in containers and units),
+/// which on the host of `status` is another file, or another zone.
+fn zone_name_of_path(path: &str) -> Option<String> {
+    let real = std::fs::canonicalize(path).ok()?;
+    let real = real.to_str()?;
+    let name = &real[real.rfind("/zoneinfo/")? + "/zoneinfo/".len()..];
+    TimeZone::get(name).is_ok().then(|| name.to_owned())
+}
+
+/// The zone a history row names ([`Zone::name`]), as `status` loads it: a name of the zone
+/// database or a POSIX rule, never a file. Rows name no file (a zone file is stored by its
+/// IANA name, or as [`LOCAL_TIME`]); one that does was written by an earlier release or by
+/// someone else, and reading it could wait on a FIFO for good or fill the memory.
+///
+/// # Errors
+/// [`ScheduleError::Zone`], for a file too.
+pub fn stored_zone(name: &str) -> Result<Zone, ScheduleError> {
+    let bare = name.strip_prefix(':').unwrap_or(name);
+    if is_path(bare) {
+        return Err(ScheduleError::Zone {
+            zone: name.to_owned(),
+            from: "the history",
+            reason: "a zone file names this host's file, not the runs' zone".to_owned(),
+        });
+    }
+    named_zone(name, "the history")
 }
 
 #[cfg(test)]
@@ -388,11 +428,25 @@ mod tests {
             named_zone(":Europe/Berlin", "TZ").unwrap().name(),
             "Europe/Berlin"
         );
+        // A zone file is named by what loads it on any host: the database's name for it, or
+        // no name at all (a copy elsewhere, as some images make /etc/localtime).
         assert_eq!(
-            named_zone("/usr/share/zoneinfo/Europe/Berlin", "TZ")
+            named_zone(":/usr/share/zoneinfo/Europe/Berlin", "TZ")
                 .unwrap()
                 .name(),
-            "/usr/share/zoneinfo/Europe/Berlin"
+            "Europe/Berlin"
+        );
+        let copy = std::env::temp_dir().join(format!("leaderrun-zone-{}", std::process::id()));
+        std::fs::copy("/usr/share/zoneinfo/Europe/Berlin", &copy).unwrap();
+        let copied = named_zone(copy.to_str().unwrap(), "TZ");
+        std::fs::remove_file(&copy).unwrap();
+        assert_eq!(copied.unwrap().name(), LOCAL_TIME);
+        // What the history names is never read as a file.
+        assert!(stored_zone("/usr/share/zoneinfo/Europe/Berlin").is_err());
+        assert!(stored_zone(":/dev/zero").is_err());
+        assert_eq!(
+            stored_zone("Europe/Berlin").unwrap().name(),
+            "Europe/Berlin"
         );
         let rule = named_zone("CET-1CEST,M3.5.0,M10.5.0/3", "TZ").unwrap();
         let s = Schedule::parse("0 12 * * *", rule).unwrap();

@@ -324,7 +324,9 @@ impl Watchdog {
                 pid = link.pid,
                 "the watchdog is gone; starting a new one (COMMAND's tree is not guarded meanwhile)"
             );
-            held.link = None;
+            if let Some(link) = held.link.take() {
+                discard(link);
+            }
         }
         self.respawn(held)
     }
@@ -489,6 +491,18 @@ impl Watchdog {
     }
 }
 
+/// Ends a watchdog that no message reaches any more, before another takes its place: one that
+/// is alive but cannot take messages (stopped with its queue full, wedged) would otherwise keep
+/// its copy of the lock session, count as part of COMMAND's tree in every stop, and, continued
+/// later, read the end of its pair and kill the tree of a term it no longer knows. Through its
+/// pidfd, which never reaches a process that reused the pid; without pidfds (Linux before
+/// 5.3) it is left as it is. The reaper reaps it.
+fn discard(link: Link) {
+    if let Some(pidfd) = &link.pidfd {
+        super::helper::pidfd_signal(pidfd, Signal::SIGKILL);
+    }
+}
+
 impl SessionKeeper for Watchdog {
     /// # Errors
     /// The socket cannot be duplicated (`EMFILE`), or no watchdog runs and none can be
@@ -510,8 +524,9 @@ impl SessionKeeper for Watchdog {
         }
         // No watchdog yet (or it died): start one now; it gets the session as part of what
         // is held.
-        if held.link.take().is_some() {
+        if let Some(link) = held.link.take() {
             warn!("the watchdog is gone; starting a new one");
+            discard(link);
         }
         if self.respawn(&mut held) {
             return Ok(());
