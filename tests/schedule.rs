@@ -401,6 +401,27 @@ fn catch_up_runs_a_missed_due_time_once_after_a_failover() {
     assert_eq!(third.wait_exit(secs(5.0)).code(), Some(0));
 }
 
+/// A psql session whose open transaction holds `table` in ACCESS EXCLUSIVE mode, once the
+/// server shows the lock granted: every other statement on the table waits. Killing the session
+/// frees it.
+fn lock_table(cluster: &Cluster, table: &str) -> std::process::Child {
+    let mut locker = cluster.psql_session();
+    {
+        use std::io::Write;
+        let stdin = locker.stdin.as_mut().unwrap();
+        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
+        stdin.flush().unwrap();
+    }
+    wait_for("the table lock", secs(5.0), || {
+        let rows = cluster.sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass \
+               AND mode = 'AccessExclusiveLock' AND granted"
+        ));
+        (rows == ["1"]).then_some(())
+    });
+    locker
+}
+
 #[test]
 fn a_locked_history_table_leaves_the_job_alone() {
     let cluster = Cluster::shared();
@@ -444,20 +465,7 @@ fn a_locked_history_table_leaves_the_job_alone() {
     assert!((now() - success).abs() < 5.0, "{success}");
     assert!(metric("leaderrun_last_run_start_timestamp_seconds") > success - 2.0);
     // A transaction holds the table in ACCESS EXCLUSIVE mode: every history write waits.
-    let mut locker = cluster.psql_session();
-    {
-        use std::io::Write;
-        let stdin = locker.stdin.as_mut().unwrap();
-        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
-        stdin.flush().unwrap();
-    }
-    wait_for("the table lock", secs(5.0), || {
-        let rows = cluster.sql(&format!(
-            "SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass \
-               AND mode = 'AccessExclusiveLock' AND granted"
-        ));
-        (rows == ["1"]).then_some(())
-    });
+    let mut locker = lock_table(cluster, &table);
     let before = scratch.starts().len();
     // The due times keep running, every second, while the writes fail.
     let t0 = now();
@@ -995,20 +1003,7 @@ fn a_history_slower_than_the_schedule_skips_one_due_time_at_most() {
             .create_sql(),
     );
     // Every history statement waits on this lock until its own timeout.
-    let mut locker = cluster.psql_session();
-    {
-        use std::io::Write;
-        let stdin = locker.stdin.as_mut().unwrap();
-        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
-        stdin.flush().unwrap();
-    }
-    wait_for("the table lock", secs(5.0), || {
-        let rows = cluster.sql(&format!(
-            "SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass \
-               AND mode = 'AccessExclusiveLock' AND granted"
-        ));
-        (rows == ["1"]).then_some(())
-    });
+    let mut locker = lock_table(cluster, &table);
     let job = scratch.child_script("job.sh", "true");
     // A lookup may wait one check interval (5 s); the due times come every 2 s.
     let mut replica = Replica::start(
