@@ -598,6 +598,10 @@ fn cases() -> Vec<Case> {
         "postgresql://u@127.0.0.1:{A}/d?sslmode=sometimes",
         "postgresql://u@127.0.0.1:{A}/d?target_session_attrs=any",
         "mysql://u@127.0.0.1:{A}/d",
+        // A password's unencoded '@' or '/': libpq reads the rest as a host it cannot reach,
+        // leaderrun refuses before any message could show part of the password.
+        "postgresql://u:p@ss@127.0.0.1:{A}/d",
+        "postgresql://u:12/ss@127.0.0.1:{A}/d",
     ] {
         out.push(case(url));
         out.push(case(url).env("PGPASSWORD", "envpw"));
@@ -652,9 +656,15 @@ fn cases() -> Vec<Case> {
         "host=127.0.0.1 port={A} user=u dbname=d requiressl=1 sslmode=disable",
         "host=127.0.0.1 port={A} user=u dbname=d sslmode=require requiressl=0",
         "host=127.0.0.1 port={A} user=u dbname=d application_name=''",
+        // Only a DSN that starts with libpq's prefixes is a URL: a value may hold "://".
+        "host=127.0.0.1 port={A} user=u dbname=d password=ab://cd",
+        "host=127.0.0.1 port={A} user=u dbname=d options='-c x.y=http://z'",
     ] {
         out.push(case(dsn));
     }
+    // libpq reads an '@' in a URL's path as part of the database name; leaderrun refuses it
+    // unencoded (README, "Where leaderrun differs").
+    out.push(case("postgresql://127.0.0.1:{A}/d@b?user=u").refused("an '@' after the user part"));
     for dsn in [
         "host=127.0.0.1 port={A} user=u dbname=d load_balance_hosts=disable",
         "host=127.0.0.1,127.0.0.1 port={A} user=u dbname=d load_balance_hosts=random",
@@ -704,7 +714,8 @@ fn cases() -> Vec<Case> {
     // --- Service files.
     let svc = "[plex]\nhost=127.0.0.1\nport={A}\ndbname=svcdb\nuser=svcuser\n\
                [other]\nhost=127.0.0.1\nport={B}\n[pw]\nhost=127.0.0.1\nport={A}\nuser=u\npassword=svcpw\n\
-               [spaces]\n  host = 127.0.0.1  \nport={A}\nuser=u\n# c\n[ssl]\nhostaddr=127.0.0.1\nport={A}\nsslmode=require\nuser=u\n";
+               [spaces]\n  host = 127.0.0.1  \nport={A}\nuser=u\n# c\n[ssl]\nhostaddr=127.0.0.1\nport={A}\nsslmode=require\nuser=u\n\
+               [rssl]\nhost=127.0.0.1\nport={A}\nrequiressl=1\nuser=u\n";
     for (dsn, extra) in [
         (Some("service=plex"), vec![]),
         (Some("service=plex dbname=mine"), vec![]),
@@ -714,6 +725,9 @@ fn cases() -> Vec<Case> {
         (Some("service=spaces dbname=d"), vec![]),
         (Some("service=ssl dbname=d"), vec![]),
         (Some("service=ssl dbname=d sslmode=disable"), vec![]),
+        // libpq reads requiressl in a connection string only: a syntax error in the file.
+        (Some("service=rssl dbname=d"), vec![]),
+        (None, vec![("PGSERVICE", "rssl"), ("PGDATABASE", "d")]),
         (Some("service=missing"), vec![]),
         (Some("postgresql:///d?service=plex"), vec![]),
         (None, vec![("PGSERVICE", "plex")]),

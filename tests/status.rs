@@ -482,7 +482,16 @@ fn step_down_hands_over_to_a_standby_and_says_so() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("stepped down"));
+    // It names the new leader as status does: its host and leaderrun's pid.
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "stepped down: the new leader is {}, leaderrun pid {} (backend ",
+            nix::unistd::gethostname().unwrap().to_string_lossy(),
+            standby.pid()
+        )),
+        "{said}"
+    );
     let second = scratch.wait_starts(2, secs(5.0))[1].clone();
     assert_eq!(second.ppid, standby.pid());
     // The old child got the stop signal and ended before the new one started; the old leader

@@ -171,6 +171,104 @@ fn prefer_asks_again_in_plaintext_when_the_server_refuses_tls_as_libpq_does() {
     assert!(!stderr.contains("wrong-pw"), "{stderr}");
 }
 
+/// `sslmode=prefer` (and `require`) with a root certificate named check the server's chain, as
+/// libpq does; `prefer` then goes on in plaintext when the check fails, and `verify-full` with
+/// an address alone (`hostaddr`, no `host`) is refused, as libpq refuses it
+/// (docs/guarantees.md#database-and-connection-settings).
+#[test]
+fn a_named_root_is_checked_in_prefer_too_and_prefer_falls_back_to_plaintext_as_libpq_does() {
+    let cluster = Cluster::start_private();
+    let Some(certs) = cluster.enable_tls(
+        "tls::a_named_root_is_checked_in_prefer_too_and_prefer_falls_back_to_plaintext_as_libpq_does",
+    ) else {
+        return;
+    };
+    let port = cluster.addr().port();
+    let psql = cluster.psql_path();
+    let plain = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=disable");
+    // Whether the session psql (libpq) opens with `dsn` is encrypted.
+    let psql_ssl = |dsn: &str| {
+        let out = std::process::Command::new(&psql)
+            .env_clear()
+            .env("HOME", "/nonexistent")
+            .args([
+                "-X",
+                "-w",
+                "-Atc",
+                "select ssl from pg_stat_ssl where pid = pg_backend_pid()",
+            ])
+            .args(["-d", dsn])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {dsn}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    // Whether leaderrun's lock session with `dsn` is encrypted, as COMMAND reads it.
+    let leaderrun_ssl = |dsn: &str| {
+        let query = format!(
+            "{} -X -w -Atc \"select ssl from pg_stat_ssl where pid = $LEADERRUN_BACKEND_PID\" -d '{plain}'",
+            psql.display()
+        );
+        let out = leaderrun()
+            .env_clear()
+            .env("HOME", "/nonexistent")
+            .env("PATH", "/usr/bin:/bin")
+            .args(["--dsn", dsn, "--check-interval", "2s"])
+            .args(["--lock-id", &unique_lock_id().to_string()])
+            .args(["--once", "--", "sh", "-c", &query])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{dsn}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let (ca, other) = (certs.file("ca.crt"), certs.file("other-ca.crt"));
+    for (root, encrypted) in [(&ca, "t"), (&other, "f")] {
+        let dsn = format!(
+            "host=localhost hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres \
+             sslmode=prefer sslrootcert={root}"
+        );
+        assert_eq!(psql_ssl(&dsn), encrypted, "psql, {dsn}");
+        assert_eq!(leaderrun_ssl(&dsn), encrypted, "leaderrun, {dsn}");
+    }
+    // The fallback is only a second try: refused in plaintext too, both reasons are said.
+    cluster.sql("CREATE ROLE tlsuser LOGIN SUPERUSER");
+    cluster.prepend_hba("hostnossl all tlsuser 127.0.0.1/32 reject");
+    let dsn = format!(
+        "host=localhost hostaddr=127.0.0.1 port={port} user=tlsuser dbname=postgres \
+         sslmode=prefer sslrootcert={other}"
+    );
+    let (connected, said) = psql_connects(&cluster, &dsn);
+    assert!(!connected, "psql connected: {said}");
+    let (code, stderr) = once(&dsn);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(
+        stderr.contains("over TLS the handshake failed") && stderr.contains("UnknownIssuer"),
+        "{stderr}"
+    );
+    // verify-full needs a name to check: an address alone is refused, by both.
+    let dsn = format!(
+        "hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=verify-full \
+         sslrootcert={ca}"
+    );
+    let (connected, said) = psql_connects(&cluster, &dsn);
+    assert!(
+        !connected && said.contains("host name must be specified"),
+        "psql: {said}"
+    );
+    let (code, stderr) = once(&dsn);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("host name must be specified"), "{stderr}");
+}
+
 /// Server certificates as PostgreSQL's manual makes them ("Creating Certificates"), and the
 /// name rules of libpq: for each, psql and leaderrun must both connect or both refuse
 /// (docs/guarantees.md#database-and-connection-settings).

@@ -97,8 +97,9 @@ pub struct Cli {
     /// `postgres://user@host:5432/dbname?sslmode=disable` or
     /// `host=db user=app dbname=plexsphere`. When absent, LEADERRUN_DSN, then PLEXSPHERE_DSN,
     /// then DATABASE_URL, then PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME,
-    /// PGCONNECT_TIMEOUT and PGSSLMODE are used, with psql's defaults (Unix socket, OS user).
-    /// Fields the DSN leaves out are taken from the PG* variables too.
+    /// PGCONNECT_TIMEOUT and PGSSLMODE are used, with psql's defaults (Unix socket, OS user),
+    /// and PGPASSFILE (else ~/.pgpass) and PGSERVICE as psql reads them. Fields the DSN leaves
+    /// out are taken from the PG* variables too.
     ///
     /// Advisory locks are per database: copies connected to different databases of one server
     /// do not exclude each other, so every copy must name the same database: leaderrun refuses
@@ -488,8 +489,9 @@ pub struct Cli {
 
     /// Default mode: what to do when COMMAND exits while leading
     ///
-    /// never: release the lock and exit with its status. on-failure: restart it after a
-    /// non-zero exit, a death by signal or a --timeout. always: restart it after every exit.
+    /// never (the default): release the lock and exit with its status. on-failure: restart it
+    /// after a non-zero exit, a death by signal or a --timeout. always: restart it after every
+    /// exit.
     /// Restarts stay in the same term, after a back-off that starts at 500ms, doubles up to 30s,
     /// and starts over after a run that lasted 10s or more.
     ///

@@ -145,6 +145,7 @@ pub fn man_page() -> Vec<u8> {
     for (var, text) in [
         ("PLEXSPHERE_DSN, DATABASE_URL", "Used in this order when neither --dsn nor LEADERRUN_DSN is given."),
         ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGAPPNAME, PGCONNECT_TIMEOUT, PGSSLMODE", "Fill in what the DSN leaves out, as for psql. Pass passwords here or in ~/.pgpass, not in --dsn, which ps shows."),
+        ("PGPASSFILE, PGSERVICE, PGSERVICEFILE, PGSYSCONFDIR", "The password file (default ~/.pgpass, used only when its mode is 0600 or stricter) and the service file (default ~/.pg_service.conf, then PGSYSCONFDIR/pg_service.conf), as for psql."),
         ("RUST_LOG", "Log filter (e.g. leaderrun=debug) when neither -v nor -q is given."),
         ("NOTIFY_SOCKET, WATCHDOG_USEC", "Set by systemd: READY=1 after the first check, STATUS= on every change, STOPPING=1 on shutdown, WATCHDOG=1 while the check loop is healthy."),
         ("LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES", "Not passed on to COMMAND (its descriptors above 2 are closed), nor are NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID. Everything else is: LEADERRUN_DSN and PG* (PGPASSWORD too) included."),

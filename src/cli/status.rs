@@ -514,18 +514,22 @@ fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
 }
 
 impl Leader {
+    /// Who leads, in words: the host and leaderrun's pid when its sessions say them, else the
+    /// session's application name as [`crate::pg::holder::Who`] shows it.
+    fn who(&self) -> String {
+        match (&self.host, self.leaderrun_pid) {
+            (Some(host), Some(pid)) => format!("{host}, leaderrun pid {pid}"),
+            _ => crate::pg::holder::Who {
+                application_name: self.application_name.as_deref(),
+                query: None,
+            }
+            .to_string(),
+        }
+    }
+
     /// The leader's lines of the table.
     fn lines(&self, out: &mut String) {
-        let who = crate::pg::holder::Who {
-            application_name: self.application_name.as_deref(),
-            query: None,
-        };
-        match (&self.host, self.leaderrun_pid) {
-            (Some(host), Some(pid)) => {
-                out.push_str(&format!("leader         {host}, leaderrun pid {pid}\n"));
-            }
-            _ => out.push_str(&format!("leader         {who}\n")),
-        }
+        out.push_str(&format!("leader         {}\n", self.who()));
         out.push_str(&format!("leader pid     {} (backend)\n", self.pid));
         out.push_str(&format!(
             "application    {}\n",
@@ -907,8 +911,8 @@ pub fn step_down_main(
         Ok(match outcome {
             Some(new) => {
                 out(&format!(
-                    "stepped down: {} leads now (backend {})\n",
-                    new.application_name.as_deref().unwrap_or("?"),
+                    "stepped down: the new leader is {} (backend {})\n",
+                    new.who(),
                     new.pid
                 ));
                 0

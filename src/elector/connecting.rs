@@ -729,7 +729,19 @@ pub(super) async fn attempt(
             }
         }
     };
-    // The name a verify-full certificate must carry: the host name, else the address.
+    // libpq checks a verify-full certificate against the host name only: an address alone
+    // (`hostaddr` without `host`) is refused, never matched against the certificate.
+    if name.is_empty() && tls.mode == crate::pg::tls::SslMode::VerifyFull {
+        return Err(Attempt::Stop(Error::Socket {
+            target: target.clone(),
+            source: std::io::Error::other(
+                "host name must be specified for a verified SSL connection (sslmode=verify-full \
+                 checks the certificate against host, and only hostaddr is set)",
+            ),
+        }));
+    }
+    // The name TLS is given: the host name, else the address (used for nothing but SNI,
+    // which rustls sends for names only).
     let server_name = if name.is_empty() {
         addrs
             .first()
@@ -773,7 +785,7 @@ pub(super) async fn attempt(
         let _ = stream.set_nodelay(true);
         set_tcp_timers(&stream, &config);
         let stream = Primed::new(stream, prelude);
-        let over_tls = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let over_tls = std::sync::Arc::new(crate::pg::tls::Handshake::default());
         let tls_connect = match connector {
             Some(c) if tls.enabled() => Some(
                 MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(
@@ -786,18 +798,19 @@ pub(super) async fn attempt(
                         source: std::io::Error::other(e.to_string()),
                     })
                 })?
-                .noting_start(over_tls.clone()),
+                .noting(over_tls.clone()),
             ),
             _ => None,
         };
         match handshake(&config, stream, tls_connect, wanted, deadline, &target).await {
             Err(Attempt::Next(err)) => last = Some(Attempt::Next(err)),
             // libpq's sslmode=prefer: a server that refused the session over TLS (a
-            // `hostnossl` line in pg_hba.conf) is asked once more in plaintext.
+            // `hostnossl` line in pg_hba.conf), or whose handshake failed (a certificate
+            // the named root does not vouch for), is asked once more in plaintext.
             Err(Attempt::Stop(Error::Connect { source, .. }))
                 if tls.mode == crate::pg::tls::SslMode::Prefer
-                    && over_tls.load(std::sync::atomic::Ordering::Acquire)
-                    && source.as_db_error().is_some() =>
+                    && over_tls.began()
+                    && (source.as_db_error().is_some() || over_tls.failed()) =>
             {
                 let deadline = tokio::time::Instant::now() + per_host;
                 let stream =
@@ -821,15 +834,28 @@ pub(super) async fn attempt(
                         target,
                         source: plain_err,
                     })) => {
-                        // The guard above made sure it is the server's own error.
+                        // The guard above made sure it is the server's own error, or the
+                        // handshake's (its causes are the reason).
                         let said = source.as_db_error().map_or_else(
-                            || source.to_string(),
-                            |db| format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+                            || {
+                                let mut chain = format!("the handshake failed: {source}");
+                                let mut cause = std::error::Error::source(&source);
+                                while let Some(c) = cause {
+                                    chain.push_str(&format!(": {c}"));
+                                    cause = c.source();
+                                }
+                                chain
+                            },
+                            |db| {
+                                format!(
+                                    "the server said: {} (SQLSTATE {})",
+                                    db.message(),
+                                    db.code().code()
+                                )
+                            },
                         );
                         return Err(Attempt::Stop(Error::Connect {
-                            target: format!(
-                                "{target} (in plaintext; over TLS the server said: {said})"
-                            ),
+                            target: format!("{target} (in plaintext; over TLS {said})"),
                             source: plain_err,
                         }));
                     }

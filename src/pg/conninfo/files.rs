@@ -20,7 +20,7 @@ pub(super) fn home(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
 
 /// The `[name]` section of the first service file that has one, read as libpq reads it: a
 /// line is `keyword=value` exactly (no blanks around `=`), a line without `=`, an unknown
-/// keyword and a nested `service=` are errors.
+/// keyword, `requiressl` and a nested `service=` are errors.
 pub(super) fn service_section(
     name: &str,
     env: &dyn Fn(&str) -> Option<String>,
@@ -69,6 +69,19 @@ pub(super) fn service_section(
                     return Err(syntax(
                         &origin(),
                         format!("line {}: nested service specifications", number + 1),
+                    ));
+                }
+                // libpq turns the deprecated `requiressl` into `sslmode` only in a
+                // connection string (conninfo_storeval); a service file's keywords are
+                // looked up as they are, and libpq 15 calls this one a syntax error.
+                if k == "requiressl" {
+                    return Err(syntax(
+                        &origin(),
+                        format!(
+                            "line {}: \"requiressl\" is read in a connection string only; \
+                             write sslmode=require",
+                            number + 1
+                        ),
                     ));
                 }
                 out.push((k.to_owned(), v.to_owned()));

@@ -346,7 +346,7 @@ fn insert_all(
         }
         // libpq's conninfo_storeval: in a connection string the deprecated `requiressl` is
         // stored as `sslmode` (1… `require`, else `prefer`), so the later of the two wins.
-        let (key, value) = if key == "requiressl" && !only_missing {
+        let (key, value) = if key == "requiressl" {
             let mode = if value.starts_with('1') {
                 "require"
             } else {
@@ -390,7 +390,11 @@ pub fn resolve(
     let mut shown = true;
     if let Some(dsn) = &dsn {
         let url = dsn.starts_with("postgres://") || dsn.starts_with("postgresql://");
-        if !url && (dsn.contains("://") || !dsn.contains('=')) {
+        // As libpq: only those two prefixes make a URL, so a keyword value may hold `://`
+        // (`application_name=http://x`, a password). Another scheme, or no `=` at all, is
+        // refused here with the forms named (libpq would take it for a database name or
+        // say "missing =").
+        if !url && (other_scheme(dsn) || !dsn.contains('=')) {
             return Err(ConnInfoError::Form { origin });
         }
         // Whether words of the DSN may be quoted in errors: not when it may hold a password.
@@ -434,6 +438,16 @@ pub fn resolve(
     let mut settings = build(params, env, shown)?;
     settings.dsn_from = dsn.is_some().then_some(origin);
     Ok(settings)
+}
+
+/// Whether `dsn` begins with a URL scheme other than libpq's (`mysql://`, `postgis://`).
+fn other_scheme(dsn: &str) -> bool {
+    dsn.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
 }
 
 /// A libpq integer setting: blanks around the digits are allowed.

@@ -34,7 +34,8 @@ pub(super) fn percent_decode(text: &str, origin: &str) -> Result<String, ConnInf
 /// `postgres[ql]://[user[:password]@][host[:port][,...]][/dbname][?key=value&...]`, read as
 /// libpq reads it: the user part ends at the first `@` that comes before any `/` (so a
 /// password may hold `?`, `:` or `#`); an empty password is no password; an empty query
-/// parameter (`?&&`) is refused.
+/// parameter (`?&&`) is refused, and so is an unencoded `@` after the user part (where
+/// libpq would read part of a password as a host or database name).
 pub(super) fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
     let rest = url
         .strip_prefix("postgresql://")
@@ -58,6 +59,18 @@ pub(super) fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>
         }
         _ => rest,
     };
+    // An `@` left in the host part or the path is almost always a password's own `@` (or
+    // `/`) written unencoded: libpq would take what follows for a host or a database name,
+    // and every message naming the server would then show part of the password. Refused,
+    // with how to write it (a database name holding `@` is written `%40` too).
+    let path_end = rest.find('?').unwrap_or(rest.len());
+    if rest[..path_end].contains('@') {
+        return Err(syntax(
+            origin,
+            "an '@' after the user part: percent-encode a password's '@' as %40 and '/' as %2F \
+             (a database name's '@' too)",
+        ));
+    }
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (hostspec, rest) = rest.split_at(end);
     if !hostspec.is_empty() {

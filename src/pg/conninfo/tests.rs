@@ -318,6 +318,11 @@ fn errors_never_echo_the_dsn() {
         "host=h password=hunter2 target_session_attrs=hunter2",
         "host=h password=hunter2 frobnicate=1",
         "host=h password='hunter2",
+        // A password's unencoded '@' or '/': the rest would be a host or a database name
+        // that every message about the server shows.
+        "postgres://pw:hunter@2@127.0.0.1:5432/d",
+        "postgres://localhost:55999/hunter2@127.0.0.1:5432/d",
+        "postgres://u:hunter2@host@127.0.0.1/d",
     ] {
         let err = resolve_with(Some(bad), &[]).unwrap_err();
         let shown = crate::error::Chain(&err).to_string();
@@ -327,6 +332,13 @@ fn errors_never_echo_the_dsn() {
     // libpq takes a '?' in a URL's password as part of it.
     let c = resolve_with(Some("postgres://u:hun?ter2@127.0.0.1/d"), &[]).unwrap();
     assert_eq!(password(&c), Some("hun?ter2"));
+    // Only libpq's two prefixes make a URL: a keyword value may hold "://".
+    let c = resolve_with(Some("host=h dbname=d password=ab://cd"), &[]).unwrap();
+    assert_eq!(password(&c), Some("ab://cd"));
+    // ... and percent-encoded, an '@' is a password's or a database name's.
+    let c = resolve_with(Some("postgres://u:hunter%402@127.0.0.1/d%40b"), &[]).unwrap();
+    assert_eq!(password(&c), Some("hunter@2"));
+    assert_eq!(c.config.get_dbname(), Some("d@b"));
 }
 
 /// `keepalives_idle`, `_interval` and `_count` reach the driver's settings (the elector takes

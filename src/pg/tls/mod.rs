@@ -5,7 +5,7 @@
 //! | sslmode | encrypted | server certificate checked |
 //! |---|---|---|
 //! | `disable` | no | — |
-//! | `prefer` | if the server offers it | no |
+//! | `prefer` | if the server offers it | no; with `sslrootcert` given, the chain, and plaintext when it fails (libpq) |
 //! | `require` | yes | no; with `sslrootcert` given, like `verify-ca` (libpq) |
 //! | `verify-ca` | yes | chain to the root (`sslrootcert`, else the system's roots) |
 //! | `verify-full` | yes | chain, and the host name or IP the client connected to |
@@ -166,7 +166,9 @@ impl TlsSettings {
         let provider = provider();
         let verify = match (self.mode, &self.root_cert) {
             (SslMode::VerifyFull, _) => Verify::Full,
-            (SslMode::VerifyCa, _) | (SslMode::Require, Some(_)) => Verify::Chain,
+            // libpq verifies the chain whenever a root certificate is named, `prefer` and
+            // `require` too (`prefer` then falls back to plaintext: `connecting`).
+            (SslMode::VerifyCa, _) | (SslMode::Require | SslMode::Prefer, Some(_)) => Verify::Chain,
             _ => Verify::Nothing,
         };
         let verifier: Arc<dyn ServerCertVerifier> = match verify {
@@ -372,7 +374,7 @@ where
         Ok(RustlsConnect {
             name,
             connector: tokio_rustls::TlsConnector::from(self.config.clone()),
-            started: None,
+            progress: None,
         })
     }
 }
@@ -381,15 +383,41 @@ where
 pub struct RustlsConnect {
     name: ServerName<'static>,
     connector: tokio_rustls::TlsConnector,
-    started: Option<Arc<std::sync::atomic::AtomicBool>>,
+    progress: Option<Arc<Handshake>>,
 }
 
 impl RustlsConnect {
-    /// Sets `flag` once the server agreed to TLS and the handshake began, so that a caller
-    /// can tell a refusal over TLS from one in plaintext (libpq's `sslmode=prefer` retry).
-    pub fn noting_start(mut self, flag: Arc<std::sync::atomic::AtomicBool>) -> Self {
-        self.started = Some(flag);
+    /// Records in `progress` whether the server agreed to TLS and whether the handshake then
+    /// failed, so that a caller can tell a refusal over TLS from one in plaintext, and a
+    /// failed handshake from a refusal (libpq's `sslmode=prefer` retry in plaintext follows
+    /// both).
+    pub fn noting(mut self, progress: Arc<Handshake>) -> Self {
+        self.progress = Some(progress);
         self
+    }
+}
+
+/// How far one connection's TLS got, as [`RustlsConnect::noting`] records it.
+#[derive(Debug, Default)]
+pub struct Handshake(std::sync::atomic::AtomicU8);
+
+impl Handshake {
+    const BEGAN: u8 = 1;
+    const FAILED: u8 = 2;
+
+    fn set(&self, state: u8) {
+        self.0.store(state, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the server agreed to TLS (the handshake began, whatever came of it).
+    pub fn began(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire) >= Self::BEGAN
+    }
+
+    /// Whether the handshake itself failed: the certificate was refused, or no protocol
+    /// version or cipher was common.
+    pub fn failed(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire) == Self::FAILED
     }
 }
 
@@ -403,11 +431,18 @@ where
 
     fn connect(self, stream: S) -> Self::Future {
         Box::pin(async move {
-            if let Some(flag) = &self.started {
-                flag.store(true, std::sync::atomic::Ordering::Release);
+            if let Some(progress) = &self.progress {
+                progress.set(Handshake::BEGAN);
             }
-            let stream = self.connector.connect(self.name, stream).await?;
-            Ok(RustlsStream(Box::new(stream)))
+            match self.connector.connect(self.name, stream).await {
+                Ok(stream) => Ok(RustlsStream(Box::new(stream))),
+                Err(err) => {
+                    if let Some(progress) = &self.progress {
+                        progress.set(Handshake::FAILED);
+                    }
+                    Err(err)
+                }
+            }
         })
     }
 }
