@@ -770,17 +770,13 @@ fn doctor_says_which_database_the_lock_lives_in() {
         )
     };
     let (code, text) = doctor(&format!("host=127.0.0.1 port={port} user=postgres"));
-    assert_eq!(
-        code,
-        Some(0),
-        "a default database is a warning, not a failure: {text}"
-    );
+    // The job refuses such settings (125): doctor fails them, and its other checks still run.
+    assert_eq!(code, Some(1), "{text}");
     assert!(
-        text.contains(
-            "warn  database      the lock lives in database postgres, which no setting named"
-        ),
+        text.contains("FAIL  database      no setting names the database, so leaderrun refuses"),
         "{text}"
     );
+    assert!(text.contains("ok    exclusion"), "{text}");
     assert!(
         text.contains("hint: advisory locks are per database"),
         "{text}"

@@ -438,22 +438,25 @@ pub async fn findings(
     out
 }
 
-/// The finding about the database the lock lives in: advisory locks are per database, and a
-/// database nobody named is the user's name, so copies connecting as different users would
-/// elect a leader each. `database_from` is [`crate::pg::conninfo::ConnSettings::database_from`].
+/// The finding about the database the lock lives in: advisory locks are per database, so
+/// leaderrun refuses to run (exit 125) when no setting names it (the user's name, psql's
+/// default, would let copies connecting as different users elect a leader each); doctor still
+/// runs its checks there and fails this finding, so a gate on `doctor` never passes settings
+/// the job refuses. `database_from` is [`crate::pg::conninfo::ConnSettings::database_from`].
 pub fn database_finding(database: &str, database_from: &str) -> Finding {
     if database_from == "default" {
         Finding {
             check: "database",
-            ok: true,
+            ok: false,
             detail: format!(
-                "the lock lives in database {database}, which no setting named: it is the \
-                 user's name (psql's default)"
+                "no setting names the database, so leaderrun refuses to run with these \
+                 settings (exit 125); these checks ran in database {database}, the user's name \
+                 (psql's default)"
             ),
             hint: Some(
                 "advisory locks are per database: copies that connect as different users \
-                 without naming a database elect a leader each; name the database in the DSN \
-                 (dbname=, /DB in a URL) or PGDATABASE"
+                 without naming a database would elect a leader each; name the database in the \
+                 DSN (dbname=, /DB in a URL), PGDATABASE or a service"
                     .to_owned(),
             ),
         }
