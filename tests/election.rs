@@ -526,3 +526,73 @@ async fn a_grant_the_keeper_cannot_keep_begins_no_term_and_gives_the_lock_back()
     running_a.stop().await;
     assert!(keeper_b.copy.lock().unwrap().is_none());
 }
+
+/// `is_leader` is bounded by the term's safe window, not only by the campaign's flag: with the
+/// campaign's runtime blocked (an application that starves it, a frozen process), the flag stays
+/// set, and another replica leads once the server ended the session; `is_leader` must say false
+/// by the time the window has passed (docs/election.md, the seed's `IsLeader`).
+#[test]
+fn is_leader_turns_false_once_the_safe_window_passes_while_the_campaign_cannot_run() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let a = Elector::new(config(id, None)).unwrap();
+    let (leading_tx, leading_rx) = std::sync::mpsc::channel();
+    let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
+    let cancel_a = CancellationToken::new();
+    let thread_a = std::thread::spawn({
+        let (a, cancel_a) = (a.clone(), cancel_a.clone());
+        move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let run = rt.spawn({
+                let (a, cancel_a) = (a.clone(), cancel_a.clone());
+                async move { a.run(cancel_a).await }
+            });
+            rt.block_on(async {
+                let term = timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+                leading_tx.send(term).unwrap();
+                // The fault: this runtime's only thread blocks, so the campaign cannot run.
+                unblock_rx.recv().unwrap();
+            });
+            rt.block_on(async { timeout(WAIT, run).await })
+        }
+    });
+    let term = leading_rx.recv_timeout(WAIT).expect("a leads");
+    assert!(a.is_leader());
+    let lease = term.lease().unwrap().clone();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // The server ends a's session (the lock is freed at once); b takes the lock.
+        let admin = cluster.client().await;
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&lease.backend_pid])
+            .await
+            .unwrap();
+        let b = Elector::new(config(id, None)).unwrap();
+        let run_b = run(&b);
+        timeout(WAIT, b.wait_for_term()).await.expect("b leads");
+        // a's campaign has not run: its term still stands, and its flag is set.
+        assert!(!term.is_ended(), "a's campaign ran: the fault did not hold");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while a.is_leader() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a says it leads {WAIT:?} after b took the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(b.is_leader() && !term.is_proven());
+        unblock_tx.send(()).unwrap();
+        cancel_a.cancel();
+        let ran = thread_a
+            .join()
+            .unwrap()
+            .expect("a's run returns after cancel");
+        ran.expect("a's run did not panic")
+            .expect("a's run returns Ok");
+        run_b.stop().await;
+    });
+}

@@ -396,10 +396,17 @@ impl Elector {
         &self.shared.config
     }
 
-    /// Whether this replica holds the lock right now: one atomic load, lock-free, safe from any
-    /// thread (the seed's `IsLeader`).
+    /// Whether this replica holds the lock right now, as far as it can know: it leads, and the
+    /// safe window of its term's last proving check is still open ([`Term::is_proven`]). Safe
+    /// from any thread; an atomic load, then the current term's read lock and a clock read.
+    ///
+    /// The seed's `IsLeader` reads the loop's flag alone. Here the window bounds it too: a
+    /// campaign that cannot run (its runtime starved or blocked, the process frozen) cannot
+    /// clear the flag, and the flag alone would say true while another replica, granted the
+    /// lock once the server ended this one's session, leads
+    /// (docs/guarantees.md#safety-guarantees).
     pub fn is_leader(&self) -> bool {
-        self.shared.leader.load(Ordering::Acquire)
+        self.shared.leader.load(Ordering::Acquire) && self.shared.current.borrow().is_proven()
     }
 
     /// Whether the campaign is waiting, right now, for the work of a term that ended to stop
