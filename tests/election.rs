@@ -596,3 +596,45 @@ fn is_leader_turns_false_once_the_safe_window_passes_while_the_campaign_cannot_r
         run_b.stop().await;
     });
 }
+
+/// The seed promises the repositories that their transaction locks never collide with the
+/// leader lock, "not even the bigint whose halves equal the pair": a transaction that holds
+/// that bigint must not look like `leaderrun step-down`'s request to a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_on_the_bigint_of_the_pair_is_not_a_step_down_request() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let a = Elector::new(config(id, None)).unwrap();
+    let running = run(&a);
+    let term = timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let mut admin = cluster.client().await;
+    let tx = admin.transaction().await.unwrap();
+    let pair = (i64::from(CLASS) << 32) | i64::from(id as u32);
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&pair])
+        .await
+        .unwrap();
+    // Ten of the leader's checks while the transaction holds it: not one demotes.
+    let mut checks = a.watch_checks();
+    let from = checks.borrow().total;
+    timeout(WAIT, checks.wait_for(|c| c.total >= from + 10))
+        .await
+        .expect("ten checks")
+        .unwrap();
+    assert!(!term.is_ended(), "ended: {:?}", term.end_cause());
+    assert!(a.is_leader());
+    tx.rollback().await.unwrap();
+    // The request leaderrun step-down takes is still seen (its own key).
+    let request = LockKey { class: CLASS, id }.step_down_request();
+    admin
+        .execute("SELECT pg_advisory_lock($1)", &[&request])
+        .await
+        .unwrap();
+    timeout(WAIT, term.ended())
+        .await
+        .expect("the request demotes");
+    admin
+        .execute("SELECT pg_advisory_unlock($1)", &[&request])
+        .await
+        .unwrap();
+    running.stop().await;
+}

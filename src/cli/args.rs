@@ -677,9 +677,9 @@ pub enum Action {
     },
     /// Ask the current leader to hand over (a planned switchover, e.g. to drain a host)
     ///
-    /// Takes the step-down request: the bigint advisory lock whose halves are the lock key
-    /// (CLASS << 32 | ID, objsubid 1 in pg_locks, which never collides with the two-int4 leader
-    /// lock). The leader sees it at its next check, stops its child (stop signal, grace),
+    /// Takes the step-down request: a bigint advisory lock ((CLASS XOR 0x20000000) << 32 | ID,
+    /// objsubid 1 in pg_locks; never the leader lock, nor the bigint CLASS << 32 | ID that
+    /// applications may lock in their transactions). The leader sees it at its next check, stops its child (stop signal, grace),
     /// releases the lock and stays out of the campaign for one check interval, so a waiting
     /// standby takes over within milliseconds. Exit 0 when another replica leads afterwards,
     /// 1 when none took over within a minute (or none leads, or the holder is not leaderrun,

@@ -225,7 +225,9 @@ pub fn man_page() -> Vec<u8> {
         ),
         (
             "step-down request for slot k",
-            "bigint lock, classid CLASS+k, objsubid 1 (leaderrun step-down).",
+            "bigint lock, classid (CLASS+k) XOR 0x20000000, objsubid 1 (leaderrun step-down); \
+             never the bigint whose halves are the pair (CLASS << 32 | ID), which applications \
+             may take as a transaction lock.",
         ),
     ] {
         item(&mut roff, what, text);

@@ -47,12 +47,23 @@ impl LockKey {
         }
     }
 
-    /// The bigint key of the step-down request for this key (`leaderrun step-down`): the
-    /// bigint whose halves are the class and the id. pg_locks shows it with `objsubid = 1`
-    /// and the same `classid`/`objid` as this key (which has `objsubid = 2`), so the two never
-    /// collide (PostgreSQL's manual, "Advisory Locks": the two key forms do not overlap).
+    /// The bigint key of the step-down request for this key (`leaderrun step-down`): pg_locks
+    /// shows it with `objsubid = 1`, `objid` = id and `classid` = class XOR 0x20000000.
+    ///
+    /// Not the bigint whose halves are the class and the id: the seed promises the
+    /// repositories that their transaction locks (`pg_advisory_xact_lock(bigint)`) never
+    /// collide with the leader lock, "not even the bigint whose halves equal the pair", and
+    /// with that bigint as the request, such a transaction made the leader step down at every
+    /// other check. Like [`LockKey::queue_key`], never a slot's key (`objsubid = 2`), a place
+    /// in a line, or another slot's request (their classes differ from these by less than the
+    /// number of slots, these by at least 0x20000000 less that).
     pub fn step_down_request(self) -> i64 {
-        (i64::from(self.class) << 32) | i64::from(self.id as u32)
+        (i64::from(self.class ^ STEP_DOWN_FLIP) << 32) | i64::from(self.id as u32)
+    }
+
+    /// The `classid` in pg_locks of [`LockKey::step_down_request`]: unsigned, as oid shows it.
+    pub fn step_down_class(self) -> u32 {
+        (self.step_down_request() >> 32) as u32
     }
 
     /// The bigint key of place `place` (1 … [`QUEUE_PLACES`]) in the line of standbys for this
@@ -72,6 +83,9 @@ impl LockKey {
         (i64::from(self.class ^ flip) << 32) | i64::from(self.id as u32)
     }
 }
+
+/// The bit a step-down request's class differs by from its slot's ([`LockKey::step_down_request`]).
+const STEP_DOWN_FLIP: i32 = 0x2000_0000;
 
 /// How many standbys of one slot wait in the server's lock queues: the queue head, which
 /// waits for the slot's key, and one behind it, which waits for the head's place, so that two
@@ -351,14 +365,25 @@ mod tests {
         assert_eq!(top.slot(1).class, i32::MIN, "wraps");
         // pg_locks halves of the bigint forms: classid = high word, objid = low word.
         let halves = |k: i64| ((k >> 32) as u32, k as u32);
-        assert_eq!(halves(key.step_down_request()), (7, (-2i32) as u32));
+        assert_eq!(
+            halves(key.step_down_request()),
+            (7 ^ 0x2000_0000, (-2i32) as u32)
+        );
+        assert_eq!(key.step_down_class(), 7 ^ 0x2000_0000);
+        // Never the bigint whose halves are the pair, which the seed gives the repositories.
+        assert_ne!(
+            key.step_down_request(),
+            (7i64 << 32) | i64::from((-2i32) as u32)
+        );
         assert_eq!(halves(key.queue_key(1)), (7 ^ 0x8000_0000, (-2i32) as u32));
         assert_eq!(halves(key.queue_key(2)), (7 ^ 0x4000_0000, (-2i32) as u32));
         for class in [0, -1, 1, i32::MAX, i32::MIN, DEFAULT_LOCK_CLASS] {
             let key = LockKey { class, id: 1 };
             let mut seen = std::collections::HashSet::new();
             for j in 0..64 {
+                let pair = (i64::from(key.slot(j).class) << 32) | 1;
                 assert!(seen.insert(key.slot(j).step_down_request()));
+                assert_ne!(key.slot(j).step_down_request(), pair);
                 for place in 1..=QUEUE_PLACES {
                     assert!(
                         seen.insert(key.slot(j).queue_key(place)),

@@ -187,7 +187,7 @@ impl Campaign<'_> {
         let bound = config.effective_check_interval().min(config.io_bound());
         let lock = session.granted.unwrap_or(config.lock);
         // pg_locks shows the int4 halves as oid, i.e. unsigned.
-        let (class, id) = (lock.class as u32, lock.id as u32);
+        let (class, id, request) = (lock.class as u32, lock.id as u32, lock.step_down_class());
         let started = Instant::now();
         self.waited = Duration::ZERO;
         self.wait_only = false;
@@ -196,14 +196,14 @@ impl Campaign<'_> {
                 "leader check",
                 bound,
                 check_sql,
-                &[(&class, Type::OID), (&id, Type::OID)],
+                &[(&class, Type::OID), (&id, Type::OID), (&request, Type::OID)],
             )
             .await
             .and_then(|row| {
                 let pid: i32 = row.get(0);
                 let held: bool = row.get(1);
                 let in_recovery: bool = row.get(2);
-                // `leaderrun step-down` holds the bigint lock whose halves are our key.
+                // `leaderrun step-down` holds our key's request (`LockKey::step_down_request`).
                 let step_down: bool = row.get(3);
                 if pid != session.backend_pid {
                     Err(Error::BackendChanged {

@@ -223,7 +223,7 @@ pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_catalog.pg_backend_pid(), \
              WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
                AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
                  WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-               AND classid OPERATOR(pg_catalog.=) $1 AND objid OPERATOR(pg_catalog.=) $2 \
+               AND classid OPERATOR(pg_catalog.=) $3 AND objid OPERATOR(pg_catalog.=) $2 \
                AND objsubid OPERATOR(pg_catalog.=) 1 AND granted)";
 
 impl Campaign<'_> {
