@@ -1,7 +1,6 @@
 //! The election's metrics on a registry, shared by electors that share the registry.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
@@ -102,16 +101,70 @@ impl ElectorMetrics {
         Ok(metrics)
     }
 
-    pub(crate) fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
-        registry.register(Box::new(self.leader.clone()))?;
-        registry.register(Box::new(self.slot.clone()))?;
-        registry.register(Box::new(self.terms.clone()))?;
-        registry.register(Box::new(self.checks.clone()))?;
-        registry.register(Box::new(self.check_seconds.clone()))?;
-        registry.register(Box::new(self.wait_seconds.clone()))?;
-        registry.register(Box::new(self.demotions.clone()))?;
+    /// The collectors, each a handle on the same series as the field it clones.
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.leader.clone()),
+            Box::new(self.slot.clone()),
+            Box::new(self.terms.clone()),
+            Box::new(self.checks.clone()),
+            Box::new(self.check_seconds.clone()),
+            Box::new(self.wait_seconds.clone()),
+            Box::new(self.demotions.clone()),
+        ]
+    }
+
+    /// Registers every collector on `registry`, or none: one that cannot be registered (a
+    /// name the application uses already) takes back those registered before it, so a failed
+    /// [`Elector::new`](crate::Elector::new) leaves the registry as it found it.
+    fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
+        for (i, collector) in self.collectors().into_iter().enumerate() {
+            if let Err(err) = registry.register(collector) {
+                // Fresh handles on the same series: unregister matches by description.
+                for done in self.collectors().into_iter().take(i) {
+                    let _ = registry.unregister(done);
+                }
+                return Err(err);
+            }
+        }
         Ok(())
     }
+}
+
+/// The election's metrics as registered on one registry, for as long as an elector uses them:
+/// the last one dropped takes them off the registry again.
+pub(crate) struct Registered {
+    pub(crate) metrics: ElectorMetrics,
+    registry: Registry,
+}
+
+impl std::ops::Deref for Registered {
+    type Target = ElectorMetrics;
+    fn deref(&self) -> &ElectorMetrics {
+        &self.metrics
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut known = known();
+        let me: *const Registered = self;
+        // Unless `shared_metrics` took the entry over while this drop waited for the lock
+        // (and took these series off itself, to register new ones).
+        if let Some(i) = known.iter().position(|(_, w)| std::ptr::eq(w.as_ptr(), me)) {
+            known.swap_remove(i);
+            for collector in self.metrics.collectors() {
+                let _ = self.registry.unregister(collector);
+            }
+        }
+    }
+}
+
+/// The registries electors registered on, each with its live metrics ([`shared_metrics`]).
+static KNOWN: Mutex<Vec<(Registry, Weak<Registered>)>> = Mutex::new(Vec::new());
+
+fn known() -> std::sync::MutexGuard<'static, Vec<(Registry, Weak<Registered>)>> {
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The label of a demotion's cause in `leaderrun_demotions_total`.
@@ -129,26 +182,46 @@ pub(crate) fn demotion_cause(err: &Error) -> &'static str {
     }
 }
 
-/// Finds the election metrics already registered on `registry`, or registers new ones.
+/// Finds the election metrics already registered on `registry` by a live elector, or
+/// registers new ones.
 ///
-/// prometheus' `AlreadyReg` does not hand back the existing collector (Go's does), so electors
-/// remember which registries they registered on. Registry identity is tested by registering a
-/// throw-away collector with a unique name on one registry and seeing whether the other
-/// refuses it as already registered; both registrations are undone at once.
-pub(crate) fn shared_metrics(registry: &Registry) -> Result<Arc<ElectorMetrics>, Error> {
-    static KNOWN: Mutex<Vec<(Registry, Arc<ElectorMetrics>)>> = Mutex::new(Vec::new());
-    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-    for (other, metrics) in known.iter() {
-        if same_registry(other, registry) {
-            return Ok(metrics.clone());
+/// prometheus' `AlreadyReg` does not hand back the existing collector (Go's does, which is how
+/// the seed's `New` reuses a gauge), so electors remember which registries they registered on,
+/// weakly: the last elector of a registry dropped takes the metrics off it ([`Registered`]) and
+/// its entry here goes with the next call, so neither the registries nor this list outlive the
+/// electors. Registry identity is tested by registering a probe ([`same_registry`]); a live
+/// entry is not upgraded to be compared, so a scan never keeps another registry's metrics
+/// alive past their last elector.
+///
+/// # Errors
+/// [`Error::Metrics`] when a name is taken on `registry` by something else (the application's
+/// own `plexsphere_background_leader`, say); the registry is then left as it was.
+pub(crate) fn shared_metrics(registry: &Registry) -> Result<Arc<Registered>, Error> {
+    let mut known = known();
+    if let Some(i) = known.iter().position(|(r, _)| same_registry(r, registry)) {
+        if let Some(registered) = known[i].1.upgrade() {
+            return Ok(registered);
+        }
+        // Its last elector is being dropped right now: its series are taken off here (the
+        // drop, which waits for this lock, then finds its entry gone), and new ones registered.
+        known.swap_remove(i);
+        for collector in ElectorMetrics::new().map_err(Error::Metrics)?.collectors() {
+            let _ = registry.unregister(collector);
         }
     }
-    let metrics = Arc::new(ElectorMetrics::new().map_err(Error::Metrics)?);
+    let metrics = ElectorMetrics::new().map_err(Error::Metrics)?;
     metrics.register(registry).map_err(Error::Metrics)?;
-    known.push((registry.clone(), metrics.clone()));
-    Ok(metrics)
+    let registered = Arc::new(Registered {
+        metrics,
+        registry: registry.clone(),
+    });
+    known.push((registry.clone(), Arc::downgrade(&registered)));
+    Ok(registered)
 }
 
+/// Whether `a` and `b` are one registry: a probe registered on `a` is refused by `b`. The
+/// probe's name is always the same (prometheus keeps every name it saw, unregistered or not),
+/// and callers hold `KNOWN`'s lock, so two probes never meet.
 pub(crate) fn same_registry(a: &Registry, b: &Registry) -> bool {
     use prometheus::core::{Collector, Desc};
     use prometheus::proto::MetricFamily;
@@ -164,13 +237,8 @@ pub(crate) fn same_registry(a: &Registry, b: &Registry) -> bool {
         }
     }
 
-    static PROBES: AtomicU64 = AtomicU64::new(0);
-    let name = format!(
-        "leaderrun_registry_probe_{}",
-        PROBES.fetch_add(1, Ordering::Relaxed)
-    );
     let Ok(desc) = Desc::new(
-        name,
+        "leaderrun_registry_probe".to_owned(),
         "identity probe".into(),
         Vec::new(),
         Default::default(),
@@ -207,6 +275,56 @@ mod tests {
         ];
         for cause in &causes {
             assert!(DEMOTION_CAUSES.contains(&demotion_cause(cause)));
+        }
+    }
+
+    #[test]
+    fn a_failed_registration_leaves_the_registry_as_it_was() {
+        let registry = Registry::new();
+        // The application's own collector under one of the election's names.
+        let own = IntCounter::new("leaderrun_terms_started_total", "the application's").unwrap();
+        registry.register(Box::new(own.clone())).unwrap();
+        assert!(shared_metrics(&registry).is_err());
+        let names: Vec<String> = registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
+        assert_eq!(names, ["leaderrun_terms_started_total"]);
+    }
+
+    #[test]
+    fn metrics_live_as_long_as_an_elector_uses_them() {
+        let registry = Registry::new();
+        let first = shared_metrics(&registry).unwrap();
+        let second = shared_metrics(&registry).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &second),
+            "one registry, one set of series"
+        );
+        first.leader.set(1);
+        drop(first);
+        assert!(registry
+            .gather()
+            .iter()
+            .any(|f| f.name() == super::GAUGE_NAME));
+        drop(second);
+        let left: Vec<String> = registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
+        assert!(left.is_empty(), "the last one takes them off: {left:?}");
+        // And a new elector on the registry registers them again.
+        let again = shared_metrics(&registry).unwrap();
+        assert_eq!(again.leader.get(), 0);
+        drop(again);
+        // Registries given up are not kept: many come and go, each registers at once.
+        for _ in 0..200 {
+            let registry = Registry::new();
+            let metrics = shared_metrics(&registry).unwrap();
+            assert!(!registry.gather().is_empty());
+            drop(metrics);
         }
     }
 

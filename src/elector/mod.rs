@@ -77,7 +77,7 @@ pub use session::{boottime, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
 use campaign::{Campaign, Role};
-use metrics::{shared_metrics, ElectorMetrics};
+use metrics::{shared_metrics, Registered};
 use session::pin_client_timers;
 
 /// Default check interval, the seed's `DefaultCheckInterval`: 5 s.
@@ -184,7 +184,12 @@ pub struct Config {
     /// `leaderrun_checks_total{outcome}`, `leaderrun_check_duration_seconds` (a check's own time,
     /// without a standby's wait in the lock queue), `leaderrun_lock_wait_seconds` (that wait) and
     /// `leaderrun_demotions_total{cause}`. Every labelled series exists from the start at 0. `None`
-    /// registers nothing. Electors that share a registry share these, and so write one series.
+    /// registers nothing. Electors that share a registry share these, and so write one series
+    /// (the seed's `New` reuses the gauge); the last of them dropped takes them off the registry.
+    /// A registry on which something else holds one of these names is refused
+    /// ([`Error::Metrics`], the registry left as it was): prometheus for Rust does not hand back
+    /// an existing collector, as Go's does, so an application's own
+    /// `plexsphere_background_leader` cannot be written to.
     pub registry: Option<Registry>,
     /// Keeps a copy of the lock session's socket (see [`SessionKeeper`]); `None`: nobody.
     pub keeper: Option<std::sync::Arc<dyn SessionKeeper>>,
@@ -339,7 +344,7 @@ pub(crate) struct Shared {
     pub(crate) released_at: std::sync::Mutex<Option<Instant>>,
     pub(crate) terms: AtomicU64,
     pub(crate) current: watch::Sender<Term>,
-    pub(crate) metrics: Option<Arc<ElectorMetrics>>,
+    pub(crate) metrics: Option<Arc<Registered>>,
 }
 
 /// A participant in the election for one advisory lock: the seed's `Elector`.
