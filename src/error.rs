@@ -21,6 +21,10 @@ pub enum Error {
     #[error("this elector is already running; a second concurrent run is refused")]
     AlreadyRunning,
 
+    /// The configuration's timers cannot be used ([`crate::Elector::new`]).
+    #[error("invalid timing")]
+    Timing(#[source] crate::timing::TimingError),
+
     /// The `plexsphere_background_leader` gauge could not be registered on the configured
     /// registry, e.g. because a collector that is not an elector's gauge uses the name.
     #[error("cannot register the plexsphere_background_leader gauge")]

@@ -67,9 +67,9 @@ impl Timing {
     /// [`Timing::check`].
     pub fn new(check_interval: Duration, grace: Duration) -> Timing {
         let idle_session_timeout = if grace > check_interval {
-            check_interval * 3 + grace
+            check_interval.saturating_mul(3).saturating_add(grace)
         } else {
-            check_interval * 4
+            check_interval.saturating_mul(4)
         };
         Timing {
             check_interval,
@@ -103,12 +103,12 @@ impl Timing {
 
     /// The safe window: 2i from the send time of the last check that proved the lock.
     pub fn safe_window(&self) -> Duration {
-        self.check_interval * 2
+        self.check_interval.saturating_mul(2)
     }
 
     /// 2i + g: the longest a cut-off leader's child may still run after the last good check.
     pub fn stop_bound(&self) -> Duration {
-        self.safe_window() + self.grace
+        self.safe_window().saturating_add(self.grace)
     }
 
     /// How often leaderrun tells its watchdog it is alive: i/8, between 5 ms and 250 ms.
@@ -125,7 +125,7 @@ impl Timing {
 
     /// `/healthz` limit: the check loop has run within 3i (docs/guarantees.md#observing-a-replica).
     pub fn liveness_limit(&self) -> Duration {
-        self.check_interval * 3
+        self.check_interval.saturating_mul(3)
     }
 }
 

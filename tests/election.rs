@@ -638,3 +638,52 @@ async fn a_transaction_lock_on_the_bigint_of_the_pair_is_not_a_step_down_request
         .unwrap();
     running.stop().await;
 }
+
+/// Two electors in one process (the seed allows it): the standby's line about the holder says
+/// the other elector of this process leads, not that a stale try of its own was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_names_another_elector_of_its_process_as_such() {
+    let id = unique_lock_id();
+    let a = Elector::new(config(id, None)).unwrap();
+    let b = Elector::new(config(id, None)).unwrap();
+    let run_a = run(&a);
+    timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    // a's first check runs 50 ms after the grant: its session then shows a leader's check.
+    let mut checks = a.watch_checks();
+    let from = checks.borrow().total;
+    timeout(WAIT, checks.wait_for(|c| c.total > from))
+        .await
+        .expect("a checks")
+        .unwrap();
+    // Records events, never panics (the panic has fired already, as far as it knows).
+    let layer = PanicOnCheck::default();
+    layer.fired.store(true, Ordering::SeqCst);
+    let subscriber = tracing_subscriber::registry().with(layer.clone());
+    let cancel_b = CancellationToken::new();
+    let task_b = tokio::spawn({
+        let (b, cancel_b) = (b.clone(), cancel_b.clone());
+        async move { b.run(cancel_b).await }.with_subscriber(subscriber)
+    });
+    let line = timeout(WAIT, async {
+        loop {
+            let found = layer
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(_, m)| m.starts_with("the lock is held by"))
+                .map(|(_, m)| m.clone());
+            if let Some(line) = found {
+                return line;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("b says who holds the lock");
+    assert!(line.contains("(another elector of this process)"), "{line}");
+    assert!(!line.contains("timed out"), "{line}");
+    cancel_b.cancel();
+    timeout(WAIT, task_b).await.unwrap().unwrap().unwrap();
+    run_a.stop().await;
+}

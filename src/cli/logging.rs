@@ -22,7 +22,7 @@
 //!
 //! In the text format every control character inside a record, and every character that
 //! breaks a line or reorders what is shown ([`must_escape`]), is escaped by its writer
-//! ([`Escaping`]), once for every record rather than at each call site that logs outside text.
+//! (`Escaping`), once for every record rather than at each call site that logs outside text.
 //! The JSON format writes the same characters as `\uXXXX` escapes, which decode to the same
 //! strings.
 

@@ -256,7 +256,7 @@ impl Config {
     /// The `idle_session_timeout` in effect: the configured one, else 4 × check interval.
     pub fn effective_idle_session_timeout(&self) -> Duration {
         self.idle_session_timeout
-            .unwrap_or(self.effective_check_interval() * 4)
+            .unwrap_or(self.effective_check_interval().saturating_mul(4))
     }
 
     /// Bound on each host's connect attempt and on a standby's statements: the DSN's
@@ -370,8 +370,15 @@ impl Elector {
     /// Builds an elector (the seed's `leader.New`). Connects to nothing yet.
     ///
     /// # Errors
+    /// [`Error::Timing`] when [`Config::timing`] fails [`crate::timing::Timing::check`]: the
+    /// lock session's `idle_session_timeout` (4 × the check interval unless
+    /// [`Config::idle_session_timeout`] says otherwise) is over PostgreSQL's limit,
+    /// [`crate::timing::MAX_IDLE_SESSION_TIMEOUT`] (about 24.8 days), so every session would fail
+    /// to set it, or not longer than 3 check intervals (the safe window and one interval of
+    /// margin), so the server could free the lock while this leader still counts on it;
     /// [`Error::Metrics`] when the metrics cannot be registered on [`Config::registry`].
     pub fn new(config: Config) -> Result<Elector, Error> {
+        config.timing().check().map_err(Error::Timing)?;
         let metrics = match &config.registry {
             Some(registry) => Some(shared_metrics(registry)?),
             None => None,
@@ -501,7 +508,13 @@ impl Elector {
     ///
     /// Checks once at start and then every check interval (see the module docs). A failed
     /// connect or statement never ends the call; it is logged and retried at the next check.
-    /// On cancel, ends the term, unlocks under [`UNLOCK_BOUND`] and closes the session.
+    /// On cancel, ends the term ([`TermEnd::Resigned`]), waits for every [`TermHold`] of it to
+    /// be dropped (work that ignores the term's end keeps the lock, and `run`, for up to the
+    /// lock session's `idle_session_timeout`, 4 check intervals by default), unlocks under
+    /// [`UNLOCK_BOUND`] and closes the session; when the unlock failed, the close waits up to
+    /// 1 s more for the server to end the backend, so the lock reaches the standbys before
+    /// `run` returns (docs/election.md, "Release"). A leader whose work stops at once returns
+    /// within a round trip; at most that wait + 3 s.
     ///
     /// May be called again after an earlier call returned or panicked.
     ///
@@ -559,5 +572,40 @@ mod tests {
             config.effective_idle_session_timeout(),
             Duration::from_secs(1)
         );
+    }
+
+    #[test]
+    fn timers_beyond_postgresqls_or_the_models_limits_are_refused_not_a_panic() {
+        let config = |interval: Duration, idle: Option<Duration>| {
+            let mut config = Config::new(tokio_postgres::Config::new());
+            config.check_interval = interval;
+            config.idle_session_timeout = idle;
+            Elector::new(config)
+        };
+        for (interval, idle) in [
+            (Duration::MAX, None),
+            (Duration::from_secs(u64::MAX), None),
+            (Duration::from_secs(7 * 24 * 3600), None), // T = 28 days > 24.8
+            (Duration::MAX, Some(Duration::from_secs(60))),
+            (Duration::from_secs(10), Some(Duration::from_secs(30))), // T = 3i: no margin
+        ] {
+            let refused = config(interval, idle);
+            assert!(
+                matches!(refused, Err(Error::Timing(_))),
+                "{interval:?} {idle:?}: {refused:?}"
+            );
+        }
+        assert!(config(Duration::from_secs(5 * 24 * 3600), None).is_ok());
+        assert!(config(Duration::from_millis(100), None).is_ok());
+    }
+
+    #[test]
+    fn server_timers_round_up_to_whole_milliseconds() {
+        let mut config = Config::new(tokio_postgres::Config::new());
+        config.check_interval = Duration::from_micros(200_400);
+        let timers = session::server_timers(&config);
+        let get = |name: &str| timers.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+        assert_eq!(get("lock_timeout"), "201");
+        assert_eq!(get("idle_session_timeout"), "802");
     }
 }

@@ -48,7 +48,11 @@ pub(crate) fn pin_client_timers(config: &mut Config) {
         .keepalives_idle(idle)
         .keepalives_interval(probe)
         .keepalives_retries(probes)
-        .tcp_user_timeout((interval * 2).min(Duration::from_millis(i32::MAX as u64)));
+        .tcp_user_timeout(
+            interval
+                .saturating_mul(2)
+                .min(Duration::from_millis(i32::MAX as u64)),
+        );
 }
 
 /// How soon the server notices that the client of a session in a statement (a standby's wait
@@ -62,7 +66,14 @@ pub const CLIENT_CONNECTION_CHECK: Duration = Duration::from_millis(250);
 /// differ, so they are set with `set_config` and read back. Values are in the GUCs' base units (ms,
 /// or s for the keepalives).
 pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
-    let ms = |d: Duration| d.as_millis().clamp(1, i32::MAX as u128).to_string();
+    // Rounded up: a timer a hair shorter than asked could free the lock inside the model's
+    // margin (docs/guarantees.md#timing-settings).
+    let ms = |d: Duration| {
+        d.as_nanos()
+            .div_ceil(1_000_000)
+            .clamp(1, i32::MAX as u128)
+            .to_string()
+    };
     let secs = |d: Duration| d.as_secs_f64().ceil().clamp(1.0, 32_767.0).to_string();
     let bound = config.io_bound();
     let idle = config.effective_idle_session_timeout();

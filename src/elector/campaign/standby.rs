@@ -181,7 +181,7 @@ impl Campaign<'_> {
             let application_name = crate::pg::holder::activity_text(row.get(1));
             let backend_start: Option<String> = row.get(3);
             let query = crate::pg::holder::activity_text(row.get(4));
-            let (_, since, _) =
+            let (term, since, _) =
                 crate::pg::holder::parse_check_comment(query.as_deref().unwrap_or(""));
             let who = crate::pg::holder::Who {
                 application_name: application_name.as_deref(),
@@ -192,11 +192,18 @@ impl Campaign<'_> {
                 (None, Some(start)) => format!("session started {start}"),
                 (None, None) => "since an unknown time".to_owned(),
             };
-            let own = if who.is_this_process() {
-                " (this process's own session: a try of ours that timed out was granted after \
-                 all; the server frees it when it ends that session)"
-            } else {
-                ""
+            // Another elector of this process (the seed allows several) runs leader checks
+            // on its session; a try of ours that timed out and was granted after all left a
+            // standby's statement there. Just granted, another elector's session shows its
+            // try too: then both are said.
+            let own = match (who.is_this_process(), term) {
+                (false, _) => "",
+                (true, Some(_)) => " (another elector of this process)",
+                (true, None) => {
+                    " (this process's own session: another elector of this process just \
+                     granted, or a try of ours that timed out and was granted after all, which \
+                     the server frees when it ends that session)"
+                }
             };
             holders.push(format!("{who}, backend {pid}, {since}{own}"));
         }
