@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
+use leaderrun::CancellationToken;
 use leaderrun::{Config, Done, Elector, Term};
-use tokio_util::sync::CancellationToken;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .or_else(|| std::env::var("EMBED_DSN").ok())
         .ok_or("usage: embed DSN [SECONDS] (or set EMBED_DSN)")?;
     let seconds: u64 = args.next().map_or(Ok(60), |s| s.parse())?;
-    let connect: tokio_postgres::Config = dsn.parse()?;
+    let connect: leaderrun::tokio_postgres::Config = dsn.parse()?;
 
     let elector = Elector::new(Config::new(connect))?;
     let cancel = CancellationToken::new();

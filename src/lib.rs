@@ -14,8 +14,7 @@
 //! come from. Programs that embed the election use it directly:
 //!
 //! ```no_run
-//! use leaderrun::{Config, Done, Elector};
-//! use tokio_util::sync::CancellationToken;
+//! use leaderrun::{CancellationToken, Config, Done, Elector};
 //!
 //! # async fn example() -> Result<(), leaderrun::Error> {
 //! let connect = "host=127.0.0.1 user=app dbname=plexsphere".parse().expect("valid DSN");
@@ -93,6 +92,12 @@ pub use elector::{
 pub use error::{Chain, Error};
 #[doc(inline)]
 pub use timing::Timing;
+
+/// The driver whose [`tokio_postgres::Config`] [`Config::new`] takes, re-exported so that an
+/// embedding program uses the very version this crate was built with.
+pub use tokio_postgres;
+/// The cancellation [`Elector::run`] takes, re-exported for the same reason.
+pub use tokio_util::sync::CancellationToken;
 
 // The binary's layers.
 #[cfg(feature = "cli")]
