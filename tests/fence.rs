@@ -1143,3 +1143,87 @@ fn with_no_process_left_to_start_a_one_shot_fails_and_never_hangs() {
     assert_eq!(status.code(), Some(125), "{status:?}\n{log}");
     assert!(log.contains("cannot start true"), "{log}");
 }
+
+/// A descendant that leaves COMMAND's process group *and* its cgroup (root may write any
+/// `cgroup.procs`: `systemd-run --scope`, container tooling) is still part of the tree: a
+/// shutdown stops it before leaderrun exits, and after `kill -9` of leaderrun its watchdog
+/// kills it (docs/process-model.md). Before, with a cgroup, only the cgroup's members counted:
+/// such a process ran on beside the next leader's tree, and outlived both.
+#[test]
+fn a_descendant_that_leaves_the_group_and_the_cgroup_is_still_stopped() {
+    let cluster = Cluster::shared();
+    // The escapee moves itself into the cgroup leaderrun itself runs in, the parent of the
+    // group leaderrun made for COMMAND, then ignores TERM.
+    let body = "export EVENTS\n\
+         cg=$(sed -n 's/^0:://p' /proc/self/cgroup)\n\
+         mnt=$(awk '$3 == \"cgroup2\" { print $2; exit }' /proc/self/mounts)\n\
+         echo \"cgroup $cg\" >> \"$EVENTS\"\n\
+         setsid sh -c 'echo $$ > \"$1/cgroup.procs\" || exit 1; trap \"\" TERM; \
+           echo \"escaped $$\" >> \"$EVENTS\"; while :; do sleep 0.05; done' sh \"$mnt$(dirname \"$cg\")\" &\n\
+         exec 2>/dev/null\n\
+         trap 'exit 0' TERM\n\
+         while :; do sleep 0.02; done";
+    for how in [Signal::SIGTERM, Signal::SIGKILL] {
+        let scratch = Scratch::new();
+        let script = scratch.child_script("child.sh", body);
+        let mut leader = Replica::start(
+            cluster,
+            unique_lock_id(),
+            "200ms",
+            &["--cgroup", "--", script.to_str().unwrap()],
+        );
+        let escaped: i32 = wait_for("the escapee's move", secs(10.0), || {
+            scratch.events().iter().find_map(|l| {
+                if l.starts_with("cgroup ") && !l.contains("leaderrun-") {
+                    Some(-1)
+                } else {
+                    l.strip_prefix("escaped ")?.parse().ok()
+                }
+            })
+        });
+        if escaped == -1 {
+            eprintln!("no cgroup of COMMAND's own here (cgroup v2 not writable): skipped");
+            leader.signal(Signal::SIGTERM);
+            leader.wait_exit(secs(10.0));
+            return;
+        }
+        let cgroup = std::fs::read_to_string(format!("/proc/{escaped}/cgroup")).unwrap();
+        assert!(
+            !cgroup.contains("leaderrun-"),
+            "still in COMMAND's cgroup: {cgroup}"
+        );
+        let watchdog = watchdog_of(leader.pid()).expect("a watchdog");
+        if how == Signal::SIGKILL {
+            // The watchdog walks the tree every 25 ms; one that left in the last walk's period
+            // before leaderrun died, with its parent dying too, is out of its reach
+            // (docs/process-model.md): so the kill waits until it holds the escapee's pidfd.
+            wait_for("the watchdog to know the escapee", secs(5.0), || {
+                holds_pidfd_of(watchdog, escaped).then_some(())
+            });
+        }
+        leader.signal(how);
+        leader.wait_exit(secs(10.0));
+        if how == Signal::SIGTERM {
+            // leaderrun said the child stopped only once the whole tree was gone.
+            assert!(!alive(escaped), "{how:?}: the escapee outlived leaderrun");
+        } else {
+            wait_for("the watchdog to kill the escapee", secs(5.0), || {
+                (!alive(escaped)).then_some(())
+            });
+            wait_for("the watchdog to exit", secs(5.0), || {
+                (!alive(watchdog)).then_some(())
+            });
+        }
+    }
+}
+
+/// Whether process `holder` has a pidfd open for `pid` (its `fdinfo` says `Pid: PID`).
+fn holds_pidfd_of(holder: i32, pid: i32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{holder}/fdinfo")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_to_string(fd.path())
+            .is_ok_and(|info| info.lines().any(|l| l == format!("Pid:\t{pid}")))
+    })
+}

@@ -1,6 +1,8 @@
 //! A cgroup v2 group of COMMAND's own, where leaderrun may create one (root, or a delegated
 //! subtree): every descendant of COMMAND stays in it, also one that left the process group with
-//! `setsid`, so a stop reaches all of them and `cgroup.kill` ends them at once (Linux 5.14+).
+//! `setsid`, so a stop reaches all of them and `cgroup.kill` ends them at once (Linux 5.14+),
+//! unless root moves it out again (`systemd-run --scope`): what is outside is found as without
+//! a cgroup (docs/process-model.md#cgroups).
 //! Without one, what left the group is reached only once it has been re-parented to leaderrun.
 
 use std::ffi::CString;

@@ -782,7 +782,27 @@ impl Child {
     /// group gets every signal through the group).
     fn orphans(&self) -> Option<Vec<Pid>> {
         let all = match (&self.cgroup, &self.init) {
-            (Some(cgroup), _) => Some(cgroup.pids()),
+            // A namespace's processes die with its init, wherever their cgroup.
+            (Some(cgroup), Some(_)) => Some(cgroup.pids()),
+            // A descendant may leave the cgroup too (root may write any cgroup.procs:
+            // `systemd-run --scope`, container tooling): once it is adopted, it is found
+            // among leaderrun's children as without a cgroup.
+            (Some(cgroup), None) => {
+                let mut all = cgroup.pids();
+                if is_reaper() {
+                    match own_children(self.helper.get()) {
+                        Some(adopted) => {
+                            for pid in adopted {
+                                if !all.contains(&pid) {
+                                    all.push(pid);
+                                }
+                            }
+                        }
+                        None => return None,
+                    }
+                }
+                Some(all)
+            }
             (None, Some(init)) if init.reaped => Some(Vec::new()),
             (None, Some(init)) => children_of(&init.tasks, None).map(|children| {
                 children
@@ -912,7 +932,13 @@ impl Tree for Child {
         }
         if self.status.is_some() {
             let orphans_left = match (&self.cgroup, &self.init, orphans) {
-                (Some(cgroup), _, _) => cgroup.populated() || !self.leader_reaped(),
+                (Some(cgroup), Some(_), _) => cgroup.populated() || !self.leader_reaped(),
+                // Adopted children that left the cgroup count as without one.
+                (Some(cgroup), None, orphans) => {
+                    cgroup.populated()
+                        || !self.leader_reaped()
+                        || orphans.map_or(reaped.children_left, |o| !o.is_empty())
+                }
                 // The namespace is empty once its init is reaped.
                 (None, Some(init), _) => !init.reaped,
                 (None, None, Some(orphans)) => !orphans.is_empty(),

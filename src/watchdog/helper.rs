@@ -712,7 +712,9 @@ impl Guard {
             if !unmapped {
                 wait = wait.min(QUIET_NS);
             }
-            if self.cgroup.is_none() {
+            // Also with a cgroup: a descendant may leave it (root may write any
+            // cgroup.procs), and only this walk finds it then.
+            {
                 if let Some(scan) = self.escaped.scan_in(self.tree) {
                     let next = if scan == 0 {
                         self.escaped.scan(self.tree);
@@ -934,9 +936,7 @@ impl Guard {
 
     /// leaderrun froze: stop the tree as a demotion would.
     fn stop_tree(&mut self) {
-        if self.cgroup.is_none() {
-            self.escaped.scan(self.tree);
-        }
+        self.escaped.scan(self.tree);
         self.signal(self.stop_signal);
         self.signal(Signal::SIGCONT);
         if !self.gone_within(self.grace, false) {
