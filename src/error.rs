@@ -167,6 +167,11 @@ pub enum Error {
     #[error("a step-down was requested (leaderrun step-down): handing over")]
     StepDownRequested,
 
+    /// The leader's own holder gave the term up ([`crate::Term::give_up`]); the term ends as
+    /// for a step-down request.
+    #[error("the term was given up by its holder: its work was ended by something it cannot take back (the watchdog stopped COMMAND's tree)")]
+    GivenUp,
+
     /// A second session was granted the lock this session holds: both reached one server
     /// backend, as behind a transaction-mode pooler
     /// (docs/field-notes.md#transaction-mode-poolers-move-the-session).

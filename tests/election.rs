@@ -687,3 +687,31 @@ async fn a_standby_names_another_elector_of_its_process_as_such() {
     timeout(WAIT, task_b).await.unwrap().unwrap().unwrap();
     run_a.stop().await;
 }
+
+/// `Term::give_up`: the campaign ends the term at its next check, releases the lock, and a
+/// standby takes it (the binary's use: its watchdog stopped COMMAND's tree on a proven term).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_given_up_ends_at_the_next_check_and_the_lock_moves() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let a = Elector::new(config(id, None)).unwrap();
+    let b = Elector::new(config(id, None)).unwrap();
+    let run_a = run(&a);
+    let term = timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let run_b = run(&b);
+    let mut checks = b.watch_checks();
+    timeout(WAIT, checks.wait_for(|c| c.refused > 0))
+        .await
+        .expect("b stands by")
+        .unwrap();
+    term.give_up();
+    timeout(WAIT, term.ended()).await.expect("the term ends");
+    assert_eq!(term.end_cause(), Some(TermEnd::LeadershipLost));
+    let next = timeout(WAIT, b.wait_for_term()).await.expect("b leads");
+    assert_eq!(
+        cluster.lock_holders(CLASS, id),
+        vec![next.lease().unwrap().backend_pid]
+    );
+    run_b.stop().await;
+    run_a.stop().await;
+}

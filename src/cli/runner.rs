@@ -491,6 +491,9 @@ fn lock_words(lock: crate::pg::lock::LockKey) -> &'static str {
 /// runs, and a thousand standbys would otherwise wake two processes each four times a second.
 async fn heartbeat(elector: Elector, watchdog: Arc<Watchdog>, period: Duration) {
     let mut terms = elector.watch_term();
+    // Also right after each check: a leaderrun stopped between a check and the next tick
+    // would leave the watchdog with the proof before, which runs out a check interval early.
+    let mut checks = elector.watch_checks();
     loop {
         let term = terms.borrow_and_update().clone();
         if term.is_ended() && !watchdog.guards_tree() {
@@ -514,6 +517,14 @@ async fn heartbeat(elector: Elector, watchdog: Arc<Watchdog>, period: Duration) 
                     watchdog.heartbeat(if term.is_ended() { None } else { term.proven_until() });
                     if term.is_ended() && !watchdog.guards_tree() {
                         break;
+                    }
+                }
+                changed = checks.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    if !term.is_ended() {
+                        watchdog.heartbeat(term.proven_until());
                     }
                 }
             }

@@ -23,7 +23,7 @@ pub(crate) const CHECK_OUTCOMES: [&str; 5] = ["granted", "refused", "verified", 
 
 /// Every value of `leaderrun_demotions_total`'s `cause` label ([`demotion_cause`], and
 /// `abandoned` after a panic or a dropped run).
-pub(crate) const DEMOTION_CAUSES: [&str; 9] = [
+pub(crate) const DEMOTION_CAUSES: [&str; 10] = [
     "session_closed",
     "timeout",
     "check_failed",
@@ -32,6 +32,7 @@ pub(crate) const DEMOTION_CAUSES: [&str; 9] = [
     "in_recovery",
     "safe_window_passed",
     "step_down",
+    "given_up",
     "abandoned",
 ];
 
@@ -85,7 +86,7 @@ impl ElectorMetrics {
                 Opts::new(
                     "leaderrun_demotions_total",
                     "Demotions by cause: session_closed, timeout, check_failed, lock_not_held, \
-                     backend_changed, in_recovery, safe_window_passed, step_down, abandoned.",
+                     backend_changed, in_recovery, safe_window_passed, step_down, given_up, abandoned.",
                 ),
                 &["cause"],
             )?,
@@ -177,6 +178,7 @@ pub(crate) fn demotion_cause(err: &Error) -> &'static str {
         Error::InRecovery { .. } => "in_recovery",
         Error::SafeWindowPassed { .. } => "safe_window_passed",
         Error::StepDownRequested => "step_down",
+        Error::GivenUp => "given_up",
         e if e.is_closed() => "session_closed",
         _ => "check_failed",
     }
@@ -269,6 +271,7 @@ mod tests {
         let causes = [
             Error::SessionClosed(None),
             Error::StepDownRequested,
+            Error::GivenUp,
             Error::SafeWindowPassed {
                 since: std::time::Duration::ZERO,
             },

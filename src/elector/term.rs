@@ -62,6 +62,8 @@ pub(crate) struct TermInner {
     pub(crate) proven_until: AtomicU64,
     /// Holds on the term, and whether new ones are refused (the term ended).
     pub(crate) holds: watch::Sender<Holds>,
+    /// Its holder gave it up ([`Term::give_up`]): the next check ends it.
+    pub(crate) given_up: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -206,6 +208,7 @@ impl Term {
             end: OnceLock::new(),
             proven_until: AtomicU64::new(proven_until.as_nanos() as u64),
             holds,
+            given_up: std::sync::atomic::AtomicBool::new(false),
         }));
         (term.clone(), TermControl { term })
     }
@@ -246,6 +249,23 @@ impl Term {
     /// one condition under which work may start or continue (docs/guarantees.md#safety-guarantees).
     pub fn is_proven(&self) -> bool {
         !self.is_ended() && self.proven_until().is_some_and(|until| boottime() < until)
+    }
+
+    /// Gives the term up: the campaign ends it at its next leader check (within one check
+    /// interval) as it ends one for `leaderrun step-down`, releases the lock once every hold is
+    /// dropped, and tries again only at the check after. For a holder whose work was ended by
+    /// something it cannot take back: in the binary, the watchdog stopped COMMAND's tree while
+    /// leaderrun did not answer it, although the lock was proven meanwhile
+    /// (docs/process-model.md#the-watchdog). Idempotent; nothing on an ended term.
+    pub fn give_up(&self) {
+        self.0
+            .given_up
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether [`Term::give_up`] was called.
+    pub fn is_given_up(&self) -> bool {
+        self.0.given_up.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Takes a hold for work that starts now; `None` when the term is not proven (ended, or

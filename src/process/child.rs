@@ -453,6 +453,9 @@ pub struct TreeState {
     /// Whether nothing of the tree is left: the main child reaped, its group gone, no adopted
     /// orphan alive.
     pub empty: bool,
+    /// Whether the watchdog stopped the tree (leaderrun did not answer it in time) while no
+    /// stop was asked for: its end is not COMMAND's own, and the term must end for it.
+    pub fenced: bool,
 }
 
 /// COMMAND's process tree as the supervisor drives it: the main child, its process group, and
@@ -914,6 +917,7 @@ impl Tree for Child {
                 main: self.status,
                 stopped,
                 empty: true,
+                fenced: false,
             };
         }
         // Only a stop or a finished main child needs the orphans: avoid reading them otherwise.
@@ -951,6 +955,7 @@ impl Tree for Child {
             main: self.status,
             stopped,
             empty: self.empty,
+            fenced: false,
         }
     }
 }

@@ -707,6 +707,17 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 phase: Phase::Running { .. },
             } => {
                 let seen = run.tree().poll();
+                if seen.fenced && !run.term().is_given_up() {
+                    // The watchdog knew an older proof than the last check's (leaderrun was
+                    // stopped right after it): COMMAND was stopped as for a lost lock, and its
+                    // term ends as a demotion would end it (docs/process-model.md#the-watchdog).
+                    warn!(
+                        pid = run.pid(),
+                        term = run.term().number(),
+                        "the watchdog stopped COMMAND's tree while this leaderrun did not answer it; giving the term up"
+                    );
+                    run.term().give_up();
+                }
                 if let Some(status) = seen.main {
                     info!(pid = run.pid(), status = %status, term = run.term().number(), "child exited");
                     if seen.empty {

@@ -77,6 +77,8 @@ impl Life {
 struct Proc {
     main: Life,
     helper: Option<Life>,
+    /// The watchdog stopped it ([`TreeState::fenced`]): its end is held back.
+    fenced: bool,
 }
 
 /// One thing the fakes did. Not every field is asserted on; all show in a failing test's
@@ -157,10 +159,17 @@ impl Tree for FakeTree {
         let p = world.procs.get_mut(&self.pid).unwrap();
         p.main.alive();
         let helper_alive = p.helper.as_mut().is_some_and(Life::alive);
+        if p.fenced {
+            return TreeState {
+                fenced: true,
+                ..TreeState::default()
+            };
+        }
         TreeState {
             main: p.main.status,
             stopped: None,
             empty: p.main.status.is_some() && !helper_alive,
+            fenced: false,
         }
     }
 }
@@ -344,7 +353,11 @@ async fn settle(d: Duration) {
 }
 
 fn job(main: Life) -> Proc {
-    Proc { main, helper: None }
+    Proc {
+        main,
+        helper: None,
+        fenced: false,
+    }
 }
 
 /// Runs `test` on a current-thread runtime with the clock paused and a local task set.
@@ -562,6 +575,7 @@ fn leaves_a_stubborn_helper() -> Proc {
     Proc {
         main: Life::dies_after(ms(1)),
         helper: Some(Life::ignores_term()),
+        fenced: false,
     }
 }
 
@@ -775,6 +789,41 @@ fn once_exits_with_the_conflict_code_when_refused_and_with_125_when_unreachable(
             c.last = Some(crate::CheckOutcome::Failed);
         });
         assert_eq!(h.exit_status().await, Exit::Code(125));
+    });
+}
+
+/// The watchdog stopped the tree although the term was proven (it knew only the proof before
+/// the last check: leaderrun was stopped right after it). The supervisor gives the term up;
+/// once the campaign ends it, a one-shot exits with the conflict code, not with the watchdog's
+/// signal as COMMAND's own status (before, that came after a 5 s hold-back, with the lock
+/// held all the while).
+#[test]
+fn a_tree_the_watchdog_stopped_on_a_proven_term_gives_the_term_up() {
+    paused(|| async {
+        let mut h = Harness::start(
+            plan(Mode::OneShot {
+                wait: None,
+                min_hold: Duration::ZERO,
+            }),
+            job(Life::dies_after(ms(60_000))),
+        );
+        let control = h.grant();
+        settle(ms(10)).await;
+        let pid = h.last_pid();
+        {
+            let mut world = h.world.lock().unwrap();
+            let p = world.procs.get_mut(&pid).unwrap();
+            p.main.status = Some(ExitStatus::Signal(Signal::SIGTERM));
+            p.fenced = true;
+        }
+        h.signal(Signal::SIGCHLD);
+        settle(ms(10)).await;
+        assert!(control.term().is_given_up(), "the term is given up at once");
+        assert!(!control.term().is_ended());
+        // The campaign ends it at its next check; the held-back end then shows.
+        h.demote(&control);
+        h.world.lock().unwrap().procs.get_mut(&pid).unwrap().fenced = false;
+        assert_eq!(h.exit_status().await, Exit::Code(3));
     });
 }
 

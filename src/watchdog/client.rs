@@ -750,10 +750,11 @@ impl Tree for WatchedTree {
     }
 
     /// A tree the watchdog stopped while leaderrun was frozen did not exit on its own: its end
-    /// is held back (as still running) until the supervisor stops it for the term's end that
-    /// made the watchdog act, which leaderrun sees as soon as it runs again, so the exit is
-    /// not taken for COMMAND's own (which would end a `--restart never` leaderrun). At most
-    /// [`HOLD_BACK`].
+    /// is held back (as still running, [`TreeState::fenced`]) until the supervisor stops it for
+    /// the term's end, so the exit is not taken for COMMAND's own (which would end a
+    /// `--restart never` leaderrun). Mostly leaderrun finds its proof lapsed when it runs
+    /// again; where the watchdog knew only an older proof (leaderrun stopped right after a
+    /// check, before telling it), the supervisor gives the term up. At most [`HOLD_BACK`].
     fn poll(&mut self) -> TreeState {
         let state = self.inner.poll();
         if state.main.is_some() && !self.stopping {
@@ -768,6 +769,7 @@ impl Tree for WatchedTree {
                     main: None,
                     stopped: None,
                     empty: false,
+                    fenced: true,
                 };
             }
         }

@@ -221,6 +221,8 @@ impl Campaign<'_> {
                     })
                 } else if step_down && !first {
                     Err(Error::StepDownRequested)
+                } else if control.term().is_given_up() {
+                    Err(Error::GivenUp)
                 } else {
                     Ok(())
                 }
