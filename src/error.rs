@@ -8,7 +8,7 @@
 //! Text from outside (a server's message, detail and hint, the text of any other cause) is cut
 //! at [`MAX_TEXT_BYTES`] for each piece: a server that sends a message of megabytes (a wrong port,
 //! an odd proxy, a hostile server) gets a log line of a few kilobytes, so the lines waiting for
-//! a slow stderr hold bounded memory (docs/guarantees.md#observing-a-replica).
+//! a slow stderr hold bounded memory (docs/guarantees.md#safety-guarantees).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -242,7 +242,7 @@ pub(crate) const PASSWORD_HINT: &str = "; hint: the server asks for a password a
 /// message, detail and hint, and the whole text of each other cause. 2,000 bytes is far more
 /// than any message PostgreSQL itself sends (its longest are a few hundred bytes), and little
 /// enough that a log line stays a few kilobytes whatever a server sends
-/// (docs/guarantees.md#observing-a-replica).
+/// (docs/guarantees.md#safety-guarantees).
 pub const MAX_TEXT_BYTES: usize = 2000;
 
 /// `text` cut to at most `max` bytes, at the start of a character (UTF-8 is never split), with
