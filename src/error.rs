@@ -4,7 +4,13 @@
 //! own `Display` says only "db error" or "error connecting to server", so everything that logs or
 //! prints an error goes through [`Chain`], which writes the whole cause chain on one line and
 //! renders a server error as its message and SQLSTATE.
+//!
+//! Text from outside (a server's message, detail and hint, the text of any other cause) is cut
+//! at [`MAX_TEXT_BYTES`] for each piece: a server that sends a message of megabytes (a wrong port,
+//! an odd proxy, a hostile server) gets a log line of a few kilobytes, so the lines waiting for
+//! a slow stderr hold bounded memory (docs/guarantees.md#safety-guarantees).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
@@ -237,10 +243,37 @@ pub(crate) const PASSWORD_HINT: &str = "; hint: the server asks for a password a
      (passfile= in the DSN, else PGPASSFILE, else ~/.pgpass; it must exist and be mode 0600), or \
      name a service (service= in the DSN, or PGSERVICE) whose entry in ~/.pg_service.conf has one";
 
+/// The most bytes of one piece of outside text that [`Chain`] writes: each of a server error's
+/// message, detail and hint, and the whole text of each other cause. 2,000 bytes is far more
+/// than any message PostgreSQL itself sends (its longest are a few hundred bytes), and little
+/// enough that a log line stays a few kilobytes whatever a server sends
+/// (docs/guarantees.md#safety-guarantees).
+pub const MAX_TEXT_BYTES: usize = 2000;
+
+/// `text` cut to at most `max` bytes, at the start of a character (UTF-8 is never split), with
+/// ` … (N more bytes)` after it saying how many bytes were left out; `text` itself when it is
+/// no longer than `max`. The marker adds at most 40 bytes to `max`.
+pub fn cut(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!(
+        "{} … ({} more bytes)",
+        &text[..end],
+        text.len() - end
+    ))
+}
+
 /// Displays an error and all its causes on one line, `outer: cause: root`.
 ///
 /// A PostgreSQL server error is shown as `MESSAGE (SQLSTATE xxxxx)` plus its detail and hint,
-/// instead of tokio-postgres' bare "db error".
+/// instead of tokio-postgres' bare "db error". Each piece of outside text is cut at
+/// [`MAX_TEXT_BYTES`] ([`cut`]): the message, detail and hint each, and every other cause's
+/// whole text (it may quote a server or a peer: a certificate's names, a setting's value).
 pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for Chain<'_> {
@@ -258,12 +291,17 @@ impl fmt::Display for Chain<'_> {
             }
             first = false;
             if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
-                write!(f, "{} (SQLSTATE {})", db.message(), db.code().code())?;
+                write!(
+                    f,
+                    "{} (SQLSTATE {})",
+                    cut(db.message(), MAX_TEXT_BYTES),
+                    db.code().code()
+                )?;
                 if let Some(detail) = db.detail() {
-                    write!(f, "; detail: {detail}")?;
+                    write!(f, "; detail: {}", cut(detail, MAX_TEXT_BYTES))?;
                 }
                 if let Some(hint) = db.hint() {
-                    write!(f, "; hint: {hint}")?;
+                    write!(f, "; hint: {}", cut(hint, MAX_TEXT_BYTES))?;
                 } else if *db.code() == tokio_postgres::error::SqlState::UNDEFINED_DATABASE {
                     // psql's habit: say what to check, not pg_hba.conf.
                     f.write_str(
@@ -298,7 +336,7 @@ impl fmt::Display for Chain<'_> {
                 }
             } else {
                 let text = err.to_string();
-                f.write_str(&text)?;
+                f.write_str(&cut(&text, MAX_TEXT_BYTES))?;
                 // The server asked for a password and none was found anywhere.
                 // (tokio-postgres' "invalid configuration", caused by "password missing").
                 if text == "password missing" {
@@ -322,5 +360,32 @@ impl fmt::Display for Chain<'_> {
             current = err.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_keeps_short_text_and_cuts_long_text_on_a_character_with_a_marker() {
+        assert!(matches!(cut("short", 5), Cow::Borrowed("short")));
+        assert_eq!(cut("abcdef", 4), "abcd … (2 more bytes)");
+        // 'é' is two bytes: a cut inside one backs off to its start.
+        assert_eq!(cut("aéb", 2), "a … (3 more bytes)");
+        assert_eq!(cut("€", 0), " … (3 more bytes)");
+    }
+
+    #[test]
+    fn chain_cuts_each_cause_at_max_text_bytes() {
+        let huge = "x".repeat(5_000_000);
+        let err = Error::Socket {
+            target: "host=127.0.0.1 port=5432".into(),
+            source: std::io::Error::other(huge.clone()),
+        };
+        let shown = Chain(&err).to_string();
+        assert!(shown.starts_with("connect to host=127.0.0.1 port=5432: xxx"));
+        assert!(shown.ends_with(&format!(" … ({} more bytes)", huge.len() - MAX_TEXT_BYTES)));
+        assert!(shown.len() < MAX_TEXT_BYTES + 100, "{}", shown.len());
     }
 }

@@ -1,7 +1,7 @@
 //! What leaderrun writes, through the binary against a real PostgreSQL: JSON log lines and
 //! their fields, the start line, hints for common slips, a standby naming the lock's holder,
-//! quiet one-shots, a failure printed once, password hints, and a password that appears
-//! nowhere.
+//! quiet one-shots, a failure printed once, password hints, a password that appears
+//! nowhere, and a server's huge error shown cut (against a fake server).
 
 use std::net::SocketAddr;
 
@@ -534,4 +534,164 @@ fn control_characters_in_fields_and_messages_are_escaped_one_record_per_line() {
         command.ends_with(&format!("job\n{FORGED}\x1b[31m\u{2029}")),
         "{log}"
     );
+}
+
+/// A fake "PostgreSQL" on 127.0.0.1 (a wrong port, an odd proxy, a hostile server): it
+/// answers each SSLRequest with `N` and each startup packet with a FATAL ErrorResponse
+/// (SQLSTATE 28000) whose message is `len` x's, then closes. Serves until dropped.
+struct HugeErrorServer {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HugeErrorServer {
+    fn start(len: usize) -> HugeErrorServer {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut fields = b"SFATAL\0C28000\0M".to_vec();
+        fields.resize(fields.len() + len, b'x');
+        fields.extend_from_slice(b"\0\0");
+        let mut reply = vec![b'E'];
+        reply.extend_from_slice(&((fields.len() + 4) as u32).to_be_bytes());
+        reply.extend_from_slice(&fields);
+        let reply = std::sync::Arc::new(reply);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok((mut stream, _)) = listener.accept() else {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    continue;
+                };
+                let reply = reply.clone();
+                std::thread::spawn(move || {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                    loop {
+                        let mut len = [0u8; 4];
+                        if stream.read_exact(&mut len).is_err() {
+                            return;
+                        }
+                        let len = u32::from_be_bytes(len) as usize;
+                        if !(8..=10_000).contains(&len) {
+                            return;
+                        }
+                        let mut body = vec![0; len - 4];
+                        if stream.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let code = u32::from_be_bytes(body[..4].try_into().unwrap());
+                        // SSLRequest, GSSENCRequest: no.
+                        if code == 80_877_103 || code == 80_877_104 {
+                            if stream.write_all(b"N").is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        // The startup packet: the error, then the client's end (closing
+                        // with its bytes unread would reset the connection).
+                        let _ = stream.write_all(&reply);
+                        let _ = stream.shutdown(std::net::Shutdown::Write);
+                        let mut sink = [0u8; 256];
+                        while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+                        return;
+                    }
+                });
+            }
+        });
+        HugeErrorServer { port, stop }
+    }
+
+    fn dsn(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
+    }
+}
+
+impl Drop for HugeErrorServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A server's error of 5 MB is shown cut, once, in a line of a few kilobytes: its first
+/// `MAX_TEXT_BYTES` and how much was left out (docs/guarantees.md#safety-guarantees). In full,
+/// each failed try queued a multi-megabyte line, and with stderr stalled the queue of 4096
+/// lines grew by ~30 MB/s until the kernel killed the leader.
+#[test]
+fn a_servers_huge_error_is_cut_in_log_lines_and_in_status() {
+    const LEN: usize = 5_000_000;
+    let max = leaderrun::error::MAX_TEXT_BYTES;
+    let marker = format!(" … ({} more bytes) (SQLSTATE 28000)", LEN - max);
+    let server = HugeErrorServer::start(LEN);
+    let check = |what: &str, code: Option<i32>, log: &str| {
+        assert_eq!(code, Some(125), "{what}: {:.3000}", log);
+        assert!(
+            log.len() < leaderrun::cli::logging::MAX_LINE_BYTES,
+            "{what}: {} bytes of log: {:.3000}",
+            log.len(),
+            log
+        );
+        let line = log
+            .lines()
+            .find(|l| l.contains("SQLSTATE 28000"))
+            .unwrap_or_else(|| panic!("{what}: no error line: {log}"));
+        assert!(line.contains(&marker), "{what}: {line}");
+        assert!(
+            line.contains(&format!("db error: {} … (", "x".repeat(max))),
+            "{what}: {line}"
+        );
+        assert!(line.len() < max + 500, "{what}: {} bytes", line.len());
+    };
+
+    // --once: the one ERROR line.
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &server.dsn(), "--once", "--", "true"]);
+    let mut once = Replica::spawn(cmd);
+    let code = once.wait_exit(secs(20.0)).code();
+    let log = once.log();
+    check("--once", code, &log);
+    assert!(
+        log.contains("ERROR could not check the lock: connect to host=127.0.0.1"),
+        "{log}"
+    );
+
+    // The JSON format: the same cut, in a record that parses.
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &server.dsn(),
+        "--log-format",
+        "json",
+        "--once",
+        "--",
+        "true",
+    ]);
+    let mut json = Replica::spawn(cmd);
+    let code = json.wait_exit(secs(20.0)).code();
+    let log = json.log();
+    check("--log-format json", code, &log);
+    for line in log.lines() {
+        let record: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:.3000}"));
+        assert!(record["message"].is_string(), "{line:.3000}");
+    }
+
+    // `leaderrun status`: its error on stderr, nothing on stdout.
+    let out = leaderrun()
+        .args(["status", "--dsn", &server.dsn()])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    check("status", out.status.code(), &log);
+    assert!(
+        log.contains("status: connect to host=127.0.0.1"),
+        "{log:.3000}"
+    );
+    assert!(out.stdout.len() < 1000, "{}", out.stdout.len());
 }

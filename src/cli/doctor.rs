@@ -120,10 +120,13 @@ const STREAMING_SYNC_STANDBYS_SQL: &str = "SELECT pg_catalog.count(*) \
 /// `doctor`'s finding on the grant's fencing token ([`DURABLE_TOKEN`]): asked on `a` whether
 /// commits here wait for a synchronous standby and whether one streams, then taken on `b`.
 async fn fencing_token_finding(a: &Client, b: &Client, bound: Duration) -> Finding {
-    let standbys: Option<String> = one(a, &format!("SELECT {SYNC_STANDBYS}"), bound)
-        .await
-        .ok()
-        .flatten();
+    // The server's text, cut as every server text leaderrun shows (crate::error::cut).
+    let standbys: Option<String> =
+        one::<Option<String>>(a, &format!("SELECT {SYNC_STANDBYS}"), bound)
+            .await
+            .ok()
+            .flatten()
+            .map(|names| crate::error::cut(&names, crate::error::MAX_TEXT_BYTES).into_owned());
     if let Some(names) = &standbys {
         // Without pg_read_all_stats, sync_state reads NULL: unknown, so tried.
         let streaming: Option<i64> = one(a, STREAMING_SYNC_STANDBYS_SQL, bound).await.ok();
@@ -234,7 +237,10 @@ pub async fn findings(
     match one::<String>(a, "SHOW server_version", bound).await {
         Ok(version) => out.push(Finding::pass(
             "connect",
-            format!("two sessions to {server} (PostgreSQL {version})"),
+            format!(
+                "two sessions to {server} (PostgreSQL {})",
+                crate::error::cut(&version, crate::error::MAX_TEXT_BYTES)
+            ),
         )),
         Err(err) => out.push(Finding::fail(
             "connect",

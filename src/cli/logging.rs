@@ -25,6 +25,14 @@
 //! (`Escaping`), once for every record rather than at each call site that logs outside text.
 //! The JSON format writes the same characters as `\uXXXX` escapes, which decode to the same
 //! strings.
+//!
+//! # Bounded memory
+//!
+//! Outside text is cut where it enters a line ([`crate::error::MAX_TEXT_BYTES`] a piece: a
+//! server's message, detail and hint), and every record is cut at [`MAX_LINE_BYTES`] as a
+//! backstop, so the queue holds at most [`QUEUE_LINES`] × [`MAX_LINE_BYTES`] = 4096 × 8 KiB
+//! = 32 MiB of lines, whatever a server sends (a panic's backtrace aside: the runtime's text,
+//! once).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +43,12 @@ use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuild
 
 /// How many formatted lines may wait for a slow stderr before new ones are dropped.
 pub const QUEUE_LINES: usize = 4096;
+/// The most bytes of one record's line (its escapes and newline included) that is queued: a
+/// longer one is cut, a JSON one in its long strings so that it stays JSON, and the queue
+/// holds at most [`QUEUE_LINES`] × 8 KiB = 32 MiB. A backstop: outside text is cut before it
+/// reaches a record ([`crate::error::MAX_TEXT_BYTES`]), and leaderrun's own lines are far
+/// shorter.
+pub const MAX_LINE_BYTES: usize = 8 * 1024;
 /// How long [`finish`] waits at exit for queued lines to be written.
 pub const EXIT_FLUSH: Duration = Duration::from_millis(500);
 
@@ -344,7 +358,24 @@ impl Drop for Record {
                 Style::Json => escape_json_record(&mut buf),
             };
             let line = if escaped { &buf[raw..] } else { &buf[..] };
-            let _ = Counted.write(line);
+            if line.len() <= MAX_LINE_BYTES {
+                let _ = Counted.write(line);
+            } else {
+                let capped = match self.style {
+                    Style::Text { ansi } => Some(cap_text_line(line, ansi)),
+                    Style::Json => cap_json_line(line),
+                };
+                match capped {
+                    Some(capped) => {
+                        let _ = Counted.write(&capped);
+                    }
+                    // Nothing to cut but its structure (no record of leaderrun's): dropped
+                    // and counted as a line stderr did not take.
+                    None => {
+                        WRITE_DROPS.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
         }
         buf.clear();
         // A rare long record (a panic's backtrace is not one: it does not come this way)
@@ -432,6 +463,128 @@ fn escape_json_record(buf: &mut Vec<u8>) -> bool {
         buf.push(b'\n');
     }
     true
+}
+
+/// Room kept under [`MAX_LINE_BYTES`] for what a cut adds: its marker (` … (N more bytes)`,
+/// at most 40 bytes), a colour reset and the newline.
+const CUT_ROOM: usize = 64;
+
+/// The marker a cut leaves where `left_out` bytes were: ` … (N more bytes)`, as
+/// [`crate::error::cut`] writes it.
+fn cut_marker(left_out: usize) -> String {
+    format!(" … ({left_out} more bytes)")
+}
+
+/// The escaped text line `line` ([`escape_record`]'s output) cut to fewer than
+/// [`MAX_LINE_BYTES`]: its head, on a character's start and not inside a colour's SGR, the
+/// marker, a colour reset with colours on, and its newline if it had one.
+fn cap_text_line(line: &[u8], ansi: bool) -> Vec<u8> {
+    let newline = line.last() == Some(&b'\n');
+    let body = &line[..line.len() - usize::from(newline)];
+    let mut end = body.len().min(MAX_LINE_BYTES - CUT_ROOM);
+    while end > 0 && end < body.len() && body[end] & 0xc0 == 0x80 {
+        end -= 1;
+    }
+    // An escaped record has no ESC but an SGR's (with colours on): one the cut goes through
+    // goes whole.
+    if ansi {
+        if let Some(esc) = body[..end].iter().rposition(|&b| b == 0x1b) {
+            if sgr_len(&body[esc..end]).is_none() {
+                end = esc;
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(end + CUT_ROOM);
+    out.extend_from_slice(&body[..end]);
+    out.extend_from_slice(cut_marker(body.len() - end).as_bytes());
+    if ansi {
+        out.extend_from_slice(RESET);
+    }
+    if newline {
+        out.push(b'\n');
+    }
+    out
+}
+
+/// The JSON line `line` ([`escape_json_record`]'s output, one object) cut to at most
+/// [`MAX_LINE_BYTES`] by cutting its long strings, so that it stays valid JSON: every string
+/// longer than a limit keeps its head (never half an escape or a character) and the marker;
+/// the limit starts at [`MAX_LINE_BYTES`] and halves until the line fits. `None` when even
+/// strings of 64 bytes do not make it fit (a record of countless fields: none of leaderrun's).
+fn cap_json_line(line: &[u8]) -> Option<Vec<u8>> {
+    let mut limit = MAX_LINE_BYTES;
+    while limit >= 64 {
+        let capped = cut_json_strings(line, limit);
+        if capped.len() <= MAX_LINE_BYTES {
+            return Some(capped);
+        }
+        limit /= 2;
+    }
+    None
+}
+
+/// `line` with the contents of each JSON string longer than `limit` bytes cut to at most
+/// `limit` bytes plus the marker. A string's content is cut between its tokens: an escape
+/// (`\n`, `\uXXXX`, a surrogate pair of two) or a whole UTF-8 character.
+fn cut_json_strings(line: &[u8], limit: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(line.len().min(MAX_LINE_BYTES + CUT_ROOM));
+    let mut i = 0;
+    while i < line.len() {
+        let b = line[i];
+        out.push(b);
+        i += 1;
+        if b != b'"' {
+            continue;
+        }
+        // A string's content: tokens up to the closing quote.
+        let start = i;
+        let mut kept = None;
+        while i < line.len() && line[i] != b'"' {
+            let len = json_token_len(&line[i..]);
+            if kept.is_none() && i + len - start > limit {
+                kept = Some(i);
+            }
+            i += len;
+        }
+        match kept {
+            Some(end) => {
+                out.extend_from_slice(&line[start..end]);
+                out.extend_from_slice(cut_marker(i - end).as_bytes());
+            }
+            None => out.extend_from_slice(&line[start..i]),
+        }
+        // The closing quote, if the line has one.
+        if i < line.len() {
+            out.push(b'"');
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The length of the token a JSON string's content starts with in `s`: an escape (a `\u`
+/// surrogate pair as one), else a UTF-8 character (a stray byte alone); never past `s`.
+fn json_token_len(s: &[u8]) -> usize {
+    let len = match s[0] {
+        b'\\' if s.get(1) == Some(&b'u') => {
+            let high = s
+                .get(2..6)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u16::from_str_radix(h, 16).ok())
+                .is_some_and(|u| (0xd800..0xdc00).contains(&u));
+            if high && s.get(6..8) == Some(b"\\u") {
+                12
+            } else {
+                6
+            }
+        }
+        b'\\' => 2,
+        0xc2..=0xdf => 2,
+        0xe0..=0xef => 3,
+        0xf0..=0xf4 => 4,
+        _ => 1,
+    };
+    len.min(s.len())
 }
 
 /// SGR 0: every colour and style off.
@@ -570,6 +723,9 @@ fn panic_lines(thread: &str, message: &str, backtrace: Option<&str>) -> Vec<u8> 
     let raw = line.len();
     if escape_record(&mut line, false) {
         line.drain(..raw);
+    }
+    if line.len() > MAX_LINE_BYTES {
+        line = cap_text_line(&line, false);
     }
     if let Some(backtrace) = backtrace {
         line.extend_from_slice(format!("stack backtrace:\n{backtrace}\n").as_bytes());
@@ -735,5 +891,82 @@ mod tests {
             before + 1,
             "one line queued"
         );
+    }
+
+    #[test]
+    fn a_long_text_line_is_cut_on_a_character_with_the_marker_and_its_newline() {
+        // 'é' is two bytes: the cut falls inside one somewhere, and backs off to its start.
+        let line = format!("INFO {}\n", "é".repeat(MAX_LINE_BYTES));
+        let capped = String::from_utf8(cap_text_line(line.as_bytes(), false)).unwrap();
+        assert!(capped.len() < MAX_LINE_BYTES, "{}", capped.len());
+        assert!(capped.starts_with("INFO éé"));
+        let kept = capped.find(" … (").unwrap();
+        assert!(capped.ends_with(&format!(" … ({} more bytes)\n", line.len() - 1 - kept)));
+        // With colours: an SGR the cut goes through goes whole, and the line ends reset.
+        let at = MAX_LINE_BYTES - CUT_ROOM - 3;
+        let mut line = "x".repeat(at).into_bytes();
+        line.extend_from_slice(b"\x1b[31mred");
+        line.extend_from_slice(&[b'y'; MAX_LINE_BYTES]);
+        let capped = cap_text_line(&line, true);
+        assert!(capped.len() < MAX_LINE_BYTES);
+        assert_eq!(&capped[..at], &line[..at]);
+        assert!(
+            capped[at..].starts_with(" … (".as_bytes()),
+            "{:?}",
+            &capped[at..]
+        );
+        assert!(capped.ends_with(RESET));
+        assert!(!capped.ends_with(b"\n"));
+    }
+
+    #[test]
+    fn a_long_json_line_stays_json_its_long_strings_cut() {
+        let message = format!("{}\u{1b}\u{2028}😀", "é\n".repeat(MAX_LINE_BYTES));
+        let mut buf = format!(
+            "{}\n",
+            serde_json::json!({ "timestamp": "t", "level": "WARN", "message": message, "n": 7 })
+        )
+        .into_bytes();
+        let raw = buf.len();
+        assert!(escape_json_record(&mut buf));
+        let line = &buf[raw..];
+        assert!(line.len() > MAX_LINE_BYTES);
+        let capped = cap_json_line(line).unwrap();
+        assert!(capped.len() <= MAX_LINE_BYTES, "{}", capped.len());
+        assert!(capped.ends_with(b"}\n"));
+        let value: serde_json::Value = serde_json::from_slice(&capped).unwrap();
+        assert_eq!(value["level"], "WARN");
+        assert_eq!(value["n"], 7);
+        let shown = value["message"].as_str().unwrap();
+        let (head, marker) = shown.split_once(" … (").unwrap();
+        assert!(
+            message.starts_with(head) && head.len() > 1000,
+            "{}",
+            head.len()
+        );
+        assert!(marker.ends_with(" more bytes)"), "{marker}");
+        // Every cut keeps whole escapes: `\u001b`, `\u2028` and a surrogate pair `\ud83d\ude00`.
+        for limit in 1..40 {
+            let line = "{\"m\":\"ab\\u001b\\ud83d\\ude00\\n\\\"é\\u2028z\"}\n";
+            let capped = cut_json_strings(line.as_bytes(), limit);
+            let value: serde_json::Value = serde_json::from_slice(&capped)
+                .unwrap_or_else(|e| panic!("{limit}: {e}: {}", String::from_utf8_lossy(&capped)));
+            let full: serde_json::Value = serde_json::from_str(line).unwrap();
+            let shown = value["m"].as_str().unwrap();
+            let head = shown.split(" … (").next().unwrap();
+            assert!(
+                full["m"].as_str().unwrap().starts_with(head),
+                "{limit}: {shown:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_panics_long_message_is_cut() {
+        let lines = panic_lines("main", &"x".repeat(5_000_000), Some("0: a"));
+        let text = String::from_utf8(lines).unwrap();
+        let first = text.lines().next().unwrap();
+        assert!(first.len() < MAX_LINE_BYTES && first.ends_with(" more bytes)"));
+        assert!(text.ends_with("stack backtrace:\n0: a\n"));
     }
 }

@@ -835,21 +835,24 @@ pub(super) async fn attempt(
                         source: plain_err,
                     })) => {
                         // The guard above made sure it is the server's own error, or the
-                        // handshake's (its causes are the reason).
+                        // handshake's (its causes are the reason). Either is outside text, cut
+                        // to half of what `Chain` shows of this error's whole text
+                        // (crate::error::MAX_TEXT_BYTES), so the SQLSTATE after it stays.
+                        let half = crate::error::MAX_TEXT_BYTES / 2;
                         let said = source.as_db_error().map_or_else(
                             || {
-                                let mut chain = format!("the handshake failed: {source}");
+                                let mut chain = source.to_string();
                                 let mut cause = std::error::Error::source(&source);
                                 while let Some(c) = cause {
                                     chain.push_str(&format!(": {c}"));
                                     cause = c.source();
                                 }
-                                chain
+                                format!("the handshake failed: {}", crate::error::cut(&chain, half))
                             },
                             |db| {
                                 format!(
                                     "the server said: {} (SQLSTATE {})",
-                                    db.message(),
+                                    crate::error::cut(db.message(), half),
                                     db.code().code()
                                 )
                             },

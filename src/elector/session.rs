@@ -445,7 +445,8 @@ impl Session {
             if taken.is_some_and(|t| wanted.parse::<u64>().ok() != Some(t)) {
                 warn!(
                     target: "leaderrun::elector",
-                    "leader: the server did not take {name} = {wanted} (it has {shown})"
+                    "leader: the server did not take {name} = {wanted} (it has {})",
+                    crate::error::cut(shown, crate::error::MAX_TEXT_BYTES)
                 );
             }
         }
