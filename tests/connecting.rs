@@ -593,3 +593,65 @@ fn a_resolver_that_never_answers_holds_up_no_stop() {
     let exit = status.wait_exit(crate::support::secs(5.0));
     assert_eq!(exit.code(), Some(125), "{exit:?}\n{}", status.log());
 }
+
+/// A host name's lookup that cannot start a thread (`RLIMIT_NPROC` reached, as when COMMAND
+/// filled the user's process limit) is a failed attempt at that host, with the reason, tried
+/// again at the next check; once there is room the name resolves and the replica leads. Before,
+/// tokio's `spawn_blocking` panicked ("OS can't spawn worker thread"): the election stopped
+/// with exit 125 at the first check. leaderrun runs as a uid of its own limited to one task,
+/// so no thread or fork of its own can start, whatever start-up did before the first check;
+/// the test then raises the limit from outside (`prlimit`).
+#[test]
+fn a_name_lookup_without_a_thread_is_a_failed_attempt() {
+    const TEST: &str = "connecting::a_name_lookup_without_a_thread_is_a_failed_attempt";
+    const UID: u32 = 54_322;
+    let scratch = crate::support::Scratch::new();
+    let Some(mut cmd) = crate::support::leaderrun_as(&scratch, TEST, UID, (1, 64)) else {
+        return;
+    };
+    let dsn = format!(
+        "host=localhost port={} user=postgres dbname=postgres",
+        Cluster::shared().addr().port()
+    );
+    cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "200ms", "--", "echo", "led"]);
+    let mut replica = crate::support::Replica::spawn(cmd);
+    replica.wait_log(
+        "cannot resolve localhost: no thread for the lookup: Resource temporarily unavailable",
+        2,
+        crate::support::secs(10.0),
+    );
+    let log = replica.log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(replica.running(), "{log}");
+    // Room for the thread, the watchdog and COMMAND: the soft limit raised to the hard one, by
+    // a process of the same uid and gid (this test lacks CAP_SYS_RESOURCE where a container
+    // drops it); its own limit is this test's, so it runs beside leaderrun's one task.
+    let pid = replica.pid();
+    let room = libc::rlimit {
+        rlim_cur: 64,
+        rlim_max: 64,
+    };
+    let mut raise = std::process::Command::new("true");
+    // SAFETY: setgroups, setgid, setuid and prlimit only, async-signal-safe, between fork
+    // and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut raise, move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(UID) != 0
+                || libc::setuid(UID) != 0
+                || libc::prlimit(pid, libc::RLIMIT_NPROC, &room, std::ptr::null_mut()) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let raised = raise.status().expect("raise leaderrun's RLIMIT_NPROC");
+    assert!(raised.success(), "{raised:?}");
+    let status = replica.wait_exit(crate::support::secs(15.0));
+    let log = replica.log();
+    assert_eq!(status.code(), Some(0), "{status:?}\n{log}");
+    assert_eq!(replica.stdout(), "led\n", "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}

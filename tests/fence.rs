@@ -1088,55 +1088,14 @@ fn a_low_soft_descriptor_limit_is_raised_for_leaderrun_and_given_back_to_command
 fn with_no_process_left_to_start_a_one_shot_fails_and_never_hangs() {
     const TEST: &str = "fence::with_no_process_left_to_start_a_one_shot_fails_and_never_hangs";
     const UID: u32 = 54_321;
-    if !nix::unistd::geteuid().is_root() {
-        crate::support::cluster::skip(TEST, "needs root to run as a uid of its own");
-        return;
-    }
-    use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     let scratch = Scratch::new();
-    let bin = scratch.file("leaderrun");
-    // The uid must reach the copy: every directory above the scratch directory searchable by
-    // others (a TMPDIR under /root is not).
-    let reachable = bin
-        .parent()
-        .unwrap()
-        .ancestors()
-        .skip(1)
-        .all(|dir| std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
-    if !reachable {
-        crate::support::cluster::skip(TEST, "the scratch directory is out of other users' reach");
+    // Two tasks for the uid: leaderrun and the watchdog it forks at start.
+    let Some(mut cmd) = crate::support::leaderrun_as(&scratch, TEST, UID, (2, 2)) else {
         return;
-    }
-    std::fs::copy(env!("CARGO_BIN_EXE_leaderrun"), &bin).expect("copy the binary");
-    for path in [bin.as_path(), bin.parent().unwrap()] {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let mut cmd = Command::new(&bin);
-    crate::support::default_signals(&mut cmd);
-    crate::support::clear_settings_env(&mut cmd);
+    };
     cmd.args(["--dsn", &Cluster::shared().dsn()])
         .args(["--lock-id", &unique_lock_id().to_string()])
         .args(["--once", "--", "true"]);
-    // Two tasks for the uid: leaderrun and the watchdog it forks at start.
-    let nproc = libc::rlimit {
-        rlim_cur: 2,
-        rlim_max: 2,
-    };
-    // SAFETY: setgroups, setgid, setuid and setrlimit only, async-signal-safe, between fork
-    // and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(UID) != 0
-                || libc::setuid(UID) != 0
-                || libc::setrlimit(libc::RLIMIT_NPROC, &nproc) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let mut replica = Replica::spawn(cmd);
     let status = replica.wait_exit(secs(10.0));
     let log = replica.log();

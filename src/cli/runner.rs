@@ -125,10 +125,10 @@ pub fn main(
         early_connect,
         http_addr,
     ));
-    // A host name's lookup runs on a blocking thread that no timeout can end (getaddrinfo):
-    // dropped, the runtime would wait for it, and a stop acted on at once would exit only
-    // when the resolver gave up (seconds to a minute against a resolver that does not
-    // answer). Everything of the run has ended by now; the lookup is left to the exit.
+    // Not waiting for blocking work: a stop acted on at once must not wait for a resolver
+    // that does not answer (seconds to a minute). A host name's lookup runs on a detached
+    // thread of its own (`connecting::lookup_host`), not the runtime's; everything of the run
+    // has ended by now, and whatever is left goes with the exit.
     runtime.shutdown_background();
     exit
 }

@@ -705,7 +705,7 @@ pub(super) fn runtime() -> Option<tokio::runtime::Runtime> {
 /// away, so without this a subcommand would run on, a hung connect included, after Ctrl-C.
 /// Other signals do not end a subcommand: SIGTSTP stops leaderrun (the shell's job control
 /// still works), the rest are ignored. The runtime is shut down without waiting for blocking
-/// tasks (a name lookup can hang for good).
+/// tasks (a name lookup, on a detached thread of its own, is left to the exit either way).
 pub(super) fn until_interrupted<T>(
     rt: tokio::runtime::Runtime,
     signals: &mut SignalStream,
@@ -728,8 +728,8 @@ pub(super) fn until_interrupted<T>(
     if let Err(sig) = result {
         tracing::error!("{what}: interrupted by {}", sig.as_str());
     }
-    // Not waiting for blocking tasks either way: a name lookup that outlived its connect's
-    // timeout would hold the exit until the resolver gave up.
+    // Not waiting for blocking tasks either way: nothing that outlived its timeout (a name
+    // lookup, on a thread nobody waits for) may hold the exit until the resolver gave up.
     rt.shutdown_background();
     result
 }

@@ -717,15 +717,10 @@ pub(super) async fn attempt(
             vec![std::net::SocketAddr::new(*addr, host.port)],
         ),
         Address::Tcp { name, addr: None } => {
-            match timeout(
-                per_host,
-                tokio::net::lookup_host((name.as_str(), host.port)),
-            )
-            .await
-            {
+            match timeout(per_host, lookup_host(name, host.port, spawn_lookup)).await {
                 Err(_) => return Err(timed_out(&target)),
                 Ok(Err(err)) => return Err(socket_err(err)),
-                Ok(Ok(addrs)) => (name.clone(), addrs.collect()),
+                Ok(Ok(addrs)) => (name.clone(), addrs),
             }
         }
     };
@@ -1037,6 +1032,57 @@ async fn connector_off_the_runtime(
     }
 }
 
+/// A blocking job handed to a thread of its own: [`lookup_host`]'s getaddrinfo.
+type LookupJob = Box<dyn FnOnce() + Send>;
+
+/// Starts a lookup on a thread of its own, left detached: a lookup that outlives its
+/// connect's timeout ends on its own, and the process's exit waits for none.
+/// `std::thread::Builder::spawn` returns the OS's refusal (`RLIMIT_NPROC` reached, no room for
+/// a stack under `RLIMIT_AS`) where tokio's `spawn_blocking` (under `tokio::net::lookup_host`)
+/// panicked and ended the election.
+fn spawn_lookup(job: LookupJob) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("lookup".into())
+        .spawn(job)
+        .map(drop)
+}
+
+/// The addresses of a host name, looked up (getaddrinfo) on a thread that `spawn` starts,
+/// the answer awaited here: the runtime's thread goes on meanwhile, and the caller's timeout
+/// bounds the wait. An IP literal is parsed without a thread, as tokio's `lookup_host` did. A
+/// thread that cannot be started fails this lookup like any other lookup failure (the host's
+/// attempt fails, the next check tries again), never panics.
+async fn lookup_host(
+    name: &str,
+    port: u16,
+    spawn: impl FnOnce(LookupJob) -> std::io::Result<()>,
+) -> std::io::Result<Vec<std::net::SocketAddr>> {
+    if let Ok(ip) = name.parse::<std::net::IpAddr>() {
+        return Ok(vec![std::net::SocketAddr::new(ip, port)]);
+    }
+    let (found, answer) = oneshot::channel();
+    let host = name.to_owned();
+    spawn(Box::new(move || {
+        use std::net::ToSocketAddrs;
+        let _ = found.send(
+            (host.as_str(), port)
+                .to_socket_addrs()
+                .map(Iterator::collect),
+        );
+    }))
+    .map_err(|err| {
+        std::io::Error::new(
+            err.kind(),
+            format!("cannot resolve {name}: no thread for the lookup: {err}"),
+        )
+    })?;
+    answer.await.unwrap_or_else(|_| {
+        Err(std::io::Error::other(format!(
+            "cannot resolve {name}: the lookup's thread ended without an answer"
+        )))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1083,6 +1129,41 @@ mod tests {
             None,
             "the driver's own user lookup"
         );
+    }
+
+    /// A lookup that gets no thread fails with the OS's reason and the host's name, never
+    /// panics (tokio's `spawn_blocking` did: "OS can't spawn worker thread", the election
+    /// ended with exit 125); an IP literal asks for no thread at all; a name is looked up on
+    /// the thread. The binary under `RLIMIT_NPROC`:
+    /// `connecting::a_name_lookup_without_a_thread_is_a_failed_attempt`.
+    #[tokio::test]
+    async fn a_lookup_without_a_thread_fails_and_an_address_needs_none() {
+        let refused = |_: LookupJob| Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+        let err = lookup_host("localhost", 5432, refused).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+        assert!(
+            err.to_string()
+                .starts_with("cannot resolve localhost: no thread for the lookup: Resource"),
+            "{err}"
+        );
+        for (ip, port) in [("127.0.0.1", 1), ("::1", 2)] {
+            let addrs = lookup_host(ip, port, refused).await.unwrap();
+            assert_eq!(
+                addrs,
+                [std::net::SocketAddr::new(ip.parse().unwrap(), port)]
+            );
+        }
+        let addrs = lookup_host("localhost", 3, spawn_lookup).await.unwrap();
+        assert!(
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback() && a.port() == 3),
+            "{addrs:?}"
+        );
+        let dropped = lookup_host("localhost", 4, |job: LookupJob| {
+            drop(job);
+            Ok(())
+        });
+        let err = dropped.await.unwrap_err();
+        assert!(err.to_string().contains("ended without an answer"), "{err}");
     }
 
     /// A peer that closed the connection after accepting it is not a failed connect: what the

@@ -340,6 +340,64 @@ pub fn leaderrun() -> Command {
     cmd
 }
 
+/// `leaderrun` run as `uid` (group too, no supplementary groups) with at most `soft` tasks
+/// of that uid (`RLIMIT_NPROC`, threads included, `hard` its hard limit; root is not held to
+/// it): from a copy of the binary in `scratch` that the uid can read. `None`, said with [`cluster::skip`] for `test`,
+/// when not root or when the scratch directory is out of other users' reach. Each test takes
+/// a uid of its own: the limit counts every task of the uid, another test's too.
+pub fn leaderrun_as(
+    scratch: &Scratch,
+    test: &str,
+    uid: u32,
+    (soft, hard): (u64, u64),
+) -> Option<Command> {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        cluster::skip(test, "needs root to run as a uid of its own");
+        return None;
+    }
+    let bin = scratch.file("leaderrun");
+    // The uid must reach the copy: every directory above the scratch directory searchable by
+    // others (a TMPDIR under /root is not).
+    let reachable = bin
+        .parent()
+        .unwrap()
+        .ancestors()
+        .skip(1)
+        .all(|dir| std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+    if !reachable {
+        cluster::skip(test, "the scratch directory is out of other users' reach");
+        return None;
+    }
+    std::fs::copy(env!("CARGO_BIN_EXE_leaderrun"), &bin).expect("copy the binary");
+    for path in [bin.as_path(), bin.parent().unwrap()] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut cmd = Command::new(&bin);
+    default_signals(&mut cmd);
+    clear_settings_env(&mut cmd);
+    let nproc = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: setgroups, setgid, setuid and setrlimit only, async-signal-safe, between fork
+    // and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(uid) != 0
+                || libc::setuid(uid) != 0
+                || libc::setrlimit(libc::RLIMIT_NPROC, &nproc) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Some(cmd)
+}
+
 /// Removes from `cmd`'s environment every variable leaderrun reads its settings from
 /// (`LEADERRUN_*`, libpq's `PG*`, `PLEXSPHERE_DSN`, `DATABASE_URL`, `RUST_LOG`).
 pub fn clear_settings_env(cmd: &mut Command) {
