@@ -259,11 +259,10 @@ fn a_named_root_is_checked_in_prefer_too_and_prefer_falls_back_to_plaintext_as_l
         "hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=verify-full \
          sslrootcert={ca}"
     );
+    // (psql refuses too; through Debian's pg_wrapper, which sets PGHOST to its socket
+    // directory, it says that directory's name does not match instead.)
     let (connected, said) = psql_connects(&cluster, &dsn);
-    assert!(
-        !connected && said.contains("host name must be specified"),
-        "psql: {said}"
-    );
+    assert!(!connected, "psql: {said}");
     let (code, stderr) = once(&dsn);
     assert_eq!(code, Some(125), "{stderr}");
     assert!(stderr.contains("host name must be specified"), "{stderr}");

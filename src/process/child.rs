@@ -792,16 +792,15 @@ impl Child {
             // among leaderrun's children as without a cgroup.
             (Some(cgroup), None) => {
                 let mut all = cgroup.pids();
-                if is_reaper() {
-                    match own_children(self.helper.get()) {
-                        Some(adopted) => {
-                            for pid in adopted {
-                                if !all.contains(&pid) {
-                                    all.push(pid);
-                                }
-                            }
+                // Where the children cannot be read, the cgroup's members still are.
+                if let Some(adopted) = is_reaper()
+                    .then(|| own_children(self.helper.get()))
+                    .flatten()
+                {
+                    for pid in adopted {
+                        if !all.contains(&pid) {
+                            all.push(pid);
                         }
-                        None => return None,
                     }
                 }
                 Some(all)
@@ -941,7 +940,7 @@ impl Tree for Child {
                 (Some(cgroup), None, orphans) => {
                     cgroup.populated()
                         || !self.leader_reaped()
-                        || orphans.map_or(reaped.children_left, |o| !o.is_empty())
+                        || orphans.is_some_and(|o| !o.is_empty())
                 }
                 // The namespace is empty once its init is reaped.
                 (None, Some(init), _) => !init.reaped,
