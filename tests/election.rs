@@ -535,7 +535,14 @@ async fn a_grant_the_keeper_cannot_keep_begins_no_term_and_gives_the_lock_back()
 fn is_leader_turns_false_once_the_safe_window_passes_while_the_campaign_cannot_run() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
-    let a = Elector::new(config(id, None)).unwrap();
+    // A 1 s interval: a's window (2 s from its grant) outlasts the test thread's first look,
+    // however loaded the machine, and b still leads within the 5 s waits.
+    let slow = |id| {
+        let mut config = config(id, None);
+        config.check_interval = Duration::from_secs(1);
+        config
+    };
+    let a = Elector::new(slow(id)).unwrap();
     let (leading_tx, leading_rx) = std::sync::mpsc::channel();
     let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
     let cancel_a = CancellationToken::new();
@@ -571,7 +578,7 @@ fn is_leader_turns_false_once_the_safe_window_passes_while_the_campaign_cannot_r
             .execute("SELECT pg_terminate_backend($1)", &[&lease.backend_pid])
             .await
             .unwrap();
-        let b = Elector::new(config(id, None)).unwrap();
+        let b = Elector::new(slow(id)).unwrap();
         let run_b = run(&b);
         timeout(WAIT, b.wait_for_term()).await.expect("b leads");
         // a's campaign has not run: its term still stands, and its flag is set.

@@ -337,6 +337,9 @@ pub(crate) struct Shared {
     pub(crate) checks: watch::Sender<Checks>,
     pub(crate) target: String,
     pub(crate) leader: AtomicBool,
+    /// The current term's proof, as its [`Term::proven_until`] (boottime nanoseconds; 0: none),
+    /// mirrored here so that [`Elector::is_leader`] takes no lock.
+    pub(crate) proven_until: AtomicU64,
     pub(crate) running: AtomicBool,
     /// A demoted term's holds are being waited for before its session is released.
     pub(crate) releasing: AtomicBool,
@@ -393,6 +396,7 @@ impl Elector {
                 target: crate::pg::conninfo::describe(&config.connect),
                 config,
                 leader: AtomicBool::new(false),
+                proven_until: AtomicU64::new(0),
                 running: AtomicBool::new(false),
                 releasing: AtomicBool::new(false),
                 released_at: std::sync::Mutex::new(None),
@@ -409,8 +413,8 @@ impl Elector {
     }
 
     /// Whether this replica holds the lock right now, as far as it can know: it leads, and the
-    /// safe window of its term's last proving check is still open ([`Term::is_proven`]). Safe
-    /// from any thread; an atomic load, then the current term's read lock and a clock read.
+    /// safe window of its term's last proving check is still open ([`Term::proven_until`]).
+    /// Lock-free, safe from any thread: two atomic loads and a clock read.
     ///
     /// The seed's `IsLeader` reads the loop's flag alone. Here the window bounds it too: a
     /// campaign that cannot run (its runtime starved or blocked, the process frozen) cannot
@@ -418,7 +422,9 @@ impl Elector {
     /// lock once the server ended this one's session, leads
     /// (docs/guarantees.md#safety-guarantees).
     pub fn is_leader(&self) -> bool {
-        self.shared.leader.load(Ordering::Acquire) && self.shared.current.borrow().is_proven()
+        self.shared.leader.load(Ordering::Acquire)
+            && session::boottime().as_nanos()
+                < u128::from(self.shared.proven_until.load(Ordering::Acquire))
     }
 
     /// Whether the campaign is waiting, right now, for the work of a term that ended to stop

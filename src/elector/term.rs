@@ -245,10 +245,13 @@ impl Term {
         }
     }
 
-    /// Whether the term lasts and the safe window of its last proof is still open now: the
-    /// one condition under which work may start or continue (docs/guarantees.md#safety-guarantees).
+    /// Whether the term lasts, was not given up ([`Term::give_up`]) and the safe window of its
+    /// last proof is still open now: the one condition under which work may start or continue
+    /// (docs/guarantees.md#safety-guarantees).
     pub fn is_proven(&self) -> bool {
-        !self.is_ended() && self.proven_until().is_some_and(|until| boottime() < until)
+        !self.is_ended()
+            && !self.is_given_up()
+            && self.proven_until().is_some_and(|until| boottime() < until)
     }
 
     /// Gives the term up: the campaign ends it at its next leader check (within one check
@@ -256,7 +259,8 @@ impl Term {
     /// dropped, and tries again only at the check after. For a holder whose work was ended by
     /// something it cannot take back: in the binary, the watchdog stopped COMMAND's tree while
     /// leaderrun did not answer it, although the lock was proven meanwhile
-    /// (docs/process-model.md#the-watchdog). Idempotent; nothing on an ended term.
+    /// (docs/process-model.md#the-watchdog). From then on [`Term::is_proven`] is false, so no
+    /// new hold is given. Idempotent; nothing on an ended term.
     pub fn give_up(&self) {
         self.0
             .given_up

@@ -75,11 +75,13 @@ impl Cgroup {
             .collect()
     }
 
-    /// Whether any live process is left in the group (`cgroup.events`: `populated`).
+    /// Whether any live process is left in the group (`cgroup.events`: `populated`). A group
+    /// that cannot be read but for being gone (no descriptor left, `EMFILE`) counts as
+    /// populated: "empty" would release the lock while the tree may run.
     pub fn populated(&self) -> bool {
         match std::fs::read_to_string(self.dir.join("cgroup.events")) {
             Ok(events) => !events.lines().any(|l| l == "populated 0"),
-            Err(_) => false,
+            Err(err) => err.kind() != std::io::ErrorKind::NotFound,
         }
     }
 

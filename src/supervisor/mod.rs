@@ -707,16 +707,22 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 phase: Phase::Running { .. },
             } => {
                 let seen = run.tree().poll();
-                if seen.fenced && !run.term().is_given_up() {
-                    // The watchdog knew an older proof than the last check's (leaderrun was
-                    // stopped right after it): COMMAND was stopped as for a lost lock, and its
-                    // term ends as a demotion would end it (docs/process-model.md#the-watchdog).
-                    warn!(
-                        pid = run.pid(),
-                        term = run.term().number(),
-                        "the watchdog stopped COMMAND's tree while this leaderrun did not answer it; giving the term up"
-                    );
-                    run.term().give_up();
+                if seen.fenced {
+                    // The watchdog stopped the tree while this leaderrun did not answer it. As
+                    // a rule the proof had lapsed and the term ends by itself; where the
+                    // watchdog knew an older proof than the last check's (leaderrun stopped
+                    // right after it), the term is given up: either way it is a demotion, never
+                    // COMMAND's own exit (docs/process-model.md#when-leaderrun-freezes).
+                    if run.term().is_proven() {
+                        warn!(
+                            pid = run.pid(),
+                            term = run.term().number(),
+                            "the watchdog stopped COMMAND's tree while this leaderrun did not answer it, on a proof it had not heard of yet; giving the term up"
+                        );
+                        run.term().give_up();
+                    }
+                    self.stop(Why::Demoted, self.plan.stop_signal);
+                    return;
                 }
                 if let Some(status) = seen.main {
                     info!(pid = run.pid(), status = %status, term = run.term().number(), "child exited");

@@ -606,13 +606,17 @@ impl Escaped {
     }
 
     /// Walks leaderrun's descendants, while leaderrun is our parent still, and adds every one
-    /// outside process group `tree`; forgets those that exited.
-    fn scan(&mut self, tree: i32) {
+    /// outside process group `tree` and outside `cgroup` (whose members `cgroup.kill` reaches:
+    /// a pidfd for each would only fill the descriptor table); forgets those that exited.
+    fn scan(&mut self, tree: i32, cgroup: Option<&Cgroup>) {
         self.next_scan = now_ns().saturating_add(ESCAPE_SCAN_NS);
         self.known.retain(|(_, pidfd)| !exited(pidfd));
         if self.root == 0 || nix::unistd::getppid().as_raw() != self.root {
             return;
         }
+        let members: Vec<i32> = cgroup.map_or_else(Vec::new, |c| {
+            c.pids().into_iter().map(Pid::as_raw).collect()
+        });
         let mut stack = vec![self.root];
         let mut seen = std::collections::HashSet::new();
         while let Some(pid) = stack.pop() {
@@ -623,8 +627,9 @@ impl Escaped {
                     continue;
                 }
                 stack.push(child);
-                let outside = nix::unistd::getpgid(Some(Pid::from_raw(child)))
-                    .is_ok_and(|g| g.as_raw() != tree);
+                let outside = !members.contains(&child)
+                    && nix::unistd::getpgid(Some(Pid::from_raw(child)))
+                        .is_ok_and(|g| g.as_raw() != tree);
                 if outside {
                     self.add(child);
                 }
@@ -717,7 +722,7 @@ impl Guard {
             {
                 if let Some(scan) = self.escaped.scan_in(self.tree) {
                     let next = if scan == 0 {
-                        self.escaped.scan(self.tree);
+                        self.escaped.scan(self.tree, self.cgroup.as_ref());
                         ESCAPE_SCAN_NS
                     } else {
                         scan
@@ -936,7 +941,7 @@ impl Guard {
 
     /// leaderrun froze: stop the tree as a demotion would.
     fn stop_tree(&mut self) {
-        self.escaped.scan(self.tree);
+        self.escaped.scan(self.tree, self.cgroup.as_ref());
         self.signal(self.stop_signal);
         self.signal(Signal::SIGCONT);
         if !self.gone_within(self.grace, false) {

@@ -138,6 +138,9 @@ impl Campaign<'_> {
             term: control,
             first_check: true,
         };
+        self.shared
+            .proven_until
+            .store(term.proven_until().map_or(0, nanos), Ordering::Release);
         self.shared.leader.store(true, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(1);
@@ -232,6 +235,12 @@ impl Campaign<'_> {
         // that closed is the last proof's: read before this proof is offered.
         let last = control.term().proven_until();
         let result = result.and_then(|()| match control.prove(sent + window) {
+            true if !control.term().is_ended() => {
+                self.shared
+                    .proven_until
+                    .store(nanos(sent + window), Ordering::Release);
+                Ok(())
+            }
             false => Err(Error::SafeWindowPassed {
                 since: last
                     .and_then(|until| since_last_proof(boottime(), until, window))
@@ -337,6 +346,7 @@ impl Campaign<'_> {
     pub(crate) fn end_term(&mut self, cause: TermEnd) -> Option<TermControl> {
         let control = self.role.stand_by()?;
         self.shared.leader.store(false, Ordering::Release);
+        self.shared.proven_until.store(0, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(0);
             metrics.slot.set(-1);
@@ -409,4 +419,9 @@ pub(crate) fn since_last_proof(
     until
         .checked_sub(window)
         .map(|proved_at| now.saturating_sub(proved_at))
+}
+
+/// A boottime instant as the nanoseconds [`crate::elector::Shared`]'s mirror of the proof keeps.
+fn nanos(at: Duration) -> u64 {
+    u64::try_from(at.as_nanos()).unwrap_or(u64::MAX)
 }
