@@ -1047,11 +1047,56 @@ fn spawn_lookup(job: LookupJob) -> std::io::Result<()> {
         .map(drop)
 }
 
+/// What a lookup answers, in a form every waiter of one lookup can get a copy of
+/// (`std::io::Error` is not `Clone`): the addresses, or the error's kind and text.
+type LookupAnswer = Result<Vec<std::net::SocketAddr>, (std::io::ErrorKind, String)>;
+
+/// The lookups in flight, by host name and port, each with the callers waiting for it.
+/// A name whose lookup has not answered gets no second thread: every later caller waits
+/// for the one in flight. So a resolver that never answers (a hung NSS module, a DNS
+/// server that drops queries, with `options timeout` large) holds one thread per name of
+/// the settings, not one per check for as long as it hangs.
+static LOOKUPS: std::sync::Mutex<Vec<(LookupKey, Waiters)>> = std::sync::Mutex::new(Vec::new());
+
+/// A lookup's host name and port.
+type LookupKey = (String, u16);
+
+/// The callers waiting for one lookup's answer.
+type Waiters = Vec<oneshot::Sender<LookupAnswer>>;
+
+/// Takes its lookup off [`LOOKUPS`] if the job ends without answering (dropped unrun, or a
+/// panic), so its waiters hear that it ended instead of waiting for good.
+struct Unanswered(Option<LookupKey>);
+
+impl Unanswered {
+    /// The host name looked up.
+    fn name(&self) -> &str {
+        self.0.as_ref().map_or("", |(name, _)| name.as_str())
+    }
+
+    /// Takes the lookup's waiters off [`LOOKUPS`] to give them its answer.
+    fn answered(mut self) -> Waiters {
+        self.0
+            .take()
+            .map(|key| take_lookup(&key))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(key) = self.0.take() {
+            drop(take_lookup(&key));
+        }
+    }
+}
+
 /// The addresses of a host name, looked up (getaddrinfo) on a thread that `spawn` starts,
 /// the answer awaited here: the runtime's thread goes on meanwhile, and the caller's timeout
-/// bounds the wait. An IP literal is parsed without a thread, as tokio's `lookup_host` did. A
-/// thread that cannot be started fails this lookup like any other lookup failure (the host's
-/// attempt fails, the next check tries again), never panics.
+/// bounds the wait. A lookup of the same name and port still in flight is joined, not
+/// started again ([`LOOKUPS`]). An IP literal is parsed without a thread, as tokio's
+/// `lookup_host` did. A thread that cannot be started fails this lookup like any other
+/// lookup failure (the host's attempt fails, the next check tries again), never panics.
 async fn lookup_host(
     name: &str,
     port: u16,
@@ -1061,26 +1106,69 @@ async fn lookup_host(
         return Ok(vec![std::net::SocketAddr::new(ip, port)]);
     }
     let (found, answer) = oneshot::channel();
-    let host = name.to_owned();
-    spawn(Box::new(move || {
+    let key = (name.to_owned(), port);
+    let joined = {
+        // A poisoned table only means a panic elsewhere while it was held; its entries
+        // are still whole (every change is one push or one removal).
+        let mut lookups = LOOKUPS.lock().unwrap_or_else(|p| p.into_inner());
+        match lookups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, waiting)) => {
+                waiting.push(found);
+                true
+            }
+            None => {
+                lookups.push((key.clone(), vec![found]));
+                false
+            }
+        }
+    };
+    if joined {
+        return wait_lookup(name, answer).await;
+    }
+    // The table is not held here: a job dropped unrun takes its entry off it.
+    let unanswered = Unanswered(Some(key.clone()));
+    let started = spawn(Box::new(move || {
         use std::net::ToSocketAddrs;
-        let _ = found.send(
-            (host.as_str(), port)
-                .to_socket_addrs()
-                .map(Iterator::collect),
-        );
-    }))
-    .map_err(|err| {
-        std::io::Error::new(
+        let found: LookupAnswer = (unanswered.name(), port)
+            .to_socket_addrs()
+            .map(Iterator::collect)
+            .map_err(|err| (err.kind(), err.to_string()));
+        for waiter in unanswered.answered() {
+            let _ = waiter.send(found.clone());
+        }
+    }));
+    if let Err(err) = started {
+        // Whoever joined meanwhile hears that the lookup ended without an answer.
+        drop(take_lookup(&key));
+        return Err(std::io::Error::new(
             err.kind(),
             format!("cannot resolve {name}: no thread for the lookup: {err}"),
-        )
-    })?;
-    answer.await.unwrap_or_else(|_| {
-        Err(std::io::Error::other(format!(
+        ));
+    }
+    wait_lookup(name, answer).await
+}
+
+/// The answer of the lookup of `name` that `answer` waits for.
+async fn wait_lookup(
+    name: &str,
+    answer: oneshot::Receiver<LookupAnswer>,
+) -> std::io::Result<Vec<std::net::SocketAddr>> {
+    match answer.await {
+        Ok(Ok(addrs)) => Ok(addrs),
+        Ok(Err((kind, text))) => Err(std::io::Error::new(kind, text)),
+        Err(_) => Err(std::io::Error::other(format!(
             "cannot resolve {name}: the lookup's thread ended without an answer"
-        )))
-    })
+        ))),
+    }
+}
+
+/// Takes a finished lookup's waiters off [`LOOKUPS`].
+fn take_lookup(key: &LookupKey) -> Waiters {
+    let mut lookups = LOOKUPS.lock().unwrap_or_else(|p| p.into_inner());
+    match lookups.iter().position(|(k, _)| k == key) {
+        Some(at) => lookups.swap_remove(at).1,
+        None => Vec::new(),
+    }
 }
 
 #[cfg(test)]
@@ -1164,6 +1252,57 @@ mod tests {
         });
         let err = dropped.await.unwrap_err();
         assert!(err.to_string().contains("ended without an answer"), "{err}");
+    }
+
+    /// A name whose lookup has not answered gets no second thread (a resolver that hangs held
+    /// one more thread per check, for as long as it hung): the callers meanwhile join the
+    /// lookup in flight and all get its answer; a lookup that ended unanswered lets its
+    /// callers go, and the next one starts a thread again.
+    #[tokio::test]
+    async fn a_lookup_in_flight_is_joined_not_started_again() {
+        use std::sync::{Arc, Mutex};
+        // Polled once: pending, or its answer.
+        async fn now<F: std::future::Future>(fut: std::pin::Pin<&mut F>) -> Option<F::Output> {
+            timeout(Duration::ZERO, fut).await.ok()
+        }
+        let held: Arc<Mutex<Vec<LookupJob>>> = Arc::default();
+        let hold = |held: &Arc<Mutex<Vec<LookupJob>>>| {
+            let held = Arc::clone(held);
+            move |job: LookupJob| {
+                held.lock().unwrap().push(job);
+                Ok(())
+            }
+        };
+        let a = lookup_host("localhost", 8, hold(&held));
+        let b = lookup_host("localhost", 8, hold(&held));
+        let other_port = lookup_host("localhost", 9, hold(&held));
+        tokio::pin!(a, b, other_port);
+        for fut in [&mut a, &mut b] {
+            assert!(now(fut.as_mut()).await.is_none(), "answered unasked");
+        }
+        assert!(now(other_port.as_mut()).await.is_none());
+        let jobs = std::mem::take(&mut *held.lock().unwrap());
+        assert_eq!(jobs.len(), 2, "one thread for port 8, one for port 9");
+        for job in jobs {
+            std::thread::spawn(job).join().unwrap();
+        }
+        for fut in [a, b, other_port] {
+            let addrs = fut.await.unwrap();
+            assert!(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()));
+        }
+
+        let c = lookup_host("localhost", 10, hold(&held));
+        let d = lookup_host("localhost", 10, hold(&held));
+        tokio::pin!(c, d);
+        assert!(now(c.as_mut()).await.is_none());
+        assert!(now(d.as_mut()).await.is_none());
+        drop(std::mem::take(&mut *held.lock().unwrap()));
+        for fut in [c, d] {
+            let err = fut.await.unwrap_err();
+            assert!(err.to_string().contains("ended without an answer"), "{err}");
+        }
+        let again = lookup_host("localhost", 10, spawn_lookup).await.unwrap();
+        assert!(!again.is_empty());
     }
 
     /// A peer that closed the connection after accepting it is not a failed connect: what the
