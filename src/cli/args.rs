@@ -357,12 +357,14 @@ pub struct Cli {
     /// Runs never overlap (a tick that falls due while the last run goes on is skipped and
     /// logged); a non-zero exit is a failed tick (WARN) and ticking goes on, until signalled.
     ///
+    /// The period is at least 1ms, the resolution of leaderrun's timers.
+    ///
     /// Example: --every 5m
     #[arg(
         long,
         value_name = "DUR",
         env = "LEADERRUN_EVERY",
-        value_parser = parse_duration,
+        value_parser = parse_period,
         allow_hyphen_values = true,
         help_heading = "Modes"
     )]
@@ -817,6 +819,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err("must be at most a year".into());
     }
     Ok(duration)
+}
+
+/// Parses `--every`'s period: a [`parse_duration`] of at least 1 ms. leaderrun's timers
+/// tick in whole milliseconds, so a shorter period would fall due again at every wake-up:
+/// a loop that never sleeps.
+pub fn parse_period(text: &str) -> Result<Duration, String> {
+    let period = parse_duration(text)?;
+    if period < Duration::from_millis(1) {
+        return Err("must be at least 1ms (the resolution of leaderrun's timers)".into());
+    }
+    Ok(period)
 }
 
 /// `--http-addr` as given: an address, or a host name to look up before the port is bound.

@@ -29,6 +29,7 @@ mod tests;
 pub use crate::supervisor::{Mode, Restart};
 pub use args::{
     command, parse, parse_duration, parse_duration_or_zero, parse_from, parse_http_addr,
-    parse_signal, Action, Cli, HttpAddr, LogFormat, RestartPolicy, MAX_DURATION, USAGE,
+    parse_period, parse_signal, Action, Cli, HttpAddr, LogFormat, RestartPolicy, MAX_DURATION,
+    USAGE,
 };
 pub use settings::Settings;

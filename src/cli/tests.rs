@@ -26,6 +26,11 @@ fn durations() {
     assert!(parse_duration("-1s").unwrap_err().contains("negative"));
     assert!(parse_duration("soon").is_err());
     assert!(parse_duration("2years").unwrap_err().contains("a year"));
+    // A period under the timers' resolution would fall due at every wake-up.
+    assert_eq!(parse_period("1ms"), Ok(Duration::from_millis(1)));
+    assert!(parse_period("999us").unwrap_err().contains("at least 1ms"));
+    assert!(parse_period("1ns").unwrap_err().contains("at least 1ms"));
+    assert!(parse_period("0s").unwrap_err().contains("zero"));
 }
 
 #[test]

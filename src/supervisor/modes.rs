@@ -173,10 +173,14 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 ..
             } => self.pending_tick = true,
             State::Child { run, .. } => {
-                info!(
-                    pid = run.pid(),
-                    "tick skipped: the previous run is still going"
-                );
+                // The first skip of a run is said at once, the rest in one line at its end
+                // (`Supervisor::stopped`).
+                if run.skip_tick() == 1 {
+                    info!(
+                        pid = run.pid(),
+                        "tick skipped: the previous run is still going"
+                    );
+                }
                 self.metrics.tick(metrics::Tick::Skipped);
             }
             _ => {}

@@ -39,6 +39,8 @@ pub(super) struct Run {
     pid: u32,
     term: Term,
     started: Instant,
+    /// Ticks that fell due while this run went on (`--every`), each skipped.
+    skipped_ticks: u64,
 }
 
 impl Run {
@@ -50,6 +52,7 @@ impl Run {
             tree: Some(tree),
             hold: Some(hold),
             started: Instant::now(),
+            skipped_ticks: 0,
         }
     }
 
@@ -73,6 +76,17 @@ impl Run {
     /// How long ago the run started.
     pub(super) fn lasted(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    /// Counts a tick skipped for this run; the count so far, this one included.
+    pub(super) fn skip_tick(&mut self) -> u64 {
+        self.skipped_ticks += 1;
+        self.skipped_ticks
+    }
+
+    /// How many ticks were skipped while this run went on.
+    pub(super) fn skipped_ticks(&self) -> u64 {
+        self.skipped_ticks
     }
 }
 
@@ -316,6 +330,16 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             return;
         };
         let (why, pid, term, lasted) = (*why, run.pid(), run.term().clone(), run.lasted());
+        // Only the first skip of a run was logged as it happened (a period far shorter than
+        // the run would log a line per period): the rest are said here, once.
+        if run.skipped_ticks() > 1 {
+            info!(
+                pid,
+                skipped = run.skipped_ticks(),
+                "ticks skipped while the run went on: {}",
+                run.skipped_ticks()
+            );
+        }
         if let Some(terminal) = &self.terminal {
             terminal.take_back(Pid::from_raw(pid as i32));
         }
