@@ -1176,6 +1176,79 @@ fn a_descendant_that_leaves_the_group_and_the_cgroup_is_still_stopped() {
     }
 }
 
+/// A descendant that leaves COMMAND's cgroup but stays in its process group (as
+/// `systemd-run --scope` moves a process) is still part of the tree for the watchdog: when
+/// leaderrun freezes while leading, the watchdog's stop waits for the group as well as the
+/// cgroup, and SIGKILLs what ignored the stop signal once the grace is over. Before, with a
+/// cgroup, the watchdog asked the cgroup alone: the main child's exit left it empty, so the
+/// stop ended at once, no SIGKILL followed, and the escapee ran on until leaderrun was
+/// continued, past the server's end of the frozen session.
+#[test]
+fn a_descendant_that_leaves_only_the_cgroup_is_stopped_by_the_watchdog_of_a_frozen_leader() {
+    let cluster = Cluster::shared();
+    let body = "export EVENTS\n\
+         cg=$(sed -n 's/^0:://p' /proc/self/cgroup)\n\
+         mnt=$(awk '$3 == \"cgroup2\" { print $2; exit }' /proc/self/mounts)\n\
+         echo \"cgroup $cg\" >> \"$EVENTS\"\n\
+         sh -c 'echo $$ > \"$1/cgroup.procs\" || { echo noescape >> \"$EVENTS\"; exit 1; }; trap \"\" TERM; \
+           echo \"escaped $$\" >> \"$EVENTS\"; while :; do sleep 0.05; done' sh \"$mnt$(dirname \"$cg\")\" &\n\
+         exec 2>/dev/null\n\
+         trap 'exit 0' TERM\n\
+         while :; do sleep 0.02; done";
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", body);
+    let mut leader = Replica::start(
+        cluster,
+        unique_lock_id(),
+        "200ms",
+        &[
+            "--cgroup",
+            "--grace",
+            "300ms",
+            "--",
+            script.to_str().unwrap(),
+        ],
+    );
+    let escaped: i32 = wait_for("the escapee's move", secs(10.0), || {
+        scratch.events().iter().find_map(|l| {
+            if l == "noescape" || l.starts_with("cgroup ") && !l.contains("leaderrun-") {
+                Some(-1)
+            } else {
+                l.strip_prefix("escaped ")?.parse().ok()
+            }
+        })
+    });
+    if escaped == -1 {
+        eprintln!("no cgroup of COMMAND's own here, or none to move to: skipped");
+        leader.signal(Signal::SIGTERM);
+        leader.wait_exit(secs(10.0));
+        return;
+    }
+    let child = scratch.starts()[0].pid;
+    assert_eq!(
+        nix::unistd::getpgid(Some(Pid::from_raw(escaped)))
+            .unwrap()
+            .as_raw(),
+        child,
+        "the escapee left COMMAND's process group"
+    );
+    leader.signal(Signal::SIGSTOP);
+    // Two intervals, the grace and the watchdog's own margins: well under this.
+    let deadline = Instant::now() + secs(10.0);
+    while alive(escaped) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let killed = !alive(escaped);
+    leader.signal(Signal::SIGCONT);
+    leader.signal(Signal::SIGTERM);
+    leader.wait_exit(secs(10.0));
+    assert!(
+        killed,
+        "the escapee ran on while leaderrun was frozen:\n{}",
+        leader.log()
+    );
+}
+
 /// Whether process `holder` has a pidfd open for `pid` (its `fdinfo` says `Pid: PID`).
 fn holds_pidfd_of(holder: i32, pid: i32) -> bool {
     let Ok(fds) = std::fs::read_dir(format!("/proc/{holder}/fdinfo")) else {

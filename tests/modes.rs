@@ -263,7 +263,14 @@ fn a_short_period_says_its_skipped_ticks_once_per_run() {
     );
 
     let refused = leaderrun()
-        .args(["--dsn", "host=127.0.0.1 port=1", "--every", "999us", "--", "true"])
+        .args([
+            "--dsn",
+            "host=127.0.0.1 port=1",
+            "--every",
+            "999us",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert_eq!(refused.status.code(), Some(125));

@@ -1055,11 +1055,18 @@ fn prepare_child(
     unsafe {
         // Into COMMAND's cgroup first, so everything it ever starts is there too ("0": the
         // writer itself).
+        // A tree outside the cgroup it was given would be seen gone while it runs (an empty
+        // cgroup is a dead tree): a join that fails fails the spawn.
         if !cgroup_procs.is_null() {
             let fd = libc::open(cgroup_procs, libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd >= 0 {
-                libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if written != 1 {
+                return Err(err);
             }
         }
         // Own process group, so the stop signal reaches everything it starts

@@ -606,17 +606,19 @@ impl Escaped {
     }
 
     /// Walks leaderrun's descendants, while leaderrun is our parent still, and adds every one
-    /// outside process group `tree` and outside `cgroup` (whose members `cgroup.kill` reaches:
-    /// a pidfd for each would only fill the descriptor table); forgets those that exited.
+    /// that escaped: outside `cgroup` when there is one (whose members `cgroup.kill` reaches:
+    /// a pidfd for each would only fill the descriptor table), whatever its process group
+    /// (one that left the cgroup alone is reached by the group's signals, but its exit is
+    /// waited for here); else outside process group `tree`. Forgets those that exited.
     fn scan(&mut self, tree: i32, cgroup: Option<&Cgroup>) {
         self.next_scan = now_ns().saturating_add(ESCAPE_SCAN_NS);
         self.known.retain(|(_, pidfd)| !exited(pidfd));
         if self.root == 0 || nix::unistd::getppid().as_raw() != self.root {
             return;
         }
-        let members: Vec<i32> = cgroup.map_or_else(Vec::new, |c| {
-            c.pids().into_iter().map(Pid::as_raw).collect()
-        });
+        let members = |c: &Cgroup| -> Vec<i32> { c.pids().into_iter().map(Pid::as_raw).collect() };
+        let first = cgroup.map(members);
+        let mut candidates = Vec::new();
         let mut stack = vec![self.root];
         let mut seen = std::collections::HashSet::new();
         while let Some(pid) = stack.pop() {
@@ -627,13 +629,23 @@ impl Escaped {
                     continue;
                 }
                 stack.push(child);
-                let outside = !members.contains(&child)
-                    && nix::unistd::getpgid(Some(Pid::from_raw(child)))
-                        .is_ok_and(|g| g.as_raw() != tree);
+                let outside = match &first {
+                    Some(members) => !members.contains(&child),
+                    None => nix::unistd::getpgid(Some(Pid::from_raw(child)))
+                        .is_ok_and(|g| g.as_raw() != tree),
+                };
                 if outside {
-                    self.add(child);
+                    candidates.push(child);
                 }
             }
+        }
+        // A process forked after the members were read is in the cgroup but not in that
+        // list: read it again before taking a pidfd for each.
+        if let Some(again) = cgroup.filter(|_| !candidates.is_empty()).map(members) {
+            candidates.retain(|pid| !again.contains(pid));
+        }
+        for child in candidates {
+            self.add(child);
         }
     }
 
@@ -869,18 +881,17 @@ impl Guard {
         }
     }
 
-    /// Whether anything of the tree is left. The cgroup knows exactly (a zombie is no longer
-    /// in it); without one, the process group counts, zombies included, until whoever
-    /// inherited them reaps them.
+    /// Whether anything of the tree is left: a live member of its process group (zombies do
+    /// not count: the killed processes are leaderrun's children, which a frozen leaderrun
+    /// does not reap), or any member of its cgroup (a zombie is no longer in one). Both,
+    /// with a cgroup: a process may leave the cgroup and stay in the group (root may write
+    /// any `cgroup.procs`, as `systemd-run --scope` does), or the group and stay in the
+    /// cgroup (`setsid`).
     fn alive(&self) -> bool {
-        match &self.cgroup {
-            Some(cgroup) => cgroup.populated(),
-            None => {
-                self.tree != 0
-                    && !matches!(killpg(Pid::from_raw(self.tree), None), Err(Errno::ESRCH))
-                    && live_members(self.tree).map_or(true, |m| !m.is_empty())
-            }
-        }
+        let group = self.tree != 0
+            && !matches!(killpg(Pid::from_raw(self.tree), None), Err(Errno::ESRCH))
+            && live_members(self.tree).map_or(true, |m| !m.is_empty());
+        group || self.cgroup.as_ref().is_some_and(Cgroup::populated)
     }
 
     fn signal(&mut self, sig: Signal) {
@@ -906,12 +917,15 @@ impl Guard {
         if !self.escaped.gone_by(deadline) {
             return false;
         }
-        // Without a cgroup: wake at the members' exits instead of polling (with a thousand
-        // standbys on the machine one scan of `/proc` takes milliseconds).
-        if self.cgroup.is_none() && self.tree != 0 {
+        // Wake at the group's exits instead of polling (with a thousand standbys on the
+        // machine one scan of `/proc` takes milliseconds); a cgroup's members outside the
+        // group are looked at below.
+        if self.tree != 0 {
             let left = deadline.saturating_sub(boottime());
-            if let Some(gone) = wait_group_exit(self.tree, left, killed) {
-                return gone;
+            match wait_group_exit(self.tree, left, killed) {
+                Some(false) => return false,
+                Some(true) if self.cgroup.is_none() => return true,
+                Some(true) | None => {}
             }
         }
         // SIGKILLed processes are gone within a fraction of a millisecond as a rule: look
