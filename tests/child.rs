@@ -796,3 +796,42 @@ fn a_command_that_moves_into_leaderruns_group_is_still_stopped() {
         assert!(!alive(pid), "{pid} outlived leaderrun:\n{}", replica.log());
     }
 }
+
+/// The child execs COMMAND only before `exec_by`, the end of the proof its start was made
+/// under (CLOCK_BOOTTIME), checked just before exec: a spawn that comes later (a machine
+/// that stalled since the check) fails as `ProofLapsed` and COMMAND never runs (rule 1).
+#[test]
+fn the_child_never_execs_command_after_the_proofs_end() {
+    use leaderrun::process::child::{Child, Command, Placement, SpawnError};
+    let now = leaderrun::elector::boottime();
+    for (exec_by, runs) in [
+        (Some(now - Duration::from_millis(1)), false),
+        (Some(now + Duration::from_secs(600)), true),
+        (None, true),
+    ] {
+        let scratch = Scratch::new();
+        let ran = scratch.file("ran");
+        let argv = vec!["touch".into(), ran.clone().into_os_string()];
+        let command = Command::resolve(argv, std::env::var_os("PATH").as_deref()).unwrap();
+        let placement = Placement {
+            exec_by,
+            ..Placement::default()
+        };
+        match Child::spawn(&command, &[], placement) {
+            Ok(child) => {
+                assert!(runs, "{exec_by:?}: started after the proof's end");
+                let pid = leaderrun::process::child::Tree::pid(&child) as i32;
+                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+                assert!(ran.exists(), "{exec_by:?}: COMMAND did not run");
+            }
+            Err(err) => {
+                assert!(!runs, "{exec_by:?}: {err}");
+                assert!(matches!(err, SpawnError::ProofLapsed), "{err}");
+                assert!(
+                    !ran.exists(),
+                    "{exec_by:?}: COMMAND ran after the proof's end"
+                );
+            }
+        }
+    }
+}

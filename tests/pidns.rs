@@ -255,3 +255,71 @@ fn without_cap_sys_admin_it_exits_125_at_start() {
         "it must not campaign: {log}"
     );
 }
+
+/// The init of COMMAND's namespace execs COMMAND only before the end of the proof leaderrun
+/// started it under (its first argument, CLOCK_BOOTTIME nanoseconds; 0 for none): past it,
+/// it reports exec's failure as `ETIME` and COMMAND never runs, so a leaderrun that stalled
+/// between its check and the init's start never has COMMAND start after the safe window
+/// (rule 1). Run here as leaderrun runs it, without a namespace (none is needed to see it).
+#[test]
+fn the_init_never_execs_command_after_the_proofs_end() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let now_ns = {
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).unwrap();
+        now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+    };
+    let touch = which("touch");
+    for (exec_by, runs) in [
+        (now_ns - 1_000_000, false),
+        (0, true),
+        (now_ns + 600_000_000_000, true),
+    ] {
+        let scratch = Scratch::new();
+        let ran = scratch.file("ran");
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let mut init = leaderrun();
+        init.arg0(leaderrun::process::pidns::ARGV0)
+            .arg(exec_by.to_string())
+            .arg(&touch)
+            .arg("touch")
+            .arg(&ran);
+        let write_fd = write.as_raw_fd();
+        // SAFETY: dup2 between fork and exec: the report pipe goes to descriptor 3, as
+        // leaderrun's spawn leaves it.
+        unsafe {
+            init.pre_exec(move || {
+                if libc::dup2(write_fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let status = init.status().unwrap();
+        drop(write);
+        assert!(status.success(), "{exec_by}: {status:?}");
+        let mut report = [0u8; 8];
+        std::fs::File::from(read).read_exact(&mut report).unwrap();
+        let tag = u32::from_ne_bytes(report[..4].try_into().unwrap());
+        let value = i32::from_ne_bytes(report[4..].try_into().unwrap());
+        if runs {
+            assert_eq!(tag, 1, "{exec_by}: not started ({value})");
+            assert!(ran.exists(), "{exec_by}: COMMAND did not run");
+        } else {
+            assert_eq!((tag, value), (2, libc::ETIME), "{exec_by}");
+            assert!(
+                !ran.exists(),
+                "{exec_by}: COMMAND ran after the proof's end"
+            );
+        }
+    }
+}
+
+/// The path of `program` on `PATH`.
+fn which(program: &str) -> std::path::PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on PATH"))
+}

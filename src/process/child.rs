@@ -129,6 +129,11 @@ pub enum SpawnError {
     /// (docs/process-model.md#the-watchdog), so COMMAND is not started.
     #[error("cannot start COMMAND: no watchdog runs, and none can be started")]
     Unguarded,
+    /// The safe window of the check that proved the lock closed before COMMAND's exec (the
+    /// machine stalled between the check and the spawn): COMMAND was not started, and the
+    /// term is over for it (rule 1, docs/guarantees.md#the-three-rules).
+    #[error("the lock's proof ran out before COMMAND's exec; COMMAND was not started")]
+    ProofLapsed,
     /// `fork`/`exec` failed; exec errors map to 126/127 like a shell's, other failures are
     /// leaderrun's own (125).
     #[error("cannot start {program}")]
@@ -147,7 +152,7 @@ impl SpawnError {
         match self {
             SpawnError::NotFound { .. } | SpawnError::BadInterpreter { .. } => 127,
             SpawnError::NotExecutable { .. } | SpawnError::Unusable { .. } => 126,
-            SpawnError::Unguarded => 125,
+            SpawnError::Unguarded | SpawnError::ProofLapsed => 125,
             // exec's own failures are 126 as env(1) gives them (found, cannot be run); the
             // rest (the clone: EAGAIN, ENOMEM) are leaderrun's.
             SpawnError::Spawn { source, .. } => match source.raw_os_error() {
@@ -492,14 +497,19 @@ pub struct Announcement<'a> {
 /// Starts COMMAND: the supervisor's one way to make a [`Tree`].
 pub trait Spawner {
     /// Starts COMMAND with `env` added to the inherited environment; `announce`, when given,
-    /// is sent by the child itself just before exec ([`Announcement`]).
+    /// is sent by the child itself just before exec ([`Announcement`]). `exec_by`, when
+    /// given, is the end of the proof the start is made under (CLOCK_BOOTTIME, as
+    /// [`crate::elector::Term::proven_until`]): the child checks it just before exec, and
+    /// one that comes later exits unexecuted.
     ///
     /// # Errors
-    /// [`SpawnError`] as [`Child::spawn`] reports it.
+    /// [`SpawnError`] as [`Child::spawn`] reports it; [`SpawnError::ProofLapsed`] when
+    /// `exec_by` passed first.
     fn spawn(
         &mut self,
         env: &[(&'static str, String)],
         announce: Option<Announcement<'_>>,
+        exec_by: Option<std::time::Duration>,
     ) -> Result<Box<dyn Tree>, SpawnError>;
 
     /// Reaps children that belong to no running tree (leftovers of an earlier term, strays
@@ -532,6 +542,7 @@ impl Spawner for ProcessSpawner {
         &mut self,
         env: &[(&'static str, String)],
         announce: Option<Announcement<'_>>,
+        exec_by: Option<std::time::Duration>,
     ) -> Result<Box<dyn Tree>, SpawnError> {
         Ok(Box::new(Child::spawn(
             &self.command,
@@ -549,6 +560,7 @@ impl Spawner for ProcessSpawner {
                 helper: self.helper.clone(),
                 pid_namespace: self.pid_namespace.as_deref(),
                 announce,
+                exec_by,
             },
         )?))
     }
@@ -610,11 +622,18 @@ pub struct Placement<'a> {
     /// Sent by the child just before exec (in a PID namespace, by its init, before it execs
     /// itself as the init): the process that leads the tree's group is its sender.
     pub announce: Option<Announcement<'a>>,
+    /// The latest moment of COMMAND's exec (CLOCK_BOOTTIME), checked by the process that
+    /// execs it (in a PID namespace, by its init too): the end of the proof it starts under.
+    pub exec_by: Option<std::time::Duration>,
 }
 
 /// How long a spawn in a PID namespace waits for its init to say whether COMMAND was exec'd:
 /// it answers within milliseconds unless it is stopped or the machine is overloaded beyond use.
 const INIT_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long after the proof's end a spawn in a PID namespace still waits for its init's
+/// report: an exec just inside the bound is reported through a pipe.
+const INIT_REPORT_TRANSIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The init of COMMAND's PID namespace, as its [`Child`] sees it.
 #[derive(Debug)]
@@ -688,12 +707,19 @@ impl Child {
             helper,
             pid_namespace,
             announce,
+            exec_by,
         } = placement;
         let program = || command.argv[0].to_string_lossy().into_owned();
-        let failed = |source: std::io::Error| SpawnError::Spawn {
-            program: program(),
-            source,
+        // ETIME is no errno of exec's or clone's: only the pre-exec check reports it.
+        let failed = |source: std::io::Error| match source.raw_os_error() {
+            Some(libc::ETIME) => SpawnError::ProofLapsed,
+            _ => SpawnError::Spawn {
+                program: program(),
+                source,
+            },
         };
+        // Nanoseconds of CLOCK_BOOTTIME; 0: no bound.
+        let exec_by_ns = exec_by.map_or(0, |at| u64::try_from(at.as_nanos()).unwrap_or(u64::MAX));
         // The init's report pipe: the write end goes to the init as descriptor 3.
         let reports = match pid_namespace {
             Some(_) => Some(
@@ -718,17 +744,17 @@ impl Child {
             (a.socket.as_raw_fd(), a.datagram)
         });
         let nofile = crate::process::descriptors::original_soft();
-        let prepare = move || {
-            prepare_child(
-                parent,
-                tty,
-                keep_ignored,
-                procs.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
-                ns,
-                nofile,
-                announce,
-            )
+        let pre_exec = PreExec {
+            parent,
+            tty,
+            keep_ignored,
+            cgroup_procs: procs.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
+            ns,
+            nofile,
+            announce,
+            exec_by_ns,
         };
+        let prepare = move || prepare_child(&pre_exec);
         let (pid, init) = match (pid_namespace, reports) {
             (Some(namespace), Some((read, write))) => {
                 let pid = namespace
@@ -736,11 +762,12 @@ impl Child {
                         &command.program,
                         &command.argv,
                         &child_environment(env),
+                        exec_by_ns,
                         prepare,
                     )
                     .map_err(failed)?;
                 drop(write);
-                (pid, Some(await_exec(pid, read).map_err(failed)?))
+                (pid, Some(await_exec(pid, read, exec_by).map_err(failed)?))
             }
             _ => {
                 // SAFETY: `prepare` makes raw syscalls only (no allocation, no locks), as a
@@ -982,11 +1009,26 @@ impl Drop for Child {
 /// report pipe (`reports`, which is made non-blocking for [`Child::poll`]).
 ///
 /// # Errors
-/// exec's error as the init reported it; `ETIMEDOUT` or `EPIPE` when the init did not answer
-/// within [`INIT_ANSWER_WAIT`] or died first (it is then killed and left to the reaper).
-fn await_exec(pid: Pid, reports: std::os::fd::OwnedFd) -> std::io::Result<Init> {
+/// exec's error as the init reported it; `ETIME` when it did not answer by `exec_by` (and
+/// [`INIT_REPORT_TRANSIT`]), `ETIMEDOUT` or `EPIPE` when it did not answer within
+/// [`INIT_ANSWER_WAIT`] or died first (it is then killed and left to the reaper).
+fn await_exec(
+    pid: Pid,
+    reports: std::os::fd::OwnedFd,
+    exec_by: Option<std::time::Duration>,
+) -> std::io::Result<Init> {
     use std::os::fd::AsRawFd;
-    let deadline = std::time::Instant::now() + INIT_ANSWER_WAIT;
+    // An init that has not answered a moment after the proof's end cannot exec COMMAND any
+    // more (it checks the same bound): stop waiting for it then, not seconds later with the
+    // runtime's thread held.
+    let within = exec_by.map_or(INIT_ANSWER_WAIT, |at| {
+        (at.saturating_sub(crate::elector::boottime()) + INIT_REPORT_TRANSIT).min(INIT_ANSWER_WAIT)
+    });
+    let silent = match within < INIT_ANSWER_WAIT {
+        true => libc::ETIME,
+        false => libc::ETIMEDOUT,
+    };
+    let deadline = std::time::Instant::now() + within;
     let mut buf = [0u8; 8];
     let answer = loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -1002,7 +1044,7 @@ fn await_exec(pid: Pid, reports: std::os::fd::OwnedFd) -> std::io::Result<Init> 
             continue;
         }
         if ready <= 0 {
-            break Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+            break Err(std::io::Error::from_raw_os_error(silent));
         }
         // SAFETY: read into a local buffer; the pipe is blocking until below, and readable.
         let n = unsafe { libc::read(reports.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
@@ -1040,17 +1082,41 @@ struct ChildNamespace {
     report: RawFd,
 }
 
+/// What the forked child's set-up before exec ([`prepare_child`]) works from, made before the
+/// fork: plain values, pointers into what the spawn keeps alive.
+#[derive(Clone, Copy)]
+struct PreExec<'a> {
+    /// leaderrun's pid, for the `getppid()` check.
+    parent: i32,
+    /// The terminal whose foreground the child takes, or -1.
+    tty: RawFd,
+    /// The signals ignored when leaderrun started, a bit each: they stay ignored.
+    keep_ignored: u64,
+    /// COMMAND's cgroup's `cgroup.procs` (NUL-terminated), or null.
+    cgroup_procs: *const libc::c_char,
+    /// A PID namespace's part.
+    ns: ChildNamespace,
+    /// The descriptor limit to put back.
+    nofile: Option<libc::rlimit>,
+    /// The watchdog's socket and the datagram that announces the tree.
+    announce: Option<(RawFd, &'a [u8])>,
+    /// The latest moment of exec, CLOCK_BOOTTIME nanoseconds; 0: none.
+    exec_by_ns: u64,
+}
+
 /// Runs in the forked child before exec: raw syscalls only
 /// (docs/field-notes.md#only-raw-syscalls-before-exec).
-fn prepare_child(
-    parent: i32,
-    tty: RawFd,
-    keep_ignored: u64,
-    cgroup_procs: *const libc::c_char,
-    ns: ChildNamespace,
-    nofile: Option<libc::rlimit>,
-    announce: Option<(RawFd, &[u8])>,
-) -> std::io::Result<()> {
+fn prepare_child(pre: &PreExec<'_>) -> std::io::Result<()> {
+    let PreExec {
+        parent,
+        tty,
+        keep_ignored,
+        cgroup_procs,
+        ns,
+        nofile,
+        announce,
+        exec_by_ns,
+    } = *pre;
     // SAFETY: plain syscalls on values we own; no allocation, no locks.
     unsafe {
         // Into COMMAND's cgroup first, so everything it ever starts is there too ("0": the
@@ -1155,6 +1221,12 @@ fn prepare_child(
                 return Err(std::io::Error::last_os_error());
             }
         }
+        // The proof the start is made under must still hold at exec: a machine that stalled
+        // since the check (or a stopped leaderrun, whose clone waits for this child) does not
+        // start COMMAND after its safe window (rule 1).
+        if past_boottime(exec_by_ns) {
+            return Err(std::io::Error::from_raw_os_error(libc::ETIME));
+        }
         // Last: the watchdog learns of the tree from the tree itself, before it runs, so no
         // moment exists in which it runs and the watchdog does not know it (leaderrun's own
         // report comes only once the spawn returned). A send that fails is left to that report.
@@ -1168,6 +1240,25 @@ fn prepare_child(
         }
     }
     Ok(())
+}
+
+/// Whether CLOCK_BOOTTIME is past `ns` (0: never). One raw syscall (vDSO): safe between
+/// clone and exec.
+pub(crate) fn past_boottime(ns: u64) -> bool {
+    if ns == 0 {
+        return false;
+    }
+    // SAFETY: clock_gettime into a local; async-signal-safe.
+    let now = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        if libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) != 0 {
+            return false;
+        }
+        (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64)
+    };
+    now > ns
 }
 
 /// Makes this process a child subreaper unless it is PID 1 (which reaps everything anyway), so

@@ -128,8 +128,10 @@ impl PidNamespace {
     }
 
     /// Forks a child that is PID 1 of a new PID namespace, runs `prepare` in it and execs
-    /// leaderrun's own binary as [`ARGV0`] `PROGRAM ARGV...` with `env` (every `NAME=VALUE`).
-    /// Returns its pid, as this namespace sees it.
+    /// leaderrun's own binary as [`ARGV0`] `EXEC_BY PROGRAM ARGV...` with `env` (every
+    /// `NAME=VALUE`); `exec_by_ns` (CLOCK_BOOTTIME nanoseconds, 0 for none) is the latest
+    /// moment of COMMAND's exec, which the init checks before it. Returns its pid, as this
+    /// namespace sees it.
     ///
     /// `clone(CLONE_NEWPID)` directly rather than `unshare` and a fork: `unshare` moves the
     /// thread's later children too, and going back needs `setns`, which a root of a user
@@ -145,6 +147,7 @@ impl PidNamespace {
         program: &std::path::Path,
         argv: &[OsString],
         env: &[OsString],
+        exec_by_ns: u64,
         prepare: impl Fn() -> std::io::Result<()>,
     ) -> std::io::Result<Pid> {
         use std::os::unix::ffi::OsStrExt;
@@ -152,11 +155,16 @@ impl PidNamespace {
             std::ffi::CString::new(s.as_bytes())
                 .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
         };
-        let args: Vec<std::ffi::CString> = [std::ffi::OsStr::new(ARGV0), program.as_os_str()]
-            .into_iter()
-            .chain(argv.iter().map(OsString::as_os_str))
-            .map(cstring)
-            .collect::<Result<_, _>>()?;
+        let exec_by = OsString::from(exec_by_ns.to_string());
+        let args: Vec<std::ffi::CString> = [
+            std::ffi::OsStr::new(ARGV0),
+            exec_by.as_os_str(),
+            program.as_os_str(),
+        ]
+        .into_iter()
+        .chain(argv.iter().map(OsString::as_os_str))
+        .map(cstring)
+        .collect::<Result<_, _>>()?;
         let vars: Vec<std::ffi::CString> =
             env.iter().map(|v| cstring(v)).collect::<Result<_, _>>()?;
         let argp: Vec<*const libc::c_char> = args
@@ -261,7 +269,8 @@ pub(crate) fn decode_status(raw: i32) -> Option<Result<ExitStatus, nix::sys::sig
 /// reaps (and is put back for COMMAND). Exits 0 once no child is left.
 pub fn init_main() -> ExitCode {
     let mut args = std::env::args_os().skip(1);
-    let (Some(program), Some(argv0)) = (args.next(), args.next()) else {
+    let exec_by: Option<u64> = args.next().and_then(|n| n.to_str()?.parse().ok());
+    let (Some(exec_by), Some(program), Some(argv0)) = (exec_by, args.next(), args.next()) else {
         return ExitCode::from(125);
     };
     let rest: Vec<OsString> = args.collect();
@@ -286,14 +295,18 @@ pub fn init_main() -> ExitCode {
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     let mut cmd = std::process::Command::new(&program);
     cmd.arg0(&argv0).args(&rest);
-    if chld_ignored {
-        // SAFETY: one raw syscall between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
+    // SAFETY: raw syscalls only between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if chld_ignored {
                 libc::signal(libc::SIGCHLD, libc::SIG_IGN);
-                Ok(())
-            });
-        }
+            }
+            // COMMAND starts only inside the proof leaderrun started it under (rule 1).
+            if crate::process::child::past_boottime(exec_by) {
+                return Err(std::io::Error::from_raw_os_error(libc::ETIME));
+            }
+            Ok(())
+        });
     }
     let command = match cmd.spawn() {
         Ok(child) => {

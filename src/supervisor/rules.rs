@@ -19,6 +19,7 @@ use crate::cli::metrics;
 use crate::elector::{Term, TermEnd, TermHold};
 use crate::error::Chain;
 use crate::history::RunStart;
+use crate::process::child::SpawnError;
 use crate::process::child::{ExitStatus, Spawner, Tree};
 use crate::process::signals::suspend_self;
 
@@ -207,7 +208,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             };
             return self.term_ended(TermEnd::LeadershipLost);
         };
-        match self.spawner.spawn(&child_env(&term), None) {
+        // The child checks the proof's end itself just before exec: a stall between here and
+        // there (an overloaded machine, a stopped leaderrun) never starts COMMAND late.
+        match self
+            .spawner
+            .spawn(&child_env(&term), None, term.proven_until())
+        {
             Ok(tree) => {
                 match (due, &self.schedule) {
                     (Some(due), Some(schedule)) => {
@@ -232,6 +238,19 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                         timeout_at: self.plan.timeout.map(|t| Instant::now() + t),
                     },
                 };
+            }
+            Err(SpawnError::ProofLapsed) => {
+                drop(hold);
+                info!(
+                    term = term.number(),
+                    "the lock's proof ran out before COMMAND's exec; COMMAND was not started"
+                );
+                self.state = State::Leading {
+                    term,
+                    until: None,
+                    then: Then::Start,
+                };
+                self.term_ended(TermEnd::LeadershipLost);
             }
             Err(err) => {
                 drop(hold);

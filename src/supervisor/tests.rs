@@ -101,6 +101,9 @@ struct World {
     /// What happened, in order.
     log: Vec<Did>,
     next_pid: u32,
+    /// The next spawns find the proof's end passed at their exec (a machine that stalled
+    /// between the check and the exec).
+    lapse: bool,
 }
 
 impl World {
@@ -189,7 +192,12 @@ impl Spawner for FakeSpawner {
         &mut self,
         env: &[(&'static str, String)],
         _: Option<Announcement<'_>>,
+        exec_by: Option<Duration>,
     ) -> Result<Box<dyn Tree>, SpawnError> {
+        // As the real child checks before exec: a start after the proof's end never runs.
+        if exec_by.is_some_and(|at| boottime() > at) || self.world.lock().unwrap().lapse {
+            return Err(SpawnError::ProofLapsed);
+        }
         if self.fail {
             return Err(SpawnError::NotFound {
                 program: "job".into(),
@@ -452,6 +460,43 @@ fn a_term_that_is_not_proven_starts_nothing() {
         h.signal(Signal::SIGTERM);
         settle(ms(10)).await;
         assert!(matches!(h.exit_status().await, Exit::Child(_)));
+    });
+}
+
+/// A child that finds the proof's end passed just before its exec does not exec (the real
+/// one checks `exec_by` against CLOCK_BOOTTIME: `child::tests`); the supervisor takes that
+/// as the term's end, lets the hold go, and a one-shot exits with the conflict code.
+#[test]
+fn a_start_whose_proof_ran_out_before_exec_runs_nothing() {
+    paused(|| async {
+        let mut h = Harness::start(plan(WHILE_LEADER), job(Life::dies_after(ms(1))));
+        h.world.lock().unwrap().lapse = true;
+        let control = h.grant();
+        settle(ms(50)).await;
+        assert_eq!(h.spawned(), 0, "COMMAND started after the proof's end");
+        assert_eq!(control.holds(), 0, "the lapsed start kept its hold");
+        // The next term's start finds its proof in force.
+        h.world.lock().unwrap().lapse = false;
+        h.demote(&control);
+        let _next = h.grant();
+        settle(ms(10)).await;
+        assert_eq!(h.spawned(), 1);
+        h.signal(Signal::SIGTERM);
+        settle(ms(10)).await;
+        assert!(matches!(h.exit_status().await, Exit::Child(_)));
+
+        let mut once = Harness::start(
+            plan(Mode::OneShot {
+                wait: None,
+                min_hold: Duration::ZERO,
+            }),
+            job(Life::dies_after(ms(1))),
+        );
+        once.world.lock().unwrap().lapse = true;
+        let _control = once.grant();
+        settle(ms(50)).await;
+        assert_eq!(once.spawned(), 0);
+        assert_eq!(once.exit_status().await, Exit::Code(3));
     });
 }
 
@@ -725,6 +770,7 @@ fn a_stop_is_bounded_even_when_the_tree_never_empties() {
                 &mut self,
                 _: &[(&'static str, String)],
                 _: Option<Announcement<'_>>,
+                _: Option<Duration>,
             ) -> Result<Box<dyn Tree>, SpawnError> {
                 Ok(Box::new(Immortal))
             }

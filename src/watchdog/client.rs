@@ -672,6 +672,7 @@ impl<S: Spawner> Spawner for WatchedSpawner<S> {
         &mut self,
         env: &[(&'static str, String)],
         _announce: Option<Announcement<'_>>,
+        exec_by: Option<std::time::Duration>,
     ) -> Result<Box<dyn Tree>, SpawnError> {
         // Without a watchdog a killed leaderrun would leave COMMAND's tree running while the
         // lock passes on (rule 2): no start.
@@ -688,7 +689,7 @@ impl<S: Spawner> Spawner for WatchedSpawner<S> {
             socket: socket.as_fd(),
             datagram: &datagram,
         });
-        let tree = match self.inner.spawn(env, announce) {
+        let tree = match self.inner.spawn(env, announce, exec_by) {
             Ok(tree) => tree,
             Err(err) => {
                 // The child may have announced itself before its exec failed.
@@ -831,6 +832,7 @@ mod tests {
             &mut self,
             _env: &[(&'static str, String)],
             _announce: Option<Announcement<'_>>,
+            _exec_by: Option<std::time::Duration>,
         ) -> Result<Box<dyn Tree>, SpawnError> {
             self.0 += 1;
             Err(SpawnError::NotFound {
@@ -859,7 +861,7 @@ mod tests {
             inner: Counting(0),
             watchdog,
         };
-        let err = spawner.spawn(&[], None).expect_err("no start");
+        let err = spawner.spawn(&[], None, None).expect_err("no start");
         assert!(matches!(err, SpawnError::Unguarded), "{err}");
         assert_eq!(err.exit_code(), 125);
         assert_eq!(spawner.inner.0, 0, "COMMAND was started without a watchdog");
