@@ -73,7 +73,14 @@ fn main() -> ExitCode {
             match leaderrun::process::signals::install() {
                 Ok(signals) => {
                     drop(blocked);
-                    run(cli.action, settings, signals, early, prepared)
+                    // A panic is a bug of leaderrun's own: exit 125 as for any failure of
+                    // its own (docs/guarantees.md#exit-codes), not Rust's 101. By the time it
+                    // gets here the unwinding has killed COMMAND's tree and waited for its
+                    // end before the term's hold, and so the lock, went (rule 2).
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run(cli.action, settings, signals, early, prepared)
+                    }))
+                    .unwrap_or(Exit::Code(FAILURE))
                 }
                 Err(err) => {
                     tracing::error!("cannot install signal handlers: {err}");

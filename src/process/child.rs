@@ -53,6 +53,7 @@ use std::sync::Arc;
 use tracing::{debug, warn};
 
 use crate::process::cgroup::Cgroup;
+use crate::process::group;
 use crate::process::pidns::{self, PidNamespace, Report};
 
 /// How the main child ended.
@@ -986,21 +987,53 @@ impl Tree for Child {
     }
 }
 
+/// How long a [`Child`] dropped before it was seen empty waits, after its SIGKILL, for the
+/// tree to be gone: SIGKILLed processes end within milliseconds unless they sleep
+/// uninterruptibly in the kernel.
+const DROP_KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Drop for Child {
-    /// A tree dropped before it was seen empty is killed: see [`Tree`].
+    /// A tree dropped before it was seen empty is killed: see [`Tree`]. The drop waits (at
+    /// most [`DROP_KILL_WAIT`]) until it is gone: what the tree's owner drops after it (a
+    /// supervisor unwinding from a panic drops the term's hold, which lets the lock go) comes
+    /// after the tree's end, as rule 2 wants, not after the signal's sending.
     fn drop(&mut self) {
-        if !self.empty {
-            let _ = killpg(self.pid, Signal::SIGKILL);
-            if let Some(cgroup) = &self.cgroup {
-                cgroup.kill();
+        if self.empty {
+            return;
+        }
+        let _ = killpg(self.pid, Signal::SIGKILL);
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.kill();
+        }
+        if !self.leader_reaped() {
+            // COMMAND, or its namespace's init, whose death ends the namespace.
+            let _ = kill(self.pid, Signal::SIGKILL);
+        }
+        for orphan in self.orphans().unwrap_or_default() {
+            let _ = kill(orphan, Signal::SIGKILL);
+        }
+        // Waited for without reaping (the reaper is the one place that waits, and a program
+        // that embeds this has children of its own): the group's live members, then the
+        // cgroup and the orphans, SIGKILLing any orphan that shows up meanwhile.
+        let deadline = crate::elector::boottime() + DROP_KILL_WAIT;
+        let _ = group::wait_group_exit(self.pid.as_raw(), DROP_KILL_WAIT, true);
+        let mut pause = std::time::Duration::from_micros(100);
+        loop {
+            let orphans: Vec<Pid> = self
+                .orphans()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| group::is_live(p.as_raw()))
+                .collect();
+            let populated = self.cgroup.as_ref().is_some_and(|c| c.populated());
+            if (orphans.is_empty() && !populated) || crate::elector::boottime() >= deadline {
+                break;
             }
-            if !self.leader_reaped() {
-                // COMMAND, or its namespace's init, whose death ends the namespace.
-                let _ = kill(self.pid, Signal::SIGKILL);
-            }
-            for orphan in self.orphans().unwrap_or_default() {
+            for orphan in orphans {
                 let _ = kill(orphan, Signal::SIGKILL);
             }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(10));
         }
     }
 }

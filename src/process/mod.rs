@@ -10,6 +10,7 @@
 pub mod cgroup;
 pub mod child;
 pub mod descriptors;
+pub mod group;
 pub mod memory;
 pub mod pidns;
 pub mod signals;
