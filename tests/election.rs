@@ -711,7 +711,10 @@ async fn a_term_given_up_ends_at_the_next_check_and_the_lock_moves() {
         .await
         .expect("b stands by")
         .unwrap();
+    assert!(a.is_leader());
     term.give_up();
+    // A given-up term proves nothing: is_leader says so at once, not at the next check.
+    assert!(!a.is_leader(), "is_leader still true after the give-up");
     timeout(WAIT, term.ended()).await.expect("the term ends");
     assert_eq!(term.end_cause(), Some(TermEnd::LeadershipLost));
     let next = timeout(WAIT, b.wait_for_term()).await.expect("b leads");

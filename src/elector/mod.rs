@@ -339,7 +339,8 @@ pub(crate) struct Shared {
     pub(crate) leader: AtomicBool,
     /// The current term's proof, as its [`Term::proven_until`] (boottime nanoseconds; 0: none),
     /// mirrored here so that [`Elector::is_leader`] takes no lock.
-    pub(crate) proven_until: AtomicU64,
+    /// Shared with the term ([`Term::give_up`] clears it at once).
+    pub(crate) proven_until: std::sync::Arc<AtomicU64>,
     pub(crate) running: AtomicBool,
     /// A demoted term's holds are being waited for before its session is released.
     pub(crate) releasing: AtomicBool,
@@ -396,7 +397,7 @@ impl Elector {
                 target: crate::pg::conninfo::describe(&config.connect),
                 config,
                 leader: AtomicBool::new(false),
-                proven_until: AtomicU64::new(0),
+                proven_until: std::sync::Arc::new(AtomicU64::new(0)),
                 running: AtomicBool::new(false),
                 releasing: AtomicBool::new(false),
                 released_at: std::sync::Mutex::new(None),

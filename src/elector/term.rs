@@ -64,6 +64,9 @@ pub(crate) struct TermInner {
     pub(crate) holds: watch::Sender<Holds>,
     /// Its holder gave it up ([`Term::give_up`]): the next check ends it.
     pub(crate) given_up: std::sync::atomic::AtomicBool,
+    /// The elector's lock-free copy of the proof (`Elector::is_leader` reads it), which a
+    /// give-up clears at once rather than at the next check.
+    pub(crate) mirror: OnceLock<Arc<AtomicU64>>,
 }
 
 #[derive(Debug, Default)]
@@ -174,6 +177,7 @@ impl TermControl {
     /// reopens.
     pub fn revoke_proof(&self) {
         self.term.0.proven_until.store(1, Ordering::Release);
+        self.term.mirror_proof();
     }
 
     /// Ends the term once (later calls keep the first cause) and refuses new holds.
@@ -209,6 +213,7 @@ impl Term {
             proven_until: AtomicU64::new(proven_until.as_nanos() as u64),
             holds,
             given_up: std::sync::atomic::AtomicBool::new(false),
+            mirror: OnceLock::new(),
         }));
         (term.clone(), TermControl { term })
     }
@@ -260,16 +265,44 @@ impl Term {
     /// something it cannot take back: in the binary, the watchdog stopped COMMAND's tree while
     /// leaderrun did not answer it, although the lock was proven meanwhile
     /// (docs/process-model.md#the-watchdog). From then on [`Term::is_proven`] is false, so no
-    /// new hold is given. Idempotent; nothing on an ended term.
+    /// new hold is given, and `Elector::is_leader` is false at once. Idempotent; nothing on an
+    /// ended term.
     pub fn give_up(&self) {
         self.0
             .given_up
-            .store(true, std::sync::atomic::Ordering::Release);
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(mirror) = self.0.mirror.get() {
+            mirror.store(0, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// Whether [`Term::give_up`] was called.
     pub fn is_given_up(&self) -> bool {
-        self.0.given_up.load(std::sync::atomic::Ordering::Acquire)
+        self.0.given_up.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Mirrors the term's proof into `mirror` (nanoseconds of [`boottime`]): now, and
+    /// [`Term::mirror_proof`] at each later proof; a give-up clears it.
+    pub(crate) fn mirror_proof_into(&self, mirror: &Arc<AtomicU64>) {
+        let _ = self.0.mirror.set(mirror.clone());
+        self.mirror_proof();
+    }
+
+    /// Copies the proof to the mirror, or 0 once given up. The store comes before the
+    /// give-up's flag is read (and a give-up sets its flag before it clears the mirror), so
+    /// a proof that races a give-up never leaves the mirror set.
+    pub(crate) fn mirror_proof(&self) {
+        let Some(mirror) = self.0.mirror.get() else {
+            return;
+        };
+        let until = self
+            .0
+            .proven_until
+            .load(std::sync::atomic::Ordering::Acquire);
+        mirror.store(until, std::sync::atomic::Ordering::SeqCst);
+        if self.is_given_up() {
+            mirror.store(0, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// Takes a hold for work that starts now; `None` when the term is not proven (ended, or

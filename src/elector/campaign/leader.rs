@@ -138,9 +138,7 @@ impl Campaign<'_> {
             term: control,
             first_check: true,
         };
-        self.shared
-            .proven_until
-            .store(term.proven_until().map_or(0, nanos), Ordering::Release);
+        term.mirror_proof_into(&self.shared.proven_until);
         self.shared.leader.store(true, Ordering::Release);
         if let Some(metrics) = &self.shared.metrics {
             metrics.leader.set(1);
@@ -236,9 +234,7 @@ impl Campaign<'_> {
         let last = control.term().proven_until();
         let result = result.and_then(|()| match control.prove(sent + window) {
             true if !control.term().is_ended() => {
-                self.shared
-                    .proven_until
-                    .store(nanos(sent + window), Ordering::Release);
+                control.term().mirror_proof();
                 Ok(())
             }
             false => Err(Error::SafeWindowPassed {
@@ -419,9 +415,4 @@ pub(crate) fn since_last_proof(
     until
         .checked_sub(window)
         .map(|proved_at| now.saturating_sub(proved_at))
-}
-
-/// A boottime instant as the nanoseconds [`crate::elector::Shared`]'s mirror of the proof keeps.
-fn nanos(at: Duration) -> u64 {
-    u64::try_from(at.as_nanos()).unwrap_or(u64::MAX)
 }
