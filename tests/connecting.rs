@@ -655,3 +655,157 @@ fn a_name_lookup_without_a_thread_is_a_failed_attempt() {
     assert_eq!(replica.stdout(), "led\n", "{log}");
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// A fake server that answers every startup with AuthenticationOk and then sends one kind of
+/// message without end (never `ReadyForQuery`), until the client goes.
+struct FloodServer {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FloodServer {
+    fn start(message: Vec<u8>) -> FloodServer {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        // A batch of the message: one write carries many.
+        let batch = std::sync::Arc::new(message.repeat((64 * 1024 / message.len()).max(1)));
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok((mut stream, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let batch = batch.clone();
+                let stopped = stopped.clone();
+                std::thread::spawn(move || {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                    loop {
+                        let mut len = [0u8; 4];
+                        if stream.read_exact(&mut len).is_err() {
+                            return;
+                        }
+                        let len = u32::from_be_bytes(len) as usize;
+                        if !(8..=10_000).contains(&len) {
+                            return;
+                        }
+                        let mut body = vec![0; len - 4];
+                        if stream.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let code = u32::from_be_bytes(body[..4].try_into().unwrap());
+                        if code == 80_877_103 || code == 80_877_104 {
+                            if stream.write_all(b"N").is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        break;
+                    }
+                    // AuthenticationOk, then the flood.
+                    if stream.write_all(&[b'R', 0, 0, 0, 8, 0, 0, 0, 0]).is_err() {
+                        return;
+                    }
+                    while !stopped.load(Ordering::Relaxed) && stream.write_all(&batch).is_ok() {}
+                });
+            }
+        });
+        FloodServer { port, stop }
+    }
+
+    fn dsn(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=u dbname=d sslmode=disable",
+            self.port
+        )
+    }
+}
+
+impl Drop for FloodServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A backend message: its tag, its length, its body.
+fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// What listens on the port sends notices or `ParameterStatus` messages without end after the
+/// authentication: tokio-postgres keeps every one of them until the session is ready, so
+/// leaderrun grew by hundreds of MB a second until the attempt's time ran out (1.9 GB in 5 s).
+/// Now the attempt fails once the server has sent more than `STARTUP_BYTES`, at once and in a
+/// few MB.
+#[test]
+fn a_server_that_floods_the_startup_is_cut_off_in_bounded_memory() {
+    let notice = message(
+        b'N',
+        &[b"SNOTICE\0C00000\0M".as_slice(), &[b'y'; 1000], b"\0\0"].concat(),
+    );
+    // Every name new, as a map of parameters keeps each one.
+    let mut parameters = Vec::new();
+    for i in 0..300 {
+        parameters.extend(message(
+            b'S',
+            format!("p{i:06}\0{}\0", "x".repeat(200)).as_bytes(),
+        ));
+    }
+    for (what, flood) in [("notices", notice), ("parameters", parameters)] {
+        let server = FloodServer::start(flood);
+        let mut child = leaderrun()
+            .args(["--once", "--check-interval", "20s", "--dsn", &server.dsn()])
+            .args(["--", "true"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let started = Instant::now();
+        let mut peak_kb = 0u64;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            let rss_kb = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("VmRSS:"))
+                        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+                })
+                .unwrap_or(0);
+            peak_kb = peak_kb.max(rss_kb);
+            if peak_kb > 200 * 1024 || started.elapsed() > Duration::from_secs(15) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{what}: leaderrun grew to {} MB in {:?} and was killed",
+                    peak_kb / 1024,
+                    started.elapsed()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut log = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+        assert_eq!(status.code(), Some(125), "{what}: {log}");
+        assert!(
+            log.contains("before the session was ready"),
+            "{what}: {log}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: {:?}: {log}",
+            started.elapsed()
+        );
+    }
+}

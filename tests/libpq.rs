@@ -338,15 +338,23 @@ fn environment(fake: &Fake, case: &Case) -> Vec<(String, String)> {
     env
 }
 
+/// A file's bytes: the case's text expanded, each `{xE9}` the byte 0xE9 (Latin-1 `é`, which is
+/// not UTF-8 on its own).
+fn file_bytes(fake: &Fake, text: &str) -> Vec<u8> {
+    let text = fake.expand(text);
+    let parts: Vec<&[u8]> = text.split("{xE9}").map(str::as_bytes).collect();
+    parts.join(&0xE9)
+}
+
 fn write_files(fake: &Fake, case: &Case) {
     use std::os::unix::fs::PermissionsExt;
     if let Some(text) = &case.pgpass {
         let path = fake.dir.path().join("pgpass");
-        std::fs::write(&path, fake.expand(text)).unwrap();
+        std::fs::write(&path, file_bytes(fake, text)).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
     if let Some(text) = &case.services {
-        std::fs::write(fake.dir.path().join("services"), fake.expand(text)).unwrap();
+        std::fs::write(fake.dir.path().join("services"), file_bytes(fake, text)).unwrap();
     }
     if let Some(text) = &case.home_pgpass {
         let path = fake.dir.path().join("home/.pgpass");
@@ -521,6 +529,10 @@ fn cases() -> Vec<Case> {
         "db:{A}:d:u:byname\n127.0.0.1:*:*:*:byaddr\n",
         "   127.0.0.1:{A}:d:u:leading\n",
         "127.0.0.1:{A}:d:u:\n*:*:*:*:after-empty\n",
+        // Lines that are not UTF-8 (Latin-1): libpq reads bytes, and the rest of the file
+        // still counts; a password of such bytes is sent as it is.
+        "# caf{xE9}\nother:*:*:*:p{xE9}ss\n127.0.0.1:{A}:d:u:pa\n",
+        "127.0.0.1:{A}:d:u:p{xE9}ss\n",
         pw,
     ];
     for pass in passes {
@@ -766,6 +778,15 @@ fn cases() -> Vec<Case> {
             .services(svc),
     );
     out.push(case("service=plex").env("PGSERVICEFILE", "{D}/nonexistent"));
+    // A service file with lines that are not UTF-8 outside the service asked for (libpq reads
+    // bytes): the service is still found.
+    out.push(
+        case("service=plex")
+            .env("PGSERVICEFILE", "{D}/services")
+            .services(
+                "# caf{xE9}\n[other]\nhost=caf{xE9}\n[plex]\nhost=127.0.0.1\nport={A}\nuser=u\ndbname=d\n",
+            ),
+    );
     out.push(
         case("host=127.0.0.1 port={A} user=u dbname=d").env("PGSERVICEFILE", "{D}/nonexistent"),
     );

@@ -891,8 +891,79 @@ pub(super) fn set_tcp_timers(stream: &tokio::net::TcpStream, config: &tokio_post
     }
 }
 
+/// The most bytes a server may send before its session is ready (`ReadyForQuery` after the
+/// startup): its TLS handshake, authentication, `ParameterStatus` and notices, a few KiB as a
+/// rule. tokio-postgres keeps every `ParameterStatus` and every notice of the startup in memory
+/// until the session is ready, with no bound but the time, so a server (or whatever listens on
+/// the port) that sends them without end made leaderrun grow by hundreds of MB a second until
+/// `connect_timeout`, else the check interval, ran out (1.9 GB in the default 5 s).
+pub const STARTUP_BYTES: usize = 8 * 1024 * 1024;
+
+/// A stream whose reads fail once more than [`STARTUP_BYTES`] have come before `ready` is set
+/// (see there); after that it is the stream itself.
+struct Capped<S> {
+    inner: S,
+    read: usize,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S: std::os::fd::AsRawFd> std::os::fd::AsRawFd for Capped<S> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.as_raw_fd()
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Capped<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, std::task::Poll::Ready(Ok(())))
+            && !self.ready.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.read = self.read.saturating_add(buf.filled().len() - before);
+            if self.read > STARTUP_BYTES {
+                return std::task::Poll::Ready(Err(std::io::Error::other(format!(
+                    "the server sent more than {} MiB before the session was ready \
+                     (a flood of notices or parameters; is this a PostgreSQL server?)",
+                    STARTUP_BYTES / (1024 * 1024)
+                ))));
+            }
+        }
+        polled
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Capped<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// The startup and authentication on a connected socket, then the `target_session_attrs`
-/// check, all by `deadline`.
+/// check, all by `deadline`. The server may send at most [`STARTUP_BYTES`] before its session
+/// is ready.
 pub(super) async fn handshake<S>(
     config: &tokio_postgres::Config,
     stream: S,
@@ -928,6 +999,12 @@ where
             source,
         })
     };
+    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stream = Capped {
+        inner: stream,
+        read: 0,
+        ready: ready.clone(),
+    };
     let server_major;
     let connected = match tls {
         Some(tls) => {
@@ -953,6 +1030,7 @@ where
             }
         },
     };
+    ready.store(true, std::sync::atomic::Ordering::Relaxed);
     let link = Link {
         fd,
         endpoint: String::new(),

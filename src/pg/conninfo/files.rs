@@ -38,18 +38,38 @@ pub(super) fn service_section(
     let sysconf = env("PGSYSCONFDIR").unwrap_or_else(|| "/etc/postgresql-common".to_owned());
     files.push(Path::new(&sysconf).join("pg_service.conf"));
     for file in files {
-        let Ok(text) = std::fs::read_to_string(&file) else {
+        // Bytes, as libpq reads it: a line that is not UTF-8 (a comment in Latin-1, another
+        // service's value) must not make the whole file unread, which found no service or
+        // the next file's.
+        let Ok(bytes) = std::fs::read(&file) else {
             continue;
         };
         let origin = || format!("service file {}", file.display());
         let mut inside = false;
         let mut found = false;
         let mut out = Vec::new();
-        for (number, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
+        for (number, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+            let raw = raw.trim_ascii();
+            if raw.is_empty() || raw.starts_with(b"#") {
                 continue;
             }
+            let Ok(line) = std::str::from_utf8(raw) else {
+                if raw.starts_with(b"[") {
+                    // Another section (the name asked for is text): it ends ours.
+                    if found {
+                        break;
+                    }
+                    inside = false;
+                } else if inside {
+                    // One of the service's own settings: refused, not ignored, as a variable
+                    // that is not UTF-8 is.
+                    return Err(syntax(
+                        &origin(),
+                        format!("line {} is not UTF-8 text", number + 1),
+                    ));
+                }
+                continue;
+            };
             if let Some(section) = line.strip_prefix('[') {
                 if found {
                     break;
@@ -98,26 +118,29 @@ pub(super) fn service_section(
 
 /// Whether the `.pgpass` field at the start of `line` matches `value`; returns the rest of
 /// the line after the field's `:`. libpq's rules (`pwdfMatchesString`): `*` alone matches
-/// anything, `\` escapes the next character (so `\*` is a star and `\:` a colon), and an
+/// anything, `\` escapes the next byte (so `\*` is a star and `\:` a colon), and an
 /// unescaped `:` ends the field once `value` is used up; before that it matches a `:` of
-/// `value`, so `::1:5432:…` matches the host `::1` as libpq reads it.
-pub(super) fn pgpass_field<'a>(line: &'a str, value: &str) -> Option<&'a str> {
-    if let Some(rest) = line.strip_prefix("*:") {
+/// `value`, so `::1:5432:…` matches the host `::1` as libpq reads it. Bytes, as libpq reads
+/// the file: a line need not be UTF-8 text.
+pub(super) fn pgpass_field<'a>(line: &'a [u8], value: &str) -> Option<&'a [u8]> {
+    if let Some(rest) = line.strip_prefix(b"*:") {
         return Some(rest);
     }
-    let mut want = value.chars().peekable();
-    let mut chars = line.char_indices();
-    while let Some((_, c)) = chars.next() {
-        let (c, escaped) = if c == '\\' {
-            match chars.next() {
-                Some((_, n)) => (n, true),
+    let mut want = value.bytes().peekable();
+    let mut i = 0;
+    while i < line.len() {
+        let (c, escaped) = if line[i] == b'\\' {
+            i += 1;
+            match line.get(i) {
+                Some(&n) => (n, true),
                 None => return None,
             }
         } else {
-            (c, false)
+            (line[i], false)
         };
-        if c == ':' && !escaped && want.peek().is_none() {
-            return Some(chars.as_str());
+        i += 1;
+        if c == b':' && !escaped && want.peek().is_none() {
+            return Some(&line[i..]);
         }
         if want.next() != Some(c) {
             return None;
@@ -131,6 +154,7 @@ pub(super) fn pgpass_field<'a>(line: &'a str, value: &str) -> Option<&'a str> {
 /// password ends at an unescaped `:`. `host` is the key libpq uses: the host name, else
 /// `hostaddr`; the default socket directory (or no host) is `localhost`, another socket
 /// directory its path. The file is ignored, with a WARN, unless only its owner can read it.
+/// As text; see [`pgpass_password`] for a password that is not UTF-8.
 pub fn pgpass_lookup(
     file: &Path,
     host: &str,
@@ -138,9 +162,29 @@ pub fn pgpass_lookup(
     dbname: &str,
     user: &str,
 ) -> Option<String> {
+    pgpass_password(file, host, port, dbname, user).and_then(|p| String::from_utf8(p).ok())
+}
+
+/// [`pgpass_lookup`]'s password as the bytes the file holds. The file is read as libpq reads
+/// it, line by line and as bytes: a line that is not UTF-8 (a comment or another host's
+/// password in Latin-1) is matched like any other, and does not make the whole file unread
+/// (which left a replica without the password psql finds). A password file that is not a
+/// plain file (a directory, a FIFO, a device) is ignored with a WARN, as libpq warns.
+pub fn pgpass_password(
+    file: &Path,
+    host: &str,
+    port: &str,
+    dbname: &str,
+    user: &str,
+) -> Option<Vec<u8>> {
+    use std::io::BufRead;
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(file).ok()?;
     if !meta.is_file() {
+        tracing::warn!(
+            file = %file.display(),
+            "password file is not a plain file: ignored"
+        );
         return None;
     }
     if meta.permissions().mode() & 0o077 != 0 {
@@ -150,16 +194,24 @@ pub fn pgpass_lookup(
         );
         return None;
     }
-    let text = std::fs::read_to_string(file).ok()?;
+    let mut reader = std::io::BufReader::new(std::fs::File::open(file).ok()?);
     let host = if host.is_empty() || host == default_socket_dir() {
         "localhost"
     } else {
         host
     };
     let port = if port.is_empty() { "5432" } else { port };
-    for line in text.lines() {
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.is_empty() || line.starts_with('#') {
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+        let mut line = line.as_slice();
+        line = line.strip_suffix(b"\n").unwrap_or(line);
+        line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() || line.starts_with(b"#") {
             continue;
         }
         let Some(rest) = pgpass_field(line, host)
@@ -169,19 +221,18 @@ pub fn pgpass_lookup(
         else {
             continue;
         };
-        let mut password = String::new();
-        let mut chars = rest.chars();
-        while let Some(c) = chars.next() {
+        let mut password = Vec::new();
+        let mut bytes = rest.iter();
+        while let Some(&c) = bytes.next() {
             match c {
-                ':' => break,
-                '\\' => match chars.next() {
-                    Some(n) => password.push(n),
-                    None => password.push('\\'),
+                b':' => break,
+                b'\\' => match bytes.next() {
+                    Some(&n) => password.push(n),
+                    None => password.push(b'\\'),
                 },
                 c => password.push(c),
             }
         }
         return Some(password);
     }
-    None
 }

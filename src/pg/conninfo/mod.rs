@@ -46,8 +46,8 @@ mod syntax;
 #[cfg(test)]
 mod tests;
 
-pub use files::pgpass_lookup;
 use files::{home, service_section};
+pub use files::{pgpass_lookup, pgpass_password};
 use syntax::{parse_keywords, parse_url};
 
 /// Environment variables consulted for the DSN, in order, when `--dsn` is not given
@@ -762,9 +762,9 @@ fn build(
             password_from = params.get("password").map(|(_, o)| o.clone());
         } else if let Some(file) = &passfile {
             if let Some(password) =
-                pgpass_lookup(file, &key, &raw_port, &dbname, &user).filter(|p| !p.is_empty())
+                pgpass_password(file, &key, &raw_port, &dbname, &user).filter(|p| !p.is_empty())
             {
-                target.password = Some(password.into_bytes());
+                target.password = Some(password);
                 password_from = Some(file.display().to_string());
             }
         }

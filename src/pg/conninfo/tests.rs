@@ -226,6 +226,21 @@ fn service_file_fills_what_the_dsn_leaves_out() {
     );
     let err = resolve_with(Some("service=missing"), &[("PGSERVICEFILE", f)]).unwrap_err();
     assert!(err.to_string().contains("service \"missing\" not found"));
+    // Lines that are not UTF-8 elsewhere in the file leave the service found; one among the
+    // service's own settings is refused, not ignored.
+    std::fs::write(
+        &file,
+        b"# caf\xe9\n[other]\nhost=caf\xe9\n[plex]\nhost=svc-host\ndbname=svcdb\n[caf\xe9]\nhost=x\n",
+    )
+    .unwrap();
+    let c = resolve_with(Some("service=plex"), &[("PGSERVICEFILE", f)]).unwrap();
+    assert_eq!(c.config.get_dbname(), Some("svcdb"));
+    std::fs::write(&file, b"[plex]\nhost=caf\xe9\n").unwrap();
+    let err = resolve_with(Some("service=plex"), &[("PGSERVICEFILE", f)]).unwrap_err();
+    assert!(
+        err.to_string().contains("line 2 is not UTF-8 text"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -295,6 +310,25 @@ fn pgpass_rules() {
     )
     .unwrap();
     assert_eq!(password(&c), Some("given"));
+    // Lines that are not UTF-8 (Latin-1) are read as libpq reads them, as bytes: the file is
+    // not ignored for them, and such a password is the file's bytes.
+    std::fs::write(
+        &file,
+        b"# caf\xe9\nother:*:*:*:p\xe4ss\ndb:5432:app:u:first\nlatin:*:*:*:p\xe9ss\n",
+    )
+    .unwrap();
+    assert_eq!(look("db", "5432", "app", "u").as_deref(), Some("first"));
+    assert_eq!(
+        pgpass_password(&file, "latin", "5432", "app", "u"),
+        Some(b"p\xe9ss".to_vec())
+    );
+    let c = resolve_with(Some("host=latin user=u dbname=app"), &[("PGPASSFILE", f)]).unwrap();
+    assert_eq!(
+        c.tls.plan.hosts[0].password.as_deref(),
+        Some(&b"p\xe9ss"[..])
+    );
+    // Not a plain file (a directory here; a FIFO nobody writes to would block): ignored.
+    assert_eq!(pgpass_password(&dir, "db", "5432", "app", "u"), None);
     // Readable by others: ignored.
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     assert_eq!(look("db", "5432", "app", "u"), None);
