@@ -1028,3 +1028,40 @@ fn a_history_slower_than_the_schedule_skips_one_due_time_at_most() {
     replica.signal(Signal::SIGTERM);
     stopped_by_term(&mut replica);
 }
+
+/// A zone file that `TZ` or `--tz` names is read only when it is a regular file of a
+/// zone file's size: a FIFO nobody writes to held start-up for good (every signal blocked,
+/// so only SIGKILL ended it), and `/dev/zero` filled the memory (4 GB in 2 s). Each is
+/// refused at once with the reason, exit 125.
+#[test]
+fn a_zone_file_that_is_a_fifo_or_a_device_is_refused_at_once() {
+    let scratch = Scratch::new();
+    let fifo = scratch.file("zone.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let fifo = fifo.to_str().unwrap().to_owned();
+    for (tz, flag) in [
+        (format!(":{fifo}"), false),
+        (fifo.clone(), true),
+        (":/dev/zero".to_owned(), false),
+        ("/dev/zero".to_owned(), true),
+    ] {
+        let mut cmd = leaderrun();
+        cmd.args([
+            "--dsn",
+            "host=/nonexistent dbname=x",
+            "--schedule",
+            "@daily",
+        ]);
+        if flag {
+            cmd.args(["--tz", &tz]);
+        } else {
+            cmd.env("TZ", &tz);
+        }
+        cmd.args(["--", "true"]);
+        let mut run = Replica::spawn(cmd);
+        let status = run.wait_exit(secs(10.0));
+        let log = run.log();
+        assert_eq!(status.code(), Some(125), "{tz}: {log}");
+        assert!(log.contains("not a regular file"), "{tz}: {log}");
+    }
+}

@@ -202,7 +202,7 @@ pub fn named_zone(name: &str, from: &'static str) -> Result<Zone, ScheduleError>
         reason,
     };
     let tz = if is_path(bare) {
-        let data = std::fs::read(bare).map_err(|e| err(e.to_string()))?;
+        let data = read_zone_file(bare).map_err(|e| err(e.to_string()))?;
         TimeZone::tzif(bare, &data).map_err(|e| err(e.to_string()))?
     } else {
         match TimeZone::get(bare) {
@@ -219,6 +219,35 @@ pub fn named_zone(name: &str, from: &'static str) -> Result<Zone, ScheduleError>
         tz.iana_name().unwrap_or(bare).to_owned()
     };
     Ok(Zone { tz, name })
+}
+
+/// The most a zone file may hold: TZif files are a few KiB (the largest of the IANA
+/// database, with its 64-bit data and footer, under 4 KiB); a file larger than this is none.
+const MAX_ZONE_FILE_BYTES: u64 = 1 << 20;
+
+/// Reads the zone file at `path`, which must be a regular file of at most
+/// [`MAX_ZONE_FILE_BYTES`]. Opened without blocking: a FIFO that `TZ` names (nobody writing to
+/// it) held start-up for good, with every signal blocked, and `/dev/zero` filled the memory.
+fn read_zone_file(path: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut data = Vec::new();
+    file.take(MAX_ZONE_FILE_BYTES + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > MAX_ZONE_FILE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {} KiB: not a zone file",
+            MAX_ZONE_FILE_BYTES / 1024
+        )));
+    }
+    Ok(data)
 }
 
 /// Whether a `TZ` value (its `:` taken off) names a zone file rather than a zone.
