@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::libpq::Fake;
 use crate::support::proxy::Proxy;
-use crate::support::{leaderrun, unique_lock_id, Cluster};
+use crate::support::{leaderrun, secs, unique_lock_id, Cluster, Replica, Scratch};
 
 fn text(out: &Output) -> String {
     format!(
@@ -808,4 +808,57 @@ fn a_server_that_floods_the_startup_is_cut_off_in_bounded_memory() {
             started.elapsed()
         );
     }
+}
+
+/// The password file is read again before every connection after the first, as libpq reads
+/// it at every connection: a password rotated in the file (by an agent, a mounted secret)
+/// together with the role's is used from the next reconnect on. Before, the password read
+/// at start was sent for good: once the server ended the session, every check failed with
+/// 28P01 until leaderrun was restarted, while psql connected with the same file.
+#[test]
+fn a_password_rotated_in_the_password_file_is_used_at_the_next_connection() {
+    let cluster = Cluster::shared();
+    cluster.require_password("rotuser", "first-pw");
+    let scratch = Scratch::new();
+    let passfile = scratch.file("pgpass");
+    let port = cluster.addr().port();
+    let write = |password: &str| {
+        std::fs::write(
+            &passfile,
+            format!("127.0.0.1:{port}:*:rotuser:{password}\n"),
+        )
+        .unwrap();
+        let mut perms = std::fs::metadata(&passfile).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o600);
+        std::fs::set_permissions(&passfile, perms).unwrap();
+    };
+    write("first-pw");
+    let script = scratch.child_script("job.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.env("PGPASSFILE", &passfile).args([
+        "--dsn",
+        &format!("host=127.0.0.1 port={port} user=rotuser dbname=postgres"),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+        "--check-interval",
+        "200ms",
+        "--",
+        script.to_str().unwrap(),
+    ]);
+    let mut leader = Replica::spawn(cmd);
+    scratch.wait_starts(1, secs(10.0));
+    write("second-pw");
+    cluster.sql("ALTER ROLE rotuser PASSWORD 'second-pw'");
+    cluster.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'rotuser'");
+    // The session ended: the child is stopped, and the next connection, with the file's new
+    // password, leads again (a new term).
+    let starts = scratch.wait_starts(2, secs(15.0));
+    assert_eq!((starts[0].term, starts[1].term), (1, 2), "{starts:?}");
+    leader.signal(nix::sys::signal::Signal::SIGTERM);
+    leader.wait_exit(secs(10.0));
+    let log = leader.log();
+    assert!(
+        !log.contains("second-pw") && !log.contains("first-pw"),
+        "{log}"
+    );
 }

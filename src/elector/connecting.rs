@@ -548,6 +548,7 @@ pub(super) fn plan_of(config: &tokio_postgres::Config) -> ConnectPlan {
             },
             port: ports.get(i).or(ports.first()).copied().unwrap_or(5432),
             password: config.get_password().map(<[u8]>::to_vec),
+            passfile: None,
         })
         .collect();
     ConnectPlan {
@@ -668,8 +669,21 @@ pub(super) async fn attempt(
     use tokio_postgres::tls::MakeTlsConnect;
     let target = host_description(config, host);
     let mut config = config.clone();
-    if let Some(password) = &host.password {
-        config.password(password.clone());
+    // libpq reads the password file at every connection: a password rotated in it is used
+    // from the next connection on. Off the runtime's thread (a file on a hung mount) and
+    // within the host's time; a reading that cannot be made keeps the one read before.
+    let password = match &host.passfile {
+        Some(passfile) if passfile.stale() => {
+            let passfile = passfile.clone();
+            match timeout(per_host, off_thread(move || passfile.password_now())).await {
+                Ok(Ok(now)) => now,
+                _ => host.password.clone(),
+            }
+        }
+        _ => host.password.clone(),
+    };
+    if let Some(password) = password {
+        config.password(password);
     }
     let timed_out = |target: &str| {
         Attempt::Next(Error::Socket {
@@ -1123,6 +1137,24 @@ fn spawn_lookup(job: LookupJob) -> std::io::Result<()> {
         .name("lookup".into())
         .spawn(job)
         .map(drop)
+}
+
+/// Runs `job` on a thread of its own ([`spawn_lookup`]'s), its answer awaited here: blocking
+/// file I/O that must not hold the runtime's thread. A job that outlives its caller's
+/// timeout ends on its own.
+///
+/// # Errors
+/// The OS refused the thread, or the job ended without an answer (a panic).
+async fn off_thread<T: Send + 'static>(
+    job: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<T> {
+    let (found, answer) = oneshot::channel();
+    spawn_lookup(Box::new(move || {
+        let _ = found.send(job());
+    }))?;
+    answer
+        .await
+        .map_err(|_| std::io::Error::other("the thread ended without an answer"))
 }
 
 /// What a lookup answers, in a form every waiter of one lookup can get a copy of

@@ -228,7 +228,7 @@ pub enum Address {
 }
 
 /// One host of the list, with its own password (libpq looks up the password file per host).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct HostTarget {
     /// Where.
     pub address: Address,
@@ -236,7 +236,24 @@ pub struct HostTarget {
     pub port: u16,
     /// The password for this host, if any (never shown: `Debug` leaves it out).
     pub password: Option<Vec<u8>>,
+    /// Where this host's password is looked up again before each later connection, as
+    /// libpq reads the password file at every connection: `None` when the password was given
+    /// (`password`, `PGPASSWORD`), which no file overrides.
+    pub passfile: Option<std::sync::Arc<Passfile>>,
 }
+
+impl PartialEq for HostTarget {
+    /// The same host, port, password and password file entry (whether the file was read
+    /// again is no part of it).
+    fn eq(&self, other: &Self) -> bool {
+        self.address == other.address
+            && self.port == other.port
+            && self.password == other.password
+            && self.passfile.as_deref() == other.passfile.as_deref()
+    }
+}
+
+impl Eq for HostTarget {}
 
 impl std::fmt::Debug for HostTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -244,7 +261,53 @@ impl std::fmt::Debug for HostTarget {
             .field("address", &self.address)
             .field("port", &self.port)
             .field("password", &self.password.as_ref().map(|_| "(set)"))
+            .field("passfile", &self.passfile.as_ref().map(|p| &p.file))
             .finish()
+    }
+}
+
+/// A host's entry in the password file: the file and the key its lines are matched with
+/// ([`pgpass_password`]). The resolver read it once; a connection after the first reads it
+/// again ([`Passfile::password_now`]), so a password rotated in the file (by an agent, a
+/// mounted secret) is used without a restart, as psql would use it.
+#[derive(Debug)]
+pub struct Passfile {
+    /// `passfile`, `PGPASSFILE`, else `~/.pgpass`.
+    pub file: PathBuf,
+    host: String,
+    port: String,
+    dbname: String,
+    user: String,
+    /// Whether the resolver's reading was used already (by the first connection).
+    used: std::sync::atomic::AtomicBool,
+}
+
+impl PartialEq for Passfile {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.file, &self.host, &self.port, &self.dbname, &self.user)
+            == (
+                &other.file,
+                &other.host,
+                &other.port,
+                &other.dbname,
+                &other.user,
+            )
+    }
+}
+
+impl Passfile {
+    /// Whether this connection must read the file again: every one after the first (the
+    /// first uses what the resolver read moments before, which keeps a one-shot's path free
+    /// of a second reading).
+    pub fn stale(&self) -> bool {
+        self.used.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// The file's password for this host now (`None`: no line matches, or the file cannot
+    /// be read). Blocking file I/O: run it off the runtime's thread.
+    pub fn password_now(&self) -> Option<Vec<u8>> {
+        pgpass_password(&self.file, &self.host, &self.port, &self.dbname, &self.user)
+            .filter(|p| !p.is_empty())
     }
 }
 
@@ -565,6 +628,7 @@ fn build(
                 address,
                 port,
                 password: None,
+                passfile: None,
             },
             key,
             raw_port,
@@ -761,12 +825,19 @@ fn build(
             target.password = Some(password.clone().into_bytes());
             password_from = params.get("password").map(|(_, o)| o.clone());
         } else if let Some(file) = &passfile {
-            if let Some(password) =
-                pgpass_password(file, &key, &raw_port, &dbname, &user).filter(|p| !p.is_empty())
-            {
+            let entry = Passfile {
+                file: file.clone(),
+                host: key,
+                port: raw_port,
+                dbname: dbname.clone(),
+                user: user.clone(),
+                used: std::sync::atomic::AtomicBool::new(false),
+            };
+            if let Some(password) = entry.password_now() {
                 target.password = Some(password);
                 password_from = Some(file.display().to_string());
             }
+            target.passfile = Some(std::sync::Arc::new(entry));
         }
         hosts.push(target);
     }
