@@ -835,3 +835,39 @@ fn the_child_never_execs_command_after_the_proofs_end() {
         }
     }
 }
+
+/// Without `/proc` (a chroot or a mount namespace without it) no orphan of COMMAND can be
+/// named, and leaderrun's own watchdog is a child that never ends: the stop counted "any
+/// child left" and so waited out the grace and 5 s after SIGKILL at every run, with two WARN
+/// lines (a one-shot on a good night mailed cron twice). Now the group and the main child
+/// count, and one WARN at the first stop says what cannot be done without `/proc`.
+#[test]
+fn without_proc_a_stop_does_not_wait_for_the_watchdog() {
+    const TEST: &str = "child::without_proc_a_stop_does_not_wait_for_the_watchdog";
+    if !nix::unistd::geteuid().is_root() {
+        return crate::support::cluster::skip(TEST, "needs root to unmount /proc");
+    }
+    let cluster = Cluster::shared();
+    let mut cmd = std::process::Command::new("unshare");
+    crate::support::default_signals(&mut cmd);
+    crate::support::clear_settings_env(&mut cmd);
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("umount -l /proc && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_leaderrun"))
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .args(["--once", "--grace", "5s", "--", "sh", "-c", "sleep 0.1"]);
+    let mut run = Replica::spawn(cmd);
+    let status = run.wait_exit(secs(30.0));
+    let log = run.log();
+    if log.contains("umount:") {
+        return crate::support::cluster::skip(TEST, "cannot unmount /proc here");
+    }
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains("still running"), "{log}");
+    assert_eq!(log.matches("no /proc").count(), 1, "{log}");
+}

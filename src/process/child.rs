@@ -448,6 +448,24 @@ fn children_of(tasks: &str, skip: Option<Pid>) -> Option<Vec<Pid>> {
     read_any.then_some(out)
 }
 
+/// Whether a procfs is mounted on `/proc` (this process's own directory is there).
+fn procfs_mounted() -> bool {
+    std::path::Path::new("/proc/self/stat").exists()
+}
+
+/// Says once per process that without `/proc` the tree is its process group and its main
+/// child only.
+fn warn_once_without_procfs() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(
+            "no /proc: processes of COMMAND that leave its process group (setsid) cannot be \
+             found, so they are neither stopped nor waited for (mount /proc to have them \
+             stopped too)"
+        );
+    });
+}
+
 /// What one look at a [`Tree`] found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TreeState {
@@ -973,7 +991,16 @@ impl Tree for Child {
                 // The namespace is empty once its init is reaped.
                 (None, Some(init), _) => !init.reaped,
                 (None, None, Some(orphans)) => !orphans.is_empty(),
-                // Without /proc: any child at all counts.
+                // No /proc at all (a chroot without it): no orphan can be named, so none can
+                // be signalled or waited for, and leaderrun's own watchdog is a child that
+                // never ends: counting "any child" made every stop wait out the grace and
+                // KILL_WAIT for nothing. Said once; the group and the main child still count.
+                (None, None, None) if !procfs_mounted() => {
+                    warn_once_without_procfs();
+                    false
+                }
+                // /proc is there but the list could not be read (EMFILE): any child at all
+                // counts, since a partial answer could prove a running orphan gone.
                 (None, None, None) => reaped.children_left,
             };
             self.empty = !self.group_alive() && !orphans_left;
