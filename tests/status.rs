@@ -1177,3 +1177,44 @@ fn step_down_interrupted_before_it_asks_leaves_the_leader_leading() {
     assert_eq!(scratch.starts().len(), 1);
     assert!(crate::support::alive(first.pid));
 }
+
+/// Output that cannot be written (stdout on a full disk: `/dev/full`) is a failure of
+/// leaderrun's own, exit 125 with the reason on stderr: `status` and `doctor` exit with what
+/// they found, and 0 ("a leader holds the lock", "all checks passed") must not stand for a
+/// report nobody got. Before, every one of them exited 0. A reader that went away (`| head`)
+/// is no failure: it read what it wanted.
+#[test]
+fn output_that_cannot_be_written_is_a_failure_but_a_reader_gone_is_not() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let dsn = cluster.dsn();
+    for args in [
+        &["status", "--dsn", &dsn, "--lock-id", &id][..],
+        &["status", "--json", "--dsn", &dsn, "--lock-id", &id],
+        &["doctor", "--dsn", &dsn, "--lock-id", &id],
+        &["--help"],
+        &["--version"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = leaderrun().args(args).stdout(full).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot write to stdout"),
+            "{args:?}: {stderr}"
+        );
+        // The same with a reader that reads nothing and leaves.
+        let mut child = leaderrun()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_ne!(out.status.code(), Some(125), "{args:?}: {out:?}");
+    }
+}

@@ -785,8 +785,21 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
 pub fn parse() -> Result<Cli, u8> {
     let raw: Vec<OsString> = std::env::args_os().collect();
     parse_from(&raw).map_err(|err| {
-        let _ = err.print();
-        if err.use_stderr() {
+        // `--help` and `--version` exit 0 only when their text was written (or its reader
+        // went away, `| head`): a full disk or a broken terminal is a failure.
+        let written = err.print().and_then(|()| {
+            use std::io::Write;
+            std::io::stdout().flush()
+        });
+        let lost = match written {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "leaderrun: cannot write to stdout: {e}");
+                true
+            }
+            _ => false,
+        };
+        if err.use_stderr() || lost {
             EXIT_FAILURE
         } else {
             0

@@ -15,7 +15,7 @@ use crate::pg::conninfo::describe;
 use crate::pg::lock::{unlock_sql, DURABLE_TOKEN, DURABLE_TOKEN_GRANT, SYNC_STANDBYS};
 use crate::pg::within;
 
-use super::status::{out, report, runtime, until_interrupted};
+use super::status::{out, output_lost, report, runtime, until_interrupted};
 use crate::process::signals::SignalStream;
 use crate::supervisor::Exit;
 
@@ -535,6 +535,9 @@ pub fn doctor_main(
                 if let Some(hint) = &f.hint {
                     out(&format!("{:<4}  {:<12}  hint: {hint}\n", "", ""));
                 }
+            }
+            if output_lost() {
+                return Exit::Code(EXIT_FAILURE);
             }
             u8::from(findings.iter().any(|f| !f.ok))
         }

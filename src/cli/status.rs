@@ -680,10 +680,36 @@ impl Report {
     }
 }
 
-/// Writes to stdout; a closed stdout (`| head`) is not an error worth a panic.
+/// Writes to stdout, never panicking. A reader that went away (`EPIPE`: `| head`, `grep -q`)
+/// is no failure: it read what it wanted. Any other error (a full disk, `EIO`) is remembered
+/// for [`output_lost`]: the subcommands' exit codes say something, and 0 must not stand for
+/// output that was lost.
 pub(super) fn out(text: &str) {
     use std::io::Write;
-    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    let mut stdout = std::io::stdout().lock();
+    if let Err(err) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        if err.kind() != std::io::ErrorKind::BrokenPipe {
+            let _ = OUTPUT_LOST.set(err.to_string());
+        }
+    }
+}
+
+/// The first error [`out`] met, other than a reader gone.
+static OUTPUT_LOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Whether output was lost ([`out`]); said as an ERROR line when it was. A subcommand exits
+/// 125 then (docs/guarantees.md#exit-codes), whatever it found.
+pub(super) fn output_lost() -> bool {
+    match OUTPUT_LOST.get() {
+        Some(err) => {
+            tracing::error!("cannot write to stdout: {err}");
+            true
+        }
+        None => false,
+    }
 }
 
 pub(super) fn runtime() -> Option<tokio::runtime::Runtime> {
@@ -774,6 +800,9 @@ pub fn status_main(
                 out(&format!("{json}\n"));
             } else {
                 out(&report.table());
+            }
+            if output_lost() {
+                return Exit::Code(EXIT_FAILURE);
             }
             // A hot standby's holder is its own, not the election's leader.
             u8::from(report.leader.is_none() || report.in_recovery)
