@@ -3,7 +3,9 @@
 //! The expression is parsed and evaluated by `croner` (Vixie cron's rules, not a parser of
 //! our own): five fields (minute hour day-of-month month day-of-week), or six with seconds
 //! first, or one of `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly` (`@annually`).
-//! When both day fields are restricted, a day matches either, as in cron. Times are civil
+//! When both day fields are restricted (neither starts with `*`), a day matches either, as in
+//! cron; else both must match (`0 0 */2 * 1`: an odd day that is a Monday). Names are taken
+//! where cron takes them only (months in the month field, days in the day of week). Times are civil
 //! times in a zone (`--tz ZONE`, else `TZ`, else `/etc/localtime`, read by `jiff`), and
 //! daylight-saving changes are handled as cron does:
 //!
@@ -100,9 +102,15 @@ impl Schedule {
         if !trimmed.starts_with('@') && !(5..=6).contains(&fields) {
             return Err(invalid(format!("{fields} fields")));
         }
+        let dom_and_dow = if trimmed.starts_with('@') {
+            false
+        } else {
+            as_cron_reads(&trimmed.split_whitespace().collect::<Vec<_>>()).map_err(invalid)?
+        };
         let cron = CronParser::builder()
             .seconds(Seconds::Optional)
             .year(Year::Disallowed)
+            .dom_and_dow(dom_and_dow)
             .build()
             .parse(trimmed)
             .map_err(|e| invalid(e.to_string()))?;
@@ -158,6 +166,59 @@ impl Schedule {
         let ts = Timestamp::try_from(t).ok()?;
         Some(ts.to_zoned(self.zone.tz.clone()))
     }
+}
+
+/// What cron (crontab(5), Vixie's and cronie's) reads differently from `croner` in the five or
+/// six `fields`: names only where cron takes them, and whether both day fields must match.
+///
+/// * `croner` replaces `JAN` … `DEC` and `SUN` … `SAT` anywhere, so `MON * * * *` would run at
+///   minute 1 and `0 0 * MON *` in January; cron refuses both. Month names are taken in the
+///   month field, weekday names (and `croner`'s `L`, as in `5L`) in the day-of-week field, `L`
+///   and `W` (`croner`'s last day, nearest weekday) in the day-of-month field; no letters
+///   elsewhere.
+/// * "If both fields are restricted (i.e., don't start with *), the command will be run when
+///   either field matches": a day field that starts with `*` (`*/2`) is not restricted, so
+///   the other one must match too (`0 0 */2 * 1` is an odd day that is a Monday). `croner`
+///   counts only a bare `*` as unrestricted and reads `*/2` with `1` as either. Returns whether
+///   both day fields must match.
+fn as_cron_reads(fields: &[&str]) -> Result<bool, String> {
+    const MONTHS: [&str; 12] = [
+        "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+    ];
+    const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+    // Field count checked by the caller: 5, or 6 with seconds first.
+    let first = fields.len().saturating_sub(5);
+    let names: [&str; 6] = [
+        "seconds",
+        "minute",
+        "hour",
+        "day-of-month",
+        "month",
+        "day-of-week",
+    ];
+    for (i, field) in fields.iter().enumerate() {
+        let name = names[i + 6 - fields.len()];
+        let upper = field.to_ascii_uppercase();
+        for word in upper
+            .split(|c: char| !c.is_ascii_alphabetic())
+            .filter(|w| !w.is_empty())
+        {
+            let allowed = match name {
+                "month" => MONTHS.contains(&word),
+                "day-of-week" => DAYS.contains(&word) || word == "L",
+                "day-of-month" => matches!(word, "L" | "W" | "LW"),
+                _ => false,
+            };
+            if !allowed {
+                return Err(format!(
+                    "{word:?} in the {name} field (cron takes month names JAN-DEC in the month \
+                     field and day names SUN-SAT in the day-of-week field only)"
+                ));
+            }
+        }
+    }
+    let (dom, dow) = (fields[first + 2], fields[first + 4]);
+    Ok(dom.starts_with('*') || dow.starts_with('*'))
 }
 
 /// The zone a schedule is read in: `--tz ZONE` when given, else the `TZ` environment variable
@@ -383,6 +444,71 @@ mod tests {
                 "2026-04-17T00:00:00Z"
             ]
         );
+    }
+
+    #[test]
+    fn a_day_field_that_starts_with_a_star_is_not_restricted_as_in_cron() {
+        let utc_zone = named_zone("UTC", "--tz").unwrap();
+        // crontab(5): both day fields restricted only when neither starts with `*`; else
+        // both must match: odd days that are Mondays (April 2026 begins on a Wednesday).
+        let odd_mondays = Schedule::parse("0 0 */2 * 1", utc_zone.clone()).unwrap();
+        assert_eq!(
+            after(&odd_mondays, "2026-04-01T00:00:00Z", 3),
+            [
+                "2026-04-13T00:00:00Z",
+                "2026-04-27T00:00:00Z",
+                "2026-05-11T00:00:00Z"
+            ]
+        );
+        // The 13th when it is a Sunday, Tuesday, Thursday or Saturday.
+        let thirteenths = Schedule::parse("0 0 13 * */2", utc_zone.clone()).unwrap();
+        assert_eq!(
+            after(&thirteenths, "2026-04-01T00:00:00Z", 2),
+            ["2026-06-13T00:00:00Z", "2026-08-13T00:00:00Z"]
+        );
+        // A bare `*` as before: the other field alone decides.
+        let fridays = Schedule::parse("0 0 * * 5", utc_zone).unwrap();
+        assert_eq!(
+            after(&fridays, "2026-04-01T00:00:00Z", 2),
+            ["2026-04-03T00:00:00Z", "2026-04-10T00:00:00Z"]
+        );
+    }
+
+    #[test]
+    fn names_are_taken_only_where_cron_takes_them() {
+        let tz = named_zone("UTC", "--tz").unwrap();
+        for bad in [
+            "MON * * * *",
+            "0 JAN * * *",
+            "0 0 MON * *",
+            "0 0 * MON *",
+            "0 0 * * JAN",
+            "0 0 * * MONDAY",
+            "SUN 0 0 * * *",
+        ] {
+            let err = Schedule::parse(bad, tz.clone()).unwrap_err().to_string();
+            assert!(err.starts_with("invalid --schedule"), "{bad:?}: {err}");
+            assert!(
+                err.contains("field (cron takes month names"),
+                "{bad:?}: {err}"
+            );
+        }
+        for good in [
+            "0 0 * jan-mar mon-fri",
+            "0 0 * Dec Sun",
+            "0 0 L * *",
+            "0 0 * * 5L",
+            "0 0 * * MON#2",
+            "30 0 0 1 JUL,AUG *",
+        ] {
+            assert!(Schedule::parse(good, tz.clone()).is_ok(), "{good:?}");
+        }
+        let next = |e: &str| {
+            let s = Schedule::parse(e, tz.clone()).unwrap();
+            utc(s.next_after(at("2026-04-01T00:00:00Z")).unwrap())
+        };
+        assert_eq!(next("0 0 * * MON"), "2026-04-06T00:00:00Z");
+        assert_eq!(next("0 0 1 JUN *"), "2026-06-01T00:00:00Z");
     }
 
     #[test]
