@@ -2,7 +2,8 @@
 //!
 //! The expression is parsed and evaluated by `croner` (Vixie cron's rules, not a parser of
 //! our own): five fields (minute hour day-of-month month day-of-week), or six with seconds
-//! first, or one of `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly` (`@annually`).
+//! first, or one of `@hourly`, `@daily` (`@midnight`), `@weekly`, `@monthly`, `@yearly`
+//! (`@annually`), as cron names them (not `@reboot`, which has no due time).
 //! When both day fields are restricted (neither starts with `*`), a day matches either, as in
 //! cron; else both must match (`0 0 */2 * 1`: an odd day that is a Monday). Names are taken
 //! where cron takes them only (months in the month field, days in the day of week). Times are civil
@@ -128,12 +129,18 @@ impl Schedule {
         } else {
             as_cron_reads(&trimmed.split_whitespace().collect::<Vec<_>>()).map_err(invalid)?
         };
+        // cron's @midnight is @daily; croner knows only the latter.
+        let pattern = if trimmed.eq_ignore_ascii_case("@midnight") {
+            "@daily"
+        } else {
+            trimmed
+        };
         let cron = CronParser::builder()
             .seconds(Seconds::Optional)
             .year(Year::Disallowed)
             .dom_and_dow(dom_and_dow)
             .build()
-            .parse(trimmed)
+            .parse(pattern)
             .map_err(|e| invalid(e.to_string()))?;
         // Vixie cron: a job is a wildcard job when its minutes or hours field starts with `*`
         // (`@hourly` is `0 * * * *`); the seconds field, where there is one, counts too.
@@ -518,6 +525,12 @@ mod tests {
         assert_eq!(next("@monthly"), "2026-06-01T00:00:00Z");
         assert_eq!(next("@yearly"), "2027-01-01T00:00:00Z");
         assert_eq!(next("@annually"), "2027-01-01T00:00:00Z");
+        assert_eq!(
+            next("@midnight"),
+            "2026-05-14T00:00:00Z",
+            "cron's name for @daily"
+        );
+        assert_eq!(next("@Daily"), "2026-05-14T00:00:00Z");
     }
 
     #[test]
