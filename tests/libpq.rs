@@ -1149,3 +1149,84 @@ fn a_setting_variable_that_is_not_utf8_is_refused_not_ignored() {
         assert!(out.stdout.is_empty(), "{name}: COMMAND ran:\n{log}");
     }
 }
+
+/// With no user named anywhere, the user is the name of the effective uid's password entry, as
+/// libpq's; a uid without one (a container run as an arbitrary `--user`) is refused, as psql
+/// refuses it ("local user with ID N does not exist"): exit 125, COMMAND never runs. Before,
+/// leaderrun connected as `$USER`, else as `postgres`, and led there. Named by `PGUSER`, the
+/// same uid connects and leads.
+#[test]
+fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
+    use crate::support::{leaderrun_as, unique_lock_id, Cluster, Scratch};
+    use std::os::unix::process::CommandExt;
+    const TEST: &str = "libpq::a_uid_without_a_password_entry_is_refused_as_psql_refuses_it";
+    const UID: u32 = 54_323;
+    assert!(
+        matches!(
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(UID)),
+            Ok(None)
+        ),
+        "uid {UID} must have no password entry"
+    );
+    let scratch = Scratch::new();
+    let port = Cluster::shared().addr().port().to_string();
+    let settings = [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", port.as_str()),
+        ("PGDATABASE", "postgres"),
+        ("HOME", "/nonexistent"),
+        ("USER", "postgres"),
+    ];
+    for named in [false, true] {
+        let Some(mut cmd) = leaderrun_as(&scratch, TEST, UID, (64, 64)) else {
+            return;
+        };
+        cmd.envs(settings)
+            .args(["--lock-id", &unique_lock_id().to_string(), "--once"])
+            .args(["--", "echo", "led"]);
+        if named {
+            cmd.env("PGUSER", "postgres");
+        }
+        // The copy was just written: a fork of another test's thread (psql's, above) may
+        // hold it open for writing until its exec, and the kernel then refuses to run it.
+        let mut tries = 0;
+        let out = loop {
+            match cmd.stdin(Stdio::null()).output() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other.expect("run leaderrun"),
+            }
+        };
+        let log = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if named {
+            assert_eq!(out.status.code(), Some(0), "{log}");
+            assert_eq!(stdout, "led\n", "{log}");
+        } else {
+            assert_eq!(out.status.code(), Some(125), "{log}");
+            assert!(
+                log.contains(&format!("local user with ID {UID} does not exist")),
+                "{log}"
+            );
+            assert_eq!(stdout, "", "COMMAND ran:\n{log}");
+        }
+    }
+    // psql, as the same uid with the same settings, refuses too.
+    let mut psql = Command::new("psql");
+    psql.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(settings)
+        .args(["-X", "-w", "-c", "select 1"])
+        .stdin(Stdio::null())
+        .uid(UID)
+        .gid(UID);
+    let out = psql.output().expect("run psql");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "psql connected:\n{said}");
+    assert!(
+        said.contains(&format!("local user with ID {UID} does not exist")),
+        "{said}"
+    );
+}

@@ -136,6 +136,43 @@ fn once_against_an_unreachable_database_is_an_error() {
     assert_eq!(wait.wait_exit(secs(10.0)).code(), Some(125));
 }
 
+/// `LEADERRUN_ONCE=0` (or `false`, `no`, `off`) is no `--once`: the other modes, given as
+/// options or variables, run; before, clap counted the variable as given and refused them
+/// ("the argument '--once' cannot be used with …", exit 125). `LEADERRUN_ONCE=1` still
+/// conflicts with them.
+#[test]
+fn a_false_leaderrun_once_is_no_once() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    for (args, envs) in [
+        (&["--wait", "5s"][..], &[][..]),
+        (&["--restart", "never"], &[]),
+        (&[], &[("LEADERRUN_WAIT", "5s")]),
+    ] {
+        for off in ["0", "false", "no", "off"] {
+            let out = leaderrun()
+                .env("LEADERRUN_ONCE", off)
+                .envs(envs.iter().copied())
+                .args(["--dsn", &cluster.dsn(), "--lock-id", &id])
+                .args(args)
+                .args(["--", "echo", "led"])
+                .output()
+                .unwrap();
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(0), "{off} {args:?} {envs:?}: {log}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "led\n", "{log}");
+        }
+    }
+    let out = leaderrun()
+        .env("LEADERRUN_ONCE", "1")
+        .args(["--dsn", &cluster.dsn(), "--lock-id", &id])
+        .args(["--wait", "5s", "--", "echo", "led"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(out.stdout.is_empty());
+}
+
 #[test]
 fn wait_times_out_with_the_conflict_code() {
     let cluster = Cluster::shared();

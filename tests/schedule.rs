@@ -550,6 +550,8 @@ fn schedule_conflicts_and_bad_expressions_are_usage_errors() {
         &["--schedule", "61 * * * *", "--", "true"],
         &["--schedule", "* * * *", "--", "true"],
         &["--schedule", "@often", "--", "true"],
+        // A day name in the minute field: cron refuses it (croner read it as minute 1).
+        &["--schedule", "MON * * * *", "--", "true"],
         &["--schedule", "@daily", "--tz", "Mars/Olympus", "--", "true"],
         &["--history-table", "a;b", "--history", "--", "true"],
     ] {

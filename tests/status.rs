@@ -1218,3 +1218,52 @@ fn output_that_cannot_be_written_is_a_failure_but_a_reader_gone_is_not() {
         assert_ne!(out.status.code(), Some(125), "{args:?}: {out:?}");
     }
 }
+
+/// `status`, `doctor` and `step-down` typed into the environment of a job configured by its
+/// variables (`docker exec`, `kubectl exec`, a unit's `Environment=`) work: the run's settings
+/// there (`LEADERRUN_EVERY`, `LEADERRUN_HISTORY`, …) are not theirs and are left aside, where
+/// before every one of them was refused with exit 125. Typed on their command line, a run's
+/// option is still refused.
+#[test]
+fn status_doctor_and_step_down_leave_a_runs_settings_in_the_environment_aside() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let runs_environment = [
+        ("LEADERRUN_ONCE", "1"),
+        ("LEADERRUN_EVERY", "5m"),
+        ("LEADERRUN_TICK_AT_GRANT", "true"),
+        ("LEADERRUN_TIMEOUT", "1m"),
+        ("LEADERRUN_GRACE", "3s"),
+        ("LEADERRUN_TAKEOVER_DELAY", "1s"),
+        ("LEADERRUN_HTTP_ADDR", "127.0.0.1:1"),
+        ("LEADERRUN_HISTORY", "1"),
+        ("LEADERRUN_HISTORY_KEEP", "90d"),
+    ];
+    for (tool, want) in [("status", 1), ("doctor", 0), ("step-down", 1)] {
+        for (name, value) in runs_environment {
+            let out = leaderrun()
+                .env(name, value)
+                .args(["--dsn", &cluster.dsn(), "--lock-id", &id, tool])
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(want),
+                "{tool} with {name}={value}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let typed = leaderrun()
+        .args(["--dsn", &cluster.dsn(), "--lock-id", &id])
+        .args(["status", "--every", "5m"])
+        .output()
+        .unwrap();
+    assert_eq!(typed.status.code(), Some(125));
+    let typed = leaderrun()
+        .args(["--dsn", &cluster.dsn(), "--lock-id", &id, "--every", "5m"])
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_eq!(typed.status.code(), Some(125));
+}

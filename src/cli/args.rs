@@ -328,8 +328,8 @@ pub struct Cli {
         long,
         env = "LEADERRUN_ONCE",
         // The environment form takes 1/0, true/false, yes/no, on/off; anything else is an error.
+        // Its conflicts are checked in `validate`, on the value: LEADERRUN_ONCE=0 is no --once.
         value_parser = clap::builder::BoolishValueParser::new(),
-        conflicts_with_all = ["wait", "every"],
         help_heading = "Modes"
     )]
     pub once: bool,
@@ -503,7 +503,7 @@ pub struct Cli {
         value_name = "POLICY",
         env = "LEADERRUN_RESTART",
         value_enum,
-        conflicts_with_all = ["once", "wait", "every"],
+        conflicts_with_all = ["wait", "every"],
         help_heading = "Modes"
     )]
     pub restart: Option<RestartPolicy>,
@@ -770,7 +770,13 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
         .any(|word| SUBCOMMANDS.iter().any(|name| word == name));
     command_for(subcommands)
         .try_get_matches_from(raw)
-        .and_then(|matches| <Cli as clap::FromArgMatches>::from_arg_matches(&matches))
+        .and_then(|matches| {
+            let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
+            if cli.action.is_some() {
+                cli.forget_run_environment(&matches);
+            }
+            Ok(cli)
+        })
         .and_then(|cli| {
             cli.validate()?;
             cli.check_mistyped_subcommand(raw, std::env::var_os("PATH").as_deref())?;

@@ -2,14 +2,19 @@
 //!
 //! The expression is parsed and evaluated by `croner` (Vixie cron's rules, not a parser of
 //! our own): five fields (minute hour day-of-month month day-of-week), or six with seconds
-//! first, or one of `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly` (`@annually`).
-//! When both day fields are restricted, a day matches either, as in cron. Times are civil
+//! first, or one of `@hourly`, `@daily` (`@midnight`), `@weekly`, `@monthly`, `@yearly`
+//! (`@annually`), as cron names them (not `@reboot`, which has no due time).
+//! When both day fields are restricted (neither starts with `*`), a day matches either, as in
+//! cron; else both must match (`0 0 */2 * 1`: an odd day that is a Monday). Names are taken
+//! where cron takes them only (months in the month field, days in the day of week). Times are civil
 //! times in a zone (`--tz ZONE`, else `TZ`, else `/etc/localtime`, read by `jiff`), and
 //! daylight-saving changes are handled as cron does:
 //!
 //! * spring forward: a job at a fixed time inside the gap runs at the first second after it,
-//!   once; a job whose seconds, minutes or hours field is a wildcard or a step skips the
-//!   occurrences inside the gap;
+//!   once; a job whose seconds, minutes or hours field starts with `*` (a wildcard or a step;
+//!   `@hourly`) skips the occurrences inside the gap. Lists and ranges (`0 2,14 * * *`) are
+//!   fixed times, as in cron: `croner` counts only one value per field as fixed, so it is used
+//!   for civil times alone (in UTC) and [`Schedule::instants`] applies these rules;
 //! * fall back: a fixed-time job runs once, at the first of the two wall-clock times; a
 //!   wildcard job runs at every matching wall-clock time, in both passes of the hour.
 
@@ -17,6 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
+use jiff::civil::DateTime;
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, Zoned};
 
@@ -78,6 +84,24 @@ pub struct Schedule {
     expr: String,
     cron: Cron,
     zone: Zone,
+    /// A fixed-time job in cron's sense (daylight-saving changes, module documentation):
+    /// neither its seconds, minutes nor hours field starts with `*`.
+    fixed: bool,
+}
+
+/// One nanosecond, the smallest step of a time.
+const NANO: jiff::SignedDuration = jiff::SignedDuration::from_nanos(1);
+
+/// How many civil due times one search looks at before it gives up (a wildcard job's times in
+/// a spring-forward gap run none, so a search may pass a few thousand of them).
+const SEARCH_LIMIT: usize = 100_000;
+
+/// Which civil due time [`Schedule::civil`] looks for.
+#[derive(Clone, Copy)]
+enum Direction {
+    Next,
+    Before,
+    AtOrBefore,
 }
 
 /// Upper bound of how far back [`Schedule::last_at_or_before`] looks: a due time longer ago is
@@ -100,16 +124,39 @@ impl Schedule {
         if !trimmed.starts_with('@') && !(5..=6).contains(&fields) {
             return Err(invalid(format!("{fields} fields")));
         }
+        let dom_and_dow = if trimmed.starts_with('@') {
+            false
+        } else {
+            as_cron_reads(&trimmed.split_whitespace().collect::<Vec<_>>()).map_err(invalid)?
+        };
+        // cron's @midnight is @daily; croner knows only the latter.
+        let pattern = if trimmed.eq_ignore_ascii_case("@midnight") {
+            "@daily"
+        } else {
+            trimmed
+        };
         let cron = CronParser::builder()
             .seconds(Seconds::Optional)
             .year(Year::Disallowed)
+            .dom_and_dow(dom_and_dow)
             .build()
-            .parse(trimmed)
+            .parse(pattern)
             .map_err(|e| invalid(e.to_string()))?;
+        // Vixie cron: a job is a wildcard job when its minutes or hours field starts with `*`
+        // (`@hourly` is `0 * * * *`); the seconds field, where there is one, counts too.
+        let fixed = if trimmed.starts_with('@') {
+            !trimmed.eq_ignore_ascii_case("@hourly")
+        } else {
+            let fields: Vec<&str> = trimmed.split_whitespace().collect();
+            !fields[..fields.len() - 3]
+                .iter()
+                .any(|f| f.starts_with('*'))
+        };
         let schedule = Schedule {
             expr: trimmed.to_owned(),
             cron,
             zone,
+            fixed,
         };
         // `0 0 30 2 *` parses but never falls due: say so now, not by never running.
         if schedule.next_after(SystemTime::now()).is_none() {
@@ -131,18 +178,119 @@ impl Schedule {
 
     /// The first due time strictly after `t`; `None` when there is none (past year 9999).
     pub fn next_after(&self, t: SystemTime) -> Option<SystemTime> {
-        let zoned = self.zoned(t)?;
-        let next = self.cron.find_next_occurrence(&zoned, false).ok()?;
-        Some(SystemTime::from(next.timestamp()))
+        let ts = Timestamp::try_from(t).ok()?;
+        let tz = self.zone.tz();
+        let mut best = self.first_after(ts.to_zoned(tz.clone()).datetime(), ts);
+        // A fall-back before that due time repeats civil times earlier than the one `t` reads
+        // as: its second pass may hold an earlier due time (of a wildcard job).
+        if let Some(change) = tz.following(ts).next() {
+            let at = change.timestamp();
+            let earlier = at.checked_sub(NANO).ok()?;
+            if best.map_or(true, |b| at <= b)
+                && change.offset().seconds() < tz.to_offset(earlier).seconds()
+            {
+                let again = at.to_zoned(tz.clone()).datetime().checked_sub(NANO).ok()?;
+                if let Some(other) = self.first_after(again, ts) {
+                    best = Some(best.map_or(other, |b| b.min(other)));
+                }
+            }
+        }
+        best.map(SystemTime::from)
     }
 
     /// The most recent due time at or before `t` (for `--catch-up`), looking back at most
     /// about 400 days; `None` when there is none.
     pub fn last_at_or_before(&self, t: SystemTime) -> Option<SystemTime> {
-        let zoned = self.zoned(t)?;
-        let last = self.cron.find_previous_occurrence(&zoned, true).ok()?;
-        let last = SystemTime::from(last.timestamp());
+        let ts = Timestamp::try_from(t).ok()?;
+        let tz = self.zone.tz();
+        let mut best = self.last_up_to(ts.to_zoned(tz.clone()).datetime(), ts);
+        // A fall-back after that due time repeated civil times later than the one `t` reads
+        // as: its first pass may hold a later due time (of a wildcard job).
+        if let Some(change) = tz.preceding(ts).next() {
+            let at = change.timestamp();
+            let earlier = at.checked_sub(NANO).ok()?;
+            if best.map_or(true, |b| at > b)
+                && change.offset().seconds() < tz.to_offset(earlier).seconds()
+            {
+                let first_pass = earlier.to_zoned(tz.clone()).datetime();
+                if let Some(other) = self.last_up_to(first_pass, ts) {
+                    best = Some(best.map_or(other, |b| b.max(other)));
+                }
+            }
+        }
+        let last = SystemTime::from(best?);
         (t.duration_since(last).unwrap_or_default() <= LOOK_BACK).then_some(last)
+    }
+
+    /// The earliest instant after `t` of the first civil due time after `from` that has one.
+    fn first_after(&self, from: DateTime, t: Timestamp) -> Option<Timestamp> {
+        let mut civil = from;
+        for _ in 0..SEARCH_LIMIT {
+            civil = self.civil(civil, Direction::Next)?;
+            if let Some(at) = self.instants(civil).into_iter().find(|at| *at > t) {
+                return Some(at);
+            }
+        }
+        None
+    }
+
+    /// The latest instant at or before `t` of the last civil due time at or before `from` that
+    /// has one.
+    fn last_up_to(&self, from: DateTime, t: Timestamp) -> Option<Timestamp> {
+        let mut civil = self.civil(from, Direction::AtOrBefore)?;
+        for _ in 0..SEARCH_LIMIT {
+            if let Some(at) = self.instants(civil).into_iter().rev().find(|at| *at <= t) {
+                return Some(at);
+            }
+            civil = self.civil(civil, Direction::Before)?;
+        }
+        None
+    }
+
+    /// The civil due time next after, before, or at or before `from`, in no zone (`croner` in
+    /// UTC, which has no daylight-saving changes: [`Schedule::instants`] applies cron's rules).
+    fn civil(&self, from: DateTime, direction: Direction) -> Option<DateTime> {
+        let zoned = from.to_zoned(TimeZone::UTC).ok()?;
+        let found = match direction {
+            Direction::Next => self.cron.find_next_occurrence(&zoned, false),
+            Direction::Before => self.cron.find_previous_occurrence(&zoned, false),
+            Direction::AtOrBefore => self.cron.find_previous_occurrence(&zoned, true),
+        };
+        Some(found.ok()?.datetime())
+    }
+
+    /// The instants a civil due time runs at in the zone, by cron's rules (module
+    /// documentation): one; in the repeated hour of a fall-back both passes for a wildcard job,
+    /// the first for a fixed-time one; in a spring-forward gap the first instant after the gap
+    /// for a fixed-time job, none for a wildcard one.
+    fn instants(&self, civil: DateTime) -> Vec<Timestamp> {
+        use jiff::tz::AmbiguousOffset;
+        let tz = self.zone.tz();
+        match tz.to_ambiguous_timestamp(civil).offset() {
+            AmbiguousOffset::Unambiguous { offset } => {
+                offset.to_timestamp(civil).ok().into_iter().collect()
+            }
+            AmbiguousOffset::Gap { after, .. } => {
+                if !self.fixed {
+                    return Vec::new();
+                }
+                // Read in the offset after the gap, the time lies before the change: the
+                // change is the first instant after the gap.
+                let Ok(before_change) = after.to_timestamp(civil) else {
+                    return Vec::new();
+                };
+                tz.following(before_change)
+                    .next()
+                    .map(|change| change.timestamp())
+                    .into_iter()
+                    .collect()
+            }
+            AmbiguousOffset::Fold { before, after } => {
+                let first = before.to_timestamp(civil).ok();
+                let second = after.to_timestamp(civil).ok().filter(|_| !self.fixed);
+                first.into_iter().chain(second).collect()
+            }
+        }
     }
 
     /// `t` as an RFC 3339 time in the schedule's zone (`2026-03-29T03:00:00+02:00`), for logs
@@ -158,6 +306,59 @@ impl Schedule {
         let ts = Timestamp::try_from(t).ok()?;
         Some(ts.to_zoned(self.zone.tz.clone()))
     }
+}
+
+/// What cron (crontab(5), Vixie's and cronie's) reads differently from `croner` in the five or
+/// six `fields`: names only where cron takes them, and whether both day fields must match.
+///
+/// * `croner` replaces `JAN` … `DEC` and `SUN` … `SAT` anywhere, so `MON * * * *` would run at
+///   minute 1 and `0 0 * MON *` in January; cron refuses both. Month names are taken in the
+///   month field, weekday names (and `croner`'s `L`, as in `5L`) in the day-of-week field, `L`
+///   and `W` (`croner`'s last day, nearest weekday) in the day-of-month field; no letters
+///   elsewhere.
+/// * "If both fields are restricted (i.e., don't start with *), the command will be run when
+///   either field matches": a day field that starts with `*` (`*/2`) is not restricted, so
+///   the other one must match too (`0 0 */2 * 1` is an odd day that is a Monday). `croner`
+///   counts only a bare `*` as unrestricted and reads `*/2` with `1` as either. Returns whether
+///   both day fields must match.
+fn as_cron_reads(fields: &[&str]) -> Result<bool, String> {
+    const MONTHS: [&str; 12] = [
+        "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+    ];
+    const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+    // Field count checked by the caller: 5, or 6 with seconds first.
+    let first = fields.len().saturating_sub(5);
+    let names: [&str; 6] = [
+        "seconds",
+        "minute",
+        "hour",
+        "day-of-month",
+        "month",
+        "day-of-week",
+    ];
+    for (i, field) in fields.iter().enumerate() {
+        let name = names[i + 6 - fields.len()];
+        let upper = field.to_ascii_uppercase();
+        for word in upper
+            .split(|c: char| !c.is_ascii_alphabetic())
+            .filter(|w| !w.is_empty())
+        {
+            let allowed = match name {
+                "month" => MONTHS.contains(&word),
+                "day-of-week" => DAYS.contains(&word) || word == "L",
+                "day-of-month" => matches!(word, "L" | "W" | "LW"),
+                _ => false,
+            };
+            if !allowed {
+                return Err(format!(
+                    "{word:?} in the {name} field (cron takes month names JAN-DEC in the month \
+                     field and day names SUN-SAT in the day-of-week field only)"
+                ));
+            }
+        }
+    }
+    let (dom, dow) = (fields[first + 2], fields[first + 4]);
+    Ok(dom.starts_with('*') || dow.starts_with('*'))
 }
 
 /// The zone a schedule is read in: `--tz ZONE` when given, else the `TZ` environment variable
@@ -353,6 +554,12 @@ mod tests {
         assert_eq!(next("@monthly"), "2026-06-01T00:00:00Z");
         assert_eq!(next("@yearly"), "2027-01-01T00:00:00Z");
         assert_eq!(next("@annually"), "2027-01-01T00:00:00Z");
+        assert_eq!(
+            next("@midnight"),
+            "2026-05-14T00:00:00Z",
+            "cron's name for @daily"
+        );
+        assert_eq!(next("@Daily"), "2026-05-14T00:00:00Z");
     }
 
     #[test]
@@ -395,6 +602,63 @@ mod tests {
     }
 
     #[test]
+    fn lists_and_ranges_of_hours_are_fixed_times_across_daylight_saving_changes() {
+        // Vixie cron: a wildcard job is one whose minutes or hours field starts with `*`;
+        // `0 2,14 * * *` and `15 1-3 * * *` are fixed-time jobs.
+        let twice = berlin("0 2,14 * * *");
+        // Spring forward: 02:00 runs once, right after the gap (03:00 CEST = 01:00 UTC).
+        assert_eq!(
+            after(&twice, "2026-03-28T23:00:00Z", 2),
+            ["2026-03-29T01:00:00Z", "2026-03-29T12:00:00Z"]
+        );
+        // Fall back: 02:00 runs once, at the first pass (02:00 CEST = 00:00 UTC).
+        assert_eq!(
+            after(&twice, "2026-10-24T23:00:00Z", 2),
+            ["2026-10-25T00:00:00Z", "2026-10-25T13:00:00Z"]
+        );
+        let range = berlin("15 1-3 * * *");
+        assert_eq!(
+            after(&range, "2026-03-28T23:50:00Z", 3),
+            [
+                "2026-03-29T00:15:00Z",
+                "2026-03-29T01:00:00Z",
+                "2026-03-29T01:15:00Z"
+            ],
+            "01:15 CET, 02:15 right after the gap, 03:15 CEST"
+        );
+        assert_eq!(
+            after(&range, "2026-10-24T23:00:00Z", 3),
+            [
+                "2026-10-24T23:15:00Z",
+                "2026-10-25T00:15:00Z",
+                "2026-10-25T02:15:00Z"
+            ],
+            "01:15 CEST, 02:15 once (the first pass), 03:15 CET"
+        );
+        // The same rules looking back (--catch-up).
+        assert_eq!(
+            utc(twice.last_at_or_before(at("2026-03-29T01:30:00Z")).unwrap()),
+            "2026-03-29T01:00:00Z"
+        );
+        assert_eq!(
+            utc(range.last_at_or_before(at("2026-10-25T01:20:00Z")).unwrap()),
+            "2026-10-25T00:15:00Z"
+        );
+        // A wildcard job across the fall-back's edges: the second pass comes after the last
+        // civil time of the first, and the first pass before the first of the second.
+        let quarters = berlin("*/15 * * * *");
+        assert_eq!(
+            after(&quarters, "2026-10-25T00:59:59Z", 2),
+            ["2026-10-25T01:00:00Z", "2026-10-25T01:15:00Z"]
+        );
+        let at_45 = berlin("45 * * * *");
+        assert_eq!(
+            utc(at_45.last_at_or_before(at("2026-10-25T01:00:30Z")).unwrap()),
+            "2026-10-25T00:45:00Z"
+        );
+    }
+
+    #[test]
     fn rare_but_real_dates_parse() {
         let leap = berlin("0 12 29 2 *");
         assert_eq!(
@@ -412,6 +676,71 @@ mod tests {
                 "2026-04-17T00:00:00Z"
             ]
         );
+    }
+
+    #[test]
+    fn a_day_field_that_starts_with_a_star_is_not_restricted_as_in_cron() {
+        let utc_zone = named_zone("UTC", "--tz").unwrap();
+        // crontab(5): both day fields restricted only when neither starts with `*`; else
+        // both must match: odd days that are Mondays (April 2026 begins on a Wednesday).
+        let odd_mondays = Schedule::parse("0 0 */2 * 1", utc_zone.clone()).unwrap();
+        assert_eq!(
+            after(&odd_mondays, "2026-04-01T00:00:00Z", 3),
+            [
+                "2026-04-13T00:00:00Z",
+                "2026-04-27T00:00:00Z",
+                "2026-05-11T00:00:00Z"
+            ]
+        );
+        // The 13th when it is a Sunday, Tuesday, Thursday or Saturday.
+        let thirteenths = Schedule::parse("0 0 13 * */2", utc_zone.clone()).unwrap();
+        assert_eq!(
+            after(&thirteenths, "2026-04-01T00:00:00Z", 2),
+            ["2026-06-13T00:00:00Z", "2026-08-13T00:00:00Z"]
+        );
+        // A bare `*` as before: the other field alone decides.
+        let fridays = Schedule::parse("0 0 * * 5", utc_zone).unwrap();
+        assert_eq!(
+            after(&fridays, "2026-04-01T00:00:00Z", 2),
+            ["2026-04-03T00:00:00Z", "2026-04-10T00:00:00Z"]
+        );
+    }
+
+    #[test]
+    fn names_are_taken_only_where_cron_takes_them() {
+        let tz = named_zone("UTC", "--tz").unwrap();
+        for bad in [
+            "MON * * * *",
+            "0 JAN * * *",
+            "0 0 MON * *",
+            "0 0 * MON *",
+            "0 0 * * JAN",
+            "0 0 * * MONDAY",
+            "SUN 0 0 * * *",
+        ] {
+            let err = Schedule::parse(bad, tz.clone()).unwrap_err().to_string();
+            assert!(err.starts_with("invalid --schedule"), "{bad:?}: {err}");
+            assert!(
+                err.contains("field (cron takes month names"),
+                "{bad:?}: {err}"
+            );
+        }
+        for good in [
+            "0 0 * jan-mar mon-fri",
+            "0 0 * Dec Sun",
+            "0 0 L * *",
+            "0 0 * * 5L",
+            "0 0 * * MON#2",
+            "30 0 0 1 JUL,AUG *",
+        ] {
+            assert!(Schedule::parse(good, tz.clone()).is_ok(), "{good:?}");
+        }
+        let next = |e: &str| {
+            let s = Schedule::parse(e, tz.clone()).unwrap();
+            utc(s.next_after(at("2026-04-01T00:00:00Z")).unwrap())
+        };
+        assert_eq!(next("0 0 * * MON"), "2026-04-06T00:00:00Z");
+        assert_eq!(next("0 0 1 JUN *"), "2026-06-01T00:00:00Z");
     }
 
     #[test]

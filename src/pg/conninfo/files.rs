@@ -11,7 +11,7 @@ pub(super) fn home(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
-            nix::unistd::User::from_uid(nix::unistd::getuid())
+            nix::unistd::User::from_uid(nix::unistd::geteuid())
                 .ok()
                 .flatten()
                 .map(|u| u.dir)

@@ -11,7 +11,8 @@
 //!    `~/.pg_service.conf`, else `PGSYSCONFDIR/pg_service.conf`: fills what the DSN left out;
 //! 3. the `PG*` variables: fill what is still missing;
 //! 4. psql's defaults: the Unix socket in `/var/run/postgresql` (else `/tmp`), port 5432,
-//!    user = the OS user, database = the user name, `sslmode=prefer`;
+//!    user = the OS user (the effective uid's password entry; none is an error, as in psql),
+//!    database = the user name, `sslmode=prefer`;
 //!    `~/.postgresql/root.crt`, `postgresql.crt` and `postgresql.key` when they exist;
 //! 5. with no password yet, for each host, the first matching line of `passfile`/`PGPASSFILE`,
 //!    else `~/.pgpass`, which is ignored (with a WARN) unless only its owner can read it.
@@ -167,6 +168,18 @@ pub enum ConnInfoError {
          (service=NAME or PGSERVICE) whose section sets dbname"
     )]
     NoDatabase,
+    /// No setting names the user, and the effective uid has no password entry to take the
+    /// name from (libpq refuses this too, rather than guessing).
+    #[error(
+        "local user with ID {uid} {reason}, and no setting names the database user: set user \
+         in --dsn or LEADERRUN_DSN (or PLEXSPHERE_DSN, DATABASE_URL), PGUSER, or a service"
+    )]
+    NoOsUser {
+        /// The effective uid.
+        uid: u32,
+        /// `does not exist`, or why the lookup failed.
+        reason: String,
+    },
     /// `PGSERVICEFILE` names a file that does not exist (libpq refuses it too, rather than
     /// falling back to the system-wide file).
     #[error("service file {} not found (PGSERVICEFILE)", path.display())]
@@ -635,7 +648,10 @@ fn build(
         ));
     }
 
-    let user = nonempty(&params, "user").unwrap_or_else(os_user);
+    let user = match nonempty(&params, "user") {
+        Some(user) => user,
+        None => os_user(nix::unistd::geteuid())?,
+    };
     config.user(&user);
     let database_from = match params.get("dbname") {
         None => "default",
@@ -881,13 +897,21 @@ fn default_socket_dir() -> &'static str {
     }
 }
 
-fn os_user() -> String {
-    nix::unistd::User::from_uid(nix::unistd::getuid())
-        .ok()
-        .flatten()
-        .map(|u| u.name)
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "postgres".to_owned())
+/// libpq's default user (`pg_fe_getauthname`): the name of `uid`'s (the effective uid's)
+/// password entry. A uid without one (a container run as an arbitrary `--user`) is an error, as
+/// psql's "local user with ID N does not exist": neither `$USER` nor `postgres` stands in.
+fn os_user(uid: nix::unistd::Uid) -> Result<String, ConnInfoError> {
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => Ok(user.name),
+        Ok(None) => Err(ConnInfoError::NoOsUser {
+            uid: uid.as_raw(),
+            reason: "does not exist".to_owned(),
+        }),
+        Err(e) => Err(ConnInfoError::NoOsUser {
+            uid: uid.as_raw(),
+            reason: format!("could not be looked up: {e}"),
+        }),
+    }
 }
 
 /// `leaderrun@HOST:PID`, cut to PostgreSQL's 63-byte `NAMEDATALEN` limit on a character

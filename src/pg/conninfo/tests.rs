@@ -436,3 +436,21 @@ fn application_name_fits_namedatalen() {
     let name = application_name(&multibyte, 1);
     assert!(name.len() <= 63);
 }
+
+/// The OS user is the name of the effective uid's password entry; a uid without one is refused
+/// (psql: "local user with ID N does not exist"), never replaced by `$USER` or `postgres`.
+#[test]
+fn the_os_user_is_the_uids_password_entry_and_none_is_refused() {
+    let me = nix::unistd::geteuid();
+    if let Ok(Some(entry)) = nix::unistd::User::from_uid(me) {
+        assert_eq!(os_user(me).unwrap(), entry.name);
+    }
+    let stranger = nix::unistd::Uid::from_raw(3_999_999_999);
+    assert!(matches!(nix::unistd::User::from_uid(stranger), Ok(None)));
+    let err = os_user(stranger).unwrap_err().to_string();
+    assert!(
+        err.starts_with("local user with ID 3999999999 does not exist"),
+        "{err}"
+    );
+    assert!(err.contains("PGUSER"), "{err}");
+}
