@@ -1259,3 +1259,54 @@ fn holds_pidfd_of(holder: i32, pid: i32) -> bool {
             .is_ok_and(|info| info.lines().any(|l| l == format!("Pid:\t{pid}")))
     })
 }
+
+/// A cgroup that cannot be joined (removed between two runs of `--restart always`: an admin's
+/// cleanup, a tool trimming empty groups) fails the spawn as leaderrun's own failure (exit
+/// 125, the set-up step named), not as COMMAND's: the join's ENOENT was read as exec's, "not
+/// found", exit 127.
+#[test]
+fn a_cgroup_that_cannot_be_joined_fails_the_spawn_as_leaderruns_own_failure() {
+    const TEST: &str =
+        "fence::a_cgroup_that_cannot_be_joined_fails_the_spawn_as_leaderruns_own_failure";
+    let cluster = Cluster::shared();
+    let namespaced = leaderrun::process::pidns::PidNamespace::new().is_ok();
+    // With --pid-namespace the join is the init's, before its own exec: its report says why
+    // (before, it only ended, and the spawn said "Broken pipe").
+    for extra in [&[][..], &["--pid-namespace"][..]] {
+        if !extra.is_empty() && !namespaced {
+            crate::support::cluster::skip(TEST, "no PID namespaces here: the second half");
+            continue;
+        }
+        let scratch = Scratch::new();
+        let body = "mnt=$(awk '$3 == \"cgroup2\" { print $2; exit }' /proc/self/mounts)\n\
+             echo \"cgroup $mnt$(sed -n 's/^0:://p' /proc/self/cgroup)\" >> \"$EVENTS\"\n\
+             exit 1";
+        let script = scratch.child_script("child.sh", body);
+        let mut args = vec!["--cgroup", "--restart", "always"];
+        args.extend_from_slice(extra);
+        args.extend(["--", script.to_str().unwrap()]);
+        let mut leader = Replica::start(cluster, unique_lock_id(), "200ms", &args);
+        let dir = wait_for("the first run's cgroup", secs(10.0), || {
+            scratch
+                .events()
+                .iter()
+                .find_map(|l| l.strip_prefix("cgroup ").map(str::to_owned))
+        });
+        if !dir.contains("leaderrun-") {
+            leader.signal(Signal::SIGTERM);
+            leader.wait_exit(secs(10.0));
+            return crate::support::cluster::skip(TEST, "no cgroup of COMMAND's own here");
+        }
+        // Between two runs (the back-off) the group is empty and can be removed.
+        wait_for("the cgroup removed between two runs", secs(20.0), || {
+            std::fs::remove_dir(&dir).ok()
+        });
+        let status = leader.wait_exit(secs(20.0));
+        let log = leader.log();
+        assert_eq!(status.code(), Some(125), "{extra:?}: {log}");
+        assert!(
+            log.contains("set-up before exec failed"),
+            "{extra:?}: {log}"
+        );
+    }
+}

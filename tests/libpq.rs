@@ -1161,13 +1161,12 @@ fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
     use std::os::unix::process::CommandExt;
     const TEST: &str = "libpq::a_uid_without_a_password_entry_is_refused_as_psql_refuses_it";
     const UID: u32 = 54_323;
-    assert!(
-        matches!(
-            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(UID)),
-            Ok(None)
-        ),
-        "uid {UID} must have no password entry"
-    );
+    if !matches!(
+        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(UID)),
+        Ok(None)
+    ) {
+        return crate::support::cluster::skip(TEST, "the uid has a password entry here");
+    }
     let scratch = Scratch::new();
     let port = Cluster::shared().addr().port().to_string();
     let settings = [

@@ -797,8 +797,9 @@ pub fn parse() -> Result<Cli, u8> {
             use std::io::Write;
             std::io::stdout().flush()
         });
+        // (A usage error's message goes to stderr: when that fails nothing can be said.)
         let lost = match written {
-            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e) if !err.use_stderr() && e.kind() != std::io::ErrorKind::BrokenPipe => {
                 use std::io::Write;
                 let _ = writeln!(std::io::stderr(), "leaderrun: cannot write to stdout: {e}");
                 true

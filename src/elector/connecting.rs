@@ -670,14 +670,25 @@ pub(super) async fn attempt(
     let target = host_description(config, host);
     let mut config = config.clone();
     // libpq reads the password file at every connection: a password rotated in it is used
-    // from the next connection on. Off the runtime's thread (a file on a hung mount) and
-    // within the host's time; a reading that cannot be made keeps the one read before.
+    // from the next connection on. Off the runtime's thread (a file on a hung mount), one
+    // reading at a time, and within PASSFILE_READ_WAIT; a reading still in flight, or one
+    // that takes longer, leaves the last password read.
     let password = match &host.passfile {
         Some(passfile) if passfile.stale() => {
-            let passfile = passfile.clone();
-            match timeout(per_host, off_thread(move || passfile.password_now())).await {
-                Ok(Ok(now)) => now,
-                _ => host.password.clone(),
+            if passfile.begin_reading() {
+                let reader = passfile.clone();
+                let wait = PASSFILE_READ_WAIT.min(per_host / 2);
+                match timeout(wait, off_thread(move || reader.password_now())).await {
+                    Ok(Ok(now)) => now,
+                    Ok(Err(_)) => {
+                        passfile.end_reading();
+                        passfile.last()
+                    }
+                    // Still reading: it ends on its own, and says so.
+                    Err(_) => passfile.last(),
+                }
+            } else {
+                passfile.last()
             }
         }
         _ => host.password.clone(),
@@ -1139,6 +1150,10 @@ fn spawn_lookup(job: LookupJob) -> std::io::Result<()> {
         .map(drop)
 }
 
+/// How long a connection waits for its reading of the password file (a local file takes
+/// microseconds; one on a hung mount never answers, and the connect must go on).
+const PASSFILE_READ_WAIT: Duration = Duration::from_millis(500);
+
 /// Runs `job` on a thread of its own ([`spawn_lookup`]'s), its answer awaited here: blocking
 /// file I/O that must not hold the runtime's thread. A job that outlives its caller's
 /// timeout ends on its own.
@@ -1161,12 +1176,29 @@ async fn off_thread<T: Send + 'static>(
 /// (`std::io::Error` is not `Clone`): the addresses, or the error's kind and text.
 type LookupAnswer = Result<Vec<std::net::SocketAddr>, (std::io::ErrorKind, String)>;
 
-/// The lookups in flight, by host name and port, each with the callers waiting for it.
-/// A name whose lookup has not answered gets no second thread: every later caller waits
-/// for the one in flight. So a resolver that never answers (a hung NSS module, a DNS
-/// server that drops queries, with `options timeout` large) holds one thread per name of
-/// the settings, not one per check for as long as it hangs.
-static LOOKUPS: std::sync::Mutex<Vec<(LookupKey, Waiters)>> = std::sync::Mutex::new(Vec::new());
+/// The lookups in flight, each with the callers waiting for it. A later caller joins the
+/// youngest lookup of its name and port while that one is younger than
+/// [`LOOKUP_JOIN_WINDOW`], or once [`LOOKUPS_PER_NAME`] of them are in flight; only then does
+/// it start another. So a resolver that never answers (a hung NSS module, a DNS server that
+/// drops queries) holds at most that many threads per name of the settings, not one per
+/// check for as long as it hangs, and one lookup that hangs where a fresh one would answer
+/// (an nscd connection gone bad) does not keep the name unresolved for good.
+static LOOKUPS: std::sync::Mutex<Vec<Lookup>> = std::sync::Mutex::new(Vec::new());
+
+/// How long a lookup in flight is joined rather than started again.
+const LOOKUP_JOIN_WINDOW: Duration = Duration::from_secs(10);
+
+/// The most lookups of one name and port in flight at once.
+const LOOKUPS_PER_NAME: usize = 4;
+
+/// One lookup in flight.
+struct Lookup {
+    /// Tells it from another lookup of the same name.
+    id: u64,
+    key: LookupKey,
+    started: std::time::Instant,
+    waiting: Waiters,
+}
 
 /// A lookup's host name and port.
 type LookupKey = (String, u16);
@@ -1176,34 +1208,29 @@ type Waiters = Vec<oneshot::Sender<LookupAnswer>>;
 
 /// Takes its lookup off [`LOOKUPS`] if the job ends without answering (dropped unrun, or a
 /// panic), so its waiters hear that it ended instead of waiting for good.
-struct Unanswered(Option<LookupKey>);
+struct Unanswered {
+    id: Option<u64>,
+    name: String,
+}
 
 impl Unanswered {
-    /// The host name looked up.
-    fn name(&self) -> &str {
-        self.0.as_ref().map_or("", |(name, _)| name.as_str())
-    }
-
     /// Takes the lookup's waiters off [`LOOKUPS`] to give them its answer.
     fn answered(mut self) -> Waiters {
-        self.0
-            .take()
-            .map(|key| take_lookup(&key))
-            .unwrap_or_default()
+        self.id.take().map(take_lookup).unwrap_or_default()
     }
 }
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
-        if let Some(key) = self.0.take() {
-            drop(take_lookup(&key));
+        if let Some(id) = self.id.take() {
+            drop(take_lookup(id));
         }
     }
 }
 
 /// The addresses of a host name, looked up (getaddrinfo) on a thread that `spawn` starts,
 /// the answer awaited here: the runtime's thread goes on meanwhile, and the caller's timeout
-/// bounds the wait. A lookup of the same name and port still in flight is joined, not
+/// bounds the wait. A recent lookup of the same name and port still in flight is joined, not
 /// started again ([`LOOKUPS`]). An IP literal is parsed without a thread, as tokio's
 /// `lookup_host` did. A thread that cannot be started fails this lookup like any other
 /// lookup failure (the host's attempt fails, the next check tries again), never panics.
@@ -1212,34 +1239,52 @@ async fn lookup_host(
     port: u16,
     spawn: impl FnOnce(LookupJob) -> std::io::Result<()>,
 ) -> std::io::Result<Vec<std::net::SocketAddr>> {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     if let Ok(ip) = name.parse::<std::net::IpAddr>() {
         return Ok(vec![std::net::SocketAddr::new(ip, port)]);
     }
     let (found, answer) = oneshot::channel();
     let key = (name.to_owned(), port);
-    let joined = {
+    let id = {
         // A poisoned table only means a panic elsewhere while it was held; its entries
         // are still whole (every change is one push or one removal).
         let mut lookups = LOOKUPS.lock().unwrap_or_else(|p| p.into_inner());
-        match lookups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, waiting)) => {
-                waiting.push(found);
-                true
+        let mut same: Vec<&mut Lookup> = lookups.iter_mut().filter(|l| l.key == key).collect();
+        let count = same.len();
+        let youngest = same.iter_mut().max_by_key(|l| l.started);
+        match youngest {
+            Some(lookup)
+                if lookup.started.elapsed() < LOOKUP_JOIN_WINDOW || count >= LOOKUPS_PER_NAME =>
+            {
+                // Callers whose timeout passed left their senders: no pile-up.
+                lookup.waiting.retain(|w| !w.is_closed());
+                lookup.waiting.push(found);
+                None
             }
-            None => {
-                lookups.push((key.clone(), vec![found]));
-                false
+            _ => {
+                let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                lookups.push(Lookup {
+                    id,
+                    key,
+                    started: std::time::Instant::now(),
+                    waiting: vec![found],
+                });
+                Some(id)
             }
         }
     };
-    if joined {
+    let Some(id) = id else {
         return wait_lookup(name, answer).await;
-    }
-    // The table is not held here: a job dropped unrun takes its entry off it.
-    let unanswered = Unanswered(Some(key.clone()));
+    };
+    // The table is not held here: a job dropped unrun (a refused thread too) takes its entry
+    // off it, and whoever joined meanwhile hears that it ended without an answer.
+    let unanswered = Unanswered {
+        id: Some(id),
+        name: name.to_owned(),
+    };
     let started = spawn(Box::new(move || {
         use std::net::ToSocketAddrs;
-        let found: LookupAnswer = (unanswered.name(), port)
+        let found: LookupAnswer = (unanswered.name.as_str(), port)
             .to_socket_addrs()
             .map(Iterator::collect)
             .map_err(|err| (err.kind(), err.to_string()));
@@ -1248,8 +1293,6 @@ async fn lookup_host(
         }
     }));
     if let Err(err) = started {
-        // Whoever joined meanwhile hears that the lookup ended without an answer.
-        drop(take_lookup(&key));
         return Err(std::io::Error::new(
             err.kind(),
             format!("cannot resolve {name}: no thread for the lookup: {err}"),
@@ -1273,10 +1316,10 @@ async fn wait_lookup(
 }
 
 /// Takes a finished lookup's waiters off [`LOOKUPS`].
-fn take_lookup(key: &LookupKey) -> Waiters {
+fn take_lookup(id: u64) -> Waiters {
     let mut lookups = LOOKUPS.lock().unwrap_or_else(|p| p.into_inner());
-    match lookups.iter().position(|(k, _)| k == key) {
-        Some(at) => lookups.swap_remove(at).1,
+    match lookups.iter().position(|l| l.id == id) {
+        Some(at) => lookups.swap_remove(at).waiting,
         None => Vec::new(),
     }
 }

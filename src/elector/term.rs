@@ -271,7 +271,8 @@ impl Term {
         self.0
             .given_up
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(mirror) = self.0.mirror.get() {
+        // An ended term no longer owns the mirror (a later term may).
+        if let Some(mirror) = self.0.mirror.get().filter(|_| !self.is_ended()) {
             mirror.store(0, std::sync::atomic::Ordering::SeqCst);
         }
     }
@@ -288,20 +289,30 @@ impl Term {
         self.mirror_proof();
     }
 
-    /// Copies the proof to the mirror, or 0 once given up. The store comes before the
-    /// give-up's flag is read (and a give-up sets its flag before it clears the mirror), so
-    /// a proof that races a give-up never leaves the mirror set.
+    /// Copies the proof to the mirror, or 0 once given up; nothing once the term ended (the
+    /// mirror may be a later term's). The flag is read before the store and again after it
+    /// (and a give-up sets its flag before it clears the mirror), so a proof that races a
+    /// give-up never leaves the mirror set.
     pub(crate) fn mirror_proof(&self) {
-        let Some(mirror) = self.0.mirror.get() else {
+        let Some(mirror) = self.0.mirror.get().filter(|_| !self.is_ended()) else {
             return;
         };
-        let until = self
-            .0
-            .proven_until
-            .load(std::sync::atomic::Ordering::Acquire);
+        // Given up already: nothing to copy (checked first, so no moment shows the proof).
+        let until = match self.is_given_up() {
+            true => 0,
+            false => self
+                .0
+                .proven_until
+                .load(std::sync::atomic::Ordering::Acquire),
+        };
         mirror.store(until, std::sync::atomic::Ordering::SeqCst);
-        if self.is_given_up() {
-            mirror.store(0, std::sync::atomic::Ordering::SeqCst);
+        if until != 0 && self.is_given_up() {
+            let _ = mirror.compare_exchange(
+                until,
+                0,
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+            );
         }
     }
 

@@ -651,8 +651,10 @@ pub struct Placement<'a> {
 const INIT_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long after the proof's end a spawn in a PID namespace still waits for its init's
-/// report: an exec just inside the bound is reported through a pipe.
-const INIT_REPORT_TRANSIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// report: an exec just inside the bound is reported through a pipe, by an init that a loaded
+/// machine may not run at once. An init that has not answered by then is killed, and its end
+/// waited for.
+const INIT_REPORT_TRANSIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The init of COMMAND's PID namespace, as its [`Child`] sees it.
 #[derive(Debug)]
@@ -729,13 +731,17 @@ impl Child {
             exec_by,
         } = placement;
         let program = || command.argv[0].to_string_lossy().into_owned();
-        // ETIME is no errno of exec's or clone's: only the pre-exec check reports it.
-        let failed = |source: std::io::Error| match source.raw_os_error() {
-            Some(libc::ETIME) => SpawnError::ProofLapsed,
-            _ => SpawnError::Spawn {
-                program: program(),
-                source,
-            },
+        // ETIME is no errno of exec's or clone's: only the pre-exec check of the proof's end
+        // reports it (as a set-up step; from a PID namespace's init, as exec's).
+        let failed = |source: std::io::Error| {
+            let setup = super::spawn::SetupFailed::errno_of(&source);
+            match setup.or(source.raw_os_error()) {
+                Some(libc::ETIME) => SpawnError::ProofLapsed,
+                _ => SpawnError::Spawn {
+                    program: program(),
+                    source,
+                },
+            }
         };
         // Nanoseconds of CLOCK_BOOTTIME; 0: no bound.
         let exec_by_ns = exec_by.map_or(0, |at| u64::try_from(at.as_nanos()).unwrap_or(u64::MAX));
@@ -782,6 +788,10 @@ impl Child {
                         &command.argv,
                         &child_environment(env),
                         exec_by_ns,
+                        {
+                            use std::os::fd::AsRawFd;
+                            write.as_raw_fd()
+                        },
                         prepare,
                     )
                     .map_err(failed)?;
@@ -945,7 +955,7 @@ impl Tree for Child {
                             Some(Err(sig)) => stopped_now = Some(sig),
                             None => {}
                         },
-                        Report::Started | Report::ExecFailed(_) => {}
+                        Report::Started | Report::ExecFailed(_) | Report::SetupFailed(_) => {}
                     }
                 }
                 if let Some(own) = reaped.main {
@@ -1053,7 +1063,11 @@ impl Drop for Child {
                 .filter(|p| group::is_live(p.as_raw()))
                 .collect();
             let populated = self.cgroup.as_ref().is_some_and(|c| c.populated());
-            if (orphans.is_empty() && !populated) || crate::elector::boottime() >= deadline {
+            // Where pidfds are missing the group's wait above returned at once: look here.
+            let group_left = group::live_members(self.pid.as_raw()).is_some_and(|m| !m.is_empty());
+            if (orphans.is_empty() && !populated && !group_left)
+                || crate::elector::boottime() >= deadline
+            {
                 break;
             }
             for orphan in orphans {
@@ -1114,11 +1128,16 @@ fn await_exec(
         break match (n == 8).then(|| Report::decode(buf)).flatten() {
             Some(Report::Started) => Ok(()),
             Some(Report::ExecFailed(errno)) => Err(std::io::Error::from_raw_os_error(errno)),
+            Some(Report::SetupFailed(errno)) => Err(super::spawn::SetupFailed(errno).into()),
             _ => Err(std::io::Error::from_raw_os_error(libc::EPIPE)),
         };
     };
     if let Err(err) = answer {
+        // The init may have exec'd COMMAND and not said so yet: its end (and so its
+        // namespace's) is waited for, so what the caller does next (end the term, release)
+        // comes after the tree's end (rule 2).
         let _ = kill(pid, Signal::SIGKILL);
+        let _ = group::wait_group_exit(pid.as_raw(), DROP_KILL_WAIT, true);
         return Err(err);
     }
     nix::fcntl::fcntl(
@@ -1318,7 +1337,8 @@ pub(crate) fn past_boottime(ns: u64) -> bool {
             .saturating_mul(1_000_000_000)
             .saturating_add(ts.tv_nsec as u64)
     };
-    now > ns
+    // At `ns` itself the proof has ended, as `Term::is_proven` counts it.
+    now >= ns
 }
 
 /// Makes this process a child subreaper unless it is PID 1 (which reaps everything anyway), so

@@ -130,8 +130,9 @@ impl PidNamespace {
     /// Forks a child that is PID 1 of a new PID namespace, runs `prepare` in it and execs
     /// leaderrun's own binary as [`ARGV0`] `EXEC_BY PROGRAM ARGV...` with `env` (every
     /// `NAME=VALUE`); `exec_by_ns` (CLOCK_BOOTTIME nanoseconds, 0 for none) is the latest
-    /// moment of COMMAND's exec, which the init checks before it. Returns its pid, as this
-    /// namespace sees it.
+    /// moment of COMMAND's exec, which the init checks before it. A failure before the init's
+    /// exec is written to `report` (the report pipe's write end) as
+    /// [`Report::SetupFailed`]. Returns its pid, as this namespace sees it.
     ///
     /// `clone(CLONE_NEWPID)` directly rather than `unshare` and a fork: `unshare` moves the
     /// thread's later children too, and going back needs `setns`, which a root of a user
@@ -148,6 +149,7 @@ impl PidNamespace {
         argv: &[OsString],
         env: &[OsString],
         exec_by_ns: u64,
+        report: RawFd,
         prepare: impl Fn() -> std::io::Result<()>,
     ) -> std::io::Result<Pid> {
         use std::os::unix::ffi::OsStrExt;
@@ -195,9 +197,17 @@ impl PidNamespace {
         if pid == 0 {
             // SAFETY: in the child: raw syscalls on what was prepared above.
             unsafe {
-                if prepare().is_ok() {
-                    libc::execve(c"/proc/self/exe".as_ptr(), argp.as_ptr(), envp.as_ptr());
-                }
+                // A set-up step that failed says its errno on the report pipe (the caller
+                // tells it from exec's, and a lapsed proof from a failure), then the init ends.
+                let reported = match prepare() {
+                    Ok(()) => {
+                        libc::execve(c"/proc/self/exe".as_ptr(), argp.as_ptr(), envp.as_ptr());
+                        Report::SetupFailed(*libc::__errno_location())
+                    }
+                    Err(err) => Report::SetupFailed(err.raw_os_error().unwrap_or(libc::EINVAL)),
+                };
+                let bytes = reported.encode();
+                libc::write(report, bytes.as_ptr().cast(), bytes.len());
                 libc::_exit(125);
             }
         }
@@ -217,6 +227,8 @@ pub(crate) enum Report {
     Started,
     /// COMMAND could not be exec'd: the errno.
     ExecFailed(i32),
+    /// The init's own set-up before its exec failed (its cgroup, the proof's end): the errno.
+    SetupFailed(i32),
     /// COMMAND stopped or ended: the raw wait status.
     Status(i32),
 }
@@ -225,12 +237,14 @@ impl Report {
     const STARTED: u32 = 1;
     const EXEC_FAILED: u32 = 2;
     const STATUS: u32 = 3;
+    const SETUP_FAILED: u32 = 4;
 
     pub(crate) fn encode(self) -> [u8; 8] {
         let (tag, value) = match self {
             Report::Started => (Self::STARTED, 0),
             Report::ExecFailed(errno) => (Self::EXEC_FAILED, errno),
             Report::Status(status) => (Self::STATUS, status),
+            Report::SetupFailed(errno) => (Self::SETUP_FAILED, errno),
         };
         let mut out = [0u8; 8];
         out[..4].copy_from_slice(&tag.to_ne_bytes());
@@ -245,6 +259,7 @@ impl Report {
             Self::STARTED => Some(Report::Started),
             Self::EXEC_FAILED => Some(Report::ExecFailed(value)),
             Self::STATUS => Some(Report::Status(value)),
+            Self::SETUP_FAILED => Some(Report::SetupFailed(value)),
             _ => None,
         }
     }
@@ -260,7 +275,8 @@ pub(crate) fn decode_status(raw: i32) -> Option<Result<ExitStatus, nix::sys::sig
     }
 }
 
-/// The init's whole life: `leaderrun-init PROGRAM ARGV0 [ARG...]`, PID 1 of COMMAND's
+/// The init's whole life: `leaderrun-init EXEC_BY PROGRAM ARGV0 [ARG...]` (`EXEC_BY`: the
+/// proof's end, CLOCK_BOOTTIME nanoseconds, 0 for none), PID 1 of COMMAND's
 /// namespace, started by leaderrun's spawn (never by hand: without the report pipe on
 /// descriptor 3 it exits 125).
 ///

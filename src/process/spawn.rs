@@ -44,7 +44,8 @@ struct Plan<'a, F> {
     script_argv: &'a [*const libc::c_char],
     envp: &'a [*const libc::c_char],
     prepare: &'a F,
-    /// The errno of a failed preparation or exec; 0 until then. Written by the child only.
+    /// The errno of a failed exec, or the negated errno of a failed preparation; 0 until
+    /// then. Written by the child only.
     error: i32,
     /// The affinity to restore before anything else (`None`: the parent was not pinned).
     affinity: Option<&'a libc::cpu_set_t>,
@@ -110,7 +111,9 @@ extern "C" fn child_main<F: Fn() -> std::io::Result<()>>(arg: *mut libc::c_void)
             restore_affinity(saved);
         }
         if let Err(err) = (plan.prepare)() {
-            plan.error = err.raw_os_error().unwrap_or(libc::EINVAL);
+            // Negated: a set-up step's errno is no exec errno (ENOENT from a cgroup that was
+            // removed would read as "COMMAND not found").
+            plan.error = -err.raw_os_error().unwrap_or(libc::EINVAL);
             libc::_exit(127);
         }
         libc::execve(
@@ -214,7 +217,42 @@ pub(crate) unsafe fn spawn<F: Fn() -> std::io::Result<()>>(
     if error != 0 {
         // It exited without exec: reap it here, as std's spawn does, so no waiter sees it.
         while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
-        return Err(std::io::Error::from_raw_os_error(error));
+        return Err(match error {
+            e if e < 0 => SetupFailed(-e).into(),
+            e => std::io::Error::from_raw_os_error(e),
+        });
     }
     Ok(pid)
+}
+
+/// A step of the child's set-up before exec failed (joining its cgroup, its process group,
+/// the terminal, the descriptor limit, the proof's end) with this errno: no exec was tried,
+/// so the errno says nothing of COMMAND (exit 125, not the 126/127 of exec's errors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetupFailed(pub i32);
+
+impl std::fmt::Display for SetupFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "its set-up before exec failed: {}",
+            std::io::Error::from_raw_os_error(self.0)
+        )
+    }
+}
+
+impl std::error::Error for SetupFailed {}
+
+impl From<SetupFailed> for std::io::Error {
+    fn from(setup: SetupFailed) -> std::io::Error {
+        let kind = std::io::Error::from_raw_os_error(setup.0).kind();
+        std::io::Error::new(kind, setup)
+    }
+}
+
+impl SetupFailed {
+    /// The set-up's errno, when `err` is a [`SetupFailed`].
+    pub fn errno_of(err: &std::io::Error) -> Option<i32> {
+        err.get_ref()?.downcast_ref::<SetupFailed>().map(|s| s.0)
+    }
 }

@@ -241,7 +241,9 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             }
             Err(SpawnError::ProofLapsed) => {
                 drop(hold);
-                info!(
+                // Something is wrong (the machine stalled between the check and the exec):
+                // a WARN, which a one-shot's default level shows too.
+                warn!(
                     term = term.number(),
                     "the lock's proof ran out before COMMAND's exec; COMMAND was not started"
                 );

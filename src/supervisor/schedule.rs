@@ -431,14 +431,21 @@ const MAX_ZONE_FILE_BYTES: u64 = 1 << 20;
 /// it) held start-up for good, with every signal blocked, and `/dev/zero` filled the memory.
 fn read_zone_file(path: &str) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let not_regular = || std::io::Error::other("not a regular file");
+    // Looked at before it is opened: opening some devices does something (a terminal would
+    // become the controlling one, a watchdog device arms), and after, in case it changed.
+    let before = std::fs::metadata(path)?;
+    if !before.file_type().is_file() {
+        return Err(not_regular());
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)?;
     let meta = file.metadata()?;
-    if !meta.file_type().is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+    if !meta.file_type().is_file() || (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
+        return Err(not_regular());
     }
     let mut data = Vec::new();
     file.take(MAX_ZONE_FILE_BYTES + 1).read_to_end(&mut data)?;

@@ -815,18 +815,26 @@ impl Guard {
         // Wake at the group's exits instead of polling (with a thousand standbys on the
         // machine one scan of `/proc` takes milliseconds); a cgroup's members outside the
         // group are looked at below.
+        let mut group_gone = self.tree == 0;
         if self.tree != 0 {
             let left = deadline.saturating_sub(boottime());
             match wait_group_exit(self.tree, left, killed) {
                 Some(false) => return false,
                 Some(true) if self.cgroup.is_none() => return true,
-                Some(true) | None => {}
+                Some(true) => group_gone = true,
+                None => {}
             }
         }
         // SIGKILLed processes are gone within a fraction of a millisecond as a rule: look
         // again soon, then less often (the lock waits on this, after `kill -9` of leaderrun).
+        // Once the group was seen gone only the cgroup is left to look at: a scan of `/proc`
+        // for the group at every turn would keep the watchdog busy on a crowded machine.
         let mut pause = Duration::from_micros(100);
-        while self.alive() {
+        let left = |guard: &Self| match (group_gone, &guard.cgroup) {
+            (true, Some(cgroup)) => cgroup.populated(),
+            _ => guard.alive(),
+        };
+        while left(self) {
             if boottime() >= deadline {
                 return false;
             }

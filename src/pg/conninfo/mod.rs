@@ -293,6 +293,10 @@ pub struct Passfile {
     user: String,
     /// Whether the resolver's reading was used already (by the first connection).
     used: std::sync::atomic::AtomicBool,
+    /// A reading is in flight (on a thread of its own): no second one starts meanwhile.
+    reading: std::sync::atomic::AtomicBool,
+    /// The last password read: used while a reading is in flight or took too long.
+    last: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl PartialEq for Passfile {
@@ -317,10 +321,33 @@ impl Passfile {
     }
 
     /// The file's password for this host now (`None`: no line matches, or the file cannot
-    /// be read). Blocking file I/O: run it off the runtime's thread.
+    /// be read), also kept as the last one read. Blocking file I/O: run it off the runtime's
+    /// thread, after [`Passfile::begin_reading`] said so.
     pub fn password_now(&self) -> Option<Vec<u8>> {
-        pgpass_password(&self.file, &self.host, &self.port, &self.dbname, &self.user)
-            .filter(|p| !p.is_empty())
+        let now = pgpass_password(&self.file, &self.host, &self.port, &self.dbname, &self.user)
+            .filter(|p| !p.is_empty());
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = now.clone();
+        self.reading
+            .store(false, std::sync::atomic::Ordering::Release);
+        now
+    }
+
+    /// Whether the caller is to read the file now: false while another reading is in
+    /// flight (one on a hung mount holds one thread, not one per connection).
+    pub fn begin_reading(&self) -> bool {
+        !self.reading.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// A reading that [`Passfile::begin_reading`] allowed never ran to its end (no thread
+    /// for it, a panic): the next connection may start one.
+    pub fn end_reading(&self) {
+        self.reading
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The last password read (the resolver's, until a later reading finished).
+    pub fn last(&self) -> Option<Vec<u8>> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -848,7 +875,12 @@ fn build(
                 dbname: dbname.clone(),
                 user: user.clone(),
                 used: std::sync::atomic::AtomicBool::new(false),
+                reading: std::sync::atomic::AtomicBool::new(false),
+                last: std::sync::Mutex::new(None),
             };
+            entry
+                .reading
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             if let Some(password) = entry.password_now() {
                 target.password = Some(password);
                 password_from = Some(file.display().to_string());
