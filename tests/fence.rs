@@ -1113,33 +1113,17 @@ fn a_descendant_that_leaves_the_group_and_the_cgroup_is_still_stopped() {
     let cluster = Cluster::shared();
     // The escapee moves itself into the cgroup leaderrun itself runs in, the parent of the
     // group leaderrun made for COMMAND, then ignores TERM.
-    let body = "export EVENTS\n\
-         cg=$(sed -n 's/^0:://p' /proc/self/cgroup)\n\
-         mnt=$(awk '$3 == \"cgroup2\" { print $2; exit }' /proc/self/mounts)\n\
-         echo \"cgroup $cg\" >> \"$EVENTS\"\n\
-         setsid sh -c 'echo $$ > \"$1/cgroup.procs\" || { echo noescape >> \"$EVENTS\"; exit 1; }; trap \"\" TERM; \
-           echo \"escaped $$\" >> \"$EVENTS\"; while :; do sleep 0.05; done' sh \"$mnt$(dirname \"$cg\")\" &\n\
-         exec 2>/dev/null\n\
-         trap 'exit 0' TERM\n\
-         while :; do sleep 0.02; done";
+    let body = escapee_script("setsid ");
     for how in [Signal::SIGTERM, Signal::SIGKILL] {
         let scratch = Scratch::new();
-        let script = scratch.child_script("child.sh", body);
+        let script = scratch.child_script("child.sh", &body);
         let mut leader = Replica::start(
             cluster,
             unique_lock_id(),
             "200ms",
             &["--cgroup", "--", script.to_str().unwrap()],
         );
-        let escaped: i32 = wait_for("the escapee's move", secs(10.0), || {
-            scratch.events().iter().find_map(|l| {
-                if l == "noescape" || l.starts_with("cgroup ") && !l.contains("leaderrun-") {
-                    Some(-1)
-                } else {
-                    l.strip_prefix("escaped ")?.parse().ok()
-                }
-            })
-        });
+        let escaped: i32 = escapee_pid(&scratch);
         if escaped == -1 {
             eprintln!("no cgroup of COMMAND's own here, or none to move to: skipped");
             leader.signal(Signal::SIGTERM);
@@ -1186,17 +1170,9 @@ fn a_descendant_that_leaves_the_group_and_the_cgroup_is_still_stopped() {
 #[test]
 fn a_descendant_that_leaves_only_the_cgroup_is_stopped_by_the_watchdog_of_a_frozen_leader() {
     let cluster = Cluster::shared();
-    let body = "export EVENTS\n\
-         cg=$(sed -n 's/^0:://p' /proc/self/cgroup)\n\
-         mnt=$(awk '$3 == \"cgroup2\" { print $2; exit }' /proc/self/mounts)\n\
-         echo \"cgroup $cg\" >> \"$EVENTS\"\n\
-         sh -c 'echo $$ > \"$1/cgroup.procs\" || { echo noescape >> \"$EVENTS\"; exit 1; }; trap \"\" TERM; \
-           echo \"escaped $$\" >> \"$EVENTS\"; while :; do sleep 0.05; done' sh \"$mnt$(dirname \"$cg\")\" &\n\
-         exec 2>/dev/null\n\
-         trap 'exit 0' TERM\n\
-         while :; do sleep 0.02; done";
+    let body = escapee_script("");
     let scratch = Scratch::new();
-    let script = scratch.child_script("child.sh", body);
+    let script = scratch.child_script("child.sh", &body);
     let mut leader = Replica::start(
         cluster,
         unique_lock_id(),
@@ -1209,15 +1185,7 @@ fn a_descendant_that_leaves_only_the_cgroup_is_stopped_by_the_watchdog_of_a_froz
             script.to_str().unwrap(),
         ],
     );
-    let escaped: i32 = wait_for("the escapee's move", secs(10.0), || {
-        scratch.events().iter().find_map(|l| {
-            if l == "noescape" || l.starts_with("cgroup ") && !l.contains("leaderrun-") {
-                Some(-1)
-            } else {
-                l.strip_prefix("escaped ")?.parse().ok()
-            }
-        })
-    });
+    let escaped: i32 = escapee_pid(&scratch);
     if escaped == -1 {
         eprintln!("no cgroup of COMMAND's own here, or none to move to: skipped");
         leader.signal(Signal::SIGTERM);
@@ -1247,6 +1215,38 @@ fn a_descendant_that_leaves_only_the_cgroup_is_stopped_by_the_watchdog_of_a_froz
         "the escapee ran on while leaderrun was frozen:\n{}",
         leader.log()
     );
+}
+
+/// COMMAND's script for the escapee tests: it starts (with `prefix`, e.g. `setsid `) a process
+/// that moves itself into the cgroup leaderrun itself runs in, the parent of the group
+/// leaderrun made for COMMAND, ignores TERM and records `escaped PID`; COMMAND itself ends on
+/// TERM.
+fn escapee_script(prefix: &str) -> String {
+    format!(
+        "export EVENTS\n\
+         cg=$(sed -n 's/^0:://p' /proc/self/cgroup)\n\
+         mnt=$(awk '$3 == \"cgroup2\" {{ print $2; exit }}' /proc/self/mounts)\n\
+         echo \"cgroup $cg\" >> \"$EVENTS\"\n\
+         {prefix}sh -c 'echo $$ > \"$1/cgroup.procs\" || {{ echo noescape >> \"$EVENTS\"; exit 1; }}; trap \"\" TERM; \
+           echo \"escaped $$\" >> \"$EVENTS\"; while :; do sleep 0.05; done' sh \"$mnt$(dirname \"$cg\")\" &\n\
+         exec 2>/dev/null\n\
+         trap 'exit 0' TERM\n\
+         while :; do sleep 0.02; done"
+    )
+}
+
+/// The escapee's pid once it moved ([`escapee_script`]); -1 when it could not (no cgroup of
+/// COMMAND's own, or none to move to).
+fn escapee_pid(scratch: &Scratch) -> i32 {
+    wait_for("the escapee's move", secs(10.0), || {
+        scratch.events().iter().find_map(|l| {
+            if l == "noescape" || l.starts_with("cgroup ") && !l.contains("leaderrun-") {
+                Some(-1)
+            } else {
+                l.strip_prefix("escaped ")?.parse().ok()
+            }
+        })
+    })
 }
 
 /// Whether process `holder` has a pidfd open for `pid` (its `fdinfo` says `Pid: PID`).
