@@ -1031,7 +1031,7 @@ const DROP_KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Drop for Child {
     /// A tree dropped before it was seen empty is killed: see [`Tree`]. The drop waits (at
-    /// most [`DROP_KILL_WAIT`]) until it is gone: what the tree's owner drops after it (a
+    /// most `DROP_KILL_WAIT`, 1 s) until it is gone: what the tree's owner drops after it (a
     /// supervisor unwinding from a panic drops the term's hold, which lets the lock go) comes
     /// after the tree's end, as rule 2 wants, not after the signal's sending.
     fn drop(&mut self) {

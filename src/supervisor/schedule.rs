@@ -14,7 +14,7 @@
 //!   once; a job whose seconds, minutes or hours field starts with `*` (a wildcard or a step;
 //!   `@hourly`) skips the occurrences inside the gap. Lists and ranges (`0 2,14 * * *`) are
 //!   fixed times, as in cron: `croner` counts only one value per field as fixed, so it is used
-//!   for civil times alone (in UTC) and [`Schedule::instants`] applies these rules;
+//!   for civil times alone (in UTC) and `Schedule::instants` applies these rules;
 //! * fall back: a fixed-time job runs once, at the first of the two wall-clock times; a
 //!   wildcard job runs at every matching wall-clock time, in both passes of the hour.
 
