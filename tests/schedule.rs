@@ -405,21 +405,82 @@ fn catch_up_runs_a_missed_due_time_once_after_a_failover() {
 /// server shows the lock granted: every other statement on the table waits. Killing the session
 /// frees it.
 fn lock_table(cluster: &Cluster, table: &str) -> std::process::Child {
+    lock_table_in(cluster, table, "ACCESS EXCLUSIVE", "AccessExclusiveLock")
+}
+
+/// [`lock_table`] in `mode` (`pg_locks` calls it `shown`).
+fn lock_table_in(cluster: &Cluster, table: &str, mode: &str, shown: &str) -> std::process::Child {
     let mut locker = cluster.psql_session();
     {
         use std::io::Write;
         let stdin = locker.stdin.as_mut().unwrap();
-        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
+        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN {mode} MODE;").unwrap();
         stdin.flush().unwrap();
     }
     wait_for("the table lock", secs(5.0), || {
         let rows = cluster.sql(&format!(
             "SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass \
-               AND mode = 'AccessExclusiveLock' AND granted"
+               AND mode = '{shown}' AND granted"
         ));
         (rows == ["1"]).then_some(())
     });
     locker
+}
+
+#[test]
+fn catch_up_reads_the_history_while_its_writes_wait() {
+    // A transaction holds the table in SHARE mode (as a `CREATE INDEX` does): reads go on,
+    // writes wait. The new term's own writes (marking vanished runs, pruning) wait for their
+    // lock_timeout; the catch-up's question is asked before them and answered at once.
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let table = format!("runs_share_{id}");
+    cluster.sql(
+        &table
+            .parse::<leaderrun::history::TableName>()
+            .unwrap()
+            .create_sql(),
+    );
+    let mut locker = lock_table_in(cluster, &table, "SHARE", "ShareLock");
+    let job = scratch
+        .child_script("job.sh", "true")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    // A due time a day, a second ago: nobody started it.
+    let schedule = daily_at(now().floor() as i64 - 1);
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--schedule",
+            &schedule,
+            "--tz",
+            "UTC",
+            "--catch-up",
+            "1m",
+            "--history",
+            "--history-table",
+            &table,
+            "--",
+            &job,
+        ],
+    );
+    replica.wait_log("catch-up:", 1, secs(10.0));
+    assert!(
+        replica
+            .log()
+            .contains("catch-up: no replica started the due time; running it now"),
+        "{}",
+        replica.log()
+    );
+    scratch.wait_starts(1, secs(5.0));
+    let _ = locker.kill();
+    let _ = locker.wait();
+    replica.signal(Signal::SIGTERM);
+    stopped_by_term(&mut replica);
 }
 
 #[test]
@@ -851,6 +912,42 @@ fn the_readme_gives_the_history_tables_sql() {
             .unwrap();
     let sql = leaderrun::history::TableName::default().create_sql();
     assert!(readme.contains(&sql), "README lacks:\n{sql}");
+}
+
+#[test]
+fn status_reads_a_history_whose_times_rfc3339_cannot_spell() {
+    // The table is anyone's: `infinity` and a year past 9999 are valid timestamps there, and
+    // `status` shows them instead of panicking on them.
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let table = format!("runs_odd_times_{id}");
+    cluster.sql(
+        &table
+            .parse::<leaderrun::history::TableName>()
+            .unwrap()
+            .create_sql(),
+    );
+    cluster.sql(&format!(
+        "INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, due_at, \
+           started_at, ended_at, outcome) \
+         VALUES ({class}, {id}, 'far', 1, 1, 1, '-infinity', '200000-01-01', 'infinity', 'ok'), \
+                ({class}, {id}, 'near', 1, 1, 1, NULL, now() - interval '1 minute', NULL, \
+                 'running')",
+        class = crate::support::CLASS
+    ));
+    let json = status_json(cluster, id, &["--history-table", &table]);
+    assert_eq!(json["runs"][0]["host"], "far", "{json}");
+    assert_eq!(json["runs"][0]["started_at"], "9999-12-31T23:59:59.000Z");
+    assert_eq!(json["runs"][0]["ended_at"], "infinity");
+    assert_eq!(json["runs"][0]["due_at"], "-infinity");
+    assert_eq!(json["runs"][1]["host"], "near", "{json}");
+    let out = status_with(cluster, id, false, &["--history-table", &table]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("run            9999-12-31T23:59:59.000Z far, pid 1"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -154,7 +154,9 @@ impl TableName {
     /// README gives them to a DBA.
     pub fn create_sql(&self) -> String {
         let table = self.sql();
-        let index = format!("\"{}_key\"", self.name);
+        // PostgreSQL cuts a name at 63 bytes: the index of a 63-byte table would be named as
+        // the table itself, and `IF NOT EXISTS` would skip it. The names are ASCII.
+        let index = format!("\"{}_key\"", &self.name[..self.name.len().min(63 - 4)]);
         format!(
             "CREATE TABLE IF NOT EXISTS {table} (\n\
              \x20 id            bigserial PRIMARY KEY,\n\
@@ -219,9 +221,26 @@ impl Run {
     }
 }
 
-/// Seconds since the epoch as an RFC 3339 time with milliseconds, UTC.
+/// The last second RFC 3339 can spell (9999-12-31T23:59:59Z), in seconds since the epoch.
+const RFC3339_MAX: f64 = 253_402_300_799.0;
+
+/// Seconds since the epoch as an RFC 3339 time with milliseconds, UTC. The table is anyone's:
+/// PostgreSQL's `infinity` and `-infinity` are spelled as PostgreSQL spells them, and a time
+/// before 1970 or after the year 9999 is clamped to the nearest one RFC 3339 can spell.
 fn rfc3339(secs: f64) -> String {
-    let t = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(secs.max(0.0));
+    if secs == f64::INFINITY {
+        return "infinity".to_owned();
+    }
+    if secs == f64::NEG_INFINITY {
+        return "-infinity".to_owned();
+    }
+    // NaN (never from a timestamp) is the epoch.
+    let secs = if secs.is_nan() {
+        0.0
+    } else {
+        secs.clamp(0.0, RFC3339_MAX)
+    };
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(secs);
     humantime::format_rfc3339_millis(t).to_string()
 }
 
@@ -315,6 +334,14 @@ mod tests {
         let sql = t.create_sql();
         assert!(sql.starts_with("CREATE TABLE IF NOT EXISTS \"ops\".\"job_runs\" ("));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"job_runs_key\" ON \"ops\".\"job_runs\""));
+        // A 63-byte name: the index's name fits in 63 bytes too, and is not the table's.
+        let long = "r".repeat(63);
+        let t: TableName = long.parse().unwrap();
+        let index = format!(
+            "CREATE INDEX IF NOT EXISTS \"{}_key\" ON \"{long}\"",
+            &long[..59]
+        );
+        assert!(t.create_sql().contains(&index), "{}", t.create_sql());
     }
 
     #[test]
@@ -338,5 +365,16 @@ mod tests {
         let json = serde_json::to_value(&run).unwrap();
         assert_eq!(json["outcome"], "ok");
         assert_eq!(json["ended_at"], "1970-01-01T00:01:42.500Z");
+    }
+
+    #[test]
+    fn times_no_rfc3339_can_spell() {
+        assert_eq!(rfc3339(f64::INFINITY), "infinity");
+        assert_eq!(rfc3339(f64::NEG_INFINITY), "-infinity");
+        assert_eq!(rfc3339(f64::NAN), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(-5.0), "1970-01-01T00:00:00.000Z");
+        // The year 200000, as `extract(epoch FROM ...)` gives it.
+        assert_eq!(rfc3339(6_249_223_334_400.0), "9999-12-31T23:59:59.000Z");
+        assert_eq!(rfc3339(RFC3339_MAX), "9999-12-31T23:59:59.000Z");
     }
 }

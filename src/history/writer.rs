@@ -169,21 +169,28 @@ impl History {
     /// Whether any replica started a run for `due_at` on `slot`, as far as the table says;
     /// `None` when that cannot be told within `bound` (the database is unreachable, the
     /// writer is busy with writes that wait).
-    pub async fn was_started(
+    ///
+    /// The question is queued when this is called, not when the answer is first awaited: a
+    /// question asked before [`History::term_began`] is answered before the term's own writes
+    /// (which may wait for locks on the table that a read does not wait for).
+    pub fn was_started(
         &self,
         slot: u32,
         due_at: SystemTime,
         bound: Duration,
-    ) -> Option<bool> {
+    ) -> impl std::future::Future<Output = Option<bool>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
-        if !self.send(Op::Started {
+        let sent = self.send(Op::Started {
             slot,
             due_at,
             reply,
-        }) {
-            return None;
+        });
+        async move {
+            if !sent {
+                return None;
+            }
+            tokio::time::timeout(bound, answer).await.ok()?.ok()?
         }
-        tokio::time::timeout(bound, answer).await.ok()?.ok()?
     }
 
     /// Waits up to `bound` for every write queued so far (at exit, after the lock is

@@ -137,11 +137,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         if now.duration_since(last).unwrap_or_default() > window {
             return;
         }
-        let history = history.clone();
         let (number, slot) = (term.number(), lease.slot);
         let bound = (self.plan.check_interval * 2).max(CATCH_UP_BOUND_MIN);
+        // Asked now: ahead of the term's own writes (`term_began`).
+        let asked = history.was_started(slot, last, bound);
         self.catch_up = Some(Box::pin(async move {
-            let answer = history.was_started(slot, last, bound).await;
+            let answer = asked.await;
             Event::CatchUp(number, last, answer)
         }));
     }
@@ -205,11 +206,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             (self.check_due_until, &self.history, term.lease())
         {
             if due <= until {
-                let history = history.clone();
                 let (number, slot) = (term.number(), lease.slot);
                 let bound = self.plan.check_interval.max(DUE_CHECK_BOUND_MIN);
+                let asked = history.was_started(slot, due, bound);
                 self.due_check = Some(Box::pin(async move {
-                    let answer = history.was_started(slot, due, bound).await;
+                    let answer = asked.await;
                     Event::DueChecked(number, due, answer)
                 }));
                 return;

@@ -516,13 +516,15 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         // `--schedule` waits for its due times as `--every` waits for its ticks.
         let is_every = (matches!(self.plan.mode, Mode::Every { .. }) && !self.plan.tick_at_grant)
             || matches!(self.plan.mode, Mode::Schedule { .. });
+        self.pending_due = None;
+        self.pending_tick = false;
+        // The catch-up's question goes first: the term's writes below can wait for locks on
+        // the table (a `CREATE INDEX`, a long prune) that a read does not wait for.
+        self.ask_catch_up(&term);
         // Queued, never awaited: marks the runs of vanished leaders lost, prunes old rows.
         if let (Some(history), Some(lease)) = (&self.history, term.lease()) {
             history.term_began(lease.slot, lease.fencing_token);
         }
-        self.pending_due = None;
-        self.pending_tick = false;
-        self.ask_catch_up(&term);
         self.arm_due_checks();
         if !delay.is_zero() {
             info!(term = term.number(), delay = %humantime::format_duration(delay), "takeover delay: verifying the lock before COMMAND starts");
