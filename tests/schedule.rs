@@ -951,6 +951,64 @@ fn status_reads_a_history_whose_times_rfc3339_cannot_spell() {
 }
 
 #[test]
+fn a_backlog_of_old_rows_is_deleted_a_batch_at_a_time() {
+    // 6000 rows past --history-keep, each of whose deletions takes half a millisecond: one
+    // DELETE of them all outlasts the writer's statement_timeout (2 s) every time, and the
+    // table would never shrink.
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let table = format!("runs_backlog_{id}");
+    cluster.sql(
+        &table
+            .parse::<leaderrun::history::TableName>()
+            .unwrap()
+            .create_sql(),
+    );
+    cluster.sql(&format!(
+        "INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, started_at, \
+           outcome) \
+         SELECT {}, {id}, 'old', 1, 1, 1, now() - interval '2 hours', 'ok' \
+         FROM generate_series(1, 6000)",
+        crate::support::CLASS
+    ));
+    cluster.sql(&format!(
+        "CREATE FUNCTION {table}_slow() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN PERFORM pg_sleep(0.0005); RETURN OLD; END $$; \
+         CREATE TRIGGER slow BEFORE DELETE ON {table} FOR EACH ROW \
+           EXECUTE FUNCTION {table}_slow()"
+    ));
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &[
+            "--schedule",
+            "* * * * * *",
+            "--history",
+            "--history-table",
+            &table,
+            "--history-keep",
+            "1h",
+            "--",
+            "true",
+        ],
+    );
+    wait_for("the old rows to be deleted", secs(20.0), || {
+        let old = cluster.sql(&format!(
+            "SELECT count(*) FROM {table} WHERE lock_id = {id} AND host = 'old'"
+        ));
+        (old == ["0"]).then_some(())
+    });
+    assert!(
+        !replica.log().contains("cannot write the run history"),
+        "{}",
+        replica.log()
+    );
+    replica.signal(Signal::SIGTERM);
+    stopped_by_term(&mut replica);
+}
+
+#[test]
 fn the_leader_deletes_rows_older_than_history_keep_and_marks_vanished_runs_lost() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();

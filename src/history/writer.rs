@@ -28,6 +28,9 @@ pub const QUEUE: usize = 256;
 /// the start of every term).
 pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
+/// Rows one statement of the pruning deletes at most.
+const PRUNE_BATCH: i64 = 1000;
+
 /// After a failed connect, writes are dropped without a new attempt for this long, so a
 /// database that is down costs one attempt per second, not one per queued write.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
@@ -463,6 +466,10 @@ impl Writer {
     }
 
     /// Deletes the key's rows older than `--history-keep`, at most once per [`PRUNE_EVERY`].
+    /// In batches of [`PRUNE_BATCH`] rows, each a statement of its own, for at most one bound:
+    /// a backlog (a `--history-keep` made shorter, a table of millions of rows) is deleted a
+    /// part at a time, on the next writes, instead of by one statement that the
+    /// `statement_timeout` cancels every time.
     async fn prune_if_due(&mut self) -> Result<(), Error> {
         if self.last_prune.is_some_and(|at| at.elapsed() < PRUNE_EVERY) {
             return Ok(());
@@ -471,21 +478,35 @@ impl Writer {
         let (class, lock_id) = (self.settings.lock.class, self.settings.lock.id);
         let keep = self.settings.keep.as_secs_f64();
         let sql = format!(
-            "DELETE FROM {} WHERE lock_class OPERATOR(pg_catalog.=) $1 \
-               AND lock_id OPERATOR(pg_catalog.=) $2 \
-               AND started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) \
-                 pg_catalog.make_interval(secs => $3))",
-            self.table
+            "DELETE FROM {table} WHERE id OPERATOR(pg_catalog.=) ANY (ARRAY( \
+               SELECT id FROM {table} WHERE lock_class OPERATOR(pg_catalog.=) $1 \
+                 AND lock_id OPERATOR(pg_catalog.=) $2 \
+                 AND started_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) \
+                   pg_catalog.make_interval(secs => $3)) \
+               LIMIT $4))",
+            table = self.table
         );
         self.ensure_client().await?;
         let client = self.client.as_ref().expect("connected");
-        let deleted = within(
-            "history: delete old runs",
-            bound,
-            client.execute(&sql, &[&class, &lock_id, &keep]),
-        )
-        .await?;
-        self.last_prune = Some(Instant::now());
+        let began = Instant::now();
+        let mut deleted = 0;
+        loop {
+            let batch = within(
+                "history: delete old runs",
+                bound,
+                client.execute(&sql, &[&class, &lock_id, &keep, &PRUNE_BATCH]),
+            )
+            .await?;
+            deleted += batch;
+            if batch < PRUNE_BATCH as u64 {
+                self.last_prune = Some(Instant::now());
+                break;
+            }
+            // More to delete: the next write goes on with it.
+            if began.elapsed() >= self.settings.bound {
+                break;
+            }
+        }
         if deleted > 0 {
             debug!(
                 rows = deleted,
