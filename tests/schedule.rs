@@ -951,6 +951,36 @@ fn status_reads_a_history_whose_times_rfc3339_cannot_spell() {
 }
 
 #[test]
+fn status_warns_of_a_history_table_with_nulls_the_readme_forbids() {
+    // A DBA's table without the README's NOT NULL: `status` says it cannot read the history
+    // (a WARN) and shows the rest, instead of panicking.
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let table = format!("runs_nulls_{id}");
+    cluster.sql(
+        &table
+            .parse::<leaderrun::history::TableName>()
+            .unwrap()
+            .create_sql(),
+    );
+    cluster.sql(&format!(
+        "ALTER TABLE {table} ALTER COLUMN host DROP NOT NULL; \
+         INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, started_at, \
+           outcome) VALUES ({}, {id}, NULL, 1, 1, 1, now(), 'ok')",
+        crate::support::CLASS
+    ));
+    let out = status_with(cluster, id, true, &["--history-table", &table]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("status: cannot read the history {table}")),
+        "{stderr}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["lock_id"], id, "{json}");
+}
+
+#[test]
 fn a_backlog_of_old_rows_is_deleted_a_batch_at_a_time() {
     // 6000 rows past --history-keep, each of whose deletions takes half a millisecond: one
     // DELETE of them all outlasts the writer's statement_timeout (2 s) every time, and the

@@ -285,26 +285,34 @@ pub async fn recent(
     .await?;
     let mut recent = Recent::default();
     for row in &rows {
-        let due: Option<f64> = row.get(5);
-        let ended: Option<f64> = row.get(7);
-        let outcome: String = row.get(10);
-        recent.runs.push(Run {
-            host: row.get(0),
-            pid: row.get(1),
-            slot: row.get(2),
-            term: row.get(3),
-            fencing_token: row.get(4),
-            due_at: due.map(rfc3339),
-            started_at: rfc3339(row.get(6)),
-            ended_at: ended.map(rfc3339),
-            exit_code: row.get(8),
-            signal: row.get(9),
-            outcome: Outcome::parse(&outcome),
-            lost: row.get(11),
-        });
+        // A table of anyone's making: a column of another type, or a NULL where the README's
+        // SQL has NOT NULL, is an error to tell, never a panic.
+        let read = || -> Result<(Run, Option<String>, Option<String>), tokio_postgres::Error> {
+            let due: Option<f64> = row.try_get(5)?;
+            let ended: Option<f64> = row.try_get(7)?;
+            let outcome: String = row.try_get(10)?;
+            let run = Run {
+                host: row.try_get(0)?,
+                pid: row.try_get(1)?,
+                slot: row.try_get(2)?,
+                term: row.try_get(3)?,
+                fencing_token: row.try_get(4)?,
+                due_at: due.map(rfc3339),
+                started_at: rfc3339(row.try_get(6)?),
+                ended_at: ended.map(rfc3339),
+                exit_code: row.try_get(8)?,
+                signal: row.try_get(9)?,
+                outcome: Outcome::parse(&outcome),
+                lost: row.try_get(11)?,
+            };
+            Ok((run, row.try_get(12)?, row.try_get(13)?))
+        };
+        let (run, schedule, tz) = read().map_err(|source| Error::Query {
+            what: "history query",
+            source,
+        })?;
+        recent.runs.push(run);
         if recent.schedule.is_none() {
-            let schedule: Option<String> = row.get(12);
-            let tz: Option<String> = row.get(13);
             recent.schedule = schedule.map(|s| (s, tz.unwrap_or_default()));
         }
     }
