@@ -448,6 +448,56 @@ async fn a_run_dropped_mid_resignation_has_the_keeper_drop_its_copy() {
     assert!(cluster.lock_holders(CLASS, id).is_empty());
 }
 
+/// A run dropped while it waits for an ended term's holds (after a cancel, and after a
+/// demotion: here a give-up) hands the session on, and the lock stays until the holds are
+/// dropped, as when the run is not dropped and as when it is dropped while leading. Before, the
+/// dropped wait closed the session at once, freeing the lock under live work (a caller's
+/// shutdown timeout around `run` does this), and left `is_releasing` true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_dropped_while_it_waits_for_the_holds_keeps_the_lock_until_they_drop() {
+    let cluster = Cluster::shared();
+    for demoted in [false, true] {
+        let id = unique_lock_id();
+        let elector = Elector::new(config(id, None)).unwrap();
+        let running = run(&elector);
+        let term = timeout(WAIT, elector.wait_for_term()).await.expect("leads");
+        let hold = term.hold().expect("a hold on a proven term");
+        if demoted {
+            term.give_up();
+        } else {
+            running.cancel.cancel();
+        }
+        timeout(WAIT, async {
+            while !elector.is_releasing() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the run waits for the hold");
+        running.task.abort();
+        let _ = running.task.await;
+        assert!(
+            !elector.is_releasing(),
+            "demoted {demoted}: still releasing"
+        );
+        // Well inside the wait's bound (idle_session_timeout, 4 × 200 ms).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            cluster.lock_holders(CLASS, id).len(),
+            1,
+            "demoted {demoted}: the lock was freed under a live hold"
+        );
+        drop(hold);
+        timeout(WAIT, async {
+            while !cluster.lock_holders(CLASS, id).is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the lock is freed once the hold is dropped");
+    }
+}
+
 /// A [`SessionKeeper`](leaderrun::elector::SessionKeeper) that cannot keep anything, as the
 /// binary's watchdog is when no descriptor is left or no watchdog can run.
 #[derive(Debug, Default)]

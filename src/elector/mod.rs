@@ -33,7 +33,10 @@
 //!   2-second bound that outlives the cancellation, and closes the session.
 //! * **Panic or drop.** When `run` unwinds (or its future is dropped) the term ends with
 //!   [`TermEnd::LeadershipLost`] and the session is closed without unlocking, since it may be
-//!   mid-statement; the server frees the lock when the socket closes.
+//!   mid-statement; the server frees the lock when the socket closes. While a [`TermHold`] of
+//!   the term lives (or of an ended term whose holds the dropped `run` was waiting for), the
+//!   session is kept on a task of its own until the holds are dropped, bounded by
+//!   `idle_session_timeout`, as in every other release.
 //!
 //! # Layout
 //!
@@ -538,6 +541,7 @@ impl Elector {
             finished: false,
             waited: Duration::ZERO,
             wait_only: false,
+            releasing: None,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
         // dropped, after the runtime caught it; catch it here so the term ends, the session

@@ -294,8 +294,11 @@ impl Campaign<'_> {
                 Chain(cause)
             );
         }
+        // The session stays in the role while the holds are waited for, so that a campaign
+        // dropped meanwhile still has it to hand on (`Campaign::abandon`).
+        self.release_after_holds(&control, self.role.session().is_some())
+            .await;
         let session = self.role.take_standby_session();
-        self.release_after_holds(&control, session.is_some()).await;
         self.drop_session(session);
     }
 
@@ -308,7 +311,7 @@ impl Campaign<'_> {
     }
 
     /// Waits for the holds of `control`'s term, bounded by `idle_session_timeout`.
-    pub(crate) async fn release_after_holds(&self, control: &TermControl, may_hold_lock: bool) {
+    pub(crate) async fn release_after_holds(&mut self, control: &TermControl, may_hold_lock: bool) {
         if control.holds() == 0 || !may_hold_lock {
             return;
         }
@@ -318,8 +321,10 @@ impl Campaign<'_> {
             "keeping the lock session until the term's work has stopped"
         );
         let bound = self.shared.config.effective_idle_session_timeout();
+        self.releasing = Some((control.term().clone(), Instant::now() + bound));
         self.shared.releasing.store(true, Ordering::Release);
         let released = control.released(bound).await;
+        self.releasing = None;
         *self
             .shared
             .released_at
