@@ -31,6 +31,13 @@ pub enum Error {
     #[error("invalid timing")]
     Timing(#[source] crate::timing::TimingError),
 
+    /// [`crate::Config::slots`] is over [`crate::pg::lock::MAX_SLOTS`] ([`crate::Elector::new`]):
+    /// a standby's try names every slot's key, and one for so many would not fit an interval.
+    #[error("{slots} slots: a lock can have at most {max}", max = crate::pg::lock::MAX_SLOTS)]
+    Slots {
+        /// The number asked for.
+        slots: u32,
+    },
     /// The `plexsphere_background_leader` gauge could not be registered on the configured
     /// registry, e.g. because a collector that is not an elector's gauge uses the name.
     #[error("cannot register the plexsphere_background_leader gauge")]

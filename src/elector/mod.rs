@@ -74,7 +74,7 @@ use crate::pg::tls::TlsSettings;
 use crate::timing::Timing;
 
 pub use crate::pg::lock::standby_comment;
-pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID, MAX_SLOTS};
 pub use connecting::{connect, Connected, EarlyConnect};
 pub use session::{boottime, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
@@ -127,7 +127,8 @@ pub struct Config {
     pub lock: LockKey,
     /// How many replicas may lead at once, each on a slot of its own (`--slots N`,
     /// docs/guarantees.md#the-lock-key-and-slots): slot k is the key [`LockKey::slot`]`(k)`. 0 and
-    /// 1 both mean one slot, the seed's single leader. Every replica of one lock must use the same
+    /// 1 both mean one slot, the seed's single leader. At most [`MAX_SLOTS`] (1024, as
+    /// `--slots`): [`Elector::new`] refuses more. Every replica of one lock must use the same
     /// number.
     pub slots: u32,
     /// How often a standby tries the lock and the leader verifies it, and how long the leader's
@@ -383,9 +384,15 @@ impl Elector {
     /// [`crate::timing::MAX_IDLE_SESSION_TIMEOUT`] (about 24.8 days), so every session would fail
     /// to set it, or not longer than 3 check intervals (the safe window and one interval of
     /// margin), so the server could free the lock while this leader still counts on it;
+    /// [`Error::Slots`] when [`Config::slots`] is over [`MAX_SLOTS`];
     /// [`Error::Metrics`] when the metrics cannot be registered on [`Config::registry`].
     pub fn new(config: Config) -> Result<Elector, Error> {
         config.timing().check().map_err(Error::Timing)?;
+        if config.slots > MAX_SLOTS {
+            return Err(Error::Slots {
+                slots: config.slots,
+            });
+        }
         let metrics = match &config.registry {
             Some(registry) => Some(shared_metrics(registry)?),
             None => None,
@@ -607,6 +614,22 @@ mod tests {
             );
         }
         assert!(config(Duration::from_secs(5 * 24 * 3600), None).is_ok());
+        // A standby's try names every slot's key: u32::MAX of them ran out of memory at the
+        // first check (an abort, not an error).
+        for (slots, ok) in [
+            (0, true),
+            (MAX_SLOTS, true),
+            (MAX_SLOTS + 1, false),
+            (u32::MAX, false),
+        ] {
+            let mut config = Config::new(tokio_postgres::Config::new());
+            config.slots = slots;
+            let built = Elector::new(config);
+            assert_eq!(built.is_ok(), ok, "{slots} slots: {built:?}");
+            if !ok {
+                assert!(matches!(built, Err(Error::Slots { .. })), "{built:?}");
+            }
+        }
         assert!(config(Duration::from_millis(100), None).is_ok());
     }
 
