@@ -38,9 +38,10 @@ pub enum Error {
         /// The number asked for.
         slots: u32,
     },
-    /// The `plexsphere_background_leader` gauge could not be registered on the configured
-    /// registry, e.g. because a collector that is not an elector's gauge uses the name.
-    #[error("cannot register the plexsphere_background_leader gauge")]
+    /// The election's metrics (the `plexsphere_background_leader` gauge and the `leaderrun_*`
+    /// series) could not be registered on the configured registry, e.g. because a collector
+    /// that is not an elector's uses one of their names; the cause names it.
+    #[error("cannot register the election's metrics on the registry")]
     Metrics(#[source] prometheus::Error),
 
     /// Opening the session failed (refused, authentication, unknown database, …).
