@@ -654,6 +654,74 @@ fn is_leader_turns_false_once_the_safe_window_passes_while_the_campaign_cannot_r
     });
 }
 
+/// `do_as_leader` says `Ran` only when leadership held until the work returned: work that
+/// kept the campaign from running (here it blocks its runtime's only thread) past the term's
+/// safe window cannot say so, since meanwhile the server may have ended the session and
+/// another replica led. Before, the term had not ended yet (its campaign could not run), and
+/// the result was `Ran` while b led.
+#[test]
+fn do_as_leader_is_lost_when_the_safe_window_passed_while_the_work_ran() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let slow = |id| {
+        let mut config = config(id, None);
+        config.check_interval = Duration::from_secs(1);
+        config
+    };
+    let a = Elector::new(slow(id)).unwrap();
+    let (leading_tx, leading_rx) = std::sync::mpsc::channel();
+    let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
+    let cancel_a = CancellationToken::new();
+    let thread_a = std::thread::spawn({
+        let (a, cancel_a) = (a.clone(), cancel_a.clone());
+        move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let run = rt.spawn({
+                let (a, cancel_a) = (a.clone(), cancel_a.clone());
+                async move { a.run(cancel_a).await }
+            });
+            let done = rt.block_on(async {
+                timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+                a.do_as_leader(|term| async move {
+                    leading_tx.send(term).unwrap();
+                    // The work blocks the runtime's only thread: the campaign cannot run.
+                    unblock_rx.recv().unwrap();
+                })
+                .await
+            });
+            (done, rt.block_on(async { timeout(WAIT, run).await }))
+        }
+    });
+    let term = leading_rx.recv_timeout(WAIT).expect("a leads");
+    let lease = term.lease().unwrap().clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let admin = cluster.client().await;
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&lease.backend_pid])
+            .await
+            .unwrap();
+        let b = Elector::new(slow(id)).unwrap();
+        let run_b = run(&b);
+        timeout(WAIT, b.wait_for_term()).await.expect("b leads");
+        assert!(!term.is_ended(), "a's campaign ran: the fault did not hold");
+        while term.proven_until().unwrap() > leaderrun::elector::boottime() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        unblock_tx.send(()).unwrap();
+        cancel_a.cancel();
+        let (done, ran) = thread_a.join().unwrap();
+        assert_eq!(done, Done::Lost, "a's work overlapped b's term");
+        ran.expect("a's run returns after cancel")
+            .expect("a's run did not panic")
+            .expect("a's run returns Ok");
+        run_b.stop().await;
+    });
+}
+
 /// The seed promises the repositories that their transaction locks never collide with the
 /// leader lock, "not even the bigint whose halves equal the pair": a transaction that holds
 /// that bigint must not look like `leaderrun step-down`'s request to a leader.

@@ -496,6 +496,9 @@ impl Elector {
     /// `work` gets the term, so it can stop when [`Term::ended`] resolves; when leadership held
     /// until it returned, the result is [`Done::Ran`] with its output; when leadership was
     /// lost meanwhile, [`Done::Lost`], logged at INFO: a demotion never counts as a failure.
+    /// Work that returns after its term's safe window passed ([`Term::proven_until`]) without
+    /// the term having ended (its campaign could not run: work that blocked the runtime, a
+    /// frozen process) is [`Done::Lost`] too: nothing proved the lock until it returned.
     pub async fn do_as_leader<F, Fut>(&self, work: F) -> Done<Fut::Output>
     where
         F: FnOnce(Term) -> Fut,
@@ -508,8 +511,15 @@ impl Elector {
             return Done::Standby;
         };
         let output = work(term.clone()).await;
+        // A term that has not ended but whose safe window passed (its campaign could not run
+        // while the work did, e.g. work that blocked the runtime) did not prove the lock until
+        // the work returned: the server may have ended the session, and another replica led.
+        let lapsed = term
+            .proven_until()
+            .map_or(true, |until| session::boottime() >= until);
         drop(hold);
-        if term.end_cause() == Some(TermEnd::LeadershipLost) {
+        let cause = term.end_cause();
+        if cause == Some(TermEnd::LeadershipLost) || (cause.is_none() && lapsed) {
             let _span = self.shared.config.span.enter();
             info!(
                 target: "leaderrun::elector",
