@@ -722,6 +722,42 @@ fn do_as_leader_is_lost_when_the_safe_window_passed_while_the_work_ran() {
     });
 }
 
+/// A resigned term's work that outlives the release's bound (`idle_session_timeout`, after
+/// which the lock is given up under it) did not hold leadership until it returned:
+/// `do_as_leader` says `Lost`. Before, the term had ended `Resigned` and the result was `Ran`
+/// although b led while the work ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn do_as_leader_is_lost_when_the_lock_was_released_under_the_work() {
+    let id = unique_lock_id();
+    let a = Elector::new(config(id, None)).unwrap();
+    let b = Elector::new(config(id, None)).unwrap();
+    let running_a = run(&a);
+    timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let work = tokio::spawn({
+        let (a, b) = (a.clone(), b.clone());
+        async move {
+            a.do_as_leader(|_term| async move {
+                // Ignores the term's end until b leads.
+                timeout(WAIT, b.wait_for_term()).await.expect("b leads");
+            })
+            .await
+        }
+    });
+    let running_b = run(&b);
+    running_a.cancel.cancel();
+    let done = timeout(WAIT, work)
+        .await
+        .expect("the work returns")
+        .unwrap();
+    assert_eq!(done, Done::Lost, "a's work overlapped b's term");
+    timeout(WAIT, running_a.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    running_b.stop().await;
+}
+
 /// The seed promises the repositories that their transaction locks never collide with the
 /// leader lock, "not even the bigint whose halves equal the pair": a transaction that holds
 /// that bigint must not look like `leaderrun step-down`'s request to a leader.

@@ -498,7 +498,9 @@ impl Elector {
     /// lost meanwhile, [`Done::Lost`], logged at INFO: a demotion never counts as a failure.
     /// Work that returns after its term's safe window passed ([`Term::proven_until`]) without
     /// the term having ended (its campaign could not run: work that blocked the runtime, a
-    /// frozen process) is [`Done::Lost`] too: nothing proved the lock until it returned.
+    /// frozen process) is [`Done::Lost`] too: nothing proved the lock until it returned; so is
+    /// work that outlived the release's wait after a cancel ([`Elector::run`]: bounded by
+    /// `idle_session_timeout`), under which the lock was given up.
     pub async fn do_as_leader<F, Fut>(&self, work: F) -> Done<Fut::Output>
     where
         F: FnOnce(Term) -> Fut,
@@ -519,7 +521,10 @@ impl Elector {
             .map_or(true, |until| session::boottime() >= until);
         drop(hold);
         let cause = term.end_cause();
-        if cause == Some(TermEnd::LeadershipLost) || (cause.is_none() && lapsed) {
+        if cause == Some(TermEnd::LeadershipLost)
+            || (cause.is_none() && lapsed)
+            || term.was_released_under_holds()
+        {
             let _span = self.shared.config.span.enter();
             info!(
                 target: "leaderrun::elector",

@@ -332,6 +332,7 @@ impl Campaign<'_> {
             .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.shared.releasing.store(false, Ordering::Release);
         if !released {
+            control.released_under_holds();
             warn!(
                 target: "leaderrun::elector",
                 term = control.term().number(),

@@ -491,7 +491,9 @@ impl Campaign<'_> {
                     (tokio::runtime::Handle::try_current(), session.take())
                 {
                     runtime.spawn(async move {
-                        held.released(bound).await;
+                        if !held.released(bound).await {
+                            held.released_under_holds();
+                        }
                         drop(session);
                     });
                 }
