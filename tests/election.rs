@@ -758,6 +758,59 @@ async fn do_as_leader_is_lost_when_the_lock_was_released_under_the_work() {
     running_b.stop().await;
 }
 
+/// The server may end a resigning leader's session while the release still waits for the
+/// work (its `idle_session_timeout` counts from the last check, before the cancel; here a
+/// terminated backend): the lock is gone, b leads, and `do_as_leader` says `Lost`. Before, the
+/// release went on waiting, unaware, and the work's result was `Ran`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn do_as_leader_is_lost_when_the_server_ends_the_session_during_the_release() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let mut slow = config(id, None);
+    slow.check_interval = Duration::from_secs(1);
+    let a = Elector::new(slow).unwrap();
+    let b = Elector::new(config(id, None)).unwrap();
+    let running_a = run(&a);
+    let term = timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let work = tokio::spawn({
+        let (a, b) = (a.clone(), b.clone());
+        async move {
+            a.do_as_leader(|_term| async move {
+                timeout(WAIT, b.wait_for_term()).await.expect("b leads");
+            })
+            .await
+        }
+    });
+    running_a.cancel.cancel();
+    timeout(WAIT, async {
+        while !a.is_releasing() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a waits for the work");
+    let admin = cluster.client().await;
+    admin
+        .execute(
+            "SELECT pg_terminate_backend($1)",
+            &[&term.lease().unwrap().backend_pid],
+        )
+        .await
+        .unwrap();
+    let running_b = run(&b);
+    let done = timeout(WAIT, work)
+        .await
+        .expect("the work returns")
+        .unwrap();
+    assert_eq!(done, Done::Lost, "a's work overlapped b's term");
+    timeout(WAIT, running_a.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    running_b.stop().await;
+}
+
 /// The seed promises the repositories that their transaction locks never collide with the
 /// leader lock, "not even the bigint whose halves equal the pair": a transaction that holds
 /// that bigint must not look like `leaderrun step-down`'s request to a leader.

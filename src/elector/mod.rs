@@ -542,7 +542,9 @@ impl Elector {
     /// connect or statement never ends the call; it is logged and retried at the next check.
     /// On cancel, ends the term ([`TermEnd::Resigned`]), waits for every [`TermHold`] of it to
     /// be dropped (work that ignores the term's end keeps the lock, and `run`, for up to the
-    /// lock session's `idle_session_timeout`, 4 check intervals by default), unlocks under
+    /// lock session's `idle_session_timeout`, 4 check intervals by default; the server's own
+    /// timer counts from the last check, so it may end the session, and the lock, up to an
+    /// interval sooner, and [`Elector::do_as_leader`] then says [`Done::Lost`]), unlocks under
     /// [`UNLOCK_BOUND`] and closes the session; when the unlock failed, the close waits up to
     /// 1 s more for the server to end the backend, so the lock reaches the standbys before
     /// `run` returns (docs/election.md, "Release"). A leader whose work stops at once returns

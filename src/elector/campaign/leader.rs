@@ -11,7 +11,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{Campaign, Role, LOCK_ROW_SQL};
 use crate::elector::metrics::demotion_cause;
-use crate::elector::session::{boottime, Session};
+use crate::elector::session::{boottime, session_closed, Session};
 use crate::elector::term::{Lease, Term, TermControl, TermEnd};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
@@ -323,7 +323,17 @@ impl Campaign<'_> {
         let bound = self.shared.config.effective_idle_session_timeout();
         self.releasing = Some((control.term().clone(), Instant::now() + bound));
         self.shared.releasing.store(true, Ordering::Release);
-        let released = control.released(bound).await;
+        // The server may end the session first (its idle_session_timeout counts from the last
+        // check, before the wait began; a terminated backend): the lock is gone then, and the
+        // work outlived it. The wait goes on all the same (no check runs while the work does).
+        let until = Instant::now() + bound;
+        let released = tokio::select! {
+            released = control.released(bound) => released,
+            _ = session_closed(self.role.session_mut()) => {
+                control.released_under_holds();
+                control.released(until.saturating_duration_since(Instant::now())).await
+            }
+        };
         self.releasing = None;
         *self
             .shared
