@@ -733,10 +733,12 @@ async fn do_as_leader_is_lost_when_the_lock_was_released_under_the_work() {
     let b = Elector::new(config(id, None)).unwrap();
     let running_a = run(&a);
     timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let (started_tx, started) = tokio::sync::oneshot::channel();
     let work = tokio::spawn({
         let (a, b) = (a.clone(), b.clone());
         async move {
             a.do_as_leader(|_term| async move {
+                started_tx.send(()).unwrap();
                 // Ignores the term's end until b leads.
                 timeout(WAIT, b.wait_for_term()).await.expect("b leads");
             })
@@ -744,6 +746,7 @@ async fn do_as_leader_is_lost_when_the_lock_was_released_under_the_work() {
         }
     });
     let running_b = run(&b);
+    timeout(WAIT, started).await.unwrap().unwrap();
     running_a.cancel.cancel();
     let done = timeout(WAIT, work)
         .await
@@ -772,15 +775,18 @@ async fn do_as_leader_is_lost_when_the_server_ends_the_session_during_the_releas
     let b = Elector::new(config(id, None)).unwrap();
     let running_a = run(&a);
     let term = timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let (started_tx, started) = tokio::sync::oneshot::channel();
     let work = tokio::spawn({
         let (a, b) = (a.clone(), b.clone());
         async move {
             a.do_as_leader(|_term| async move {
+                started_tx.send(()).unwrap();
                 timeout(WAIT, b.wait_for_term()).await.expect("b leads");
             })
             .await
         }
     });
+    timeout(WAIT, started).await.unwrap().unwrap();
     running_a.cancel.cancel();
     timeout(WAIT, async {
         while !a.is_releasing() {
