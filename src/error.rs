@@ -31,9 +31,17 @@ pub enum Error {
     #[error("invalid timing")]
     Timing(#[source] crate::timing::TimingError),
 
-    /// The `plexsphere_background_leader` gauge could not be registered on the configured
-    /// registry, e.g. because a collector that is not an elector's gauge uses the name.
-    #[error("cannot register the plexsphere_background_leader gauge")]
+    /// [`crate::Config::slots`] is over [`crate::pg::lock::MAX_SLOTS`] ([`crate::Elector::new`]):
+    /// a standby's try names every slot's key, and one for so many would not fit an interval.
+    #[error("{slots} slots: a lock can have at most {max}", max = crate::pg::lock::MAX_SLOTS)]
+    Slots {
+        /// The number asked for.
+        slots: u32,
+    },
+    /// The election's metrics (the `plexsphere_background_leader` gauge and the `leaderrun_*`
+    /// series) could not be registered on the configured registry, e.g. because a collector
+    /// that is not an elector's uses one of their names; the cause names it.
+    #[error("cannot register the election's metrics on the registry")]
     Metrics(#[source] prometheus::Error),
 
     /// Opening the session failed (refused, authentication, unknown database, …).

@@ -448,6 +448,56 @@ async fn a_run_dropped_mid_resignation_has_the_keeper_drop_its_copy() {
     assert!(cluster.lock_holders(CLASS, id).is_empty());
 }
 
+/// A run dropped while it waits for an ended term's holds (after a cancel, and after a
+/// demotion: here a give-up) hands the session on, and the lock stays until the holds are
+/// dropped, as when the run is not dropped and as when it is dropped while leading. Before, the
+/// dropped wait closed the session at once, freeing the lock under live work (a caller's
+/// shutdown timeout around `run` does this), and left `is_releasing` true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_dropped_while_it_waits_for_the_holds_keeps_the_lock_until_they_drop() {
+    let cluster = Cluster::shared();
+    for demoted in [false, true] {
+        let id = unique_lock_id();
+        let elector = Elector::new(config(id, None)).unwrap();
+        let running = run(&elector);
+        let term = timeout(WAIT, elector.wait_for_term()).await.expect("leads");
+        let hold = term.hold().expect("a hold on a proven term");
+        if demoted {
+            term.give_up();
+        } else {
+            running.cancel.cancel();
+        }
+        timeout(WAIT, async {
+            while !elector.is_releasing() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the run waits for the hold");
+        running.task.abort();
+        let _ = running.task.await;
+        assert!(
+            !elector.is_releasing(),
+            "demoted {demoted}: still releasing"
+        );
+        // Well inside the wait's bound (idle_session_timeout, 4 × 200 ms).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            cluster.lock_holders(CLASS, id).len(),
+            1,
+            "demoted {demoted}: the lock was freed under a live hold"
+        );
+        drop(hold);
+        timeout(WAIT, async {
+            while !cluster.lock_holders(CLASS, id).is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the lock is freed once the hold is dropped");
+    }
+}
+
 /// A [`SessionKeeper`](leaderrun::elector::SessionKeeper) that cannot keep anything, as the
 /// binary's watchdog is when no descriptor is left or no watchdog can run.
 #[derive(Debug, Default)]
@@ -602,6 +652,169 @@ fn is_leader_turns_false_once_the_safe_window_passes_while_the_campaign_cannot_r
             .expect("a's run returns Ok");
         run_b.stop().await;
     });
+}
+
+/// `do_as_leader` says `Ran` only when leadership held until the work returned: work that
+/// kept the campaign from running (here it blocks its runtime's only thread) past the term's
+/// safe window cannot say so, since meanwhile the server may have ended the session and
+/// another replica led. Before, the term had not ended yet (its campaign could not run), and
+/// the result was `Ran` while b led.
+#[test]
+fn do_as_leader_is_lost_when_the_safe_window_passed_while_the_work_ran() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let slow = |id| {
+        let mut config = config(id, None);
+        config.check_interval = Duration::from_secs(1);
+        config
+    };
+    let a = Elector::new(slow(id)).unwrap();
+    let (leading_tx, leading_rx) = std::sync::mpsc::channel();
+    let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
+    let cancel_a = CancellationToken::new();
+    let thread_a = std::thread::spawn({
+        let (a, cancel_a) = (a.clone(), cancel_a.clone());
+        move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let run = rt.spawn({
+                let (a, cancel_a) = (a.clone(), cancel_a.clone());
+                async move { a.run(cancel_a).await }
+            });
+            let done = rt.block_on(async {
+                timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+                a.do_as_leader(|term| async move {
+                    leading_tx.send(term).unwrap();
+                    // The work blocks the runtime's only thread: the campaign cannot run.
+                    unblock_rx.recv().unwrap();
+                })
+                .await
+            });
+            (done, rt.block_on(async { timeout(WAIT, run).await }))
+        }
+    });
+    let term = leading_rx.recv_timeout(WAIT).expect("a leads");
+    let lease = term.lease().unwrap().clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let admin = cluster.client().await;
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&lease.backend_pid])
+            .await
+            .unwrap();
+        let b = Elector::new(slow(id)).unwrap();
+        let run_b = run(&b);
+        timeout(WAIT, b.wait_for_term()).await.expect("b leads");
+        assert!(!term.is_ended(), "a's campaign ran: the fault did not hold");
+        while term.proven_until().unwrap() > leaderrun::elector::boottime() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        unblock_tx.send(()).unwrap();
+        cancel_a.cancel();
+        let (done, ran) = thread_a.join().unwrap();
+        assert_eq!(done, Done::Lost, "a's work overlapped b's term");
+        ran.expect("a's run returns after cancel")
+            .expect("a's run did not panic")
+            .expect("a's run returns Ok");
+        run_b.stop().await;
+    });
+}
+
+/// A resigned term's work that outlives the release's bound (`idle_session_timeout`, after
+/// which the lock is given up under it) did not hold leadership until it returned:
+/// `do_as_leader` says `Lost`. Before, the term had ended `Resigned` and the result was `Ran`
+/// although b led while the work ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn do_as_leader_is_lost_when_the_lock_was_released_under_the_work() {
+    let id = unique_lock_id();
+    let a = Elector::new(config(id, None)).unwrap();
+    let b = Elector::new(config(id, None)).unwrap();
+    let running_a = run(&a);
+    timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let work = tokio::spawn({
+        let (a, b) = (a.clone(), b.clone());
+        async move {
+            a.do_as_leader(|_term| async move {
+                started_tx.send(()).unwrap();
+                // Ignores the term's end until b leads.
+                timeout(WAIT, b.wait_for_term()).await.expect("b leads");
+            })
+            .await
+        }
+    });
+    let running_b = run(&b);
+    timeout(WAIT, started).await.unwrap().unwrap();
+    running_a.cancel.cancel();
+    let done = timeout(WAIT, work)
+        .await
+        .expect("the work returns")
+        .unwrap();
+    assert_eq!(done, Done::Lost, "a's work overlapped b's term");
+    timeout(WAIT, running_a.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    running_b.stop().await;
+}
+
+/// The server may end a resigning leader's session while the release still waits for the
+/// work (its `idle_session_timeout` counts from the last check, before the cancel; here a
+/// terminated backend): the lock is gone, b leads, and `do_as_leader` says `Lost`. Before, the
+/// release went on waiting, unaware, and the work's result was `Ran`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn do_as_leader_is_lost_when_the_server_ends_the_session_during_the_release() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let mut slow = config(id, None);
+    slow.check_interval = Duration::from_secs(1);
+    let a = Elector::new(slow).unwrap();
+    let b = Elector::new(config(id, None)).unwrap();
+    let running_a = run(&a);
+    let term = timeout(WAIT, a.wait_for_term()).await.expect("a leads");
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let work = tokio::spawn({
+        let (a, b) = (a.clone(), b.clone());
+        async move {
+            a.do_as_leader(|_term| async move {
+                started_tx.send(()).unwrap();
+                timeout(WAIT, b.wait_for_term()).await.expect("b leads");
+            })
+            .await
+        }
+    });
+    timeout(WAIT, started).await.unwrap().unwrap();
+    running_a.cancel.cancel();
+    timeout(WAIT, async {
+        while !a.is_releasing() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a waits for the work");
+    let admin = cluster.client().await;
+    admin
+        .execute(
+            "SELECT pg_terminate_backend($1)",
+            &[&term.lease().unwrap().backend_pid],
+        )
+        .await
+        .unwrap();
+    let running_b = run(&b);
+    let done = timeout(WAIT, work)
+        .await
+        .expect("the work returns")
+        .unwrap();
+    assert_eq!(done, Done::Lost, "a's work overlapped b's term");
+    timeout(WAIT, running_a.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    running_b.stop().await;
 }
 
 /// The seed promises the repositories that their transaction locks never collide with the

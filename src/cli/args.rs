@@ -181,7 +181,7 @@ pub struct Cli {
         env = "LEADERRUN_SLOTS",
         global = true,
         default_value_t = 1,
-        value_parser = clap::value_parser!(u32).range(1..=1024),
+        value_parser = clap::value_parser!(u32).range(1..=crate::pg::lock::MAX_SLOTS as i64),
         help_heading = "Lock"
     )]
     pub slots: u32,

@@ -19,6 +19,7 @@ use crate::elector::{connect, LockKey};
 use crate::elector::{standby_comment, CLIENT_CONNECTION_CHECK};
 use crate::error::{Chain, Error};
 use crate::pg::conninfo::describe;
+use crate::pg::lock::MAX_SLOTS;
 use crate::pg::within;
 use crate::process::signals::{is_shutdown, suspend_self, SignalStream};
 use crate::supervisor::Exit;
@@ -186,9 +187,6 @@ const MORE_SLOTS_SQL: &str = "SELECT l.classid FROM pg_catalog.pg_locks l \
        AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
          WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
        AND l.objid OPERATOR(pg_catalog.=) $2 AND l.classid OPERATOR(pg_catalog.=) ANY ($1)";
-
-/// The most slots a lock can have (`--slots`).
-const MAX_SLOTS: u32 = 1024;
 
 /// The seed's `pg_locks` query for every slot's key and every place in line, joined to
 /// `pg_stat_activity`. `$1`: the slots' classes, `$2`: the places' classes (both `oid[]`, the

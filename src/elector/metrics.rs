@@ -120,12 +120,20 @@ impl ElectorMetrics {
     /// [`Elector::new`](crate::Elector::new) leaves the registry as it found it.
     fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
         for (i, collector) in self.collectors().into_iter().enumerate() {
+            // prometheus' own error does not say which name is taken.
+            let names: Vec<String> = collector.desc().iter().map(|d| d.fq_name.clone()).collect();
             if let Err(err) = registry.register(collector) {
                 // Fresh handles on the same series: unregister matches by description.
                 for done in self.collectors().into_iter().take(i) {
                     let _ = registry.unregister(done);
                 }
-                return Err(err);
+                return Err(match err {
+                    prometheus::Error::AlreadyReg => prometheus::Error::Msg(format!(
+                        "{} is already registered by another collector",
+                        names.join(", ")
+                    )),
+                    err => err,
+                });
             }
         }
         Ok(())
@@ -287,7 +295,13 @@ mod tests {
         // The application's own collector under one of the election's names.
         let own = IntCounter::new("leaderrun_terms_started_total", "the application's").unwrap();
         registry.register(Box::new(own.clone())).unwrap();
-        assert!(shared_metrics(&registry).is_err());
+        let refused = shared_metrics(&registry).err().expect("refused");
+        // The message names the metric that is taken, not always the gauge.
+        assert_eq!(
+            crate::error::Chain(&refused).to_string(),
+            "cannot register the election's metrics on the registry: Error: \
+             leaderrun_terms_started_total is already registered by another collector"
+        );
         let names: Vec<String> = registry
             .gather()
             .iter()

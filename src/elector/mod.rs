@@ -33,7 +33,10 @@
 //!   2-second bound that outlives the cancellation, and closes the session.
 //! * **Panic or drop.** When `run` unwinds (or its future is dropped) the term ends with
 //!   [`TermEnd::LeadershipLost`] and the session is closed without unlocking, since it may be
-//!   mid-statement; the server frees the lock when the socket closes.
+//!   mid-statement; the server frees the lock when the socket closes. While a [`TermHold`] of
+//!   the term lives (or of an ended term whose holds the dropped `run` was waiting for), the
+//!   session is kept on a task of its own until the holds are dropped, bounded by
+//!   `idle_session_timeout`, as in every other release.
 //!
 //! # Layout
 //!
@@ -71,7 +74,7 @@ use crate::pg::tls::TlsSettings;
 use crate::timing::Timing;
 
 pub use crate::pg::lock::standby_comment;
-pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID};
+pub use crate::pg::lock::{LockKey, DEFAULT_LOCK_CLASS, DEFAULT_LOCK_ID, MAX_SLOTS};
 pub use connecting::{connect, Connected, EarlyConnect};
 pub use session::{boottime, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
@@ -124,7 +127,8 @@ pub struct Config {
     pub lock: LockKey,
     /// How many replicas may lead at once, each on a slot of its own (`--slots N`,
     /// docs/guarantees.md#the-lock-key-and-slots): slot k is the key [`LockKey::slot`]`(k)`. 0 and
-    /// 1 both mean one slot, the seed's single leader. Every replica of one lock must use the same
+    /// 1 both mean one slot, the seed's single leader. At most [`MAX_SLOTS`] (1024, as
+    /// `--slots`): [`Elector::new`] refuses more. Every replica of one lock must use the same
     /// number.
     pub slots: u32,
     /// How often a standby tries the lock and the leader verifies it, and how long the leader's
@@ -380,9 +384,15 @@ impl Elector {
     /// [`crate::timing::MAX_IDLE_SESSION_TIMEOUT`] (about 24.8 days), so every session would fail
     /// to set it, or not longer than 3 check intervals (the safe window and one interval of
     /// margin), so the server could free the lock while this leader still counts on it;
+    /// [`Error::Slots`] when [`Config::slots`] is over [`MAX_SLOTS`];
     /// [`Error::Metrics`] when the metrics cannot be registered on [`Config::registry`].
     pub fn new(config: Config) -> Result<Elector, Error> {
         config.timing().check().map_err(Error::Timing)?;
+        if config.slots > MAX_SLOTS {
+            return Err(Error::Slots {
+                slots: config.slots,
+            });
+        }
         let metrics = match &config.registry {
             Some(registry) => Some(shared_metrics(registry)?),
             None => None,
@@ -486,6 +496,11 @@ impl Elector {
     /// `work` gets the term, so it can stop when [`Term::ended`] resolves; when leadership held
     /// until it returned, the result is [`Done::Ran`] with its output; when leadership was
     /// lost meanwhile, [`Done::Lost`], logged at INFO: a demotion never counts as a failure.
+    /// Work that returns after its term's safe window passed ([`Term::proven_until`]) without
+    /// the term having ended (its campaign could not run: work that blocked the runtime, a
+    /// frozen process) is [`Done::Lost`] too: nothing proved the lock until it returned; so is
+    /// work that outlived the release's wait after a cancel ([`Elector::run`]: bounded by
+    /// `idle_session_timeout`), under which the lock was given up.
     pub async fn do_as_leader<F, Fut>(&self, work: F) -> Done<Fut::Output>
     where
         F: FnOnce(Term) -> Fut,
@@ -498,8 +513,18 @@ impl Elector {
             return Done::Standby;
         };
         let output = work(term.clone()).await;
+        // A term that has not ended but whose safe window passed (its campaign could not run
+        // while the work did, e.g. work that blocked the runtime) did not prove the lock until
+        // the work returned: the server may have ended the session, and another replica led.
+        let lapsed = term
+            .proven_until()
+            .map_or(true, |until| session::boottime() >= until);
         drop(hold);
-        if term.end_cause() == Some(TermEnd::LeadershipLost) {
+        let cause = term.end_cause();
+        if cause == Some(TermEnd::LeadershipLost)
+            || (cause.is_none() && lapsed)
+            || term.was_released_under_holds()
+        {
             let _span = self.shared.config.span.enter();
             info!(
                 target: "leaderrun::elector",
@@ -517,7 +542,9 @@ impl Elector {
     /// connect or statement never ends the call; it is logged and retried at the next check.
     /// On cancel, ends the term ([`TermEnd::Resigned`]), waits for every [`TermHold`] of it to
     /// be dropped (work that ignores the term's end keeps the lock, and `run`, for up to the
-    /// lock session's `idle_session_timeout`, 4 check intervals by default), unlocks under
+    /// lock session's `idle_session_timeout`, 4 check intervals by default; the server's own
+    /// timer counts from the last check, so it may end the session, and the lock, up to an
+    /// interval sooner, and [`Elector::do_as_leader`] then says [`Done::Lost`]), unlocks under
     /// [`UNLOCK_BOUND`] and closes the session; when the unlock failed, the close waits up to
     /// 1 s more for the server to end the backend, so the lock reaches the standbys before
     /// `run` returns (docs/election.md, "Release"). A leader whose work stops at once returns
@@ -538,6 +565,7 @@ impl Elector {
             finished: false,
             waited: Duration::ZERO,
             wait_only: false,
+            releasing: None,
         };
         // A panic inside an async fn does not unwind through its locals until the task is
         // dropped, after the runtime caught it; catch it here so the term ends, the session
@@ -603,6 +631,22 @@ mod tests {
             );
         }
         assert!(config(Duration::from_secs(5 * 24 * 3600), None).is_ok());
+        // A standby's try names every slot's key: u32::MAX of them ran out of memory at the
+        // first check (an abort, not an error).
+        for (slots, ok) in [
+            (0, true),
+            (MAX_SLOTS, true),
+            (MAX_SLOTS + 1, false),
+            (u32::MAX, false),
+        ] {
+            let mut config = Config::new(tokio_postgres::Config::new());
+            config.slots = slots;
+            let built = Elector::new(config);
+            assert_eq!(built.is_ok(), ok, "{slots} slots: {built:?}");
+            if !ok {
+                assert!(matches!(built, Err(Error::Slots { .. })), "{built:?}");
+            }
+        }
         assert!(config(Duration::from_millis(100), None).is_ok());
     }
 

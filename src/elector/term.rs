@@ -67,6 +67,9 @@ pub(crate) struct TermInner {
     /// The elector's lock-free copy of the proof (`Elector::is_leader` reads it), which a
     /// give-up clears at once rather than at the next check.
     pub(crate) mirror: OnceLock<Arc<AtomicU64>>,
+    /// The lock session was released while holds of the term still lived (the release's wait
+    /// for them ran out): work under the term outlived the lock.
+    pub(crate) released_under_holds: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -194,6 +197,15 @@ impl TermControl {
         released
     }
 
+    /// Records that the lock session is released although holds still live: the wait of
+    /// [`TermControl::released`] ran out.
+    pub(crate) fn released_under_holds(&self) {
+        self.term
+            .0
+            .released_under_holds
+            .store(true, Ordering::Release);
+    }
+
     /// Holds alive now.
     pub fn holds(&self) -> usize {
         self.term.0.holds.borrow().count
@@ -214,6 +226,7 @@ impl Term {
             holds,
             given_up: std::sync::atomic::AtomicBool::new(false),
             mirror: OnceLock::new(),
+            released_under_holds: std::sync::atomic::AtomicBool::new(false),
         }));
         (term.clone(), TermControl { term })
     }
@@ -275,6 +288,11 @@ impl Term {
         if let Some(mirror) = self.0.mirror.get().filter(|_| !self.is_ended()) {
             mirror.store(0, std::sync::atomic::Ordering::SeqCst);
         }
+    }
+
+    /// Whether the lock session was released while holds of the term still lived.
+    pub(crate) fn was_released_under_holds(&self) -> bool {
+        self.0.released_under_holds.load(Ordering::Acquire)
     }
 
     /// Whether [`Term::give_up`] was called.

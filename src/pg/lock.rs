@@ -92,6 +92,10 @@ const STEP_DOWN_FLIP: i32 = 0x2000_0000;
 /// hand-overs in a row both reach a waiting standby at once ([`LockKey::queue_key`]).
 pub const QUEUE_PLACES: u32 = 2;
 
+/// The most slots a lock can have (`--slots`, [`crate::Config::slots`]): a standby's try names
+/// every slot's key, so a statement for many more would not fit an interval, or memory.
+pub const MAX_SLOTS: u32 = 1024;
+
 /// The lock id `--lock-name NAME` stands for: the first 4 bytes of SHA-256 of the UTF-8 NAME,
 /// big-endian, as a signed int4. Fixed forever (docs/field-notes.md#lock-names-need-a-fixed-hash):
 /// never a hasher whose output may change between builds, never the server's `hashtext()`.

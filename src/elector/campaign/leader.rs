@@ -11,7 +11,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{Campaign, Role, LOCK_ROW_SQL};
 use crate::elector::metrics::demotion_cause;
-use crate::elector::session::{boottime, Session};
+use crate::elector::session::{boottime, session_closed, Session};
 use crate::elector::term::{Lease, Term, TermControl, TermEnd};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
@@ -294,8 +294,11 @@ impl Campaign<'_> {
                 Chain(cause)
             );
         }
+        // The session stays in the role while the holds are waited for, so that a campaign
+        // dropped meanwhile still has it to hand on (`Campaign::abandon`).
+        self.release_after_holds(&control, self.role.session().is_some())
+            .await;
         let session = self.role.take_standby_session();
-        self.release_after_holds(&control, session.is_some()).await;
         self.drop_session(session);
     }
 
@@ -308,7 +311,7 @@ impl Campaign<'_> {
     }
 
     /// Waits for the holds of `control`'s term, bounded by `idle_session_timeout`.
-    pub(crate) async fn release_after_holds(&self, control: &TermControl, may_hold_lock: bool) {
+    pub(crate) async fn release_after_holds(&mut self, control: &TermControl, may_hold_lock: bool) {
         if control.holds() == 0 || !may_hold_lock {
             return;
         }
@@ -318,8 +321,20 @@ impl Campaign<'_> {
             "keeping the lock session until the term's work has stopped"
         );
         let bound = self.shared.config.effective_idle_session_timeout();
+        self.releasing = Some((control.term().clone(), Instant::now() + bound));
         self.shared.releasing.store(true, Ordering::Release);
-        let released = control.released(bound).await;
+        // The server may end the session first (its idle_session_timeout counts from the last
+        // check, before the wait began; a terminated backend): the lock is gone then, and the
+        // work outlived it. The wait goes on all the same (no check runs while the work does).
+        let until = Instant::now() + bound;
+        let released = tokio::select! {
+            released = control.released(bound) => released,
+            _ = session_closed(self.role.session_mut()) => {
+                control.released_under_holds();
+                control.released(until.saturating_duration_since(Instant::now())).await
+            }
+        };
+        self.releasing = None;
         *self
             .shared
             .released_at
@@ -327,6 +342,7 @@ impl Campaign<'_> {
             .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.shared.releasing.store(false, Ordering::Release);
         if !released {
+            control.released_under_holds();
             warn!(
                 target: "leaderrun::elector",
                 term = control.term().number(),

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::session::{boottime, session_closed, Session};
-use super::term::{TermControl, TermEnd};
+use super::term::{Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared};
 use crate::error::{Chain, Error};
 use crate::pg::holder::activity_bytes;
@@ -184,6 +184,10 @@ pub(crate) struct Campaign<'a> {
     /// The current check is only a wait in line (the standby already held its place): its
     /// duration is the queue's, and `leaderrun_check_duration_seconds` does not observe it.
     pub(crate) wait_only: bool,
+    /// The ended term whose holds are being waited for before its session is released, and
+    /// the end of that wait: a campaign dropped meanwhile hands the session on to a task that
+    /// keeps waiting ([`Campaign::abandon`]), instead of freeing the lock under live work.
+    pub(crate) releasing: Option<(Term, Instant)>,
 }
 
 /// Who holds the lock, for a standby whose check was refused: one row whatever is found (the
@@ -464,21 +468,32 @@ impl Campaign<'_> {
     /// the lock when the socket closes.
     pub(crate) fn abandon(&mut self, panicked: bool) {
         let led = self.end_term(TermEnd::LeadershipLost);
+        let bound = self.shared.config.effective_idle_session_timeout();
+        // Dropped while it waited for an ended term's holds (after a demotion or a cancel):
+        // that wait goes on, for what is left of it.
+        let releasing = self.releasing.take();
+        self.shared.releasing.store(false, Ordering::Release);
+        let waited_for = match (&led, releasing) {
+            (Some(control), _) => Some((control.term().clone(), bound)),
+            (None, Some((term, until))) => {
+                Some((term, until.saturating_duration_since(Instant::now())))
+            }
+            (None, None) => None,
+        };
         let mut session = self.role.take_standby_session();
-        if let (Some(control), Some(_)) = (&led, &session) {
+        if let (Some((term, bound)), Some(_)) = (waited_for, &session) {
             // Work may still run under the term: the session (and maybe the lock) stays until
             // it is dead, as in every other demotion, on a task of its own since this runs in
             // a drop. Nothing is sent on it: it may be mid-statement.
-            if control.holds() > 0 {
+            let held = TermControl { term };
+            if held.holds() > 0 {
                 if let (Ok(runtime), Some(session)) =
                     (tokio::runtime::Handle::try_current(), session.take())
                 {
-                    let held = TermControl {
-                        term: control.term().clone(),
-                    };
-                    let bound = self.shared.config.effective_idle_session_timeout();
                     runtime.spawn(async move {
-                        held.released(bound).await;
+                        if !held.released(bound).await {
+                            held.released_under_holds();
+                        }
                         drop(session);
                     });
                 }
