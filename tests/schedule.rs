@@ -435,13 +435,7 @@ fn catch_up_reads_the_history_while_its_writes_wait() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
     let scratch = Scratch::new();
-    let table = format!("runs_share_{id}");
-    cluster.sql(
-        &table
-            .parse::<leaderrun::history::TableName>()
-            .unwrap()
-            .create_sql(),
-    );
+    let table = history_table(cluster, "runs_share", id);
     let mut locker = lock_table_in(cluster, &table, "SHARE", "ShareLock");
     let job = scratch
         .child_script("job.sh", "true")
@@ -920,13 +914,7 @@ fn status_reads_a_history_whose_times_rfc3339_cannot_spell() {
     // `status` shows them instead of panicking on them.
     let cluster = Cluster::shared();
     let id = unique_lock_id();
-    let table = format!("runs_odd_times_{id}");
-    cluster.sql(
-        &table
-            .parse::<leaderrun::history::TableName>()
-            .unwrap()
-            .create_sql(),
-    );
+    let table = history_table(cluster, "runs_odd_times", id);
     cluster.sql(&format!(
         "INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, due_at, \
            started_at, ended_at, outcome) \
@@ -956,13 +944,7 @@ fn status_warns_of_a_history_table_with_nulls_the_readme_forbids() {
     // (a WARN) and shows the rest, instead of panicking.
     let cluster = Cluster::shared();
     let id = unique_lock_id();
-    let table = format!("runs_nulls_{id}");
-    cluster.sql(
-        &table
-            .parse::<leaderrun::history::TableName>()
-            .unwrap()
-            .create_sql(),
-    );
+    let table = history_table(cluster, "runs_nulls", id);
     cluster.sql(&format!(
         "ALTER TABLE {table} ALTER COLUMN host DROP NOT NULL; \
          INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, started_at, \
@@ -987,13 +969,7 @@ fn a_backlog_of_old_rows_is_deleted_a_batch_at_a_time() {
     // table would never shrink.
     let cluster = Cluster::shared();
     let id = unique_lock_id();
-    let table = format!("runs_backlog_{id}");
-    cluster.sql(
-        &table
-            .parse::<leaderrun::history::TableName>()
-            .unwrap()
-            .create_sql(),
-    );
+    let table = history_table(cluster, "runs_backlog", id);
     cluster.sql(&format!(
         "INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, started_at, \
            outcome) \
@@ -1042,13 +1018,7 @@ fn a_backlog_of_old_rows_is_deleted_a_batch_at_a_time() {
 fn the_leader_deletes_rows_older_than_history_keep_and_marks_vanished_runs_lost() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
-    let table = format!("runs_keep_{id}");
-    cluster.sql(
-        &table
-            .parse::<leaderrun::history::TableName>()
-            .unwrap()
-            .create_sql(),
-    );
+    let table = history_table(cluster, "runs_keep", id);
     // A run of two hours ago, and one of a leader that vanished a minute ago (token 1: lower
     // than any later term's).
     for (ago, outcome) in [("2 hours", "ok"), ("1 minute", "running")] {
@@ -1095,13 +1065,7 @@ fn a_new_leader_whose_clock_is_behind_skips_a_due_time_an_earlier_leader_started
     let cluster = Cluster::shared();
     let id = unique_lock_id();
     let scratch = Scratch::new();
-    let table = format!("runs_skew_{id}");
-    cluster.sql(
-        &table
-            .parse::<leaderrun::history::TableName>()
-            .unwrap()
-            .create_sql(),
-    );
+    let table = history_table(cluster, "runs_skew", id);
     let job = stamping_job(&scratch, "0.2");
     // An even second at least four seconds ahead: the replica leads well before it.
     let due = ((now() + 4.0) / 2.0).ceil() as i64 * 2;
@@ -1182,13 +1146,7 @@ fn a_history_slower_than_the_schedule_skips_one_due_time_at_most() {
     let cluster = Cluster::shared();
     let id = unique_lock_id();
     let scratch = Scratch::new();
-    let table = format!("runs_slow_{id}");
-    cluster.sql(
-        &table
-            .parse::<leaderrun::history::TableName>()
-            .unwrap()
-            .create_sql(),
-    );
+    let table = history_table(cluster, "runs_slow", id);
     // Every history statement waits on this lock until its own timeout.
     let mut locker = lock_table(cluster, &table);
     let job = scratch.child_script("job.sh", "true");
@@ -1251,4 +1209,17 @@ fn a_zone_file_that_is_a_fifo_or_a_device_is_refused_at_once() {
         assert_eq!(status.code(), Some(125), "{tz}: {log}");
         assert!(log.contains("not a regular file"), "{tz}: {log}");
     }
+}
+
+/// Creates a history table of its own for one test, `PREFIX_ID`, as the README's SQL makes it
+/// (`TableName::create_sql`); returns its name.
+fn history_table(cluster: &Cluster, prefix: &str, id: i32) -> String {
+    let table = format!("{prefix}_{id}");
+    cluster.sql(
+        &table
+            .parse::<leaderrun::history::TableName>()
+            .unwrap()
+            .create_sql(),
+    );
+    table
 }
