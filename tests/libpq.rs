@@ -373,9 +373,10 @@ fn write_files(fake: &Fake, case: &Case) {
     }
 }
 
-/// libpq's record: psql with the case's DSN and environment and nothing else.
+/// libpq's record: psql with the case's DSN and environment and nothing else (the psql binary
+/// itself, not Debian's `pg_wrapper`, which adds `PGHOST` and `PGPORT` of its own).
 fn through_libpq(fake: &Fake, case: &Case) -> Vec<Visit> {
-    let mut cmd = Command::new("psql");
+    let mut cmd = Command::new(crate::support::cluster::psql());
     cmd.env_clear()
         .env("PATH", "/usr/bin:/bin")
         .args(["-X", "-w", "-q", "-c", "select 1"])
@@ -1064,7 +1065,11 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn leaderrun_connects_as_libpq_does() {
-    if Command::new("psql").arg("--version").output().is_err() {
+    if Command::new(crate::support::cluster::psql())
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         panic!("psql (libpq) is needed for this test");
     }
     let cases = cases();
@@ -1213,7 +1218,7 @@ fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
         }
     }
     // psql, as the same uid with the same settings, refuses too.
-    let mut psql = Command::new("psql");
+    let mut psql = Command::new(crate::support::cluster::psql());
     psql.env_clear()
         .env("PATH", "/usr/bin:/bin")
         .envs(settings)

@@ -583,11 +583,14 @@ fn build(
     // Hosts, as libpq pairs `host`, `hostaddr` and `port` (connectOptions2).
     let addrs: Option<Vec<String>> =
         nonempty(&params, "hostaddr").map(|a| a.split(',').map(str::to_owned).collect());
-    let names: Vec<String> = match take(&params, "host") {
+    // As libpq (connectOptions2): the addresses, when given, count the hosts; an empty or
+    // absent `host` is no list at all (every place then has no name), not a list of one.
+    let names: Vec<String> = match nonempty(&params, "host") {
         Some(h) => h.split(',').map(str::to_owned).collect(),
-        None => vec![String::new()],
+        None => vec![String::new(); addrs.as_ref().map_or(1, Vec::len)],
     };
-    // As libpq 15: a list of addresses needs a list of names as long (empty names will do).
+    // As libpq 15: a list of names, when given, is as long as the addresses' (empty names
+    // will do).
     if let Some(addrs) = &addrs {
         if names.len() != addrs.len() {
             return Err(value_err(

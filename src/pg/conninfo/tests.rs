@@ -454,3 +454,65 @@ fn the_os_user_is_the_uids_password_entry_and_none_is_refused() {
     );
     assert!(err.contains("PGUSER"), "{err}");
 }
+
+/// A `hostaddr` list with no host names counts the hosts, as libpq counts them: leaderrun
+/// refused it ("could not match 1 host names to 2 hostaddr values"), where psql connects.
+#[test]
+fn a_hostaddr_list_needs_no_host_names() {
+    for dsn in [
+        "hostaddr=127.0.0.1,::1 port=6000,6001 user=u dbname=d",
+        "host='' hostaddr=127.0.0.1,::1 port=6000,6001 user=u dbname=d",
+    ] {
+        let c = resolve_with(Some(dsn), &[]).unwrap();
+        let hosts: Vec<_> = c
+            .tls
+            .plan
+            .hosts
+            .iter()
+            .map(|h| (h.address.clone(), h.port))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                (
+                    Address::Tcp {
+                        name: String::new(),
+                        addr: Some("127.0.0.1".parse().unwrap())
+                    },
+                    6000
+                ),
+                (
+                    Address::Tcp {
+                        name: String::new(),
+                        addr: Some("::1".parse().unwrap())
+                    },
+                    6001
+                ),
+            ],
+            "{dsn}"
+        );
+    }
+    let c = resolve_with(
+        Some("hostaddr=127.0.0.1,::1 port=6000 user=u dbname=d"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.tls.plan.hosts.len(), 2);
+    // Names, when given, are as many as the addresses (libpq's error).
+    let err = resolve_with(Some("host=a hostaddr=127.0.0.1,::1 user=u dbname=d"), &[]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("could not match 1 host names to 2 hostaddr values"),
+        "{err}"
+    );
+    let err = resolve_with(
+        Some("hostaddr=127.0.0.1,::1 port=1,2,3 user=u dbname=d"),
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("could not match 3 port numbers to 2 hosts"),
+        "{err}"
+    );
+}
