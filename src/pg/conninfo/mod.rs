@@ -509,11 +509,12 @@ pub fn resolve(
         };
         insert_all(&mut params, pairs, &origin, false, shown)?;
     }
+    // An empty name is a name, as libpq reads it (`service=''`, `PGSERVICE=`): the section
+    // `[]`, else "definition of service \"\" not found", never no service at all.
     let service = match params.get("service") {
         Some((v, _)) => Some(v.clone()),
         None => env("PGSERVICE"),
-    }
-    .filter(|s| !s.is_empty());
+    };
     if let Some(name) = service {
         let pairs = service_section(&name, env)?;
         let shown = !pairs.iter().any(|(k, _)| k == "password");

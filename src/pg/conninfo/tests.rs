@@ -455,6 +455,72 @@ fn the_os_user_is_the_uids_password_entry_and_none_is_refused() {
     assert!(err.contains("PGUSER"), "{err}");
 }
 
+/// A service file's section header as libpq matches it (the name, then `]`; the rest of the
+/// line plays no part), and an empty service name is a name. Before, `[plex] # comment` was no
+/// header of `plex`, so leaderrun took the system-wide file's `[plex]`: another server, user
+/// and database than psql's.
+#[test]
+fn service_headers_and_empty_names_as_libpq_reads_them() {
+    let dir = std::env::temp_dir().join(format!("leaderrun-svc-hdr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("services.conf");
+    std::fs::write(
+        dir.join("pg_service.conf"),
+        "[plex]\nhost=system-host\ndbname=sysdb\n[]\nhost=system-empty\ndbname=e\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let d = dir.to_str().unwrap();
+    let vars = [("PGSERVICEFILE", f), ("PGSYSCONFDIR", d)];
+    for header in ["[plex] # the main one", "[plex]x", "  [plex]\t", "[plex]]"] {
+        std::fs::write(
+            &file,
+            format!("[plexx]\nhost=no\n{header}\nhost=user-host\ndbname=db\n"),
+        )
+        .unwrap();
+        let c = resolve_with(Some("service=plex user=u"), &vars).unwrap();
+        assert_eq!(
+            describe(&c.config),
+            "host=user-host port=5432 dbname=db user=u",
+            "{header:?}"
+        );
+    }
+    std::fs::write(&file, "[plexx]\nhost=no\n[ plex]\nhost=no\n").unwrap();
+    let c = resolve_with(Some("service=plex user=u"), &vars).unwrap();
+    assert_eq!(
+        describe(&c.config),
+        "host=system-host port=5432 dbname=sysdb user=u"
+    );
+    // `service=''` and `PGSERVICE=` name the section `[]`, else no service is found.
+    let c = resolve_with(Some("service='' user=u"), &vars).unwrap();
+    assert_eq!(
+        describe(&c.config),
+        "host=system-empty port=5432 dbname=e user=u"
+    );
+    let c = resolve_with(Some("user=u"), &[vars[0], vars[1], ("PGSERVICE", "")]).unwrap();
+    assert_eq!(
+        describe(&c.config),
+        "host=system-empty port=5432 dbname=e user=u"
+    );
+    let none = [("PGSERVICEFILE", f), ("PGSYSCONFDIR", "/nonexistent")];
+    for (dsn, vars) in [
+        ("host=h dbname=d service=", &none[..]),
+        ("postgresql://h/d?service=", &none[..]),
+        (
+            "host=h dbname=d",
+            &[none[0], none[1], ("PGSERVICE", "")][..],
+        ),
+    ] {
+        let err = resolve_with(Some(dsn), vars).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("definition of service \"\" not found"),
+            "{dsn}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A `hostaddr` list with no host names counts the hosts, as libpq counts them: leaderrun
 /// refused it ("could not match 1 host names to 2 hostaddr values"), where psql connects.
 #[test]
