@@ -554,9 +554,14 @@ fn other_scheme(dsn: &str) -> bool {
     })
 }
 
-/// A libpq integer setting: blanks around the digits are allowed.
+/// A libpq integer setting (`parse_int_param`): C's white space around the digits is
+/// allowed; a value that does not fit a C `int` is refused, as libpq refuses it ("invalid
+/// integer value").
 fn int_value(text: &str) -> Option<i64> {
-    text.trim().parse().ok()
+    text.trim_matches(syntax::is_c_space)
+        .parse::<i32>()
+        .ok()
+        .map(i64::from)
 }
 
 fn build(

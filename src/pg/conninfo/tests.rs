@@ -455,6 +455,62 @@ fn the_os_user_is_the_uids_password_entry_and_none_is_refused() {
     assert!(err.contains("PGUSER"), "{err}");
 }
 
+/// Found by running the same inputs through psql (libpq 15) and leaderrun against real
+/// servers: a keyword value ends at C's white space only, as libpq's `isspace` in the C
+/// locale; a no-break space stays in the value (psql then asks for the user `u\u{a0}dbname=d`,
+/// where leaderrun connected as `u` to `d`).
+#[test]
+fn keyword_values_end_at_c_white_space_only() {
+    let c = resolve_with(Some("host=h user=u\u{a0}dbname=d"), &[]).unwrap();
+    assert_eq!(c.config.get_user(), Some("u\u{a0}dbname=d"));
+    assert_eq!(c.database_from, "default");
+    let c = resolve_with(Some("host=h user=u\u{2003}dbname=d"), &[]).unwrap();
+    assert_eq!(c.config.get_user(), Some("u\u{2003}dbname=d"));
+    // C's own: blank, tab, newline, vertical tab, form feed, carriage return.
+    for blank in [" ", "\t", "\n", "\u{b}", "\u{c}", "\r"] {
+        let c = resolve_with(Some(&format!("host=h{blank}user=u{blank}dbname=d")), &[]).unwrap();
+        assert_eq!(
+            (c.config.get_user(), c.config.get_dbname()),
+            (Some("u"), Some("d")),
+            "{blank:?}"
+        );
+    }
+}
+
+/// A URL's query as libpq reads it (conninfo_uri_parse_params): a second `=` in a parameter
+/// is refused (`?options=-c%20x=y`; leaderrun took it), `ssl=true` is `sslmode=require`
+/// (leaderrun refused it as an unknown option), and a bracketed address is percent-decoded
+/// like every other host.
+#[test]
+fn url_parameters_as_libpq_reads_them() {
+    for url in [
+        "postgresql://u@h/d?application_name=a=b",
+        "postgresql://u@h/d?options=-c%20search_path=x",
+        "postgresql://u:secret@h/d?password=a=b",
+    ] {
+        let err = resolve_with(Some(url), &[]).unwrap_err();
+        assert!(err.to_string().contains("a second '='"), "{url}: {err}");
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+    let c = resolve_with(Some("postgresql://u@h/d?options=-c%20search_path%3Dx"), &[]).unwrap();
+    assert_eq!(c.config.get_options(), Some("-c search_path=x"));
+    let c = resolve_with(Some("postgresql://u@h/d?ssl=true"), &[]).unwrap();
+    assert_eq!(c.tls.mode, SslMode::Require);
+    let c = resolve_with(Some("postgresql://u@h/d?ssl=true&sslmode=verify-ca"), &[]).unwrap();
+    assert_eq!(c.tls.mode, SslMode::VerifyCa);
+    for url in ["postgresql://u@h/d?ssl=false", "postgresql://u@h/d?ssl=1"] {
+        let err = resolve_with(Some(url), &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("invalid connection option"),
+            "{url}: {err}"
+        );
+    }
+    // A keyword/value DSN has no `ssl`.
+    assert!(resolve_with(Some("host=h ssl=true"), &[]).is_err());
+    let c = resolve_with(Some("postgresql://u@[%3A%3A1]:6000/d"), &[]).unwrap();
+    assert_eq!(describe(&c.config), "host=::1 port=6000 dbname=d user=u");
+}
+
 /// A service file's section header as libpq matches it (the name, then `]`; the rest of the
 /// line plays no part), and an empty service name is a name. Before, `[plex] # comment` was no
 /// header of `plex`, so leaderrun took the system-wide file's `[plex]`: another server, user
@@ -581,4 +637,28 @@ fn a_hostaddr_list_needs_no_host_names() {
             .contains("could not match 3 port numbers to 2 hosts"),
         "{err}"
     );
+}
+
+/// libpq's integers are C `int`s: `connect_timeout=2147483648` is "invalid integer value"
+/// there, and was a timeout of 68 years here.
+#[test]
+fn integer_settings_fit_a_c_int() {
+    let c = resolve_with(Some("host=h dbname=d connect_timeout=2147483647"), &[]).unwrap();
+    assert_eq!(
+        c.tls.plan.connect_timeout,
+        Some(Duration::from_secs(2_147_483_647))
+    );
+    for value in ["2147483648", "99999999999", "-2147483649"] {
+        let err = resolve_with(
+            Some(&format!("host=h dbname=d connect_timeout={value}")),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("invalid connect_timeout"),
+            "{value}: {err}"
+        );
+    }
+    let c = resolve_with(Some("host=h dbname=d port='\u{b}6000\t'"), &[]).unwrap();
+    assert_eq!(c.config.get_ports(), [6000]);
 }
