@@ -862,8 +862,27 @@ fn build(
             ),
         ));
     }
-    let client_cert = tls_file(&mut params, "sslcert", "postgresql.crt");
-    let client_key = tls_file(&mut params, "sslkey", "postgresql.key");
+    // As libpq (initialize_SSL): a named root certificate that does not exist is an error
+    // for `verify-ca` and `verify-full` (the path is kept, and reading it fails), and for the
+    // other modes no root at all: TLS without a check, never a refusal of a session libpq
+    // opens.
+    let root_cert = root_cert.filter(|p| {
+        system_roots || matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) || p.exists()
+    });
+    // As libpq: a client certificate that does not exist is none (and the key is then not
+    // looked for); one that exists needs its key, the named one or
+    // `~/.postgresql/postgresql.key`, and a missing key is an error ("certificate present, but
+    // not private key file"), not a session without the certificate.
+    let client_cert = tls_file(&mut params, "sslcert", "postgresql.crt").filter(|p| {
+        !matches!(std::fs::metadata(p), Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ENOTDIR))
+    });
+    let client_key = match params.remove("sslkey").filter(|(v, _)| !v.is_empty()) {
+        _ if client_cert.is_none() => None,
+        Some((v, _)) => Some(PathBuf::from(v)),
+        None => home(env).map(|h| h.join(".postgresql").join("postgresql.key")),
+    };
 
     // Passwords, per host: the explicit one, else each host's own line of the password file.
     let mut password_from = None;

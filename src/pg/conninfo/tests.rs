@@ -149,8 +149,9 @@ fn ssl_settings() {
         TlsSettings {
             mode: SslMode::VerifyFull,
             root_cert: Some("/r.pem".into()),
-            client_cert: Some("/c.pem".into()),
-            client_key: Some("/k.pem".into()),
+            // As libpq: a client certificate that does not exist is none, and its key unread.
+            client_cert: None,
+            client_key: None,
             plan: c.tls.plan.clone(),
         }
     );
@@ -661,4 +662,62 @@ fn integer_settings_fit_a_c_int() {
     }
     let c = resolve_with(Some("host=h dbname=d port='\u{b}6000\t'"), &[]).unwrap();
     assert_eq!(c.config.get_ports(), [6000]);
+}
+
+/// TLS files as libpq reads them (initialize_SSL): a named root that does not exist is an
+/// error for `verify-ca`/`verify-full` and no check at all for `prefer`/`require` (leaderrun
+/// refused the session); a client certificate that does not exist is none; one that exists
+/// needs its key (`~/.postgresql/postgresql.key` unless named), which is read, not skipped.
+#[test]
+fn tls_files_that_do_not_exist_as_libpq_reads_them() {
+    let home = [("HOME", "/nonexistent-home")];
+    for mode in ["prefer", "require"] {
+        let c = resolve_with(
+            Some(&format!(
+                "host=h dbname=d sslmode={mode} sslrootcert=/nonexistent/root.crt"
+            )),
+            &home,
+        )
+        .unwrap();
+        assert_eq!(c.tls.root_cert, None, "{mode}");
+    }
+    for mode in ["verify-ca", "verify-full"] {
+        let c = resolve_with(
+            Some(&format!(
+                "host=h dbname=d sslmode={mode} sslrootcert=/nonexistent/root.crt"
+            )),
+            &home,
+        )
+        .unwrap();
+        assert_eq!(
+            c.tls.root_cert,
+            Some("/nonexistent/root.crt".into()),
+            "{mode}"
+        );
+        assert!(c.tls.connector().is_err(), "{mode}");
+    }
+    let c = resolve_with(
+        Some("host=h dbname=d sslcert=/nonexistent/c.crt sslkey=/nonexistent/c.key"),
+        &home,
+    )
+    .unwrap();
+    assert_eq!((c.tls.client_cert, c.tls.client_key), (None, None));
+    let dir = std::env::temp_dir().join(format!("leaderrun-tlsfiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cert = dir.join("c.crt");
+    std::fs::write(&cert, "not read here").unwrap();
+    let c = resolve_with(
+        Some(&format!("host=h dbname=d sslcert={}", cert.display())),
+        &home,
+    )
+    .unwrap();
+    assert_eq!(
+        (c.tls.client_cert.clone(), c.tls.client_key.clone()),
+        (
+            Some(cert.clone()),
+            Some("/nonexistent-home/.postgresql/postgresql.key".into())
+        )
+    );
+    assert!(c.tls.connector().is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
