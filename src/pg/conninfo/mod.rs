@@ -642,7 +642,14 @@ fn build(
                 value_err(
                     "hostaddr",
                     &params,
-                    format!("{} is not an IP address", quote(a)),
+                    // libpq hands the value to getaddrinfo, which also takes inet_aton's
+                    // short, octal and hex forms (`127.1`, `010.0.0.1`) and an IPv6 zone
+                    // (`fe80::1%eth0`); leaderrun does not (README, Connecting).
+                    format!(
+                        "{} is not an IP address leaderrun supports (four decimal parts, or \
+                         IPv6 without a zone)",
+                        quote(a)
+                    ),
                 )
             })?),
         };
@@ -653,6 +660,19 @@ fn build(
             },
             (None, "") => Address::Unix(PathBuf::from(default_socket_dir())),
             (None, n) if n.starts_with('/') => Address::Unix(PathBuf::from(n)),
+            // libpq 14 and later: a host that starts with `@` is a socket in Linux's abstract
+            // namespace. Taken for a host name it failed its lookup, and in a list the next
+            // host was tried: another server than psql's.
+            (None, n) if n.starts_with('@') => {
+                return Err(ConnInfoError::Unsupported {
+                    what: "a host that starts with '@' (a Unix socket in the abstract namespace)"
+                        .to_owned(),
+                    origin: params
+                        .get("host")
+                        .map(|(_, o)| o.clone())
+                        .unwrap_or_default(),
+                })
+            }
             (None, n) => Address::Tcp {
                 name: n.to_owned(),
                 addr: None,

@@ -721,3 +721,26 @@ fn tls_files_that_do_not_exist_as_libpq_reads_them() {
     assert!(c.tls.connector().is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// libpq 14 reads a host that starts with `@` as a Unix socket in the abstract namespace
+/// (psql connects); leaderrun took it for a host name, whose lookup failed, so a list went on to
+/// its next host. Refused as not supported; with `hostaddr` it is only a name, as in libpq.
+#[test]
+fn an_abstract_socket_host_is_refused_as_unsupported() {
+    for dsn in [
+        "host=@pg port=6000 user=u dbname=d",
+        "host=@pg,db port=6000 user=u dbname=d",
+        "postgresql://u@%40pg:6000/d",
+    ] {
+        let err = resolve_with(Some(dsn), &[]).unwrap_err();
+        assert!(
+            matches!(err, ConnInfoError::Unsupported { .. })
+                && err.to_string().contains("abstract namespace"),
+            "{dsn}: {err}"
+        );
+    }
+    let err = resolve_with(Some("user=u dbname=d"), &[("PGHOST", "db,@pg")]).unwrap_err();
+    assert!(err.to_string().contains("(from PGHOST"), "{err}");
+    let c = resolve_with(Some("host=@pg hostaddr=127.0.0.1 user=u dbname=d"), &[]).unwrap();
+    assert_eq!(c.tls.plan.hosts.len(), 1);
+}
