@@ -1054,6 +1054,47 @@ fn cases() -> Vec<Case> {
             .env("PGPORT", "{A}")
             .refused("expected a postgres:// or postgresql:// URL"),
     );
+    // Found by running psql and leaderrun against real servers: values end at C's white space
+    // only, a URL's query as libpq reads it (`ssl=true`, a second `=`, a bracketed host
+    // percent-decoded), C `int`s, an address list without names, missing TLS files.
+    for dsn in [
+        "host=127.0.0.1 port={A} dbname=d user=u\u{a0}x=y",
+        "host=127.0.0.1\u{b}port={A}\u{c}user=u\rdbname=d",
+        "postgresql://u@127.0.0.1:{A}/d?options=-c%20x=y",
+        "postgresql://u@127.0.0.1:{A}/d?options=-c%20x%3Dy",
+        "postgresql://u@127.0.0.1:{A}/d?ssl=true",
+        "postgresql://u@127.0.0.1:{A}/d?ssl=false",
+        "postgresql://u@[127.0.0%2E1]:{A}/d",
+        "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=2147483648",
+        "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=2147483647",
+        "host='' hostaddr=127.0.0.1,127.0.0.1 port={R},{A} user=u dbname=d",
+        "hostaddr=127.0.0.1,127.0.0.1 port={A} user=u dbname=d",
+        "host=127.0.0.1 port={A} user=u dbname=d service=",
+        "host=127.0.0.1 port={A} user=u dbname=d sslrootcert={D}/none.crt",
+        "host=127.0.0.1 port={A} user=u dbname=d sslmode=require sslrootcert={D}/none.crt",
+        "host=127.0.0.1 port={A} user=u dbname=d sslcert={D}/none.crt sslkey={D}/none.key",
+    ] {
+        out.push(case(dsn));
+    }
+    out.push(case("host=127.0.0.1 port={A} user=u dbname=d").env("PGSERVICE", ""));
+    // A section header is the name and `]`, whatever follows: the file's `[plex] # …` is
+    // the service, not the system-wide file's `[plex]`.
+    for header in ["[plex] # main", "[plex]x", "[plexx]", "[ plex]"] {
+        let mut c = case("service=plex")
+            .env("PGSERVICEFILE", "{D}/services")
+            .env("PGSYSCONFDIR", "{D}")
+            .services(&format!(
+                "{header}\nhost=127.0.0.1\nport={{A}}\nuser=u\ndbname=d\n"
+            ));
+        c.sysconf = Some("[plex]\nhost=127.0.0.1\nport={B}\nuser=sys\ndbname=sys\n".to_owned());
+        out.push(c);
+    }
+    out.push(
+        case("user=u dbname=d")
+            .env("PGSERVICE", "")
+            .env("PGSERVICEFILE", "{D}/services")
+            .services("[]\nhost=127.0.0.1\nport={A}\n"),
+    );
     for c in &mut out {
         let text = format!("{:?} {:?}", c.dsn, c.env);
         if text.contains("sslmode=allow") || text.contains("\"PGSSLMODE\", \"allow\"") {
