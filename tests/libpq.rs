@@ -1073,6 +1073,10 @@ fn cases() -> Vec<Case> {
         "host=127.0.0.1 port={A} user=u dbname=d sslrootcert={D}/none.crt",
         "host=127.0.0.1 port={A} user=u dbname=d sslmode=require sslrootcert={D}/none.crt",
         "host=127.0.0.1 port={A} user=u dbname=d sslcert={D}/none.crt sslkey={D}/none.key",
+        // A host that is no DNS name is only a name beside hostaddr: TLS is asked all the same.
+        "host='x y' hostaddr=127.0.0.1 port={A} user=u dbname=d",
+        "host=-db hostaddr=127.0.0.1 port={A} user=u dbname=d sslmode=require",
+        "host=@pg hostaddr=127.0.0.1 port={A} user=u dbname=d",
     ] {
         out.push(case(dsn));
     }
