@@ -373,9 +373,10 @@ fn write_files(fake: &Fake, case: &Case) {
     }
 }
 
-/// libpq's record: psql with the case's DSN and environment and nothing else.
+/// libpq's record: psql with the case's DSN and environment and nothing else (the psql binary
+/// itself, not Debian's `pg_wrapper`, which adds `PGHOST` and `PGPORT` of its own).
 fn through_libpq(fake: &Fake, case: &Case) -> Vec<Visit> {
-    let mut cmd = Command::new("psql");
+    let mut cmd = Command::new(crate::support::cluster::psql());
     cmd.env_clear()
         .env("PATH", "/usr/bin:/bin")
         .args(["-X", "-w", "-q", "-c", "select 1"])
@@ -1053,6 +1054,51 @@ fn cases() -> Vec<Case> {
             .env("PGPORT", "{A}")
             .refused("expected a postgres:// or postgresql:// URL"),
     );
+    // Found by running psql and leaderrun against real servers: values end at C's white space
+    // only, a URL's query as libpq reads it (`ssl=true`, a second `=`, a bracketed host
+    // percent-decoded), C `int`s, an address list without names, missing TLS files.
+    for dsn in [
+        "host=127.0.0.1 port={A} dbname=d user=u\u{a0}x=y",
+        "host=127.0.0.1\u{b}port={A}\u{c}user=u\rdbname=d",
+        "postgresql://u@127.0.0.1:{A}/d?options=-c%20x=y",
+        "postgresql://u@127.0.0.1:{A}/d?options=-c%20x%3Dy",
+        "postgresql://u@127.0.0.1:{A}/d?ssl=true",
+        "postgresql://u@127.0.0.1:{A}/d?ssl=false",
+        "postgresql://u@[127.0.0%2E1]:{A}/d",
+        "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=2147483648",
+        "host=127.0.0.1 port={A} user=u dbname=d connect_timeout=2147483647",
+        "host='' hostaddr=127.0.0.1,127.0.0.1 port={R},{A} user=u dbname=d",
+        "hostaddr=127.0.0.1,127.0.0.1 port={A} user=u dbname=d",
+        "host=127.0.0.1 port={A} user=u dbname=d service=",
+        "host=127.0.0.1 port={A} user=u dbname=d sslrootcert={D}/none.crt",
+        "host=127.0.0.1 port={A} user=u dbname=d sslmode=require sslrootcert={D}/none.crt",
+        "host=127.0.0.1 port={A} user=u dbname=d sslcert={D}/none.crt sslkey={D}/none.key",
+        // A host that is no DNS name is only a name beside hostaddr: TLS is asked all the same.
+        "host='x y' hostaddr=127.0.0.1 port={A} user=u dbname=d",
+        "host=-db hostaddr=127.0.0.1 port={A} user=u dbname=d sslmode=require",
+        "host=@pg hostaddr=127.0.0.1 port={A} user=u dbname=d",
+    ] {
+        out.push(case(dsn));
+    }
+    out.push(case("host=127.0.0.1 port={A} user=u dbname=d").env("PGSERVICE", ""));
+    // A section header is the name and `]`, whatever follows: the file's `[plex] # …` is
+    // the service, not the system-wide file's `[plex]`.
+    for header in ["[plex] # main", "[plex]x", "[plexx]", "[ plex]"] {
+        let mut c = case("service=plex")
+            .env("PGSERVICEFILE", "{D}/services")
+            .env("PGSYSCONFDIR", "{D}")
+            .services(&format!(
+                "{header}\nhost=127.0.0.1\nport={{A}}\nuser=u\ndbname=d\n"
+            ));
+        c.sysconf = Some("[plex]\nhost=127.0.0.1\nport={B}\nuser=sys\ndbname=sys\n".to_owned());
+        out.push(c);
+    }
+    out.push(
+        case("user=u dbname=d")
+            .env("PGSERVICE", "")
+            .env("PGSERVICEFILE", "{D}/services")
+            .services("[]\nhost=127.0.0.1\nport={A}\n"),
+    );
     for c in &mut out {
         let text = format!("{:?} {:?}", c.dsn, c.env);
         if text.contains("sslmode=allow") || text.contains("\"PGSSLMODE\", \"allow\"") {
@@ -1064,7 +1110,11 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn leaderrun_connects_as_libpq_does() {
-    if Command::new("psql").arg("--version").output().is_err() {
+    if Command::new(crate::support::cluster::psql())
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         panic!("psql (libpq) is needed for this test");
     }
     let cases = cases();
@@ -1213,7 +1263,7 @@ fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
         }
     }
     // psql, as the same uid with the same settings, refuses too.
-    let mut psql = Command::new("psql");
+    let mut psql = Command::new(crate::support::cluster::psql());
     psql.env_clear()
         .env("PATH", "/usr/bin:/bin")
         .envs(settings)

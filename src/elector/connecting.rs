@@ -761,8 +761,15 @@ pub(super) async fn attempt(
         }));
     }
     // The name TLS is given: the host name, else the address (used for nothing but SNI,
-    // which rustls sends for names only).
-    let server_name = if name.is_empty() {
+    // which rustls sends for names only). A host that is no DNS name (`host='x y'
+    // hostaddr=…`, `host=-db`) is given as its address too, unless verify-full checks it:
+    // libpq takes any name there and uses it for nothing else, and rustls refuses to start
+    // a handshake with it ("invalid dns name"), which refused a session psql opens.
+    let unusable = |name: &str| {
+        tls.mode != crate::pg::tls::SslMode::VerifyFull
+            && rustls::pki_types::ServerName::try_from(name).is_err()
+    };
+    let server_name = if name.is_empty() || unusable(&name) {
         addrs
             .first()
             .map(|a| a.ip().to_string())

@@ -189,6 +189,9 @@ pub fn server_major() -> u32 {
 /// A client tool (`psql`, `pg_basebackup`) of major `min_major` or later: beside the server
 /// first, then on PATH, then Debian's newest. The registry's server-only builds have no client
 /// tools; a client of an older major cannot serve a newer server (`pg_basebackup` refuses).
+/// Debian's `/usr/bin/psql` is not a client but `pg_wrapper`, which sets `PGHOST` and `PGPORT`
+/// to the machine's default cluster when neither is set (nor `-h`, `-p`, `service=` given):
+/// libpq behind it reads another input than the one given, so it is skipped for the binary.
 fn client_tool(name: &str, min_major: u32) -> Option<PathBuf> {
     let path_dirs = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
@@ -199,12 +202,16 @@ fn client_tool(name: &str, min_major: u32) -> Option<PathBuf> {
         .chain(debian)
         .map(|dir| dir.join(name))
         .filter(|tool| tool.is_file())
+        .filter(|tool| {
+            std::fs::canonicalize(tool)
+                .is_ok_and(|real| real.file_name() != Some("pg_wrapper".as_ref()))
+        })
         .find(|tool| major_of(tool).is_some_and(|m| m >= min_major))
 }
 
 /// `psql`, of any major (the tests' SQL is plain enough for any psql since 9); the suite
 /// cannot run without one.
-fn psql() -> &'static Path {
+pub fn psql() -> &'static Path {
     static PSQL: OnceLock<PathBuf> = OnceLock::new();
     PSQL.get_or_init(|| {
         client_tool("psql", 0).expect(

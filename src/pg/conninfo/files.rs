@@ -20,7 +20,11 @@ pub(super) fn home(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
 
 /// The `[name]` section of the first service file that has one, read as libpq reads it: a
 /// line is `keyword=value` exactly (no blanks around `=`), a line without `=`, an unknown
-/// keyword, `requiressl` and a nested `service=` are errors.
+/// keyword, `requiressl` and a nested `service=` are errors. A section begins at a line that
+/// starts with `[name]`, whatever follows the `]` (`[name] # comment`): libpq compares the
+/// name and the `]` only, and a header it takes for the section must not send leaderrun to the
+/// next file's section of that name (another server). An empty name is a name (`[]`), as
+/// libpq reads `service=''`.
 pub(super) fn service_section(
     name: &str,
     env: &dyn Fn(&str) -> Option<String>,
@@ -49,18 +53,31 @@ pub(super) fn service_section(
         let mut found = false;
         let mut out = Vec::new();
         for (number, raw) in bytes.split(|&b| b == b'\n').enumerate() {
-            let raw = raw.trim_ascii();
+            // libpq trims C's white space (a vertical tab and a form feed too).
+            let c_space = |b: &u8| b.is_ascii_whitespace() || *b == 0x0b;
+            let start = raw.iter().position(|b| !c_space(b)).unwrap_or(raw.len());
+            let end = raw
+                .iter()
+                .rposition(|b| !c_space(b))
+                .map_or(start, |i| i + 1);
+            let raw = &raw[start..end];
             if raw.is_empty() || raw.starts_with(b"#") {
                 continue;
             }
+            // A section header, compared as bytes, as libpq compares it (`strncmp` of the
+            // name, then `]`): what follows the `]` plays no part.
+            if let Some(section) = raw.strip_prefix(b"[") {
+                if found {
+                    break;
+                }
+                inside = section
+                    .strip_prefix(name.as_bytes())
+                    .is_some_and(|rest| rest.starts_with(b"]"));
+                found |= inside;
+                continue;
+            }
             let Ok(line) = std::str::from_utf8(raw) else {
-                if raw.starts_with(b"[") {
-                    // Another section (the name asked for is text): it ends ours.
-                    if found {
-                        break;
-                    }
-                    inside = false;
-                } else if inside {
+                if inside {
                     // One of the service's own settings: refused, not ignored, as a variable
                     // that is not UTF-8 is.
                     return Err(syntax(
@@ -70,14 +87,6 @@ pub(super) fn service_section(
                 }
                 continue;
             };
-            if let Some(section) = line.strip_prefix('[') {
-                if found {
-                    break;
-                }
-                inside = section.strip_suffix(']') == Some(name);
-                found |= inside;
-                continue;
-            }
             if inside {
                 let Some((k, v)) = line.split_once('=') else {
                     return Err(syntax(

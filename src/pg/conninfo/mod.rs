@@ -509,11 +509,12 @@ pub fn resolve(
         };
         insert_all(&mut params, pairs, &origin, false, shown)?;
     }
+    // An empty name is a name, as libpq reads it (`service=''`, `PGSERVICE=`): the section
+    // `[]`, else "definition of service \"\" not found", never no service at all.
     let service = match params.get("service") {
         Some((v, _)) => Some(v.clone()),
         None => env("PGSERVICE"),
-    }
-    .filter(|s| !s.is_empty());
+    };
     if let Some(name) = service {
         let pairs = service_section(&name, env)?;
         let shown = !pairs.iter().any(|(k, _)| k == "password");
@@ -553,9 +554,14 @@ fn other_scheme(dsn: &str) -> bool {
     })
 }
 
-/// A libpq integer setting: blanks around the digits are allowed.
+/// A libpq integer setting (`parse_int_param`): C's white space around the digits is
+/// allowed; a value that does not fit a C `int` is refused, as libpq refuses it ("invalid
+/// integer value").
 fn int_value(text: &str) -> Option<i64> {
-    text.trim().parse().ok()
+    text.trim_matches(syntax::is_c_space)
+        .parse::<i32>()
+        .ok()
+        .map(i64::from)
 }
 
 fn build(
@@ -583,11 +589,14 @@ fn build(
     // Hosts, as libpq pairs `host`, `hostaddr` and `port` (connectOptions2).
     let addrs: Option<Vec<String>> =
         nonempty(&params, "hostaddr").map(|a| a.split(',').map(str::to_owned).collect());
-    let names: Vec<String> = match take(&params, "host") {
+    // As libpq (connectOptions2): the addresses, when given, count the hosts; an empty or
+    // absent `host` is no list at all (every place then has no name), not a list of one.
+    let names: Vec<String> = match nonempty(&params, "host") {
         Some(h) => h.split(',').map(str::to_owned).collect(),
-        None => vec![String::new()],
+        None => vec![String::new(); addrs.as_ref().map_or(1, Vec::len)],
     };
-    // As libpq 15: a list of addresses needs a list of names as long (empty names will do).
+    // As libpq 15: a list of names, when given, is as long as the addresses' (empty names
+    // will do).
     if let Some(addrs) = &addrs {
         if names.len() != addrs.len() {
             return Err(value_err(
@@ -633,7 +642,14 @@ fn build(
                 value_err(
                     "hostaddr",
                     &params,
-                    format!("{} is not an IP address", quote(a)),
+                    // libpq hands the value to getaddrinfo, which also takes inet_aton's
+                    // short, octal and hex forms (`127.1`, `010.0.0.1`) and an IPv6 zone
+                    // (`fe80::1%eth0`); leaderrun does not (README, Connecting).
+                    format!(
+                        "{} is not an IP address leaderrun supports (four decimal parts, or \
+                         IPv6 without a zone)",
+                        quote(a)
+                    ),
                 )
             })?),
         };
@@ -644,6 +660,19 @@ fn build(
             },
             (None, "") => Address::Unix(PathBuf::from(default_socket_dir())),
             (None, n) if n.starts_with('/') => Address::Unix(PathBuf::from(n)),
+            // libpq 14 and later: a host that starts with `@` is a socket in Linux's abstract
+            // namespace. Taken for a host name it failed its lookup, and in a list the next
+            // host was tried: another server than psql's.
+            (None, n) if n.starts_with('@') => {
+                return Err(ConnInfoError::Unsupported {
+                    what: "a host that starts with '@' (a Unix socket in the abstract namespace)"
+                        .to_owned(),
+                    origin: params
+                        .get("host")
+                        .map(|(_, o)| o.clone())
+                        .unwrap_or_default(),
+                })
+            }
             (None, n) => Address::Tcp {
                 name: n.to_owned(),
                 addr: None,
@@ -853,8 +882,27 @@ fn build(
             ),
         ));
     }
-    let client_cert = tls_file(&mut params, "sslcert", "postgresql.crt");
-    let client_key = tls_file(&mut params, "sslkey", "postgresql.key");
+    // As libpq (initialize_SSL): a named root certificate that does not exist is an error
+    // for `verify-ca` and `verify-full` (the path is kept, and reading it fails), and for the
+    // other modes no root at all: TLS without a check, never a refusal of a session libpq
+    // opens.
+    let root_cert = root_cert.filter(|p| {
+        system_roots || matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) || p.exists()
+    });
+    // As libpq: a client certificate that does not exist is none (and the key is then not
+    // looked for); one that exists needs its key, the named one or
+    // `~/.postgresql/postgresql.key`, and a missing key is an error ("certificate present, but
+    // not private key file"), not a session without the certificate.
+    let client_cert = tls_file(&mut params, "sslcert", "postgresql.crt").filter(|p| {
+        !matches!(std::fs::metadata(p), Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ENOTDIR))
+    });
+    let client_key = match params.remove("sslkey").filter(|(v, _)| !v.is_empty()) {
+        _ if client_cert.is_none() => None,
+        Some((v, _)) => Some(PathBuf::from(v)),
+        None => home(env).map(|h| h.join(".postgresql").join("postgresql.key")),
+    };
 
     // Passwords, per host: the explicit one, else each host's own line of the password file.
     let mut password_from = None;

@@ -10,6 +10,14 @@ pub(super) fn syntax(origin: &str, reason: impl Into<String>) -> ConnInfoError {
     }
 }
 
+/// C's `isspace` in the C locale, which libpq's parsers use: a blank, tab, newline, vertical
+/// tab, form feed or carriage return. Not Unicode's white space: libpq keeps a no-break space
+/// (U+00A0) inside a value (`user=u\u{a0}dbname=d` is one user name), so splitting there
+/// would connect as another user, to another database.
+pub(super) fn is_c_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r')
+}
+
 pub(super) fn percent_decode(text: &str, origin: &str) -> Result<String, ConnInfoError> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -85,7 +93,8 @@ pub(super) fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>
                     None if after.is_empty() => "",
                     None => return Err(syntax(origin, "unexpected text after [IPv6 address]")),
                 };
-                (h.to_owned(), port)
+                // libpq percent-decodes the whole host list, bracketed addresses too.
+                (percent_decode(h, origin)?, port)
             } else {
                 match spec.split_once(':') {
                     Some((h, p)) => (percent_decode(h, origin)?, p),
@@ -129,7 +138,23 @@ pub(super) fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>
             if k.is_empty() {
                 return Err(syntax(origin, "a query parameter without a name"));
             }
-            out.push((percent_decode(k, origin)?, percent_decode(v, origin)?));
+            // libpq refuses a second `=` ("extra key/value separator"): a value that holds
+            // one is written `%3D` (`options=-c%20search_path%3Dx`).
+            if v.contains('=') {
+                return Err(syntax(
+                    origin,
+                    "a query parameter with a second '=': percent-encode an '=' of its value \
+                     as %3D",
+                ));
+            }
+            let (k, v) = (percent_decode(k, origin)?, percent_decode(v, origin)?);
+            // libpq's JDBC compatibility: `ssl=true` in a URL is `sslmode=require` (any other
+            // `ssl` is an unknown keyword, as there).
+            if k == "ssl" && v == "true" {
+                out.push(("sslmode".to_owned(), "require".to_owned()));
+                continue;
+            }
+            out.push((k, v));
         }
     }
     Ok(out)
@@ -145,7 +170,7 @@ pub(super) fn parse_keywords(
     let mut out = Vec::new();
     let mut chars = text.chars().peekable();
     loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+        while chars.peek().is_some_and(|&c| is_c_space(c)) {
             chars.next();
         }
         if chars.peek().is_none() {
@@ -153,13 +178,13 @@ pub(super) fn parse_keywords(
         }
         let mut key = String::new();
         while let Some(&c) = chars.peek() {
-            if c == '=' || c.is_whitespace() {
+            if c == '=' || is_c_space(c) {
                 break;
             }
             key.push(c);
             chars.next();
         }
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+        while chars.peek().is_some_and(|&c| is_c_space(c)) {
             chars.next();
         }
         if chars.next() != Some('=') {
@@ -172,7 +197,7 @@ pub(super) fn parse_keywords(
                 },
             ));
         }
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+        while chars.peek().is_some_and(|&c| is_c_space(c)) {
             chars.next();
         }
         let mut value = String::new();
@@ -188,7 +213,7 @@ pub(super) fn parse_keywords(
             }
         } else {
             while let Some(&c) = chars.peek() {
-                if c.is_whitespace() {
+                if is_c_space(c) {
                     break;
                 }
                 if c == '\\' {

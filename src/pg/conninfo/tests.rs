@@ -149,8 +149,9 @@ fn ssl_settings() {
         TlsSettings {
             mode: SslMode::VerifyFull,
             root_cert: Some("/r.pem".into()),
-            client_cert: Some("/c.pem".into()),
-            client_key: Some("/k.pem".into()),
+            // As libpq: a client certificate that does not exist is none, and its key unread.
+            client_cert: None,
+            client_key: None,
             plan: c.tls.plan.clone(),
         }
     );
@@ -453,4 +454,293 @@ fn the_os_user_is_the_uids_password_entry_and_none_is_refused() {
         "{err}"
     );
     assert!(err.contains("PGUSER"), "{err}");
+}
+
+/// Found by running the same inputs through psql (libpq 15) and leaderrun against real
+/// servers: a keyword value ends at C's white space only, as libpq's `isspace` in the C
+/// locale; a no-break space stays in the value (psql then asks for the user `u\u{a0}dbname=d`,
+/// where leaderrun connected as `u` to `d`).
+#[test]
+fn keyword_values_end_at_c_white_space_only() {
+    let c = resolve_with(Some("host=h user=u\u{a0}dbname=d"), &[]).unwrap();
+    assert_eq!(c.config.get_user(), Some("u\u{a0}dbname=d"));
+    assert_eq!(c.database_from, "default");
+    let c = resolve_with(Some("host=h user=u\u{2003}dbname=d"), &[]).unwrap();
+    assert_eq!(c.config.get_user(), Some("u\u{2003}dbname=d"));
+    // C's own: blank, tab, newline, vertical tab, form feed, carriage return.
+    for blank in [" ", "\t", "\n", "\u{b}", "\u{c}", "\r"] {
+        let c = resolve_with(Some(&format!("host=h{blank}user=u{blank}dbname=d")), &[]).unwrap();
+        assert_eq!(
+            (c.config.get_user(), c.config.get_dbname()),
+            (Some("u"), Some("d")),
+            "{blank:?}"
+        );
+    }
+}
+
+/// A URL's query as libpq reads it (conninfo_uri_parse_params): a second `=` in a parameter
+/// is refused (`?options=-c%20x=y`; leaderrun took it), `ssl=true` is `sslmode=require`
+/// (leaderrun refused it as an unknown option), and a bracketed address is percent-decoded
+/// like every other host.
+#[test]
+fn url_parameters_as_libpq_reads_them() {
+    for url in [
+        "postgresql://u@h/d?application_name=a=b",
+        "postgresql://u@h/d?options=-c%20search_path=x",
+        "postgresql://u:secret@h/d?password=a=b",
+    ] {
+        let err = resolve_with(Some(url), &[]).unwrap_err();
+        assert!(err.to_string().contains("a second '='"), "{url}: {err}");
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+    let c = resolve_with(Some("postgresql://u@h/d?options=-c%20search_path%3Dx"), &[]).unwrap();
+    assert_eq!(c.config.get_options(), Some("-c search_path=x"));
+    let c = resolve_with(Some("postgresql://u@h/d?ssl=true"), &[]).unwrap();
+    assert_eq!(c.tls.mode, SslMode::Require);
+    let c = resolve_with(Some("postgresql://u@h/d?ssl=true&sslmode=verify-ca"), &[]).unwrap();
+    assert_eq!(c.tls.mode, SslMode::VerifyCa);
+    for url in ["postgresql://u@h/d?ssl=false", "postgresql://u@h/d?ssl=1"] {
+        let err = resolve_with(Some(url), &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("invalid connection option"),
+            "{url}: {err}"
+        );
+    }
+    // A keyword/value DSN has no `ssl`.
+    assert!(resolve_with(Some("host=h ssl=true"), &[]).is_err());
+    let c = resolve_with(Some("postgresql://u@[%3A%3A1]:6000/d"), &[]).unwrap();
+    assert_eq!(describe(&c.config), "host=::1 port=6000 dbname=d user=u");
+}
+
+/// A service file's section header as libpq matches it (the name, then `]`; the rest of the
+/// line plays no part), and an empty service name is a name. Before, `[plex] # comment` was no
+/// header of `plex`, so leaderrun took the system-wide file's `[plex]`: another server, user
+/// and database than psql's.
+#[test]
+fn service_headers_and_empty_names_as_libpq_reads_them() {
+    let dir = std::env::temp_dir().join(format!("leaderrun-svc-hdr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("services.conf");
+    std::fs::write(
+        dir.join("pg_service.conf"),
+        "[plex]\nhost=system-host\ndbname=sysdb\n[]\nhost=system-empty\ndbname=e\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let d = dir.to_str().unwrap();
+    let vars = [("PGSERVICEFILE", f), ("PGSYSCONFDIR", d)];
+    for header in ["[plex] # the main one", "[plex]x", "  [plex]\t", "[plex]]"] {
+        std::fs::write(
+            &file,
+            format!("[plexx]\nhost=no\n{header}\nhost=user-host\ndbname=db\n"),
+        )
+        .unwrap();
+        let c = resolve_with(Some("service=plex user=u"), &vars).unwrap();
+        assert_eq!(
+            describe(&c.config),
+            "host=user-host port=5432 dbname=db user=u",
+            "{header:?}"
+        );
+    }
+    std::fs::write(&file, "[plexx]\nhost=no\n[ plex]\nhost=no\n").unwrap();
+    let c = resolve_with(Some("service=plex user=u"), &vars).unwrap();
+    assert_eq!(
+        describe(&c.config),
+        "host=system-host port=5432 dbname=sysdb user=u"
+    );
+    // `service=''` and `PGSERVICE=` name the section `[]`, else no service is found.
+    let c = resolve_with(Some("service='' user=u"), &vars).unwrap();
+    assert_eq!(
+        describe(&c.config),
+        "host=system-empty port=5432 dbname=e user=u"
+    );
+    let c = resolve_with(Some("user=u"), &[vars[0], vars[1], ("PGSERVICE", "")]).unwrap();
+    assert_eq!(
+        describe(&c.config),
+        "host=system-empty port=5432 dbname=e user=u"
+    );
+    let none = [("PGSERVICEFILE", f), ("PGSYSCONFDIR", "/nonexistent")];
+    for (dsn, vars) in [
+        ("host=h dbname=d service=", &none[..]),
+        ("postgresql://h/d?service=", &none[..]),
+        (
+            "host=h dbname=d",
+            &[none[0], none[1], ("PGSERVICE", "")][..],
+        ),
+    ] {
+        let err = resolve_with(Some(dsn), vars).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("definition of service \"\" not found"),
+            "{dsn}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A `hostaddr` list with no host names counts the hosts, as libpq counts them: leaderrun
+/// refused it ("could not match 1 host names to 2 hostaddr values"), where psql connects.
+#[test]
+fn a_hostaddr_list_needs_no_host_names() {
+    for dsn in [
+        "hostaddr=127.0.0.1,::1 port=6000,6001 user=u dbname=d",
+        "host='' hostaddr=127.0.0.1,::1 port=6000,6001 user=u dbname=d",
+    ] {
+        let c = resolve_with(Some(dsn), &[]).unwrap();
+        let hosts: Vec<_> = c
+            .tls
+            .plan
+            .hosts
+            .iter()
+            .map(|h| (h.address.clone(), h.port))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                (
+                    Address::Tcp {
+                        name: String::new(),
+                        addr: Some("127.0.0.1".parse().unwrap())
+                    },
+                    6000
+                ),
+                (
+                    Address::Tcp {
+                        name: String::new(),
+                        addr: Some("::1".parse().unwrap())
+                    },
+                    6001
+                ),
+            ],
+            "{dsn}"
+        );
+    }
+    let c = resolve_with(
+        Some("hostaddr=127.0.0.1,::1 port=6000 user=u dbname=d"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.tls.plan.hosts.len(), 2);
+    // Names, when given, are as many as the addresses (libpq's error).
+    let err = resolve_with(Some("host=a hostaddr=127.0.0.1,::1 user=u dbname=d"), &[]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("could not match 1 host names to 2 hostaddr values"),
+        "{err}"
+    );
+    let err = resolve_with(
+        Some("hostaddr=127.0.0.1,::1 port=1,2,3 user=u dbname=d"),
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("could not match 3 port numbers to 2 hosts"),
+        "{err}"
+    );
+}
+
+/// libpq's integers are C `int`s: `connect_timeout=2147483648` is "invalid integer value"
+/// there, and was a timeout of 68 years here.
+#[test]
+fn integer_settings_fit_a_c_int() {
+    let c = resolve_with(Some("host=h dbname=d connect_timeout=2147483647"), &[]).unwrap();
+    assert_eq!(
+        c.tls.plan.connect_timeout,
+        Some(Duration::from_secs(2_147_483_647))
+    );
+    for value in ["2147483648", "99999999999", "-2147483649"] {
+        let err = resolve_with(
+            Some(&format!("host=h dbname=d connect_timeout={value}")),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("invalid connect_timeout"),
+            "{value}: {err}"
+        );
+    }
+    let c = resolve_with(Some("host=h dbname=d port='\u{b}6000\t'"), &[]).unwrap();
+    assert_eq!(c.config.get_ports(), [6000]);
+}
+
+/// TLS files as libpq reads them (initialize_SSL): a named root that does not exist is an
+/// error for `verify-ca`/`verify-full` and no check at all for `prefer`/`require` (leaderrun
+/// refused the session); a client certificate that does not exist is none; one that exists
+/// needs its key (`~/.postgresql/postgresql.key` unless named), which is read, not skipped.
+#[test]
+fn tls_files_that_do_not_exist_as_libpq_reads_them() {
+    let home = [("HOME", "/nonexistent-home")];
+    for mode in ["prefer", "require"] {
+        let c = resolve_with(
+            Some(&format!(
+                "host=h dbname=d sslmode={mode} sslrootcert=/nonexistent/root.crt"
+            )),
+            &home,
+        )
+        .unwrap();
+        assert_eq!(c.tls.root_cert, None, "{mode}");
+    }
+    for mode in ["verify-ca", "verify-full"] {
+        let c = resolve_with(
+            Some(&format!(
+                "host=h dbname=d sslmode={mode} sslrootcert=/nonexistent/root.crt"
+            )),
+            &home,
+        )
+        .unwrap();
+        assert_eq!(
+            c.tls.root_cert,
+            Some("/nonexistent/root.crt".into()),
+            "{mode}"
+        );
+        assert!(c.tls.connector().is_err(), "{mode}");
+    }
+    let c = resolve_with(
+        Some("host=h dbname=d sslcert=/nonexistent/c.crt sslkey=/nonexistent/c.key"),
+        &home,
+    )
+    .unwrap();
+    assert_eq!((c.tls.client_cert, c.tls.client_key), (None, None));
+    let dir = std::env::temp_dir().join(format!("leaderrun-tlsfiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cert = dir.join("c.crt");
+    std::fs::write(&cert, "not read here").unwrap();
+    let c = resolve_with(
+        Some(&format!("host=h dbname=d sslcert={}", cert.display())),
+        &home,
+    )
+    .unwrap();
+    assert_eq!(
+        (c.tls.client_cert.clone(), c.tls.client_key.clone()),
+        (
+            Some(cert.clone()),
+            Some("/nonexistent-home/.postgresql/postgresql.key".into())
+        )
+    );
+    assert!(c.tls.connector().is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// libpq 14 reads a host that starts with `@` as a Unix socket in the abstract namespace
+/// (psql connects); leaderrun took it for a host name, whose lookup failed, so a list went on to
+/// its next host. Refused as not supported; with `hostaddr` it is only a name, as in libpq.
+#[test]
+fn an_abstract_socket_host_is_refused_as_unsupported() {
+    for dsn in [
+        "host=@pg port=6000 user=u dbname=d",
+        "host=@pg,db port=6000 user=u dbname=d",
+        "postgresql://u@%40pg:6000/d",
+    ] {
+        let err = resolve_with(Some(dsn), &[]).unwrap_err();
+        assert!(
+            matches!(err, ConnInfoError::Unsupported { .. })
+                && err.to_string().contains("abstract namespace"),
+            "{dsn}: {err}"
+        );
+    }
+    let err = resolve_with(Some("user=u dbname=d"), &[("PGHOST", "db,@pg")]).unwrap_err();
+    assert!(err.to_string().contains("(from PGHOST"), "{err}");
+    let c = resolve_with(Some("host=@pg hostaddr=127.0.0.1 user=u dbname=d"), &[]).unwrap();
+    assert_eq!(c.tls.plan.hosts.len(), 1);
 }
