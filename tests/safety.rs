@@ -314,6 +314,89 @@ fn session_timers_are_pinned_whatever_the_role_defaults() {
     assert!(!replica.log().contains("did not take"), "{}", replica.log());
 }
 
+/// A role's `transaction_timeout` (PostgreSQL 17 and later) shorter than the check interval
+/// does not end a standby's session while it waits in the lock queue: the pin turns it off.
+/// Before, the server ended the waiting session every check ("terminating connection due to
+/// transaction timeout", a WARN each interval, `/readyz` 503), so no standby ever stood in
+/// line, a failover waited for the next check and `step-down` found no standby to hand to.
+#[test]
+fn a_roles_transaction_timeout_does_not_end_a_waiting_standby() {
+    let test = "a_roles_transaction_timeout_does_not_end_a_waiting_standby";
+    let major = crate::support::cluster::server_major();
+    if major < 17 {
+        crate::support::cluster::skip(
+            test,
+            &format!("PostgreSQL {major} has no transaction_timeout"),
+        );
+        return;
+    }
+    let cluster = Cluster::start_private();
+    cluster.sql(
+        "CREATE ROLE hurried LOGIN SUPERUSER; \
+         ALTER ROLE hurried SET transaction_timeout = 300",
+    );
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=hurried dbname=postgres",
+        cluster.addr().port()
+    );
+    // The default is in force for the role: a transaction of 0.5 s ends its session.
+    let sleep = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &dsn, "-c", "SELECT pg_sleep(0.5)"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&sleep.stderr).contains("transaction timeout"),
+        "{sleep:?}"
+    );
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = || {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+            .args(["--check-interval", "1s", "--"])
+            .arg(&script);
+        Replica::spawn(cmd)
+    };
+    let _leader = replica();
+    scratch.wait_starts(1, secs(10.0));
+    let standby = replica();
+    let waiting = || {
+        cluster.sql(&format!(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND objsubid = 2 AND objid = ({id}::bigint & 4294967295)::text::oid"
+        ))
+    };
+    let first = wait_for("the standby waiting in the lock queue", secs(10.0), || {
+        waiting().pop()
+    });
+    // Its wait lasts an interval (`lock_timeout`) and is sent again at once on the same
+    // session: after 1.5 intervals the same backend still waits, and nothing ended it.
+    let queued = Instant::now();
+    wait_for(
+        "the same session waiting for 1.5 intervals",
+        secs(10.0),
+        || {
+            let log = standby.log();
+            assert!(!log.contains("transaction timeout"), "{log}");
+            let now = waiting();
+            assert!(
+                now.iter().all(|pid| *pid == first),
+                "{now:?}, first {first}"
+            );
+            (queued.elapsed() > secs(1.5) && now == [first.clone()]).then_some(())
+        },
+    );
+    // So a step-down finds it and hands over.
+    let (code, text) = crate::support::run_tool(&dsn, &id.to_string(), &["step-down"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        !standby.log().contains("transaction timeout"),
+        "{}",
+        standby.log()
+    );
+}
+
 #[test]
 fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
     use crate::support::pooler::Bouncer;

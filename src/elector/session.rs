@@ -78,6 +78,13 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     let bound = config.io_bound();
     let idle = config.effective_idle_session_timeout();
     vec![
+        // Off, and first: a role or database default (PostgreSQL 17 and later) would end a
+        // standby's session in the middle of its wait in the lock queue, which lasts up to an
+        // interval by design, and a FATAL error takes the session with it. `statement_timeout`
+        // and `idle_in_transaction_session_timeout` bound everything it would. First, because
+        // a default already runs from the start of this very round trip, and a `SET` of 0
+        // stops it (docs/field-notes.md#a-transaction-timeout-ends-the-session).
+        ("transaction_timeout", "0".to_owned()),
         // A waiting standby's statement lasts up to one interval (lock_timeout) by design.
         (
             "statement_timeout",
@@ -120,10 +127,11 @@ pub(crate) fn server_timers_on(
 }
 
 /// The PostgreSQL major that added `setting`, one of [`server_timers`]: a `SET` of it fails on
-/// an older server (the release notes of 14 and 12; the others are older than any server this
+/// an older server (the release notes of 17, 14 and 12; the others are older than any server this
 /// connects to).
 fn added_in(setting: &str) -> u32 {
     match setting {
+        "transaction_timeout" => 17,
         "idle_session_timeout" | "client_connection_check_interval" => 14,
         "tcp_user_timeout" => 12,
         _ => 0,
@@ -771,6 +779,8 @@ mod tests {
         assert!(names(13).contains(&"tcp_user_timeout"));
         assert!(!names(11).contains(&"tcp_user_timeout"));
         assert!(names(11).contains(&"statement_timeout"));
+        assert!(names(17).contains(&"transaction_timeout"));
+        assert!(!names(16).contains(&"transaction_timeout"));
     }
 
     /// The synchronous standbys a grant waits for, from the two settings as `SHOW` gives
