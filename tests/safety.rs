@@ -397,6 +397,86 @@ fn a_roles_transaction_timeout_does_not_end_a_waiting_standby() {
     );
 }
 
+/// A role whose transactions are serializable, read-only and deferrable by default waits for a
+/// safe snapshot at every statement that reads, for as long as any serializable transaction
+/// that writes is open: the pin turns `deferrable` off, so the election does not wait for the
+/// application's writers. Before, an open serializable writer made every pin time out ("pin
+/// session timers timed out"), and a leader lose the lock ("no check has proved the lock")
+/// while nothing was wrong with it; `status` waited the same way.
+#[test]
+fn a_roles_deferrable_default_does_not_make_the_election_wait_for_writers() {
+    use std::io::Write;
+    let cluster = Cluster::start_private();
+    cluster.sql(
+        "CREATE ROLE deferring LOGIN SUPERUSER; \
+         ALTER ROLE deferring SET default_transaction_isolation = 'serializable'; \
+         ALTER ROLE deferring SET default_transaction_read_only = on; \
+         ALTER ROLE deferring SET default_transaction_deferrable = on; \
+         CREATE TABLE written (x int)",
+    );
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=deferring dbname=postgres",
+        cluster.addr().port()
+    );
+    // An application's serializable transaction that wrote, left open.
+    let mut writer = cluster.psql_session();
+    writeln!(
+        writer.stdin.as_mut().unwrap(),
+        "BEGIN ISOLATION LEVEL SERIALIZABLE; INSERT INTO written VALUES (1); \
+         SELECT count(*) FROM written;"
+    )
+    .unwrap();
+    writer.stdin.as_mut().unwrap().flush().unwrap();
+    wait_for("the writer's open transaction", secs(10.0), || {
+        let rows = cluster.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' \
+             AND state = 'idle in transaction' AND backend_xid IS NOT NULL",
+        );
+        (rows == ["1"]).then_some(())
+    });
+    // The default is in force for the role: a statement that reads waits for the writer.
+    let waits = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &dsn])
+        .args(["-c", "SET statement_timeout = 300", "-c", "SELECT 1"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&waits.stderr).contains("statement timeout"),
+        "{waits:?}"
+    );
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = || {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+            .args(["--check-interval", "300ms", "--"])
+            .arg(&script);
+        Replica::spawn(cmd)
+    };
+    let leader = replica();
+    scratch.wait_starts(1, secs(10.0));
+    let standby = replica();
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    let (code, text) = crate::support::run_tool(&dsn, &id.to_string(), &["status"]);
+    assert_eq!(code, Some(0), "{text}");
+    // The leader's checks go on while the writer stays open: three intervals more, and the
+    // one start, with nothing timed out on either side.
+    let checked = Instant::now();
+    wait_for("three more intervals of checks", secs(10.0), || {
+        for log in [leader.log(), standby.log()] {
+            assert!(!log.contains("timed out"), "{log}");
+            assert!(!log.contains("lost"), "{log}");
+        }
+        (checked.elapsed() > secs(0.9)).then_some(())
+    });
+    assert_eq!(scratch.starts().len(), 1);
+    let _ = writer.kill();
+    let _ = writer.wait();
+}
+
 #[test]
 fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
     use crate::support::pooler::Bouncer;

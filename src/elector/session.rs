@@ -64,7 +64,8 @@ pub const CLIENT_CONNECTION_CHECK: Duration = Duration::from_millis(250);
 /// The server-side timers pinned on every session right after connect (see
 /// docs/field-notes.md#half-open-connections-and-pinned-timers): role or database defaults may
 /// differ, so they are set with `set_config` and read back. Values are in the GUCs' base units (ms,
-/// or s for the keepalives).
+/// or s for the keepalives); the two `deferrable` settings, which are not timers but would make
+/// every statement wait, are `off`.
 pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     // Rounded up: a timer a hair shorter than asked could free the lock inside the model's
     // margin (docs/guarantees.md#timing-settings).
@@ -85,6 +86,15 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
         // a default already runs from the start of this very round trip, and a `SET` of 0
         // stops it (docs/field-notes.md#a-transaction-timeout-ends-the-session).
         ("transaction_timeout", "0".to_owned()),
+        // Not deferrable, for this round trip's own transaction and every later one: with a
+        // role's or database's `default_transaction_isolation = serializable`,
+        // `default_transaction_read_only = on` and `default_transaction_deferrable = on`, every
+        // statement that reads (this round trip's last, the try, the check) first waits for a
+        // safe snapshot, as long as any serializable transaction that writes is open
+        // (docs/field-notes.md#a-deferrable-transaction-waits-for-every-writer). A `SET` takes
+        // no snapshot, so this one still may.
+        ("transaction_deferrable", "off".to_owned()),
+        ("default_transaction_deferrable", "off".to_owned()),
         // A waiting standby's statement lasts up to one interval (lock_timeout) by design.
         (
             "statement_timeout",

@@ -36,8 +36,9 @@ pub async fn within<T>(
 /// `step-down` and `doctor`'s, the history's) on the server as well: `statement_timeout` =
 /// `bound`, `lock_timeout` = half of it (at least 1 ms), no `idle_session_timeout`
 /// (PostgreSQL 14 and later: the history's session idles between runs, `step-down`'s between
-/// its looks) and no `transaction_timeout` (17 and later, whose end is the session's),
-/// whatever the role's or the database's defaults. A default of a few
+/// its looks), no `transaction_timeout` (17 and later, whose end is the session's) and no
+/// deferrable transactions (which wait for a safe snapshot while any serializable writer is
+/// open), whatever the role's or the database's defaults. A default of a few
 /// milliseconds would otherwise fail these statements, or end the session, while the
 /// replicas, which pin their own timers (docs/guarantees.md#session-timers), lead. One round
 /// trip, or up to [`BOUND_SESSION_TRIES`] when the role's own default cancels it; `what`
@@ -55,6 +56,7 @@ pub async fn bound_session(
     // 14 (17) has none, and a `SET` of it would fail there.
     let sql = format!(
         "SET statement_timeout = {}; SET lock_timeout = {}; \
+         SET transaction_deferrable = off; SET default_transaction_deferrable = off; \
          SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
          WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout' \
          OR name OPERATOR(pg_catalog.=) 'transaction_timeout'",
