@@ -314,6 +314,68 @@ fn session_timers_are_pinned_whatever_the_role_defaults() {
     assert!(!replica.log().contains("did not take"), "{}", replica.log());
 }
 
+/// A role or database that JIT-compiles every statement (`jit_above_cost = 0`, a DBA's
+/// experiment left in place) does not make each check pay for a compile: the pin turns `jit`
+/// off, as the lock session's own `SHOW` answers on the wire. Before, with JIT available, every
+/// statement of the election took 0.25 to 0.6 s of the server's CPU on a 2-core machine: a
+/// 200 ms interval's pin timed out at every try ("pin session timers timed out") and nobody led.
+#[test]
+fn a_roles_jit_default_is_off_on_the_lock_session() {
+    use crate::support::proxy::{data_row, messages};
+    let cluster = Cluster::start_private();
+    cluster.sql(
+        "CREATE ROLE compiling LOGIN SUPERUSER; ALTER ROLE compiling SET jit = on; \
+         ALTER ROLE compiling SET jit_above_cost = 0; \
+         ALTER ROLE compiling SET jit_inline_above_cost = 0; \
+         ALTER ROLE compiling SET jit_optimize_above_cost = 0",
+    );
+    let proxy = Proxy::recording(cluster.addr());
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=compiling dbname=postgres sslmode=disable",
+        proxy.port()
+    );
+    // The default is in force for the role.
+    let shown = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-A", "-t", "-h", "127.0.0.1"])
+        .args(["-p", &cluster.addr().port().to_string()])
+        .args(["-U", "compiling", "-d", "postgres", "-c", "SHOW jit"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&shown.stdout).trim(),
+        "on",
+        "{shown:?}"
+    );
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "1s", "--"])
+        .arg(&script);
+    let _replica = Replica::spawn(cmd);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // The lock session is the connection whose BackendKeyData names the child's backend.
+    let recorded = proxy.server_bytes();
+    let lock_session = recorded
+        .iter()
+        .find(|bytes| {
+            messages(bytes)
+                .iter()
+                .any(|(kind, body)| *kind == b'K' && body[..4] == start.backend_pid.to_be_bytes())
+        })
+        .expect("the lock session among the recorded connections");
+    let answers = messages(lock_session);
+    let jit: Vec<String> = answers
+        .windows(2)
+        .filter(|pair| pair[0].0 == b'T' && pair[0].1[2..].starts_with(b"jit\0"))
+        .filter(|pair| pair[1].0 == b'D')
+        .map(|pair| {
+            String::from_utf8_lossy(data_row(pair[1].1)[0].unwrap_or_default()).into_owned()
+        })
+        .collect();
+    assert_eq!(jit, ["off"], "the lock session's jit as SHOW answered");
+}
+
 /// A role's `transaction_timeout` (PostgreSQL 17 and later) shorter than the check interval
 /// does not end a standby's session while it waits in the lock queue: the pin turns it off.
 /// Before, the server ended the waiting session every check ("terminating connection due to

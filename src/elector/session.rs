@@ -64,8 +64,8 @@ pub const CLIENT_CONNECTION_CHECK: Duration = Duration::from_millis(250);
 /// The server-side timers pinned on every session right after connect (see
 /// docs/field-notes.md#half-open-connections-and-pinned-timers): role or database defaults may
 /// differ, so they are set with `set_config` and read back. Values are in the GUCs' base units (ms,
-/// or s for the keepalives); the two `deferrable` settings, which are not timers but would make
-/// every statement wait, are `off`.
+/// or s for the keepalives); the two `deferrable` settings and `jit`, which are not timers but
+/// could make every statement wait, are `off`.
 pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     // Rounded up: a timer a hair shorter than asked could free the lock inside the model's
     // margin (docs/guarantees.md#timing-settings).
@@ -95,6 +95,10 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
         // no snapshot, so this one still may.
         ("transaction_deferrable", "off".to_owned()),
         ("default_transaction_deferrable", "off".to_owned()),
+        // A role's or database's `jit_above_cost` of 0 would JIT-compile every statement of
+        // the election, a quarter to half a second of the server's CPU each on a small machine:
+        // longer than a short interval (docs/field-notes.md#jit-compiles-every-statement-it-may).
+        ("jit", "off".to_owned()),
         // A waiting standby's statement lasts up to one interval (lock_timeout) by design.
         (
             "statement_timeout",

@@ -38,7 +38,7 @@ pub async fn within<T>(
 /// (PostgreSQL 14 and later: the history's session idles between runs, `step-down`'s between
 /// its looks), no `transaction_timeout` (17 and later, whose end is the session's) and no
 /// deferrable transactions (which wait for a safe snapshot while any serializable writer is
-/// open), whatever the role's or the database's defaults. A default of a few
+/// open) and no JIT compilation, whatever the role's or the database's defaults. A default of a few
 /// milliseconds would otherwise fail these statements, or end the session, while the
 /// replicas, which pin their own timers (docs/guarantees.md#session-timers), lead. One round
 /// trip, or up to [`BOUND_SESSION_TRIES`] when the role's own default cancels it; `what`
@@ -57,6 +57,7 @@ pub async fn bound_session(
     let sql = format!(
         "SET statement_timeout = {}; SET lock_timeout = {}; \
          SET transaction_deferrable = off; SET default_transaction_deferrable = off; \
+         SET jit = off; \
          SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
          WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout' \
          OR name OPERATOR(pg_catalog.=) 'transaction_timeout'",
