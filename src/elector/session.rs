@@ -141,11 +141,12 @@ pub(crate) fn server_timers_on(
 }
 
 /// The PostgreSQL major that added `setting`, one of [`server_timers`]: a `SET` of it fails on
-/// an older server (the release notes of 17, 14 and 12; the others are older than any server this
+/// an older server (the release notes of 17, 14, 12 and 11; the others are older than any server this
 /// connects to).
 fn added_in(setting: &str) -> u32 {
     match setting {
         "transaction_timeout" => 17,
+        "jit" => 11,
         "idle_session_timeout" | "client_connection_check_interval" => 14,
         "tcp_user_timeout" => 12,
         _ => 0,
@@ -795,6 +796,8 @@ mod tests {
         assert!(names(11).contains(&"statement_timeout"));
         assert!(names(17).contains(&"transaction_timeout"));
         assert!(!names(16).contains(&"transaction_timeout"));
+        assert!(names(11).contains(&"jit"));
+        assert!(!names(10).contains(&"jit"));
     }
 
     /// The synchronous standbys a grant waits for, from the two settings as `SHOW` gives
