@@ -314,6 +314,231 @@ fn session_timers_are_pinned_whatever_the_role_defaults() {
     assert!(!replica.log().contains("did not take"), "{}", replica.log());
 }
 
+/// A role or database that JIT-compiles every statement (`jit_above_cost = 0`, a DBA's
+/// experiment left in place) does not make each check pay for a compile: the pin turns `jit`
+/// off, as the lock session's own `SHOW` answers on the wire. Before, with JIT available, every
+/// statement of the election took 0.25 to 0.6 s of the server's CPU on a 2-core machine: a
+/// 200 ms interval's pin timed out at every try ("pin session timers timed out") and nobody led.
+#[test]
+fn a_roles_jit_default_is_off_on_the_lock_session() {
+    use crate::support::proxy::{data_row, messages};
+    let cluster = Cluster::start_private();
+    cluster.sql(
+        "CREATE ROLE compiling LOGIN SUPERUSER; ALTER ROLE compiling SET jit = on; \
+         ALTER ROLE compiling SET jit_above_cost = 0; \
+         ALTER ROLE compiling SET jit_inline_above_cost = 0; \
+         ALTER ROLE compiling SET jit_optimize_above_cost = 0",
+    );
+    let proxy = Proxy::recording(cluster.addr());
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=compiling dbname=postgres sslmode=disable",
+        proxy.port()
+    );
+    // The default is in force for the role.
+    let shown = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-A", "-t", "-h", "127.0.0.1"])
+        .args(["-p", &cluster.addr().port().to_string()])
+        .args(["-U", "compiling", "-d", "postgres", "-c", "SHOW jit"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&shown.stdout).trim(),
+        "on",
+        "{shown:?}"
+    );
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "1s", "--"])
+        .arg(&script);
+    let _replica = Replica::spawn(cmd);
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // The lock session is the connection whose BackendKeyData names the child's backend.
+    let recorded = proxy.server_bytes();
+    let lock_session = recorded
+        .iter()
+        .find(|bytes| {
+            messages(bytes)
+                .iter()
+                .any(|(kind, body)| *kind == b'K' && body[..4] == start.backend_pid.to_be_bytes())
+        })
+        .expect("the lock session among the recorded connections");
+    let answers = messages(lock_session);
+    let jit: Vec<String> = answers
+        .windows(2)
+        .filter(|pair| pair[0].0 == b'T' && pair[0].1[2..].starts_with(b"jit\0"))
+        .filter(|pair| pair[1].0 == b'D')
+        .map(|pair| {
+            String::from_utf8_lossy(data_row(pair[1].1)[0].unwrap_or_default()).into_owned()
+        })
+        .collect();
+    assert_eq!(jit, ["off"], "the lock session's jit as SHOW answered");
+}
+
+/// A role's `transaction_timeout` (PostgreSQL 17 and later) shorter than the check interval
+/// does not end a standby's session while it waits in the lock queue: the pin turns it off.
+/// Before, the server ended the waiting session every check ("terminating connection due to
+/// transaction timeout", a WARN each interval, `/readyz` 503), so no standby ever stood in
+/// line, a failover waited for the next check and `step-down` found no standby to hand to.
+#[test]
+fn a_roles_transaction_timeout_does_not_end_a_waiting_standby() {
+    let test = "a_roles_transaction_timeout_does_not_end_a_waiting_standby";
+    let major = crate::support::cluster::server_major();
+    if major < 17 {
+        crate::support::cluster::skip(
+            test,
+            &format!("PostgreSQL {major} has no transaction_timeout"),
+        );
+        return;
+    }
+    let cluster = Cluster::start_private();
+    cluster.sql(
+        "CREATE ROLE hurried LOGIN SUPERUSER; \
+         ALTER ROLE hurried SET transaction_timeout = 300",
+    );
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=hurried dbname=postgres",
+        cluster.addr().port()
+    );
+    // The default is in force for the role: a transaction of 0.5 s ends its session.
+    let sleep = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &dsn, "-c", "SELECT pg_sleep(0.5)"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&sleep.stderr).contains("transaction timeout"),
+        "{sleep:?}"
+    );
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = || {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+            .args(["--check-interval", "1s", "--"])
+            .arg(&script);
+        Replica::spawn(cmd)
+    };
+    let _leader = replica();
+    scratch.wait_starts(1, secs(10.0));
+    let standby = replica();
+    let waiting = || {
+        cluster.sql(&format!(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND objsubid = 2 AND objid = ({id}::bigint & 4294967295)::text::oid"
+        ))
+    };
+    let first = wait_for("the standby waiting in the lock queue", secs(10.0), || {
+        waiting().pop()
+    });
+    // Its wait lasts an interval (`lock_timeout`) and is sent again at once on the same
+    // session: after 1.5 intervals the same backend still waits, and nothing ended it.
+    let queued = Instant::now();
+    wait_for(
+        "the same session waiting for 1.5 intervals",
+        secs(10.0),
+        || {
+            let log = standby.log();
+            assert!(!log.contains("transaction timeout"), "{log}");
+            let now = waiting();
+            assert!(
+                now.iter().all(|pid| *pid == first),
+                "{now:?}, first {first}"
+            );
+            (queued.elapsed() > secs(1.5) && now == [first.clone()]).then_some(())
+        },
+    );
+    // So a step-down finds it and hands over.
+    let (code, text) = crate::support::run_tool(&dsn, &id.to_string(), &["step-down"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        !standby.log().contains("transaction timeout"),
+        "{}",
+        standby.log()
+    );
+}
+
+/// A role whose transactions are serializable, read-only and deferrable by default waits for a
+/// safe snapshot at every statement that reads, for as long as any serializable transaction
+/// that writes is open: the pin turns `deferrable` off, so the election does not wait for the
+/// application's writers. Before, an open serializable writer made every pin time out ("pin
+/// session timers timed out"), and a leader lose the lock ("no check has proved the lock")
+/// while nothing was wrong with it; `status` waited the same way.
+#[test]
+fn a_roles_deferrable_default_does_not_make_the_election_wait_for_writers() {
+    use std::io::Write;
+    let cluster = Cluster::start_private();
+    cluster.sql(
+        "CREATE ROLE deferring LOGIN SUPERUSER; \
+         ALTER ROLE deferring SET default_transaction_isolation = 'serializable'; \
+         ALTER ROLE deferring SET default_transaction_read_only = on; \
+         ALTER ROLE deferring SET default_transaction_deferrable = on; \
+         CREATE TABLE written (x int)",
+    );
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=deferring dbname=postgres",
+        cluster.addr().port()
+    );
+    // An application's serializable transaction that wrote, left open.
+    let mut writer = cluster.psql_session();
+    writeln!(
+        writer.stdin.as_mut().unwrap(),
+        "BEGIN ISOLATION LEVEL SERIALIZABLE; INSERT INTO written VALUES (1); \
+         SELECT count(*) FROM written;"
+    )
+    .unwrap();
+    writer.stdin.as_mut().unwrap().flush().unwrap();
+    wait_for("the writer's open transaction", secs(10.0), || {
+        let rows = cluster.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'psql' \
+             AND state = 'idle in transaction' AND backend_xid IS NOT NULL",
+        );
+        (rows == ["1"]).then_some(())
+    });
+    // The default is in force for the role: a statement that reads waits for the writer.
+    let waits = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &dsn])
+        .args(["-c", "SET statement_timeout = 300", "-c", "SELECT 1"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&waits.stderr).contains("statement timeout"),
+        "{waits:?}"
+    );
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = || {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+            .args(["--check-interval", "300ms", "--"])
+            .arg(&script);
+        Replica::spawn(cmd)
+    };
+    let leader = replica();
+    scratch.wait_starts(1, secs(10.0));
+    let standby = replica();
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    let (code, text) = crate::support::run_tool(&dsn, &id.to_string(), &["status"]);
+    assert_eq!(code, Some(0), "{text}");
+    // The leader's checks go on while the writer stays open: three intervals more, and the
+    // one start, with nothing timed out on either side.
+    let checked = Instant::now();
+    wait_for("three more intervals of checks", secs(10.0), || {
+        for log in [leader.log(), standby.log()] {
+            assert!(!log.contains("timed out"), "{log}");
+            assert!(!log.contains("lost"), "{log}");
+        }
+        (checked.elapsed() > secs(0.9)).then_some(())
+    });
+    assert_eq!(scratch.starts().len(), 1);
+    let _ = writer.kill();
+    let _ = writer.wait();
+}
+
 #[test]
 fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
     use crate::support::pooler::Bouncer;

@@ -699,6 +699,24 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
     assert_eq!(once.status.code(), Some(125), "{stderr}");
     assert_eq!(stderr.matches("ERROR").count(), 1, "{stderr}");
     assert!(stderr.contains("in recovery"), "{stderr}");
+    // So does a `--wait`, which like `--once` did not see the lock held elsewhere: exit 125,
+    // not the conflict code (before, 0: "did not lead", while nothing ran anywhere), and
+    // COMMAND never ran.
+    let waited = leaderrun()
+        .args(["--dsn", &standby.dsn(), "--check-interval", INTERVAL])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--wait", "1s", "-E", "3", "--"])
+        .arg(&job)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&waited.stderr);
+    assert_eq!(waited.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("in recovery"), "{stderr}");
+    assert!(
+        stderr.contains("no check within --wait got an answer about the lock"),
+        "{stderr}"
+    );
+    assert!(scratch.starts().is_empty());
     // `status` there says that what it shows is the standby's own, not the election's: a
     // holder of the key on the standby is no leader (exit 1).
     let id = unique_lock_id();

@@ -336,7 +336,8 @@ pub struct Cli {
 
     /// Like --once, but campaign for at most DUR before giving up with the conflict code
     ///
-    /// Wall-clock time across reconnects; 125 when the database could not be reached at all.
+    /// Wall-clock time across reconnects; 125 when the database could not be reached at all, or
+    /// when no check got an answer about the lock (a hot standby), as --once.
     /// -w as in flock(1), but with a unit.
     ///
     /// Example: --wait 30s, -w 30s

@@ -64,7 +64,8 @@ pub const CLIENT_CONNECTION_CHECK: Duration = Duration::from_millis(250);
 /// The server-side timers pinned on every session right after connect (see
 /// docs/field-notes.md#half-open-connections-and-pinned-timers): role or database defaults may
 /// differ, so they are set with `set_config` and read back. Values are in the GUCs' base units (ms,
-/// or s for the keepalives).
+/// or s for the keepalives); the two `deferrable` settings and `jit`, which are not timers but
+/// could make every statement wait, are `off`.
 pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     // Rounded up: a timer a hair shorter than asked could free the lock inside the model's
     // margin (docs/guarantees.md#timing-settings).
@@ -78,6 +79,26 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     let bound = config.io_bound();
     let idle = config.effective_idle_session_timeout();
     vec![
+        // Off, and first: a role or database default (PostgreSQL 17 and later) would end a
+        // standby's session in the middle of its wait in the lock queue, which lasts up to an
+        // interval by design, and a FATAL error takes the session with it. `statement_timeout`
+        // and `idle_in_transaction_session_timeout` bound everything it would. First, because
+        // a default already runs from the start of this very round trip, and a `SET` of 0
+        // stops it (docs/field-notes.md#a-transaction-timeout-ends-the-session).
+        ("transaction_timeout", "0".to_owned()),
+        // Not deferrable, for this round trip's own transaction and every later one: with a
+        // role's or database's `default_transaction_isolation = serializable`,
+        // `default_transaction_read_only = on` and `default_transaction_deferrable = on`, every
+        // statement that reads (this round trip's last, the try, the check) first waits for a
+        // safe snapshot, as long as any serializable transaction that writes is open
+        // (docs/field-notes.md#a-deferrable-transaction-waits-for-every-writer). A `SET` takes
+        // no snapshot, so this one still may.
+        ("transaction_deferrable", "off".to_owned()),
+        ("default_transaction_deferrable", "off".to_owned()),
+        // A role's or database's `jit_above_cost` of 0 would JIT-compile every statement of
+        // the election, a quarter to half a second of the server's CPU each on a small machine:
+        // longer than a short interval (docs/field-notes.md#jit-compiles-every-statement-it-may).
+        ("jit", "off".to_owned()),
         // A waiting standby's statement lasts up to one interval (lock_timeout) by design.
         (
             "statement_timeout",
@@ -120,10 +141,12 @@ pub(crate) fn server_timers_on(
 }
 
 /// The PostgreSQL major that added `setting`, one of [`server_timers`]: a `SET` of it fails on
-/// an older server (the release notes of 14 and 12; the others are older than any server this
+/// an older server (the release notes of 17, 14, 12 and 11; the others are older than any server this
 /// connects to).
 fn added_in(setting: &str) -> u32 {
     match setting {
+        "transaction_timeout" => 17,
+        "jit" => 11,
         "idle_session_timeout" | "client_connection_check_interval" => 14,
         "tcp_user_timeout" => 12,
         _ => 0,
@@ -771,6 +794,10 @@ mod tests {
         assert!(names(13).contains(&"tcp_user_timeout"));
         assert!(!names(11).contains(&"tcp_user_timeout"));
         assert!(names(11).contains(&"statement_timeout"));
+        assert!(names(17).contains(&"transaction_timeout"));
+        assert!(!names(16).contains(&"transaction_timeout"));
+        assert!(names(11).contains(&"jit"));
+        assert!(!names(10).contains(&"jit"));
     }
 
     /// The synchronous standbys a grant waits for, from the two settings as `SHOW` gives

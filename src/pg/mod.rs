@@ -34,9 +34,11 @@ pub async fn within<T>(
 
 /// Bounds every statement of a session that takes no part in the election (`leaderrun status`,
 /// `step-down` and `doctor`'s, the history's) on the server as well: `statement_timeout` =
-/// `bound`, `lock_timeout` = half of it (at least 1 ms), and no `idle_session_timeout`
+/// `bound`, `lock_timeout` = half of it (at least 1 ms), no `idle_session_timeout`
 /// (PostgreSQL 14 and later: the history's session idles between runs, `step-down`'s between
-/// its looks), whatever the role's or the database's defaults. A default of a few
+/// its looks), no `transaction_timeout` (17 and later, whose end is the session's) and no
+/// deferrable transactions (which wait for a safe snapshot while any serializable writer is
+/// open) and no JIT compilation, whatever the role's or the database's defaults. A default of a few
 /// milliseconds would otherwise fail these statements, or end the session, while the
 /// replicas, which pin their own timers (docs/guarantees.md#session-timers), lead. One round
 /// trip, or up to [`BOUND_SESSION_TRIES`] when the role's own default cancels it; `what`
@@ -50,12 +52,15 @@ pub async fn bound_session(
     bound: Duration,
 ) -> Result<(), Error> {
     // Numbers we formatted, in the settings' base unit (ms): nothing to quote.
-    // `idle_session_timeout` through pg_settings: a server before 14 has none, and a `SET`
-    // of it would fail there.
+    // `idle_session_timeout` and `transaction_timeout` through pg_settings: a server before
+    // 14 (17) has none, and a `SET` of it would fail there.
     let sql = format!(
         "SET statement_timeout = {}; SET lock_timeout = {}; \
+         SET transaction_deferrable = off; SET default_transaction_deferrable = off; \
+         SET jit = off; \
          SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
-         WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout'",
+         WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout' \
+         OR name OPERATOR(pg_catalog.=) 'transaction_timeout'",
         bound.as_millis().clamp(1, i32::MAX as u128),
         (bound / 2).as_millis().clamp(1, i32::MAX as u128)
     );

@@ -587,9 +587,27 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         match &mut self.state {
             State::Standby { deadline: Some(_) } => {
                 // A standby may still be waiting in the lock queue when the wait is over: what
-                // counts is whether the server was reached at all (docs/guarantees.md#modes).
+                // counts is whether the server was reached at all, and, as for `--once`,
+                // whether a check got an answer about the lock: a server that was reached but
+                // never asked (a hot standby, every check failed) is no holder elsewhere
+                // (docs/guarantees.md#modes).
                 let seen = self.checks.borrow().clone();
-                self.state = if seen.sessions_opened == 0 {
+                let unanswered = seen.refused == 0
+                    && !seen.waiting
+                    && seen.last == Some(crate::CheckOutcome::Failed);
+                self.state = if seen.sessions_opened > 0 && unanswered {
+                    // Each failed try was an ERROR or WARN line with its cause, but for a
+                    // server that was momentarily full or starting up (DEBUG), as below.
+                    match seen.last_error {
+                        Some(cause) if seen.last_transient => error!(
+                            "could not check the lock: no check within --wait got an answer about the lock: {cause}"
+                        ),
+                        _ => error!(
+                            "could not check the lock: no check within --wait got an answer about the lock (causes above)"
+                        ),
+                    }
+                    State::Done(Exit::Code(exit_codes::FAILURE))
+                } else if seen.sessions_opened == 0 {
                     // Each failed try was a WARN line with its cause, but for a server that was
                     // momentarily full or starting up (DEBUG: retried, no error by itself): the
                     // verdict repeats no WARN, and gives that cause.
