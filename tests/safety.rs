@@ -159,7 +159,10 @@ fn fencing_tokens_increase_across_a_crash_of_the_server() {
     let setup = Setup::new(&cluster, "exit 0");
     let mut tokens = Vec::new();
     for round in 1..=4 {
-        let mut replica = setup.replica("200ms", &["--once"]);
+        // A one-shot's try is bounded by the interval, and the first statements of a server
+        // just out of crash recovery are slow on a loaded machine: 1 s, not the usual 200 ms
+        // (the interval costs a one-shot that leads nothing).
+        let mut replica = setup.replica("1s", &["--once"]);
         let status = replica.wait_exit(secs(15.0));
         assert_eq!(status.code(), Some(0), "round {round}\n{}", replica.log());
         let starts = setup.scratch.wait_starts(round, secs(5.0));
