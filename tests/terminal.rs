@@ -447,6 +447,40 @@ fn a_terminal_that_hangs_up_ends_the_foreground_job_and_not_a_background_one() {
     }
 }
 
+/// `nohup leaderrun …` in the foreground survives the terminal hanging up, as `nohup job`
+/// does: SIGHUP was ignored at entry, and the hangup stands for that SIGHUP. Before, the
+/// hangup stopped COMMAND (SIGHUP, which it ignored too, then SIGKILL after the grace) and
+/// released the lock.
+#[test]
+fn a_terminal_that_hangs_up_leaves_a_nohup_job_running() {
+    let scratch = Scratch::new();
+    let child = scratch.child_script("child.sh", "while :; do sleep 0.05; done");
+    let log = scratch.file("leaderrun.log");
+    let pane = Pane::start(&scratch);
+    let line = leaderrun_line("").replacen(" -q ", " ", 1);
+    pane.type_line(&format!(
+        "nohup {line} -- {} >/dev/null 2>{}",
+        child.display(),
+        log.display()
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    drop(pane);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("leaderrun to say it goes on", secs(10.0), || {
+        let log = read_log();
+        assert!(
+            !log.contains("stopping"),
+            "a nohup job ended with the terminal:\n{log}"
+        );
+        log.contains("SIGHUP was ignored when leaderrun started")
+            .then_some(())
+    });
+    assert!(alive(start.ppid), "leaderrun ended:\n{}", read_log());
+    assert!(alive(start.pid), "COMMAND ended:\n{}", read_log());
+    assert_eq!(scratch.starts().len(), 1, "{}", read_log());
+}
+
 #[test]
 fn with_pid_namespace_ctrl_z_and_fg_and_ctrl_c_work_as_without_it() {
     if leaderrun::process::pidns::PidNamespace::new().is_err() {
