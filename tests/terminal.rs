@@ -481,6 +481,65 @@ fn a_terminal_that_hangs_up_leaves_a_nohup_job_running() {
     assert_eq!(scratch.starts().len(), 1, "{}", read_log());
 }
 
+/// A child that died of a signal (killed on a demotion, on shutdown) leaves the terminal's
+/// modes as leaderrun found them, as a shell puts them back after a killed foreground job.
+/// Before, a COMMAND killed while it had the terminal raw (an editor, a pager) left it so: the
+/// next term's COMMAND started in a raw terminal, and the shell, seeing leaderrun exit with 143
+/// rather than die of the signal, kept the raw modes as its own.
+#[test]
+fn a_child_killed_by_a_demotion_or_a_shutdown_leaves_the_terminal_modes_as_it_found_them() {
+    let scratch = Scratch::new();
+    let child = scratch.child_script(
+        "child.sh",
+        "echo \"modes $$ $(stty -g)\" >> \"$EVENTS\"\nstty raw -echo\n\
+         echo \"raw $$\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let shell_modes = scratch.file("shell-modes");
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "{}; stty -g > {}",
+        leaderrun_line(&format!("-- {}", child.display())),
+        shell_modes.display()
+    ));
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![first.ppid]);
+    let event = |prefix: String| {
+        wait_for(&format!("{prefix:?} in the events"), secs(10.0), || {
+            scratch
+                .events()
+                .iter()
+                .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+        })
+    };
+    event(format!("raw {}", first.pid));
+    let found = event(format!("modes {} ", first.pid));
+    // Demoted: the child dies of the stop signal, and the next term starts another.
+    Cluster::shared().terminate_backend(first.backend_pid);
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_eq!(
+        event(format!("modes {} ", second.pid)),
+        found,
+        "the next term's child started in the modes the killed one left"
+    );
+    event(format!("raw {}", second.pid));
+    // Shut down: leaderrun exits 143 and the shell goes on to read the modes.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.ppid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let after = wait_for("the shell's modes after leaderrun", secs(10.0), || {
+        std::fs::read_to_string(&shell_modes)
+            .ok()
+            .filter(|m| m.ends_with('\n'))
+    });
+    assert_eq!(
+        after.trim(),
+        found,
+        "the shell was left the killed child's modes"
+    );
+}
+
 #[test]
 fn with_pid_namespace_ctrl_z_and_fg_and_ctrl_c_work_as_without_it() {
     if leaderrun::process::pidns::PidNamespace::new().is_err() {

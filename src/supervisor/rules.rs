@@ -362,7 +362,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             );
         }
         if let Some(terminal) = &self.terminal {
-            terminal.take_back(Pid::from_raw(pid as i32));
+            // The modes as a shell leaves them after its foreground job: put back after a
+            // child that died of a signal (it may have left the terminal raw), kept after one
+            // that exited on its own.
+            if terminal.take_back(Pid::from_raw(pid as i32)) {
+                terminal.settle_modes(matches!(status, ExitStatus::Signal(_)));
+            }
         }
         match why {
             Why::Exited => {}
