@@ -222,6 +222,64 @@ fn in_the_background_it_never_takes_the_terminal() {
     assert!(!alive(start.pid));
 }
 
+/// Started in the background (`&`), a child that reads the terminal stops leaderrun with it,
+/// as a shell's background job stops, and `fg` gives the child the terminal and continues it;
+/// so does `fg` while the child still runs, once it reads. Before, leaderrun ran on with the
+/// child stopped on SIGTTIN, and `fg` gave the terminal to leaderrun's group, not the child's:
+/// the child stayed stopped for good.
+#[test]
+fn started_in_the_background_fg_gives_the_child_the_terminal() {
+    for fg_first in [false, true] {
+        let scratch = Scratch::new();
+        let go = scratch.file("go");
+        let child = scratch.child_script(
+            "child.sh",
+            &format!(
+                "until [ -e {} ]; do sleep 0.02; done\nread v\necho \"got-$v\" >> \"$EVENTS\"\n\
+                 exec sleep 600",
+                go.display()
+            ),
+        );
+        let pane = Pane::start(&scratch);
+        // A longer interval: the job may stay stopped a while on a loaded machine.
+        let line = leaderrun_line(&format!("-- {}", child.display())).replacen(
+            "--check-interval 200ms",
+            "--check-interval 2s",
+            1,
+        );
+        pane.type_line(&format!("{line} &"));
+        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+        let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        if fg_first {
+            pane.type_line("fg");
+            wait_for("leaderrun's group to have the terminal", secs(5.0), || {
+                foreground_and_group(start.ppid)
+                    .filter(|(fg, group)| fg == group)
+                    .map(|_| ())
+            });
+            std::fs::write(&go, "").unwrap();
+        } else {
+            std::fs::write(&go, "").unwrap();
+            wait_for("the job to stop as a shell's job", secs(10.0), || {
+                (state(start.pid) == Some('T') && state(start.ppid) == Some('T')).then_some(())
+            });
+            pane.type_line("fg");
+        }
+        wait_for("the child to have the terminal", secs(10.0), || {
+            foreground_and_group(start.pid)
+                .filter(|(fg, group)| fg == group)
+                .map(|_| ())
+        });
+        pane.type_line("hello");
+        wait_for("the child to read the terminal", secs(10.0), || {
+            scratch
+                .events()
+                .contains(&"got-hello".to_owned())
+                .then_some(())
+        });
+    }
+}
+
 #[test]
 fn with_stdin_redirected_a_child_that_opens_dev_tty_can_read_it() {
     // An ssh or sudo prompt reads /dev/tty, not stdin: the child's group must have the

@@ -7,8 +7,11 @@
 //! takes it back when the child is gone, so Ctrl-C, Ctrl-Z and reading the terminal behave as
 //! if leaderrun were not there. The terminal is `/dev/tty`, not stdin: with stdin redirected
 //! (`< /dev/null`) a child that opens `/dev/tty` (an ssh or sudo prompt) must still be in the
-//! foreground, or it stops on SIGTTIN. Started in the background (or without a terminal)
-//! leaderrun never touches it.
+//! foreground, or it stops on SIGTTIN. Started in the background, leaderrun hands it to no
+//! child until the shell gives leaderrun's group the foreground (`fg`): a child that reads the
+//! terminal before stops leaderrun with it, as a shell's background job stops, and `fg`
+//! continues both with the child in the foreground. Without a controlling terminal leaderrun
+//! never touches one.
 //!
 //! The terminal's modes are kept as a job-control shell keeps them for its job: a child that
 //! died of a signal (killed on a demotion, a shutdown, a `--timeout`, SIGKILL at the grace) may
@@ -44,9 +47,10 @@ pub struct Terminal {
 }
 
 impl Terminal {
-    /// Claims the controlling terminal when leaderrun's group is its foreground group; `None`
-    /// otherwise (no controlling terminal, or started in the background). Ignores SIGTTOU for
-    /// leaderrun. The descriptor is close-on-exec: it never reaches COMMAND.
+    /// Claims the controlling terminal; `None` without one. Started in the background,
+    /// leaderrun hands it to no child until the shell gives it leaderrun's group (`fg`).
+    /// Ignores SIGTTOU for leaderrun. The descriptor is close-on-exec: it never reaches
+    /// COMMAND.
     pub fn claim() -> Option<Terminal> {
         let tty = open(
             "/dev/tty",
@@ -55,9 +59,7 @@ impl Terminal {
         )
         .ok()?;
         let own_group = getpgrp();
-        if tcgetpgrp(tty.as_fd()).ok()? != own_group {
-            return None;
-        }
+        let in_foreground = tcgetpgrp(tty.as_fd()).ok()? == own_group;
         // SAFETY: installing SIG_IGN has no handler code to be unsafe.
         unsafe {
             let _ = signal(Signal::SIGTTOU, SigHandler::SigIgn);
@@ -67,7 +69,7 @@ impl Terminal {
             modes: std::sync::Mutex::new(modes),
             tty,
             own_group,
-            in_foreground: std::sync::atomic::AtomicBool::new(true),
+            in_foreground: std::sync::atomic::AtomicBool::new(in_foreground),
         })
     }
 
