@@ -222,6 +222,64 @@ fn in_the_background_it_never_takes_the_terminal() {
     assert!(!alive(start.pid));
 }
 
+/// Started in the background (`&`), a child that reads the terminal stops leaderrun with it,
+/// as a shell's background job stops, and `fg` gives the child the terminal and continues it;
+/// so does `fg` while the child still runs, once it reads. Before, leaderrun ran on with the
+/// child stopped on SIGTTIN, and `fg` gave the terminal to leaderrun's group, not the child's:
+/// the child stayed stopped for good.
+#[test]
+fn started_in_the_background_fg_gives_the_child_the_terminal() {
+    for fg_first in [false, true] {
+        let scratch = Scratch::new();
+        let go = scratch.file("go");
+        let child = scratch.child_script(
+            "child.sh",
+            &format!(
+                "until [ -e {} ]; do sleep 0.02; done\nread v\necho \"got-$v\" >> \"$EVENTS\"\n\
+                 exec sleep 600",
+                go.display()
+            ),
+        );
+        let pane = Pane::start(&scratch);
+        // A longer interval: the job may stay stopped a while on a loaded machine.
+        let line = leaderrun_line(&format!("-- {}", child.display())).replacen(
+            "--check-interval 200ms",
+            "--check-interval 2s",
+            1,
+        );
+        pane.type_line(&format!("{line} &"));
+        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+        let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        if fg_first {
+            pane.type_line("fg");
+            wait_for("leaderrun's group to have the terminal", secs(5.0), || {
+                foreground_and_group(start.ppid)
+                    .filter(|(fg, group)| fg == group)
+                    .map(|_| ())
+            });
+            std::fs::write(&go, "").unwrap();
+        } else {
+            std::fs::write(&go, "").unwrap();
+            wait_for("the job to stop as a shell's job", secs(10.0), || {
+                (state(start.pid) == Some('T') && state(start.ppid) == Some('T')).then_some(())
+            });
+            pane.type_line("fg");
+        }
+        wait_for("the child to have the terminal", secs(10.0), || {
+            foreground_and_group(start.pid)
+                .filter(|(fg, group)| fg == group)
+                .map(|_| ())
+        });
+        pane.type_line("hello");
+        wait_for("the child to read the terminal", secs(10.0), || {
+            scratch
+                .events()
+                .contains(&"got-hello".to_owned())
+                .then_some(())
+        });
+    }
+}
+
 #[test]
 fn with_stdin_redirected_a_child_that_opens_dev_tty_can_read_it() {
     // An ssh or sudo prompt reads /dev/tty, not stdin: the child's group must have the
@@ -445,6 +503,99 @@ fn a_terminal_that_hangs_up_ends_the_foreground_job_and_not_a_background_one() {
             );
         }
     }
+}
+
+/// `nohup leaderrun …` in the foreground survives the terminal hanging up, as `nohup job`
+/// does: SIGHUP was ignored at entry, and the hangup stands for that SIGHUP. Before, the
+/// hangup stopped COMMAND (SIGHUP, which it ignored too, then SIGKILL after the grace) and
+/// released the lock.
+#[test]
+fn a_terminal_that_hangs_up_leaves_a_nohup_job_running() {
+    let scratch = Scratch::new();
+    let child = scratch.child_script("child.sh", "while :; do sleep 0.05; done");
+    let log = scratch.file("leaderrun.log");
+    let pane = Pane::start(&scratch);
+    let line = leaderrun_line("").replacen(" -q ", " ", 1);
+    pane.type_line(&format!(
+        "nohup {line} -- {} >/dev/null 2>{}",
+        child.display(),
+        log.display()
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    drop(pane);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("leaderrun to say it goes on", secs(10.0), || {
+        let log = read_log();
+        assert!(
+            !log.contains("stopping"),
+            "a nohup job ended with the terminal:\n{log}"
+        );
+        log.contains("SIGHUP was ignored when leaderrun started")
+            .then_some(())
+    });
+    assert!(alive(start.ppid), "leaderrun ended:\n{}", read_log());
+    assert!(alive(start.pid), "COMMAND ended:\n{}", read_log());
+    assert_eq!(scratch.starts().len(), 1, "{}", read_log());
+}
+
+/// A child that died of a signal (killed on a demotion, on shutdown) leaves the terminal's
+/// modes as leaderrun found them, as a shell puts them back after a killed foreground job.
+/// Before, a COMMAND killed while it had the terminal raw (an editor, a pager) left it so: the
+/// next term's COMMAND started in a raw terminal, and the shell, seeing leaderrun exit with 143
+/// rather than die of the signal, kept the raw modes as its own.
+#[test]
+fn a_child_killed_by_a_demotion_or_a_shutdown_leaves_the_terminal_modes_as_it_found_them() {
+    let scratch = Scratch::new();
+    let child = scratch.child_script(
+        "child.sh",
+        "echo \"modes $$ $(stty -g)\" >> \"$EVENTS\"\nstty raw -echo\n\
+         echo \"raw $$\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let shell_modes = scratch.file("shell-modes");
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "{}; stty -g > {}",
+        leaderrun_line(&format!("-- {}", child.display())),
+        shell_modes.display()
+    ));
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![first.ppid]);
+    let event = |prefix: String| {
+        wait_for(&format!("{prefix:?} in the events"), secs(10.0), || {
+            scratch
+                .events()
+                .iter()
+                .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+        })
+    };
+    event(format!("raw {}", first.pid));
+    let found = event(format!("modes {} ", first.pid));
+    // Demoted: the child dies of the stop signal, and the next term starts another.
+    Cluster::shared().terminate_backend(first.backend_pid);
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_eq!(
+        event(format!("modes {} ", second.pid)),
+        found,
+        "the next term's child started in the modes the killed one left"
+    );
+    event(format!("raw {}", second.pid));
+    // Shut down: leaderrun exits 143 and the shell goes on to read the modes.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.ppid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let after = wait_for("the shell's modes after leaderrun", secs(10.0), || {
+        std::fs::read_to_string(&shell_modes)
+            .ok()
+            .filter(|m| m.ends_with('\n'))
+    });
+    assert_eq!(
+        after.trim(),
+        found,
+        "the shell was left the killed child's modes"
+    );
 }
 
 #[test]

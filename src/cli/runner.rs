@@ -100,8 +100,8 @@ pub fn main(
     if let Some(early) = &early_connect {
         early.advance();
     }
-    // Decided before anything is spawned: only a leaderrun that owns the terminal's foreground
-    // at start hands it to its children.
+    // Claimed before anything is spawned; a child gets the foreground only while leaderrun's
+    // group has it (at start, or once `fg` gave it).
     let terminal = Terminal::claim().map(Arc::new);
     if let Err(err) = child::become_subreaper() {
         warn!("cannot become a child subreaper; orphans of COMMAND will not be stopped: {err}");

@@ -537,13 +537,13 @@ pub trait Spawner {
 }
 
 /// The real [`Spawner`]: forks and execs `command`, giving the child the terminal's foreground
-/// when leaderrun owned it at start and owns it still.
+/// while leaderrun's group has it (at start, or once `fg` gave it).
 #[derive(Debug)]
 pub struct ProcessSpawner {
     /// What to run.
     pub command: Command,
-    /// The controlling terminal, when leaderrun owned its foreground at start
-    /// ([`Terminal::claim`]).
+    /// leaderrun's controlling terminal, if it has one ([`Terminal::claim`]); a child gets its
+    /// foreground only while leaderrun's group has it.
     ///
     /// [`Terminal::claim`]: crate::process::terminal::Terminal::claim
     pub terminal: Option<Arc<crate::process::terminal::Terminal>>,

@@ -65,6 +65,12 @@ pub fn ignored_at_entry() -> u64 {
     IGNORED_AT_ENTRY.load(Ordering::Acquire)
 }
 
+/// Whether `sig` was ignored when [`install`] ran (`nohup` for SIGHUP): leaderrun neither acts
+/// on it nor passes it on, nor on what stands for it (a hung-up terminal for SIGHUP).
+pub fn was_ignored_at_entry(sig: Signal) -> bool {
+    ignored_at_entry() & (1 << sig as i32) != 0
+}
+
 /// Whether `sig` is ignored right now.
 pub(crate) fn is_ignored(sig: i32) -> bool {
     // SAFETY: sigaction with a null new action only reads the current one.

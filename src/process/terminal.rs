@@ -7,8 +7,19 @@
 //! takes it back when the child is gone, so Ctrl-C, Ctrl-Z and reading the terminal behave as
 //! if leaderrun were not there. The terminal is `/dev/tty`, not stdin: with stdin redirected
 //! (`< /dev/null`) a child that opens `/dev/tty` (an ssh or sudo prompt) must still be in the
-//! foreground, or it stops on SIGTTIN. Started in the background (or without a terminal)
-//! leaderrun never touches it.
+//! foreground, or it stops on SIGTTIN. Started in the background, leaderrun hands it to no
+//! child until the shell gives leaderrun's group the foreground (`fg`): a child that reads the
+//! terminal before stops leaderrun with it, as a shell's background job stops, and `fg`
+//! continues both with the child in the foreground. Without a controlling terminal leaderrun
+//! never touches one.
+//!
+//! The terminal's modes are kept as a job-control shell keeps them for its job: a child that
+//! died of a signal (killed on a demotion, a shutdown, a `--timeout`, SIGKILL at the grace) may
+//! have left the terminal raw or without echo, and is not there to undo it; the shell would put
+//! its modes back, but it sees leaderrun exit with a status, or not at all while leaderrun leads
+//! on. So leaderrun puts back the modes it found (`Terminal::settle_modes`) before the next
+//! child starts or the shell reads again; a child that exited on its own keeps what it set
+//! (`stty` as COMMAND), as in a shell.
 //!
 //! Handing the foreground over from what is then a background group raises SIGTTOU, so
 //! leaderrun ignores SIGTTOU for itself; the child gets the default back before exec (unless
@@ -19,6 +30,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use nix::fcntl::{open, OFlag};
 use nix::sys::signal::{signal, SigHandler, Signal};
 use nix::sys::stat::Mode;
+use nix::sys::termios::{tcgetattr, tcsetattr, SetArg, Termios};
 use nix::unistd::{getpgrp, tcgetpgrp, tcsetpgrp, Pid};
 use tracing::debug;
 
@@ -29,12 +41,16 @@ pub struct Terminal {
     own_group: Pid,
     /// What [`Terminal::owns_foreground`] found last (at first: the claim's answer).
     in_foreground: std::sync::atomic::AtomicBool,
+    /// The modes to put back after a child that died of a signal: read at the claim, and
+    /// again after each child that exited on its own (`None`: they could not be read).
+    modes: std::sync::Mutex<Option<Termios>>,
 }
 
 impl Terminal {
-    /// Claims the controlling terminal when leaderrun's group is its foreground group; `None`
-    /// otherwise (no controlling terminal, or started in the background). Ignores SIGTTOU for
-    /// leaderrun. The descriptor is close-on-exec: it never reaches COMMAND.
+    /// Claims the controlling terminal; `None` without one. Started in the background,
+    /// leaderrun hands it to no child until the shell gives it leaderrun's group (`fg`).
+    /// Ignores SIGTTOU for leaderrun. The descriptor is close-on-exec: it never reaches
+    /// COMMAND.
     pub fn claim() -> Option<Terminal> {
         let tty = open(
             "/dev/tty",
@@ -43,17 +59,17 @@ impl Terminal {
         )
         .ok()?;
         let own_group = getpgrp();
-        if tcgetpgrp(tty.as_fd()).ok()? != own_group {
-            return None;
-        }
+        let in_foreground = tcgetpgrp(tty.as_fd()).ok()? == own_group;
         // SAFETY: installing SIG_IGN has no handler code to be unsafe.
         unsafe {
             let _ = signal(Signal::SIGTTOU, SigHandler::SigIgn);
         }
+        let modes = tcgetattr(tty.as_fd()).ok();
         Some(Terminal {
+            modes: std::sync::Mutex::new(modes),
             tty,
             own_group,
-            in_foreground: std::sync::atomic::AtomicBool::new(true),
+            in_foreground: std::sync::atomic::AtomicBool::new(in_foreground),
         })
     }
 
@@ -91,11 +107,37 @@ impl Terminal {
     }
 
     /// Makes leaderrun's own group the foreground group again when `child_group` (a group we
-    /// handed it to) has it; never takes it from the shell after `bg`.
-    pub fn take_back(&self, child_group: Pid) {
+    /// handed it to) has it; never takes it from the shell after `bg`. Whether the child's
+    /// group had it.
+    pub fn take_back(&self, child_group: Pid) -> bool {
         if tcgetpgrp(self.tty.as_fd()).is_ok_and(|g| g == child_group) {
             if let Err(err) = tcsetpgrp(self.tty.as_fd(), self.own_group) {
                 debug!("cannot take the terminal back: {err}");
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Once a child that had the foreground is gone, does with the terminal's modes what a
+    /// job-control shell does when its foreground job ends: after one that died of a signal
+    /// (`killed`), which may have left the terminal raw or without echo, puts back the modes
+    /// last kept; after one that exited on its own, keeps its modes as they are now. Never
+    /// waits for output to drain (`TCSANOW`): a stalled terminal must not hold leaderrun.
+    pub fn settle_modes(&self, killed: bool) {
+        let mut modes = self
+            .modes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !killed {
+            if let Ok(now) = tcgetattr(self.tty.as_fd()) {
+                *modes = Some(now);
+            }
+            return;
+        }
+        if let Some(kept) = modes.as_ref() {
+            if let Err(err) = tcsetattr(self.tty.as_fd(), SetArg::TCSANOW, kept) {
+                debug!("cannot put the terminal's modes back: {err}");
             }
         }
     }

@@ -434,8 +434,14 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 // Watched once: a hung-up terminal stays so.
                 self.hangup = None;
                 // As the kernel does: a hangup ends the foreground job, not one sent to the
-                // background (`bg`, maybe `disown`ed).
-                if self
+                // background (`bg`, maybe `disown`ed), nor one that ignores SIGHUP (`nohup`):
+                // the hangup stands for the SIGHUP, which leaderrun does not act on then.
+                if crate::process::signals::was_ignored_at_entry(Signal::SIGHUP) {
+                    info!(
+                        "the terminal hung up; SIGHUP was ignored when leaderrun started \
+                         (nohup), so it goes on"
+                    );
+                } else if self
                     .terminal
                     .as_ref()
                     .is_some_and(|t| t.job_in_foreground())

@@ -362,7 +362,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             );
         }
         if let Some(terminal) = &self.terminal {
-            terminal.take_back(Pid::from_raw(pid as i32));
+            // The modes as a shell leaves them after its foreground job: put back after a
+            // child that died of a signal (it may have left the terminal raw), kept after one
+            // that exited on its own.
+            if terminal.take_back(Pid::from_raw(pid as i32)) {
+                terminal.settle_modes(matches!(status, ExitStatus::Signal(_)));
+            }
         }
         match why {
             Why::Exited => {}
@@ -486,6 +491,21 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 return
             }
             Signal::SIGTSTP => {}
+            // The shell gave leaderrun's group the terminal (`fg` of a job started in the
+            // background, or of one sent there, while its child ran): the child that used it
+            // from the background is handed it and continued, as `fg` continues a shell's job.
+            Signal::SIGTTIN | Signal::SIGTTOU
+                if self.terminal.as_ref().is_some_and(|t| t.owns_foreground()) =>
+            {
+                info!(
+                    pid,
+                    signal = sig.as_str(),
+                    "the child stopped on {} while leaderrun's job has the terminal; handing it \
+                     on",
+                    sig.as_str()
+                );
+                return self.resume_child();
+            }
             Signal::SIGTTIN | Signal::SIGTTOU if self.terminal.is_some() => {}
             Signal::SIGTTIN | Signal::SIGTTOU => {
                 if !self.warned_background_read {
