@@ -862,3 +862,43 @@ fn a_password_rotated_in_the_password_file_is_used_at_the_next_connection() {
         "{log}"
     );
 }
+
+/// A TLS file that blocks when read (a FIFO nobody writes to, as a hung NFS mount would
+/// block) fails each attempt within its bound, and holds one thread, not one per check: the
+/// campaign goes on failing its checks, a WARN each, instead of waiting for good without a
+/// word (before, the first connect waited for the reading as long as it blocked: no check,
+/// no line, `/healthz` failing), and a later attempt waits for the reading in flight instead
+/// of starting a second one. TERM ends it as a standby (exit 0).
+#[test]
+fn a_tls_file_that_blocks_fails_each_check_and_holds_one_thread() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let fifo = scratch.file("root.crt");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut cmd = leaderrun();
+    cmd.env("PGSSLROOTCERT", &fifo).args([
+        "--dsn",
+        &format!("{} sslmode=verify-ca", cluster.dsn()),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+        "--check-interval",
+        "200ms",
+        "--",
+        "true",
+    ]);
+    let mut standby = Replica::spawn(cmd);
+    // Each check waits for the one reading within its bound, and fails.
+    standby.wait_log("reading the TLS files did not finish within", 3, secs(10.0));
+    let pid = standby.pid();
+    let readers = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim() == "tls-files")
+        })
+        .count();
+    assert_eq!(readers, 1, "one reading at a time:\n{}", standby.log());
+    standby.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = standby.wait_exit(secs(5.0));
+    assert_eq!(status.code(), Some(0), "{}", standby.log());
+}

@@ -692,6 +692,50 @@ fn a_run_still_going_skips_the_next_due_time_and_timeout_bounds_each_run() {
     stopped_by_term(&mut replica);
 }
 
+/// A run that outlasts several due times says the first skip at once and the rest in one line
+/// at its end, as `--every` does: one WARN per skipped due time was 3,600 lines an hour for a
+/// run that hung under a schedule of every second.
+#[test]
+fn a_run_that_outlasts_several_due_times_says_its_skips_once() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    // Each run takes 3.5 s: the three due times after its start are skipped.
+    let job = stamping_job(&scratch, "3.5");
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &["--schedule", "* * * * * *", "--", &job],
+    );
+    let summary = "due times skipped while the run went on: ";
+    replica.wait_log(summary, 1, secs(15.0));
+    let log = replica.log();
+    let (first_run, rest) = log.split_once(summary).unwrap();
+    assert_eq!(
+        first_run
+            .matches("due time skipped: the previous run is still going")
+            .count(),
+        1,
+        "one line for the first skip of the run:\n{log}"
+    );
+    assert!(
+        first_run.lines().last().unwrap().contains(" WARN "),
+        "a schedule's skips are WARN lines:\n{log}"
+    );
+    let skipped: u64 = rest
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a count of skipped due times:\n{log}"));
+    assert!(
+        (2..=4).contains(&skipped),
+        "a run of 3.5 s at a due time per second skips about 3 of them:\n{log}"
+    );
+    replica.signal(Signal::SIGTERM);
+    stopped_by_term(&mut replica);
+}
+
 #[test]
 fn history_records_a_one_shot_and_status_shows_it() {
     let cluster = Cluster::shared();

@@ -618,7 +618,7 @@ pub(crate) async fn connect_socket(
         .iter()
         .any(|h| matches!(h.address, Address::Tcp { .. }));
     let connector = if tls.enabled() && any_tcp {
-        Some(connector_off_the_runtime(tls).await?)
+        Some(connector_off_the_runtime(tls, per_host).await?)
     } else {
         None
     };
@@ -1119,27 +1119,143 @@ where
 /// The TLS connector; built on a thread of its own when it reads files
 /// ([`TlsSettings::reads_files`]): a file can block for good (a FIFO nobody writes to, a hung
 /// NFS mount), and the runtime's thread must go on acting on signals and the fence meanwhile.
-/// Such a thread is left behind, blocked; the process's exit ends it.
+/// Its answer is awaited `within` the connect's bound: a reading that takes longer fails this
+/// attempt, as a host that does not answer does, and is left behind, blocked (the process's
+/// exit ends it). A reading of the same files still in flight is joined, not started again
+/// ([`TLS_READS`]): a hung mount holds one thread, not one more per check, and sessions that
+/// connect at once (a slot's extra heads, the history's) share one reading. Without the bound
+/// the attempt waited for good, and the campaign with it, saying nothing.
 async fn connector_off_the_runtime(
     tls: &TlsSettings,
+    within: Duration,
 ) -> Result<crate::pg::tls::MakeRustlsConnect, Error> {
+    use crate::pg::tls::TlsError;
     if !tls.reads_files() {
         return tls.connector().map_err(Error::Tls);
     }
-    let (built, answer) = tokio::sync::oneshot::channel();
-    let settings = tls.clone();
-    std::thread::Builder::new()
-        .name("tls-files".into())
-        .spawn(move || {
-            let _ = built.send(settings.connector());
-        })
-        .map_err(|err| Error::Tls(crate::pg::tls::TlsError::Thread(err)))?;
-    match answer.await {
-        Ok(connector) => connector.map_err(Error::Tls),
-        Err(_) => Err(Error::Tls(crate::pg::tls::TlsError::Thread(
-            std::io::Error::other("it ended without an answer"),
-        ))),
+    let files = TlsFiles::of(tls);
+    let (found, answer) = oneshot::channel();
+    let (begun, start) = {
+        let mut reads = TLS_READS.lock().unwrap_or_else(|p| p.into_inner());
+        match reads.iter_mut().find(|r| r.files == files) {
+            Some(read) => {
+                // Callers whose bound passed left their senders: no pile-up.
+                read.waiting.retain(|w| !w.is_closed());
+                read.waiting.push(found);
+                (read.begun, false)
+            }
+            None => {
+                let begun = std::time::Instant::now();
+                reads.push(TlsRead {
+                    files: files.clone(),
+                    begun,
+                    waiting: vec![found],
+                });
+                (begun, true)
+            }
+        }
+    };
+    if start {
+        // Answers everyone waiting when the thread ends, or when it never started.
+        let reading = TlsReading { files, built: None };
+        let settings = tls.clone();
+        let started = std::thread::Builder::new()
+            .name("tls-files".into())
+            .spawn(move || {
+                let mut reading = reading;
+                reading.built = Some(settings.connector());
+            });
+        if let Err(err) = started {
+            return Err(Error::Tls(TlsError::Thread(err)));
+        }
     }
+    match timeout(within, answer).await {
+        Ok(Ok(connector)) => connector.map_err(Error::Tls),
+        Ok(Err(_)) => Err(Error::Tls(TlsError::Thread(std::io::Error::other(
+            "it ended without an answer",
+        )))),
+        Err(_) => Err(Error::Tls(TlsError::Thread(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "reading the TLS files did not finish within {} (begun {} ago; a FIFO nobody \
+                 writes to, a hung mount?)",
+                humantime::format_duration(within),
+                humantime::format_duration(round_ms(begun.elapsed()))
+            ),
+        )))),
+    }
+}
+
+/// What a TLS connector reads: connects that read the same files share one reading.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TlsFiles {
+    mode: crate::pg::tls::SslMode,
+    root_cert: Option<std::path::PathBuf>,
+    client_cert: Option<std::path::PathBuf>,
+    client_key: Option<std::path::PathBuf>,
+}
+
+impl TlsFiles {
+    fn of(tls: &TlsSettings) -> TlsFiles {
+        TlsFiles {
+            mode: tls.mode,
+            root_cert: tls.root_cert.clone(),
+            client_cert: tls.client_cert.clone(),
+            client_key: tls.client_key.clone(),
+        }
+    }
+}
+
+type TlsAnswer = Result<crate::pg::tls::MakeRustlsConnect, crate::pg::tls::TlsError>;
+
+/// A reading of TLS files in flight: when it began, and who waits for its answer.
+struct TlsRead {
+    files: TlsFiles,
+    begun: std::time::Instant,
+    waiting: Vec<oneshot::Sender<TlsAnswer>>,
+}
+
+/// The readings of TLS files in flight.
+static TLS_READS: std::sync::Mutex<Vec<TlsRead>> = std::sync::Mutex::new(Vec::new());
+
+/// A reading in [`TLS_READS`]: when dropped, it is taken off, and everyone waiting gets
+/// `built` (an error when there is none: the thread never started, or panicked).
+struct TlsReading {
+    files: TlsFiles,
+    built: Option<TlsAnswer>,
+}
+
+impl Drop for TlsReading {
+    fn drop(&mut self) {
+        let waiting = {
+            let mut reads = TLS_READS.lock().unwrap_or_else(|p| p.into_inner());
+            match reads.iter().position(|r| r.files == self.files) {
+                Some(i) => reads.swap_remove(i).waiting,
+                None => Vec::new(),
+            }
+        };
+        let built = self.built.take().unwrap_or_else(|| {
+            Err(crate::pg::tls::TlsError::Thread(std::io::Error::other(
+                "it ended without an answer",
+            )))
+        });
+        let mut waiting = waiting.into_iter();
+        let last = waiting.next_back();
+        for waiter in waiting {
+            let _ = waiter.send(match &built {
+                Ok(connector) => Ok(connector.clone()),
+                Err(err) => Err(err.duplicate()),
+            });
+        }
+        if let Some(waiter) = last {
+            let _ = waiter.send(built);
+        }
+    }
+}
+
+/// A duration cut to whole milliseconds, for a log line.
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
 }
 
 /// A blocking job handed to a thread of its own: [`lookup_host`]'s getaddrinfo.

@@ -103,11 +103,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 ..
             } => self.pending_due = Some(due),
             State::Child { run, .. } => {
-                warn!(
-                    pid = run.pid(),
-                    due = %shown,
-                    "due time skipped: the previous run is still going"
-                );
+                skipped_while_running(run, &shown);
                 self.metrics.tick(metrics::Tick::Skipped);
             }
             _ => {}
@@ -251,11 +247,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 self.start(t);
             }
             State::Child { run, .. } if run.term().number() == term => {
-                warn!(
-                    pid = run.pid(),
-                    due = %shown,
-                    "due time skipped: the previous run is still going"
-                );
+                skipped_while_running(run, &shown);
                 self.metrics.tick(metrics::Tick::Skipped);
             }
             _ => debug!(due = %shown, "the term moved on; the due time does not run"),
@@ -268,5 +260,21 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             .as_ref()
             .map(|s| s.format(due))
             .unwrap_or_default()
+    }
+}
+
+/// A due time that came while `run` still goes is skipped. The first of a run is said at once
+/// (a WARN), the rest in one line when the run ends (`Supervisor::stopped`), as `--every` says
+/// its skipped ticks: a run that outlasts a schedule of every second by an hour would
+/// otherwise write 3,600 lines.
+fn skipped_while_running(run: &mut super::rules::Run, shown: &str) {
+    if run.skip_tick() == 1 {
+        warn!(
+            pid = run.pid(),
+            due = %shown,
+            "due time skipped: the previous run is still going"
+        );
+    } else {
+        debug!(pid = run.pid(), due = %shown, "due time skipped: the previous run is still going");
     }
 }

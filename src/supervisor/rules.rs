@@ -40,7 +40,8 @@ pub(super) struct Run {
     pid: u32,
     term: Term,
     started: Instant,
-    /// Ticks that fell due while this run went on (`--every`), each skipped.
+    /// Ticks (`--every`) or due times (`--schedule`) that came while this run went on, each
+    /// skipped.
     skipped_ticks: u64,
 }
 
@@ -352,14 +353,21 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         };
         let (why, pid, term, lasted) = (*why, run.pid(), run.term().clone(), run.lasted());
         // Only the first skip of a run was logged as it happened (a period far shorter than
-        // the run would log a line per period): the rest are said here, once.
+        // the run would log a line per period): the rest are said here, once. A schedule's
+        // skips are WARN lines, as its first one is.
         if run.skipped_ticks() > 1 {
-            info!(
-                pid,
-                skipped = run.skipped_ticks(),
-                "ticks skipped while the run went on: {}",
-                run.skipped_ticks()
-            );
+            let skipped = run.skipped_ticks();
+            if let Mode::Schedule { .. } = self.plan.mode {
+                warn!(
+                    pid,
+                    skipped, "due times skipped while the run went on: {skipped}"
+                );
+            } else {
+                info!(
+                    pid,
+                    skipped, "ticks skipped while the run went on: {skipped}"
+                );
+            }
         }
         if let Some(terminal) = &self.terminal {
             // The modes as a shell leaves them after its foreground job: put back after a

@@ -107,6 +107,23 @@ pub enum TlsError {
     Thread(#[source] io::Error),
 }
 
+impl TlsError {
+    /// The same error once more, for each connect that waited for one reading of the files
+    /// (`io::Error` is not `Clone`: kind and text are kept).
+    pub(crate) fn duplicate(&self) -> TlsError {
+        let io = |e: &io::Error| io::Error::new(e.kind(), e.to_string());
+        match self {
+            TlsError::File { what, path, source } => TlsError::File {
+                what,
+                path: path.clone(),
+                source: io(source),
+            },
+            TlsError::Rustls(err) => TlsError::Rustls(err.clone()),
+            TlsError::Thread(err) => TlsError::Thread(io(err)),
+        }
+    }
+}
+
 /// The `sslrootcert` value that means the system's trusted roots, as in libpq 16 and later
 /// (which then makes `verify-full` the default `sslmode` and refuses a weaker one).
 pub const SYSTEM_ROOTS: &str = "system";
