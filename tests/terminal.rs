@@ -505,6 +505,49 @@ fn a_terminal_that_hangs_up_ends_the_foreground_job_and_not_a_background_one() {
     }
 }
 
+/// Started with `&` and brought forward with `fg`, leaderrun's job is the foreground one: `fg`
+/// hands the running child the terminal, and a hangup ends the job as it ends one started in
+/// the foreground. Before, leaderrun still took itself for a background job (it had looked
+/// only at its start), so the child died of the SIGHUP, `--restart always` started another,
+/// and leaderrun led on with no terminal.
+#[test]
+fn started_in_the_background_and_brought_forward_a_hangup_ends_it() {
+    let scratch = Scratch::new();
+    let child = scratch.child_script("child.sh", "while :; do sleep 0.05; done");
+    let log = scratch.file("leaderrun.log");
+    let pane = Pane::start(&scratch);
+    let line = leaderrun_line("--restart always").replacen(" -q ", " ", 1);
+    pane.type_line(&format!(
+        "{line} -- {} </dev/null 2>{} &",
+        child.display(),
+        log.display()
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    pane.type_line("fg");
+    wait_for(
+        "fg to hand the running child the terminal",
+        secs(10.0),
+        || {
+            foreground_and_group(start.pid)
+                .filter(|(fg, group)| fg == group)
+                .map(|_| ())
+        },
+    );
+    drop(pane);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("leaderrun to exit with the terminal", secs(10.0), || {
+        (!alive(start.ppid)).then_some(())
+    });
+    let log = read_log();
+    assert!(log.contains("the terminal hung up; stopping"), "{log}");
+    assert_eq!(
+        scratch.starts().len(),
+        1,
+        "the child was restarted after the hangup:\n{log}"
+    );
+}
+
 /// `nohup leaderrun …` in the foreground survives the terminal hanging up, as `nohup job`
 /// does: SIGHUP was ignored at entry, and the hangup stands for that SIGHUP. Before, the
 /// hangup stopped COMMAND (SIGHUP, which it ignored too, then SIGKILL after the grace) and

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use signal_hook::consts::signal::{
-    SIGALRM, SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2, SIGWINCH,
+    SIGALRM, SIGCHLD, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2,
+    SIGWINCH,
 };
 use signal_hook::iterator::backend::SignalDelivery;
 use signal_hook::iterator::exfiltrator::SignalOnly;
@@ -39,6 +40,9 @@ use tokio::sync::mpsc;
 ///   child. As a standby leaderrun stops itself at once.
 /// * SIGPIPE is ignored (Rust's default): a closed stderr must not kill a leader mid-term.
 /// * SIGCHLD wakes the reaper.
+/// * SIGCONT (`fg`, `bg`) makes leaderrun look again at whom the terminal's foreground is
+///   (`Terminal::look`); it is never passed on: a stopped child is continued only on a
+///   proven lock.
 pub const FORWARDED: [Signal; 8] = [
     Signal::SIGHUP,
     Signal::SIGINT,
@@ -117,7 +121,7 @@ pub fn install() -> std::io::Result<SignalStream> {
     IGNORED_AT_ENTRY.store(ignored, Ordering::Release);
     // SIGCHLD is ours whatever its disposition was: the reaper needs it.
     let wanted: Vec<i32> = [
-        SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH, SIGALRM, SIGTSTP,
+        SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH, SIGALRM, SIGTSTP, SIGCONT,
     ]
     .into_iter()
     .filter(|&sig| ignored & (1 << sig) == 0)

@@ -59,7 +59,15 @@ impl Terminal {
         )
         .ok()?;
         let own_group = getpgrp();
-        let in_foreground = tcgetpgrp(tty.as_fd()).ok()? == own_group;
+        let foreground = tcgetpgrp(tty.as_fd()).ok()?;
+        // 0: the group is not in this PID namespace (leaderrun as the init of one that
+        // `unshare -fp` made, on the caller's terminal), or the terminal has none. Nothing
+        // then tells leaderrun's job from another, and taking the terminal back would fail:
+        // it is left alone, and Ctrl-C reaches leaderrun, which passes it on.
+        if own_group.as_raw() == 0 || foreground.as_raw() == 0 {
+            return None;
+        }
+        let in_foreground = foreground == own_group;
         // SAFETY: installing SIG_IGN has no handler code to be unsafe.
         unsafe {
             let _ = signal(Signal::SIGTTOU, SigHandler::SigIgn);
@@ -88,33 +96,57 @@ impl Terminal {
     }
 
     /// Whether leaderrun's job (its group, or the child's it handed the terminal to) was in
-    /// the foreground when last looked at: at the claim, at each spawn and after each resume
-    /// from job control. A hung-up terminal can no longer be asked.
+    /// the foreground when last looked at: at the claim, at each spawn, after each resume
+    /// from job control and each SIGCONT, and once a second ([`Terminal::look`]). A hung-up
+    /// terminal can no longer be asked.
     pub fn job_in_foreground(&self) -> bool {
         self.in_foreground
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Makes `group` the foreground process group. The child also does this itself before exec
-    /// (so it never reads the terminal from the background); this call covers a resume.
-    pub fn give_to(&self, group: Pid) {
-        if let Err(err) = tcsetpgrp(self.tty.as_fd(), group) {
-            debug!(
-                pgid = group.as_raw(),
-                "cannot hand the terminal to the child: {err}"
-            );
+    /// (so it never reads the terminal from the background); this call covers a resume and a
+    /// `fg`. Whether it worked.
+    pub fn give_to(&self, group: Pid) -> bool {
+        match tcsetpgrp(self.tty.as_fd(), group) {
+            Ok(()) => true,
+            Err(err) => {
+                debug!(
+                    pgid = group.as_raw(),
+                    "cannot hand the terminal to the child: {err}"
+                );
+                false
+            }
         }
     }
 
+    /// Notes whether leaderrun's job, its own group or `child`'s (the group it hands the
+    /// terminal to), is the foreground now, for a later hangup
+    /// ([`Terminal::job_in_foreground`]): `fg` of a job started with `&` changes that without
+    /// any spawn or stop of leaderrun's, and without a signal when the job runs. Called after
+    /// a SIGCONT and once a second. Whether leaderrun's own group has it, so that the child may
+    /// be handed it.
+    pub fn look(&self, child: Option<Pid>) -> bool {
+        let foreground = tcgetpgrp(self.tty.as_fd()).ok();
+        let own = foreground == Some(self.own_group);
+        let job = own || (child.is_some() && foreground == child);
+        self.in_foreground
+            .store(job, std::sync::atomic::Ordering::Relaxed);
+        own
+    }
+
     /// Makes leaderrun's own group the foreground group again when `child_group` (a group we
-    /// handed it to) has it; never takes it from the shell after `bg`. Whether the child's
-    /// group had it.
+    /// handed it to) has it; never takes it from the shell after `bg`. Whether it took it back
+    /// (the child's group had it, and handing it back worked).
     pub fn take_back(&self, child_group: Pid) -> bool {
         if tcgetpgrp(self.tty.as_fd()).is_ok_and(|g| g == child_group) {
-            if let Err(err) = tcsetpgrp(self.tty.as_fd(), self.own_group) {
-                debug!("cannot take the terminal back: {err}");
-            }
-            return true;
+            return match tcsetpgrp(self.tty.as_fd(), self.own_group) {
+                Ok(()) => true,
+                Err(err) => {
+                    debug!("cannot take the terminal back: {err}");
+                    false
+                }
+            };
         }
         false
     }

@@ -429,7 +429,10 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             Event::Due => self.due(),
             Event::CatchUp(term, due, answer) => self.catch_up_answered(term, due, answer),
             Event::DueChecked(term, due, answer) => self.due_checked(term, due, answer),
-            Event::Poll => self.poll(),
+            Event::Poll => {
+                self.look_at_terminal();
+                self.poll()
+            }
             Event::HungUp => {
                 // Watched once: a hung-up terminal stays so.
                 self.hangup = None;
@@ -476,6 +479,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
         match (&mut self.state, sig) {
             (_, Signal::SIGCHLD) => self.poll(),
+            (_, Signal::SIGCONT) => self.look_at_terminal(),
             (
                 State::Child {
                     run,
@@ -507,6 +511,30 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 "no child to pass {} to",
                 sig.as_str()
             ),
+        }
+    }
+
+    /// Looks at whom the terminal's foreground is, after a SIGCONT and at every reaper's poll
+    /// (once a second): `fg` of a job that runs sends no signal (a shell continues only a
+    /// stopped job), and whether leaderrun's job has the terminal decides what a hangup does.
+    /// After `fg` a running child is handed the terminal, as at its start in the foreground.
+    /// Nothing is continued here: a child that stopped is continued only through
+    /// `resume_child`, on a proven term.
+    fn look_at_terminal(&mut self) {
+        let Some(terminal) = &self.terminal else {
+            return;
+        };
+        let child = match &self.state {
+            State::Child {
+                run,
+                phase: Phase::Running { .. },
+            } => Some(nix::unistd::Pid::from_raw(run.pid() as i32)),
+            _ => None,
+        };
+        if terminal.look(child) {
+            if let Some(child) = child {
+                let _ = terminal.give_to(child);
+            }
         }
     }
 

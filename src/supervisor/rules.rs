@@ -296,7 +296,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         // `fg` gave the terminal back to our group: pass it on. After `bg` the shell keeps it.
         if let Some(terminal) = &self.terminal {
             if terminal.owns_foreground() {
-                terminal.give_to(Pid::from_raw(run.pid() as i32));
+                let _ = terminal.give_to(Pid::from_raw(run.pid() as i32));
             }
         }
         run.tree().signal_group(Signal::SIGCONT);
@@ -502,8 +502,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             // The shell gave leaderrun's group the terminal (`fg` of a job started in the
             // background, or of one sent there, while its child ran): the child that used it
             // from the background is handed it and continued, as `fg` continues a shell's job.
+            // Only once the handing over worked: otherwise the child would read again, stop
+            // again, and be continued again, for good.
             Signal::SIGTTIN | Signal::SIGTTOU
-                if self.terminal.as_ref().is_some_and(|t| t.owns_foreground()) =>
+                if self.terminal.as_ref().is_some_and(|t| {
+                    t.owns_foreground() && t.give_to(Pid::from_raw(pid as i32))
+                }) =>
             {
                 info!(
                     pid,
