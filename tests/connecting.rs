@@ -864,7 +864,7 @@ fn a_password_rotated_in_the_password_file_is_used_at_the_next_connection() {
 }
 
 /// A TLS file that blocks when read (a FIFO nobody writes to, as a hung NFS mount would
-/// block) fails each attempt within its bound, and holds one thread, not one per check: the
+/// block) fails each attempt within its bound, and holds two threads at most, not one per check: the
 /// campaign goes on failing its checks, a WARN each, instead of waiting for good without a
 /// word (before, the first connect waited for the reading as long as it blocked: no check,
 /// no line, `/healthz` failing), and a later attempt waits for the reading in flight instead
@@ -887,8 +887,13 @@ fn a_tls_file_that_blocks_fails_each_check_and_holds_one_thread() {
         "true",
     ]);
     let mut standby = Replica::spawn(cmd);
-    // Each check waits for the one reading within its bound, and fails.
-    standby.wait_log("reading the TLS files did not finish within", 3, secs(10.0));
+    // Each check waits for a reading in flight within its bound, and fails; one that has
+    // blocked for five bounds (1 s here) is left to itself and one more is begun, no more.
+    standby.wait_log(
+        "reading the TLS files did not finish within",
+        10,
+        secs(15.0),
+    );
     let pid = standby.pid();
     let readers = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
@@ -897,7 +902,11 @@ fn a_tls_file_that_blocks_fails_each_check_and_holds_one_thread() {
             std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim() == "tls-files")
         })
         .count();
-    assert_eq!(readers, 1, "one reading at a time:\n{}", standby.log());
+    assert!(
+        (1..=2).contains(&readers),
+        "{readers} readings of one set of files at once:\n{}",
+        standby.log()
+    );
     standby.signal(nix::sys::signal::Signal::SIGTERM);
     let status = standby.wait_exit(secs(5.0));
     assert_eq!(status.code(), Some(0), "{}", standby.log());

@@ -418,3 +418,41 @@ fn channel_binding_require_binds_to_the_servers_certificate() {
         assert_eq!(got, Some(code), "{mode}: {stderr}");
     }
 }
+
+/// A root certificate that blocked when read (a FIFO nobody writes to, as a hung mount blocks)
+/// and is then put right under the same name is read again without a restart: a reading that
+/// has blocked for several connect bounds is left to itself and one more is begun (two at
+/// most per set of files). Before, every later attempt joined the blocked reading, and
+/// leaderrun never connected again until restarted.
+#[test]
+fn a_root_certificate_that_blocked_is_read_again_once_put_right() {
+    use crate::support::{secs, Replica, Scratch};
+    let cluster = Cluster::start_private();
+    let Some(certs) =
+        cluster.enable_tls("tls::a_root_certificate_that_blocked_is_read_again_once_put_right")
+    else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let root = scratch.file("root.crt");
+    nix::unistd::mkfifo(&root, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let port = cluster.addr().port();
+    let dsn = format!(
+        "host=localhost hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres \
+         sslmode=verify-ca sslrootcert={}",
+        root.display()
+    );
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "200ms", "--"])
+        .arg(&script);
+    let replica = Replica::spawn(cmd);
+    replica.wait_log("reading the TLS files did not finish within", 2, secs(10.0));
+    // Put right: a regular file takes the FIFO's name (as a mount that comes back would).
+    let fixed = scratch.file("root.crt.new");
+    std::fs::copy(certs.file("ca.crt"), &fixed).unwrap();
+    std::fs::rename(&fixed, &root).unwrap();
+    let started = scratch.wait_starts(1, secs(15.0));
+    assert_eq!(started.len(), 1, "{}", replica.log());
+}

@@ -1122,8 +1122,10 @@ where
 /// Its answer is awaited `within` the connect's bound: a reading that takes longer fails this
 /// attempt, as a host that does not answer does, and is left behind, blocked (the process's
 /// exit ends it). A reading of the same files still in flight is joined, not started again
-/// ([`TLS_READS`]): a hung mount holds one thread, not one more per check, and sessions that
-/// connect at once (a slot's extra heads, the history's) share one reading. Without the bound
+/// ([`TLS_READS`]), until it has blocked for [`TLS_READ_STALE_BOUNDS`] bounds: then one more is
+/// begun, so that a file put right under the same name is read without a restart
+/// ([`TLS_READS_PER_FILES`] at most). A hung mount holds two threads, not one more per check,
+/// and sessions that connect at once (a slot's extra heads, the history's) share one reading. Without the bound
 /// the attempt waited for good, and the campaign with it, saying nothing.
 async fn connector_off_the_runtime(
     tls: &TlsSettings,
@@ -1137,27 +1139,44 @@ async fn connector_off_the_runtime(
     let (found, answer) = oneshot::channel();
     let (begun, start) = {
         let mut reads = TLS_READS.lock().unwrap_or_else(|p| p.into_inner());
-        match reads.iter_mut().find(|r| r.files == files) {
-            Some(read) => {
+        let same = reads.iter().filter(|r| r.files == files).count();
+        let newest = reads
+            .iter_mut()
+            .filter(|r| r.files == files)
+            .max_by_key(|r| r.begun);
+        match newest {
+            // A reading that has blocked for several bounds is left to itself and one more is
+            // begun, so that a file put right under the same name (the FIFO replaced, the
+            // mount back) is read without a restart; never more than two per set of files.
+            Some(read)
+                if read.begun.elapsed() < within.saturating_mul(TLS_READ_STALE_BOUNDS)
+                    || same >= TLS_READS_PER_FILES =>
+            {
                 // Callers whose bound passed left their senders: no pile-up.
                 read.waiting.retain(|w| !w.is_closed());
                 read.waiting.push(found);
-                (read.begun, false)
+                (Some(read.begun), None)
             }
-            None => {
-                let begun = std::time::Instant::now();
+            _ => {
+                let id = TLS_READ_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 reads.push(TlsRead {
+                    id,
                     files: files.clone(),
-                    begun,
+                    begun: std::time::Instant::now(),
                     waiting: vec![found],
                 });
-                (begun, true)
+                (None, Some(id))
             }
         }
     };
-    if start {
+    let begun = begun.unwrap_or_else(std::time::Instant::now);
+    if let Some(id) = start {
         // Answers everyone waiting when the thread ends, or when it never started.
-        let reading = TlsReading { files, built: None };
+        let reading = TlsReading {
+            id,
+            files,
+            built: None,
+        };
         let settings = tls.clone();
         let started = std::thread::Builder::new()
             .name("tls-files".into())
@@ -1210,6 +1229,7 @@ type TlsAnswer = Result<crate::pg::tls::MakeRustlsConnect, crate::pg::tls::TlsEr
 
 /// A reading of TLS files in flight: when it began, and who waits for its answer.
 struct TlsRead {
+    id: u64,
     files: TlsFiles,
     begun: std::time::Instant,
     waiting: Vec<oneshot::Sender<TlsAnswer>>,
@@ -1218,9 +1238,21 @@ struct TlsRead {
 /// The readings of TLS files in flight.
 static TLS_READS: std::sync::Mutex<Vec<TlsRead>> = std::sync::Mutex::new(Vec::new());
 
+/// Tells the readings in [`TLS_READS`] apart (two may read the same files).
+static TLS_READ_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// After how many of its connect's bounds a reading still in flight is left to itself and a
+/// later attempt begins another ([`TLS_READS_PER_FILES`] at most).
+const TLS_READ_STALE_BOUNDS: u32 = 5;
+
+/// Readings of one set of TLS files in flight at most: one that blocks for good (a hung
+/// mount) and one more.
+const TLS_READS_PER_FILES: usize = 2;
+
 /// A reading in [`TLS_READS`]: when dropped, it is taken off, and everyone waiting gets
 /// `built` (an error when there is none: the thread never started, or panicked).
 struct TlsReading {
+    id: u64,
     files: TlsFiles,
     built: Option<TlsAnswer>,
 }
@@ -1229,7 +1261,10 @@ impl Drop for TlsReading {
     fn drop(&mut self) {
         let waiting = {
             let mut reads = TLS_READS.lock().unwrap_or_else(|p| p.into_inner());
-            match reads.iter().position(|r| r.files == self.files) {
+            match reads
+                .iter()
+                .position(|r| r.id == self.id && r.files == self.files)
+            {
                 Some(i) => reads.swap_remove(i).waiting,
                 None => Vec::new(),
             }
