@@ -134,6 +134,15 @@ fn a_resumed_leader_stops_its_child_before_any_round_trip() {
     );
 }
 
+/// A replica of lock `id` that connects with `dsn` (a role of a test's own) and runs `script`.
+fn replica_as(dsn: &str, id: i32, interval: &str, script: &std::path::Path) -> Replica {
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", dsn, "--lock-id", &id.to_string()])
+        .args(["--check-interval", interval, "--"])
+        .arg(script);
+    Replica::spawn(cmd)
+}
+
 #[test]
 fn fencing_tokens_increase_over_forced_terms() {
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");
@@ -416,13 +425,7 @@ fn a_roles_transaction_timeout_does_not_end_a_waiting_standby() {
     let id = unique_lock_id();
     let scratch = Scratch::new();
     let script = scratch.child_script("child.sh", "exec sleep 600");
-    let replica = || {
-        let mut cmd = leaderrun();
-        cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
-            .args(["--check-interval", "1s", "--"])
-            .arg(&script);
-        Replica::spawn(cmd)
-    };
+    let replica = || replica_as(&dsn, id, "1s", &script);
     let _leader = replica();
     scratch.wait_starts(1, secs(10.0));
     let standby = replica();
@@ -512,13 +515,7 @@ fn a_roles_deferrable_default_does_not_make_the_election_wait_for_writers() {
     let id = unique_lock_id();
     let scratch = Scratch::new();
     let script = scratch.child_script("child.sh", "exec sleep 600");
-    let replica = || {
-        let mut cmd = leaderrun();
-        cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
-            .args(["--check-interval", "300ms", "--"])
-            .arg(&script);
-        Replica::spawn(cmd)
-    };
+    let replica = || replica_as(&dsn, id, "300ms", &script);
     let leader = replica();
     scratch.wait_starts(1, secs(10.0));
     let standby = replica();

@@ -451,36 +451,60 @@ fn in_an_orphaned_group_a_child_that_reads_the_terminal_does_not_stop_leaderrun(
 /// in the foreground: the kernel sends SIGHUP to the child's group and to the shell, which
 /// need not pass it on to leaderrun before it dies. leaderrun sees the hangup itself and stops
 /// as a shell stops its jobs; before, `--restart always` restarted the child that died of the
-/// SIGHUP, and leaderrun led on, orphaned. Sent to the background with `bg`, it goes on, as
-/// the kernel leaves a background job alone (`disown`).
+/// SIGHUP, and leaderrun led on, orphaned. So does a job started with `&` and brought forward
+/// with `fg`, which hands the running child the terminal (before, leaderrun had looked only at
+/// its start and took itself for a background job). Sent to the background with `bg`, it goes
+/// on, as the kernel leaves a background job alone (`disown`).
 #[test]
 fn a_terminal_that_hangs_up_ends_the_foreground_job_and_not_a_background_one() {
-    for background in [false, true] {
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Job {
+        Foreground,
+        BroughtForward,
+        SentToBackground,
+    }
+    for job in [Job::Foreground, Job::BroughtForward, Job::SentToBackground] {
         let scratch = Scratch::new();
         let child = scratch.child_script("child.sh", "while :; do sleep 0.05; done");
         let log = scratch.file("leaderrun.log");
         let pane = Pane::start(&scratch);
         // At the default level: the hangup is an INFO line.
         let line = leaderrun_line("--restart always").replacen(" -q ", " ", 1);
-        pane.type_line(&format!(
-            "{line} -- {} 2>{}",
-            child.display(),
-            log.display()
-        ));
+        let started = format!("{line} -- {} 2>{}", child.display(), log.display());
+        if job == Job::BroughtForward {
+            pane.type_line(&format!("{started} </dev/null &"));
+        } else {
+            pane.type_line(&started);
+        }
         let start = scratch.wait_starts(1, secs(10.0))[0].clone();
         let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
-        if background {
-            pane.key("C-z");
-            pane.wait_screen("Stopped", 1);
-            pane.type_line("bg");
-            pane.type_line("disown");
-            wait_for("leaderrun to run again", secs(5.0), || {
-                (state(start.ppid).is_some_and(|s| s != 'T')).then_some(())
-            });
+        match job {
+            Job::Foreground => {}
+            Job::BroughtForward => {
+                pane.type_line("fg");
+                wait_for(
+                    "fg to hand the running child the terminal",
+                    secs(10.0),
+                    || {
+                        foreground_and_group(start.pid)
+                            .filter(|(fg, group)| fg == group)
+                            .map(|_| ())
+                    },
+                );
+            }
+            Job::SentToBackground => {
+                pane.key("C-z");
+                pane.wait_screen("Stopped", 1);
+                pane.type_line("bg");
+                pane.type_line("disown");
+                wait_for("leaderrun to run again", secs(5.0), || {
+                    (state(start.ppid).is_some_and(|s| s != 'T')).then_some(())
+                });
+            }
         }
         drop(pane);
         let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-        if background {
+        if job == Job::SentToBackground {
             wait_for("leaderrun to say it goes on", secs(5.0), || {
                 read_log()
                     .contains("the terminal hung up; leaderrun runs in the background")
@@ -495,57 +519,17 @@ fn a_terminal_that_hangs_up_ends_the_foreground_job_and_not_a_background_one() {
                 (!alive(start.ppid)).then_some(())
             });
             let log = read_log();
-            assert!(log.contains("the terminal hung up; stopping"), "{log}");
+            assert!(
+                log.contains("the terminal hung up; stopping"),
+                "{job:?}: {log}"
+            );
             assert_eq!(
                 scratch.starts().len(),
                 1,
-                "the child was restarted after the hangup:\n{log}"
+                "{job:?}: the child was restarted after the hangup:\n{log}"
             );
         }
     }
-}
-
-/// Started with `&` and brought forward with `fg`, leaderrun's job is the foreground one: `fg`
-/// hands the running child the terminal, and a hangup ends the job as it ends one started in
-/// the foreground. Before, leaderrun still took itself for a background job (it had looked
-/// only at its start), so the child died of the SIGHUP, `--restart always` started another,
-/// and leaderrun led on with no terminal.
-#[test]
-fn started_in_the_background_and_brought_forward_a_hangup_ends_it() {
-    let scratch = Scratch::new();
-    let child = scratch.child_script("child.sh", "while :; do sleep 0.05; done");
-    let log = scratch.file("leaderrun.log");
-    let pane = Pane::start(&scratch);
-    let line = leaderrun_line("--restart always").replacen(" -q ", " ", 1);
-    pane.type_line(&format!(
-        "{line} -- {} </dev/null 2>{} &",
-        child.display(),
-        log.display()
-    ));
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
-    pane.type_line("fg");
-    wait_for(
-        "fg to hand the running child the terminal",
-        secs(10.0),
-        || {
-            foreground_and_group(start.pid)
-                .filter(|(fg, group)| fg == group)
-                .map(|_| ())
-        },
-    );
-    drop(pane);
-    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_for("leaderrun to exit with the terminal", secs(10.0), || {
-        (!alive(start.ppid)).then_some(())
-    });
-    let log = read_log();
-    assert!(log.contains("the terminal hung up; stopping"), "{log}");
-    assert_eq!(
-        scratch.starts().len(),
-        1,
-        "the child was restarted after the hangup:\n{log}"
-    );
 }
 
 /// `nohup leaderrun …` in the foreground survives the terminal hanging up, as `nohup job`
