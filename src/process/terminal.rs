@@ -89,7 +89,12 @@ impl Terminal {
     /// Whether leaderrun's own group is the foreground group now: after a resume, `fg` gave it
     /// back to us, `bg` left it with the shell.
     pub fn owns_foreground(&self) -> bool {
-        let owns = tcgetpgrp(self.tty.as_fd()).is_ok_and(|g| g == self.own_group);
+        // A terminal that cannot be asked (hung up) keeps the last answer, for the hangup's
+        // own event to decide on.
+        let Ok(foreground) = tcgetpgrp(self.tty.as_fd()) else {
+            return false;
+        };
+        let owns = foreground == self.own_group;
         self.in_foreground
             .store(owns, std::sync::atomic::Ordering::Relaxed);
         owns
@@ -127,9 +132,13 @@ impl Terminal {
     /// a SIGCONT and once a second. Whether leaderrun's own group has it, so that the child may
     /// be handed it.
     pub fn look(&self, child: Option<Pid>) -> bool {
-        let foreground = tcgetpgrp(self.tty.as_fd()).ok();
-        let own = foreground == Some(self.own_group);
-        let job = own || (child.is_some() && foreground == child);
+        // A hung-up terminal cannot be asked: the last answer stands, for the hangup's own
+        // event (which may come after this look) to decide on.
+        let Ok(foreground) = tcgetpgrp(self.tty.as_fd()) else {
+            return false;
+        };
+        let own = foreground == self.own_group;
+        let job = own || child == Some(foreground);
         self.in_foreground
             .store(job, std::sync::atomic::Ordering::Relaxed);
         own
