@@ -524,14 +524,16 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         let Some(terminal) = &self.terminal else {
             return;
         };
-        let child = match &self.state {
-            State::Child {
-                run,
-                phase: Phase::Running { .. },
-            } => Some(nix::unistd::Pid::from_raw(run.pid() as i32)),
-            _ => None,
+        // A child being stopped still counts as the job's (a hangup meanwhile is the
+        // foreground job's), but is handed nothing.
+        let (child, running) = match &self.state {
+            State::Child { run, phase } => (
+                Some(nix::unistd::Pid::from_raw(run.pid() as i32)),
+                matches!(phase, Phase::Running { .. }),
+            ),
+            _ => (None, false),
         };
-        if terminal.look(child) {
+        if terminal.look(child) && running {
             if let Some(child) = child {
                 let _ = terminal.give_to(child);
             }
