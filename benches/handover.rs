@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use support::measure::{
     self, check_all_gone, connection_limit, cron_herd, etcd, failover, fleet, floor_handover,
-    footprint, graceful, one_shot, one_shot_overhead, progress, readyz, tree_failover, Row,
+    footprint, graceful, one_shot, one_shot_overhead, progress, readyz, tree_failover, FloorEvent,
+    Row,
 };
 use support::Cluster;
 
@@ -106,13 +107,14 @@ fn main() {
         progress(group);
         match *group {
             "handover after SIGTERM" => {
-                progress("  intervals 5s and 1s, and the floor, in rounds");
+                progress("  intervals 5s and 1s, and the two floors, in rounds");
                 let merged = rounds(
                     runs,
                     &mut [
                         &mut || vec![graceful(&cluster, "5s", 1)],
                         &mut || vec![graceful(&cluster, "1s", 1)],
-                        &mut || vec![floor_handover(&cluster, 1, false)],
+                        &mut || vec![floor_handover(&cluster, 1, FloorEvent::Unlock)],
+                        &mut || vec![floor_handover(&cluster, 1, FloorEvent::ChildStopped)],
                     ],
                 );
                 let ratio = ratio_row(
@@ -120,8 +122,16 @@ fn main() {
                     &merged[0][0],
                     &merged[2][0],
                 );
+                // Timed from the same two stamps as the leaderrun rows: the old child's exit
+                // after its end stamp is in both (BENCHMARKS.md, fifteenth pass).
+                let like = ratio_row(
+                    "handover after SIGTERM, interval 5s / the floor with the holder's child",
+                    &merged[0][0],
+                    &merged[3][0],
+                );
                 rows.extend(merged.into_iter().flatten());
                 rows.push(ratio);
+                rows.push(like);
             }
             "failover" => {
                 progress("  failover after kill -9, and its floor, in rounds");
@@ -132,7 +142,7 @@ fn main() {
                             let (latency, overlap) = failover(&cluster, "kill -9", 1);
                             vec![latency, overlap]
                         },
-                        &mut || vec![floor_handover(&cluster, 1, true)],
+                        &mut || vec![floor_handover(&cluster, 1, FloorEvent::Killed)],
                     ],
                 );
                 let ratio = ratio_row(

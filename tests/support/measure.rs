@@ -2,6 +2,7 @@
 //! support so that both the benchmark and the test suite's smoke test (`tests/bench_smoke.rs`)
 //! take them from one owner: the benchmark includes this support, never the other way round.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -1084,7 +1085,7 @@ pub fn fleet(
                 // The same floor as beside one standby, with this fleet's processes and
                 // sessions on the machine.
                 progress(&format!("{n} standbys: floor"));
-                let mut floor = floor_handover(cluster, runs, true);
+                let mut floor = floor_handover(cluster, runs, FloorEvent::Killed);
                 floor.name = format!(
                     "floor: kill -9 of the holding process → a waiting session's grant → child \
                      started, beside {n} waiting standbys ({level})"
@@ -1604,37 +1605,68 @@ pub fn etcd(runs: usize) -> Vec<Row> {
     rows
 }
 
-/// With this variable set (to a DSN) the benchmark binary is the failover floor's holder
+/// With this variable set (to a DSN) the benchmark binary is a floor's holder
 /// ([`floor_holder`]): it takes the lock `(CLASS, id)` (`id` from [`FLOOR_ID_ENV`]), says
-/// `held` on stdout and sleeps until killed.
+/// `held` on stdout and sleeps until killed; with [`FLOOR_CHILD_ENV`] it runs that child too.
 pub const FLOOR_HOLD_ENV: &str = "LEADERRUN_BENCH_FLOOR_HOLD_DSN";
 /// The lock id of [`FLOOR_HOLD_ENV`]'s holder.
 pub const FLOOR_ID_ENV: &str = "LEADERRUN_BENCH_FLOOR_ID";
+/// A child script for [`FLOOR_HOLD_ENV`]'s holder to run as leaderrun runs COMMAND: started
+/// once the lock is held, in a group of its own, announced as `held PID`; when it exits the
+/// holder unlocks, closes its session and exits, with no check, watchdog or tree proof.
+pub const FLOOR_CHILD_ENV: &str = "LEADERRUN_BENCH_FLOOR_CHILD";
 
-/// The failover floor's holder process (see [`FLOOR_HOLD_ENV`]).
+/// A floor's holder process (see [`FLOOR_HOLD_ENV`]).
 pub fn floor_holder(dsn: &str) {
     let id: i32 = std::env::var(FLOOR_ID_ENV).unwrap().parse().unwrap();
+    let child = std::env::var_os(FLOOR_CHILD_ENV);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let (client, _task) = floor_connect(dsn).await;
+        let (client, task) = floor_connect(dsn).await;
         client
             .simple_query(&format!("SELECT pg_advisory_lock({CLASS}, {id})"))
             .await
             .unwrap();
-        println!("held");
-        std::future::pending::<()>().await;
+        let Some(script) = child else {
+            println!("held");
+            return std::future::pending::<()>().await;
+        };
+        let mut child = Command::new(script).process_group(0).spawn().unwrap();
+        println!("held {}", child.id());
+        // Nothing else runs on this runtime meanwhile: the session has no news to read.
+        child.wait().unwrap();
+        client
+            .simple_query(&format!("SELECT pg_advisory_unlock({CLASS}, {id})"))
+            .await
+            .unwrap();
+        drop(client);
+        let _ = task.await;
     });
+}
+
+/// What starts a floor's handover ([`floor_handover`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum FloorEvent {
+    /// The holder's `pg_advisory_unlock`, timed from just before its send: the lock's own
+    /// handover, with no child of the holder's.
+    Unlock,
+    /// The holder's own child, stopped by SIGTERM to its group, exits; the holder waits for it
+    /// (`waitpid`, nothing more) and then unlocks. Timed as leaderrun's handover row is: from
+    /// the old child's `ended` stamp (in its TERM trap) to the new child's `began`, so the old
+    /// child's own exit after its stamp is in both rows.
+    ChildStopped,
+    /// `kill -9` of a holder process (this binary as [`floor_holder`]).
+    Killed,
 }
 
 /// The floors of the handover and failover rows: the same events with no leaderrun in the
 /// path. A session of this process waits for the lock with `pg_advisory_lock` (as the queue
 /// head does) and, once granted, starts the rows' child script, whose `began` stamp ends the
-/// measurement. It starts at the holder's unlock (an in-process session) or at `kill -9` of a
-/// holder process (this binary as [`floor_holder`]). No TLS, no watchdog, no check.
-pub fn floor_handover(cluster: &Cluster, runs: usize, killed: bool) -> Row {
+/// measurement. It starts at `event` ([`FloorEvent`]). No TLS, no watchdog, no check.
+pub fn floor_handover(cluster: &Cluster, runs: usize, event: FloorEvent) -> Row {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -1649,29 +1681,42 @@ pub fn floor_handover(cluster: &Cluster, runs: usize, killed: bool) -> Row {
         let connect = || async { floor_connect(&dsn).await.0 };
         let lock = format!("SELECT pg_advisory_lock({CLASS}, {id})");
         let mut holder_process = None;
+        // The pid of the holder process's child, for `ChildStopped`.
+        let mut old = None;
         let holder = runtime.block_on(async {
-            if killed {
-                let mut child = Command::new(&me)
-                    .env(FLOOR_HOLD_ENV, &dsn)
-                    .env(FLOOR_ID_ENV, id.to_string())
-                    .stdout(Stdio::piped())
-                    .spawn()
-                    .unwrap();
-                let mut line = String::new();
-                std::io::BufRead::read_line(
-                    &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-                    &mut line,
-                )
-                .unwrap();
-                assert_eq!(line.trim(), "held");
-                holder_process = Some(child);
-                None
-            } else {
+            if event == FloorEvent::Unlock {
                 let client = connect().await;
                 client.simple_query(&lock).await.unwrap();
-                Some(client)
+                return Some(client);
             }
+            let mut holder = Command::new(&me);
+            holder
+                .env(FLOOR_HOLD_ENV, &dsn)
+                .env(FLOOR_ID_ENV, id.to_string())
+                .stdout(Stdio::piped());
+            if event == FloorEvent::ChildStopped {
+                holder.env(FLOOR_CHILD_ENV, &script);
+            }
+            let mut child = holder.spawn().unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+                &mut line,
+            )
+            .unwrap();
+            let mut words = line.split_whitespace();
+            assert_eq!(words.next(), Some("held"), "{line:?}");
+            old = words.next().map(|pid| pid.parse::<i32>().unwrap());
+            holder_process = Some(child);
+            None
         });
+        if let Some(pid) = old {
+            wait_for(
+                "the old child's start stamp",
+                Duration::from_secs(5),
+                || scratch.stamp("began", pid),
+            );
+        }
         let waiter = runtime.block_on(connect());
         let (at, child) = runtime.block_on(async {
             let wait = tokio::spawn(async move {
@@ -1682,19 +1727,36 @@ pub fn floor_handover(cluster: &Cluster, runs: usize, killed: bool) -> Row {
             while cluster.waiters(id) == 0 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let at = now_s();
-            match (&holder, &mut holder_process) {
-                (Some(client), _) => {
+            let at = match (&holder, &mut holder_process, old) {
+                (Some(client), _, _) => {
+                    let at = now_s();
                     client
                         .simple_query(&format!("SELECT pg_advisory_unlock({CLASS}, {id})"))
                         .await
                         .unwrap();
+                    Some(at)
                 }
-                (None, Some(process)) => process.kill().unwrap(),
+                (None, Some(_), Some(pid)) => {
+                    // As leaderrun stops COMMAND; the holder waits for it and unlocks.
+                    nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+                    None
+                }
+                (None, Some(process), None) => {
+                    let at = now_s();
+                    process.kill().unwrap();
+                    Some(at)
+                }
                 _ => unreachable!(),
-            }
+            };
             let (_waiter, child) = wait.await.unwrap();
             (at, child)
+        });
+        // Timed from the old child's end stamp, as the leaderrun rows are.
+        let at = at.unwrap_or_else(|| {
+            let pid = old.expect("a holder's child");
+            wait_for("the old child's end stamp", Duration::from_secs(5), || {
+                scratch.stamp("ended", pid)
+            })
         });
         let pid = child.id() as i32;
         let began = wait_for(
@@ -1710,25 +1772,29 @@ pub fn floor_handover(cluster: &Cluster, runs: usize, killed: bool) -> Row {
         let _ = child.wait();
         samples.push((began - at) * 1e3);
     }
-    if killed {
-        Row {
-            name: "floor: kill -9 of the holding process → a waiting session's grant → child \
-                   started"
-                .into(),
-            unit: "ms",
-            samples,
-            note: "no leaderrun: the holder a process of its own (this benchmark's binary), a \
-                   session of the benchmark waiting in pg_advisory_lock starts the same child"
-                .into(),
-        }
-    } else {
-        Row {
-            name: "floor: unlock → a waiting session's grant → child started".into(),
-            unit: "ms",
-            samples,
-            note: "no leaderrun: a session of the benchmark waits in pg_advisory_lock, then \
-                   starts the same child (its `date`)"
-                .into(),
-        }
+    let (name, note) = match event {
+        FloorEvent::Killed => (
+            "floor: kill -9 of the holding process → a waiting session's grant → child started",
+            "no leaderrun: the holder a process of its own (this benchmark's binary), a session \
+             of the benchmark waiting in pg_advisory_lock starts the same child",
+        ),
+        FloorEvent::Unlock => (
+            "floor: unlock → a waiting session's grant → child started",
+            "no leaderrun: a session of the benchmark waits in pg_advisory_lock, then starts the \
+             same child (its `date`)",
+        ),
+        FloorEvent::ChildStopped => (
+            "floor: the holder's child stopped (TERM to its group) → reaped → unlock → a waiting \
+             session's grant → child started",
+            "no leaderrun: old child's end stamp → new child's start stamp, as the leaderrun rows \
+             are timed; the holder, a process of its own, waits for its child, unlocks, closes \
+             and exits",
+        ),
+    };
+    Row {
+        name: name.into(),
+        unit: "ms",
+        samples,
+        note: note.into(),
     }
 }
