@@ -44,19 +44,9 @@ const GROUPS: &[&str] = &[
 ];
 
 fn main() {
-    // The one-shot floor's client: this binary again, started by `one_shot`.
-    if let Ok(dsn) = std::env::var(measure::FLOOR_ENV) {
-        measure::floor_client(&dsn);
-        return;
-    }
-    if let Ok(dsn) = std::env::var(measure::LIBRARY_ENV) {
-        measure::library_client(&dsn);
-        return;
-    }
-    if let Ok(dsn) = std::env::var(measure::FLOOR_HOLD_ENV) {
-        measure::floor_holder(&dsn);
-        return;
-    }
+    // What users build, and floor clients built alike (BENCHMARKS.md, fifteenth pass).
+    progress("building leaderrun as `cargo build --release` does, and the floor clients");
+    measure::build_product();
     progress(&format!(
         "start: PostgreSQL {} from {}",
         support::cluster::server_major(),

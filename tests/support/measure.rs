@@ -2,12 +2,15 @@
 //! support so that both the benchmark and the test suite's smoke test (`tests/bench_smoke.rs`)
 //! take them from one owner: the benchmark includes this support, never the other way round.
 
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::floor::{
+    floor_connect, floor_session, FLOOR_CHILD_ENV, FLOOR_ENV, FLOOR_HOLD_ENV, FLOOR_ID_ENV,
+    LIBRARY_ENV,
+};
 use super::proxy::Proxy;
 use super::{
     alive, leaderrun, unique_lock_id, wait_for, watchdog_of, Cluster, Replica, Scratch, CLASS,
@@ -244,54 +247,57 @@ fn timed(runs: usize, mut f: impl FnMut()) -> Vec<f64> {
         .collect()
 }
 
-/// With this variable set (to a DSN) the benchmark binary is the floor row's client
-/// ([`floor_client`]) instead.
-pub const FLOOR_ENV: &str = "LEADERRUN_BENCH_FLOOR_DSN";
+/// `leaderrun-bench-clients` (`benches/clients.rs`), once [`build_product`] built it.
+static CLIENTS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
-/// The least a one-shot must do, for the floor rows: connect without TLS (no SSLRequest), try
-/// the lock, release it, and close; two round trips after the startup, as a program built on
-/// the same driver and runtime as leaderrun.
-pub fn floor_client(dsn: &str) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(floor_session(dsn));
+/// The floor clients' binary ([`build_product`]); panics before it is built.
+fn clients() -> &'static std::path::Path {
+    CLIENTS
+        .get()
+        .expect("the floor clients' binary: the benchmark builds it first (build_product)")
 }
 
-/// With this variable set (to a DSN) the benchmark binary is the library row's client
-/// ([`library_client`]) instead.
-pub const LIBRARY_ENV: &str = "LEADERRUN_BENCH_LIBRARY_DSN";
+/// Builds `leaderrun` exactly as users build it (`cargo build --release --locked`, no
+/// dev-dependency's feature unified in), then the floor clients with the same profile and
+/// dependencies (`--features bench-clients`, a second build: the first stays the product's),
+/// in cargo's own target directory, and has every measurement run these two
+/// ([`super::measure_product_build`]). Cargo's output goes to stderr. Panics when a build
+/// fails. Only the benchmark calls it: `cargo bench` built its `leaderrun` with the
+/// dev-dependencies' features (tokio's `rt-multi-thread` and `test-util`), and its floor
+/// clients were the benchmark's binary itself (BENCHMARKS.md, fifteenth pass).
+pub fn build_product() {
+    super::measure_product_build(cargo_build(&[], "leaderrun"));
+    let _ = CLIENTS.set(cargo_build(
+        &["--features", "bench-clients"],
+        "leaderrun-bench-clients",
+    ));
+}
 
-/// The election a one-shot runs, as the contract asks for it, through the crate's library
-/// ([`leaderrun::Elector`], as `leaderrun --once` configures it): connect as libpq does
-/// (`sslmode=prefer`: the SSLRequest first), pin the session's timers, try with the durable
-/// fencing token, release, close. No COMMAND, no watchdog, no command line: between this and
-/// the floor process is what the contract's election costs, between this and `leaderrun
-/// --once -- true` what the tool adds around it.
-pub fn library_client(dsn: &str) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let mut config = leaderrun::Config::new(dsn.parse().unwrap());
-        config.lock = leaderrun::LockKey {
-            class: CLASS,
-            id: unique_lock_id(),
-        };
-        config.warn_weaker_server = false;
-        let elector = leaderrun::Elector::new(config).unwrap();
-        let cancel = tokio_util::sync::CancellationToken::new();
-        let run = elector.run(cancel.clone());
-        tokio::pin!(run);
-        tokio::select! {
-            term = elector.wait_for_term() => assert!(term.lease().is_some()),
-            ended = &mut run => panic!("the campaign ended before leading: {ended:?}"),
-        }
-        cancel.cancel();
-        run.await.unwrap();
-    });
+/// `cargo build --release --locked ARGS --bin NAME` of this package, in cargo's own target
+/// directory; the executable's path as cargo reports it.
+fn cargo_build(args: &[&str], name: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--message-format=json-render-diagnostics",
+        ])
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .args(args)
+        .args(["--bin", name])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run cargo");
+    assert!(output.status.success(), "cargo build of {name} failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo named no executable for {name}"))
 }
 
 /// Runs each row's measurement `runs` times, round-robin (round *i* starts at row *i* mod the
@@ -332,8 +338,8 @@ fn interleaved(cluster: &Cluster, runs: usize, rows: &mut [&mut dyn FnMut()]) ->
 pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row> {
     let lockfile = std::env::temp_dir().join("leaderrun-bench.lock");
     let runs = runs * 4;
-    let bin = env!("CARGO_BIN_EXE_leaderrun");
-    let me = std::env::current_exe().unwrap();
+    let bin = super::bin();
+
     let floor_dsn = cluster.dsn();
     let unix = format!(
         "host={} port={} user=postgres dbname=postgres",
@@ -357,15 +363,16 @@ pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row>
     };
     let mut floor_here = || runtime.block_on(async { floor_session(&floor_dsn).await });
     let mut process = || {
-        let status = Command::new(&me)
+        let status = Command::new(clients())
             .env(FLOOR_ENV, &floor_dsn)
             .status()
             .unwrap();
         assert!(status.success());
     };
     let mut library = || {
-        let status = Command::new(&me)
+        let status = Command::new(clients())
             .env(LIBRARY_ENV, &floor_dsn)
+            .env(FLOOR_ID_ENV, unique_lock_id().to_string())
             .status()
             .unwrap();
         assert!(status.success());
@@ -765,7 +772,7 @@ fn wait_sessions_gone(cluster: &Cluster) {
 /// leaderrun processes (the binary under test, and its watchdogs) still running.
 pub fn leftover_processes() -> Vec<i32> {
     let me = std::process::id() as i32;
-    let bin = std::fs::canonicalize(env!("CARGO_BIN_EXE_leaderrun")).ok();
+    let bin = std::fs::canonicalize(super::bin()).ok();
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -831,7 +838,7 @@ impl Lean {
     /// `leaderrun --dsn DSN --lock-id ID --check-interval INTERVAL ARGS...`, logging to
     /// `log`. Call [`default_ignored_signals`] first: the dispositions are inherited.
     pub fn start(cluster: &Cluster, id: i32, interval: &str, args: &[&str], log: PathBuf) -> Lean {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+        let mut cmd = Command::new(super::bin());
         // The environment of `support::leaderrun()`.
         super::clear_settings_env(&mut cmd);
         let file = std::fs::File::create(&log).expect("standby log");
@@ -1184,7 +1191,7 @@ pub fn connection_limit(cluster: &Cluster, runs: usize) -> Vec<Row> {
 /// conflict code (3), how many 125.
 pub fn cron_herd(n: usize, max_connections: u32, runs: usize) -> Vec<Row> {
     let cluster = Cluster::start_private_with(max_connections);
-    let bin = env!("CARGO_BIN_EXE_leaderrun");
+    let bin = super::bin();
     let (mut ran, mut conflict, mut failed, mut spans) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut other = Vec::new();
@@ -1217,7 +1224,8 @@ pub fn cron_herd(n: usize, max_connections: u32, runs: usize) -> Vec<Row> {
                 }
                 super::default_signals(&mut sh);
                 sh.env("LR_GATE", &fifo)
-                    .args(["-c", "read _ < \"$LR_GATE\"; exec \"$0\" \"$@\"", bin])
+                    .args(["-c", "read _ < \"$LR_GATE\"; exec \"$0\" \"$@\""])
+                    .arg(bin)
                     .args(["--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
                     .args(["--once", "-E", "3", "--"])
                     .arg(&job);
@@ -1428,34 +1436,6 @@ const FLOOR_PROCESS: &str = "floor: connect, try the lock, unlock, close; a proc
 const LIBRARY_PROCESS: &str =
     "the library's election: connect as libpq, pin, try with the token, release; a process";
 
-/// A floor row's session: connected without TLS, its connection driven on a task of its own.
-async fn floor_connect(
-    dsn: &str,
-) -> (
-    tokio_postgres::Client,
-    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
-) {
-    let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    (client, tokio::spawn(connection))
-}
-
-/// One floor session: connect without TLS, try, unlock, close.
-async fn floor_session(dsn: &str) {
-    let (client, task) = floor_connect(dsn).await;
-    client
-        .simple_query("SELECT pg_try_advisory_lock(7, 7)")
-        .await
-        .unwrap();
-    client
-        .simple_query("SELECT pg_advisory_unlock(7, 7)")
-        .await
-        .unwrap();
-    drop(client);
-    let _ = task.await;
-}
-
 /// `etcdctl lock --ttl 5` side by side (Debian's etcd-server and etcd-client), when installed:
 /// handover after SIGTERM and after `kill -9` of the holder, with the overlap window.
 pub fn etcd(runs: usize) -> Vec<Row> {
@@ -1605,48 +1585,6 @@ pub fn etcd(runs: usize) -> Vec<Row> {
     rows
 }
 
-/// With this variable set (to a DSN) the benchmark binary is a floor's holder
-/// ([`floor_holder`]): it takes the lock `(CLASS, id)` (`id` from [`FLOOR_ID_ENV`]), says
-/// `held` on stdout and sleeps until killed; with [`FLOOR_CHILD_ENV`] it runs that child too.
-pub const FLOOR_HOLD_ENV: &str = "LEADERRUN_BENCH_FLOOR_HOLD_DSN";
-/// The lock id of [`FLOOR_HOLD_ENV`]'s holder.
-pub const FLOOR_ID_ENV: &str = "LEADERRUN_BENCH_FLOOR_ID";
-/// A child script for [`FLOOR_HOLD_ENV`]'s holder to run as leaderrun runs COMMAND: started
-/// once the lock is held, in a group of its own, announced as `held PID`; when it exits the
-/// holder unlocks, closes its session and exits, with no check, watchdog or tree proof.
-pub const FLOOR_CHILD_ENV: &str = "LEADERRUN_BENCH_FLOOR_CHILD";
-
-/// A floor's holder process (see [`FLOOR_HOLD_ENV`]).
-pub fn floor_holder(dsn: &str) {
-    let id: i32 = std::env::var(FLOOR_ID_ENV).unwrap().parse().unwrap();
-    let child = std::env::var_os(FLOOR_CHILD_ENV);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let (client, task) = floor_connect(dsn).await;
-        client
-            .simple_query(&format!("SELECT pg_advisory_lock({CLASS}, {id})"))
-            .await
-            .unwrap();
-        let Some(script) = child else {
-            println!("held");
-            return std::future::pending::<()>().await;
-        };
-        let mut child = Command::new(script).process_group(0).spawn().unwrap();
-        println!("held {}", child.id());
-        // Nothing else runs on this runtime meanwhile: the session has no news to read.
-        child.wait().unwrap();
-        client
-            .simple_query(&format!("SELECT pg_advisory_unlock({CLASS}, {id})"))
-            .await
-            .unwrap();
-        drop(client);
-        let _ = task.await;
-    });
-}
-
 /// What starts a floor's handover ([`floor_handover`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum FloorEvent {
@@ -1672,7 +1610,7 @@ pub fn floor_handover(cluster: &Cluster, runs: usize, event: FloorEvent) -> Row 
         .build()
         .unwrap();
     let dsn = cluster.dsn();
-    let me = std::env::current_exe().unwrap();
+
     let mut samples = Vec::new();
     for _ in 0..runs {
         let id = unique_lock_id();
@@ -1689,7 +1627,7 @@ pub fn floor_handover(cluster: &Cluster, runs: usize, event: FloorEvent) -> Row 
                 client.simple_query(&lock).await.unwrap();
                 return Some(client);
             }
-            let mut holder = Command::new(&me);
+            let mut holder = Command::new(clients());
             holder
                 .env(FLOOR_HOLD_ENV, &dsn)
                 .env(FLOOR_ID_ENV, id.to_string())

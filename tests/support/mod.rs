@@ -3,6 +3,10 @@
 //! of the tests).
 
 pub mod cluster;
+// The benchmark's floor clients, a binary of their own there; here their sessions for the
+// floors the benchmark runs in its own process.
+#[allow(dead_code)]
+pub mod floor;
 // The benchmark's measurements: the benchmark runs them all, the smoke test only a few.
 #[allow(dead_code)]
 pub mod measure;
@@ -14,7 +18,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -28,6 +32,24 @@ pub const INTERVAL: &str = "200ms";
 /// A DSN of a server nobody listens on: port 1 of the loopback refuses every connection at
 /// once, so a replica given it fails its checks without waiting for a timeout.
 pub const UNREACHABLE_DSN: &str = "host=127.0.0.1 port=1 user=postgres dbname=postgres";
+
+/// The `leaderrun` that [`bin`] names instead of cargo's, once set ([`measure_product_build`]).
+static PRODUCT_BUILD: OnceLock<PathBuf> = OnceLock::new();
+
+/// Has [`bin`] name `path` from now on: the benchmark measures `leaderrun` as `cargo build
+/// --release` builds it (BENCHMARKS.md), not the copy cargo built beside it with the
+/// dev-dependencies' features. Call before any replica starts; a second call is ignored.
+pub fn measure_product_build(path: PathBuf) {
+    let _ = PRODUCT_BUILD.set(path);
+}
+
+/// The `leaderrun` binary that tests and measurements run: cargo's, built beside this test
+/// binary, unless the benchmark named another ([`measure_product_build`]).
+pub fn bin() -> &'static Path {
+    PRODUCT_BUILD
+        .get()
+        .map_or(Path::new(env!("CARGO_BIN_EXE_leaderrun")), PathBuf::as_path)
+}
 
 /// `s` seconds.
 pub fn secs(s: f64) -> Duration {
@@ -334,7 +356,7 @@ pub fn descriptor_limits(cmd: &mut Command, soft: u64, hard: u64) -> &mut Comman
 }
 
 pub fn leaderrun() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaderrun"));
+    let mut cmd = Command::new(bin());
     default_signals(&mut cmd);
     clear_settings_env(&mut cmd);
     cmd
@@ -370,7 +392,7 @@ pub fn leaderrun_as(
         cluster::skip(test, "the scratch directory is out of other users' reach");
         return None;
     }
-    std::fs::copy(env!("CARGO_BIN_EXE_leaderrun"), &bin).expect("copy the binary");
+    std::fs::copy(self::bin(), &bin).expect("copy the binary");
     for path in [bin.as_path(), bin.parent().unwrap()] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
