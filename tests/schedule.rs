@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nix::sys::signal::Signal;
 
 use crate::support::{
-    alive, leaderrun, status_with, unique_lock_id, wait_for, Cluster, Replica, Scratch,
+    alive, leaderrun, status_with, step_down, unique_lock_id, wait_for, Cluster, Replica, Scratch,
+    Setup,
 };
 
 const INTERVAL: &str = "200ms";
@@ -734,6 +735,68 @@ fn a_run_that_outlasts_several_due_times_says_its_skips_once() {
     );
     replica.signal(Signal::SIGTERM);
     stopped_by_term(&mut replica);
+}
+
+/// An ex-leader keeps no history session: once its term is over and its run's end is written,
+/// the session closes, so a standby holds its lock's session only (docs/election.md); the next
+/// leader's history has a session of its own.
+#[test]
+fn an_ex_leaders_history_session_closes_once_it_is_a_standby() {
+    let setup = Setup::new(Cluster::shared(), "while :; do sleep 0.02; done");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let table = history_table(cluster, "runs_ex", id);
+    let args = ["--history", "--history-table", table.as_str()];
+    let history_sessions = |pid: i32| {
+        cluster.sql(&format!(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name LIKE 'leaderrun-history@%:{pid}'"
+        ))
+    };
+    let run_of = |pid: i32| {
+        cluster.sql(&format!(
+            "SELECT ended_at IS NOT NULL FROM {table} WHERE lock_id = {id} AND pid = {pid}"
+        ))
+    };
+    // A 1 s interval, as the step-down test: the queue head is granted the lock before the
+    // old leader could take it back.
+    let leader = setup.replica("1s", &args);
+    scratch.wait_starts(1, secs(10.0));
+    wait_for("the leader's run in the history", secs(10.0), || {
+        (run_of(leader.pid()) == ["f"]).then_some(())
+    });
+    assert_eq!(history_sessions(leader.pid()), ["1"], "{}", leader.log());
+    let standby = setup.replica("1s", &args);
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    assert_eq!(
+        history_sessions(standby.pid()),
+        ["0"],
+        "a standby writes nothing"
+    );
+    let out = step_down(cluster, id);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    scratch.wait_starts(2, secs(10.0));
+    wait_for(
+        "the ex-leader's run ended in the history",
+        secs(10.0),
+        || (run_of(leader.pid()) == ["t"]).then_some(()),
+    );
+    wait_for("the ex-leader's history session closed", secs(5.0), || {
+        (history_sessions(leader.pid()) == ["0"]).then_some(())
+    });
+    wait_for("the new leader's history session", secs(10.0), || {
+        (history_sessions(standby.pid()) == ["1"]).then_some(())
+    });
+    // The ex-leader goes on as a standby, its lock session queued.
+    wait_for("the ex-leader queued as a standby", secs(5.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    assert!(
+        !leader.log().contains("history: cannot"),
+        "{}",
+        leader.log()
+    );
 }
 
 #[test]

@@ -112,6 +112,7 @@ enum Op {
     Flush {
         reply: oneshot::Sender<()>,
     },
+    TermOver,
 }
 
 /// The handle the supervisor writes through; cheap to clone. Every method returns at once
@@ -196,6 +197,14 @@ impl History {
         }
     }
 
+    /// The term is over and this replica a standby again: once the writes queued so far are
+    /// done, the writer's session closes (the next term's first write opens one), so that a
+    /// standby holds no session but its lock's. A full queue drops it (the session then stays
+    /// open until the next `term_over`).
+    pub fn term_over(&self) {
+        self.send(Op::TermOver);
+    }
+
     /// Waits up to `bound` for every write queued so far (at exit, after the lock is
     /// released: the last run's end is worth a moment, not a hang).
     pub async fn flush(&self, bound: Duration) {
@@ -275,6 +284,11 @@ impl Writer {
             match op {
                 Op::Flush { reply } => {
                     let _ = reply.send(());
+                }
+                Op::TermOver => {
+                    if self.client.take().is_some() {
+                        debug!("history: session closed (a standby again)");
+                    }
                 }
                 Op::Started {
                     slot,
@@ -461,7 +475,7 @@ impl Writer {
                 self.last_prune = None;
                 self.prune_if_due().await
             }
-            Op::Started { .. } | Op::Flush { .. } => Ok(()),
+            Op::Started { .. } | Op::Flush { .. } | Op::TermOver => Ok(()),
         }
     }
 

@@ -345,8 +345,10 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// Runs until the mode is done; returns the exit status of docs/guarantees.md#exit-codes.
     pub async fn run(mut self) -> Exit {
         self.hangup = self.terminal.as_ref().and_then(|t| t.watch_hangup());
+        let mut was_standby = true;
         loop {
             self.enforce();
+            self.note_standby(&mut was_standby);
             if let State::Done(exit) = self.state {
                 return exit;
             }
@@ -355,7 +357,21 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             // every event due, and the lapse must be seen before any of them is acted on.
             self.enforce();
             self.handle(event);
+            self.note_standby(&mut was_standby);
         }
+    }
+
+    /// Back to standby: the term is over and its history writes are queued (a run's end is
+    /// recorded before its state settles), so the history's session closes after them; a
+    /// standby keeps no session but its lock's (docs/election.md#a-standbys-check).
+    fn note_standby(&self, was_standby: &mut bool) {
+        let standby = matches!(self.state, State::Standby { .. });
+        if standby && !*was_standby {
+            if let Some(history) = &self.history {
+                history.term_over();
+            }
+        }
+        *was_standby = standby;
     }
 
     /// Waits for the next event the current state listens to.
