@@ -329,10 +329,10 @@ fn interleaved(cluster: &Cluster, runs: usize, rows: &mut [&mut dyn FnMut()]) ->
 }
 
 /// The one-shot rows, measured interleaved ([`interleaved`]), `4 runs` each: `true`, `flock`,
-/// the floor in this process, with `floor_process` the floor as a process of its own too (this
-/// benchmark's binary again, as [`floor_client`]: only the benchmark's `main` answers to
-/// [`FLOOR_ENV`], so a test binary that includes this module must pass false, or it starts its
-/// whole suite again), and `leaderrun --once -- true` over TCP, over a Unix socket and with
+/// the floor in this process, with `floor_process` the floor as a process of its own too (the
+/// floor clients' binary as [`super::floor::floor_client`]: only the benchmark builds it, so a
+/// test that includes this module must pass false), and `leaderrun --once -- true` over TCP,
+/// over a Unix socket and with
 /// `--pid-namespace` where one can be made; with the floor process, then the TCP row over the
 /// floor process of the same round, as a ratio (BENCHMARKS.md, the one-shot's goal).
 pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row> {
@@ -445,7 +445,7 @@ pub fn one_shot(cluster: &Cluster, runs: usize, floor_process: bool) -> Vec<Row>
             name: FLOOR_PROCESS.into(),
             unit: "ms",
             samples: samples.next().unwrap(),
-            note: "the same, as a process that starts, does it and exits (this benchmark's binary)"
+            note: "the same, as a process that starts, does it and exits (leaderrun-bench-clients)"
                 .into(),
         });
         rows.push(Row {
@@ -1596,7 +1596,8 @@ pub enum FloorEvent {
     /// the old child's `ended` stamp (in its TERM trap) to the new child's `began`, so the old
     /// child's own exit after its stamp is in both rows.
     ChildStopped,
-    /// `kill -9` of a holder process (this binary as [`floor_holder`]).
+    /// `kill -9` of a holder process (the floor clients' binary as
+    /// [`super::floor::floor_holder`]).
     Killed,
 }
 
@@ -1713,7 +1714,7 @@ pub fn floor_handover(cluster: &Cluster, runs: usize, event: FloorEvent) -> Row 
     let (name, note) = match event {
         FloorEvent::Killed => (
             "floor: kill -9 of the holding process → a waiting session's grant → child started",
-            "no leaderrun: the holder a process of its own (this benchmark's binary), a session \
+            "no leaderrun: the holder a process of its own (leaderrun-bench-clients), a session \
              of the benchmark waiting in pg_advisory_lock starts the same child",
         ),
         FloorEvent::Unlock => (
