@@ -39,15 +39,29 @@ pub(super) fn service_section(
     } else if let Some(home) = home(env) {
         files.push(home.join(".pg_service.conf"));
     }
+    // Joined as libpq joins it (`"%s/pg_service.conf"`): an empty PGSYSCONFDIR is the root
+    // directory's file, not one in the working directory.
     let sysconf = env("PGSYSCONFDIR").unwrap_or_else(|| "/etc/postgresql-common".to_owned());
-    files.push(Path::new(&sysconf).join("pg_service.conf"));
+    files.push(PathBuf::from(format!("{sysconf}/pg_service.conf")));
     for file in files {
+        // As libpq (parseServiceOrFile): a file that is not there (its `stat` fails) is
+        // passed over; one that is there but cannot be opened (no read permission, a socket)
+        // is an error, never a reason to read the next file, whose section of that name
+        // may name another server.
+        if std::fs::metadata(&file).is_err() {
+            continue;
+        }
+        let mut opened =
+            std::fs::File::open(&file).map_err(|e| ConnInfoError::ServiceFileUnreadable {
+                path: file.clone(),
+                reason: e.to_string(),
+            })?;
         // Bytes, as libpq reads it: a line that is not UTF-8 (a comment in Latin-1, another
         // service's value) must not make the whole file unread, which found no service or
-        // the next file's.
-        let Ok(bytes) = std::fs::read(&file) else {
-            continue;
-        };
+        // the next file's. A read that fails ends the file where it failed, as libpq's
+        // `fgets` does (a directory opens and reads as an empty file).
+        let mut bytes = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut opened, &mut bytes);
         let origin = || format!("service file {}", file.display());
         let mut inside = false;
         let mut found = false;
