@@ -1411,3 +1411,60 @@ fn an_empty_pgsysconfdir_is_not_the_working_directory() {
         "{said}"
     );
 }
+
+/// A service file's line of 1023 bytes or more (its newline counted) is refused, as libpq
+/// refuses it ("line N too long in service file"), one byte shorter is read: before, leaderrun
+/// read any length, and led through a service file psql refuses.
+#[test]
+fn a_service_file_line_too_long_for_libpq_is_refused() {
+    use crate::support::{leaderrun, unique_lock_id, Cluster, Scratch};
+    let scratch = Scratch::new();
+    let port = Cluster::shared().addr().port();
+    let section = format!("[plex]\nhost=127.0.0.1\nport={port}\nuser=postgres\ndbname=postgres\n");
+    // (file, whether libpq refuses it): a comment of N bytes with its newline, before the
+    // section; a last line of N bytes without one.
+    let comment = |n: usize| format!("#{}\n{section}", "x".repeat(n - 2));
+    let last = |n: usize| format!("{section}fallback_application_name={}", "x".repeat(n - 26));
+    let cases = [
+        (comment(1022), false),
+        (comment(1023), true),
+        (comment(4000), true),
+        (last(1022), false),
+        (last(1023), true),
+    ];
+    for (i, (text, refused)) in cases.iter().enumerate() {
+        let file = scratch.path().join(format!("services{i}"));
+        std::fs::write(&file, text).unwrap();
+        let settings = [
+            ("PGSERVICE", "plex".to_owned()),
+            ("PGSERVICEFILE", file.display().to_string()),
+            ("HOME", "/nonexistent".to_owned()),
+        ];
+        let out = leaderrun()
+            .envs(settings.iter().map(|(k, v)| (k, v)))
+            .args(["--lock-id", &unique_lock_id().to_string(), "--once"])
+            .args(["--", "echo", "led"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run leaderrun");
+        let log = String::from_utf8_lossy(&out.stderr);
+        let psql = Command::new(crate::support::cluster::psql())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(settings.iter().map(|(k, v)| (k, v)))
+            .args(["-X", "-w", "-c", "select 1"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run psql");
+        let said = String::from_utf8_lossy(&psql.stderr);
+        assert_eq!(psql.status.success(), !refused, "case {i}: psql:\n{said}");
+        if *refused {
+            assert_eq!(out.status.code(), Some(125), "case {i}:\n{log}");
+            assert!(log.contains("too long"), "case {i}:\n{log}");
+            assert!(out.stdout.is_empty(), "case {i}: COMMAND ran:\n{log}");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "case {i}:\n{log}");
+            assert_eq!(out.stdout, b"led\n", "case {i}:\n{log}");
+        }
+    }
+}

@@ -18,6 +18,11 @@ pub(super) fn home(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
         })
 }
 
+/// The length at which libpq (15, as psql 15 shows) refuses a service file's line ("line N too long in
+/// service file"): its `fgets` buffer is 1024 bytes, and a line that fills it (1023 bytes,
+/// the newline counted) is refused.
+const SERVICE_LINE_MAX: usize = 1023;
+
 /// The `[name]` section of the first service file that has one, read as libpq reads it: a
 /// line is `keyword=value` exactly (no blanks around `=`), a line without `=`, an unknown
 /// keyword, `requiressl` and a nested `service=` are errors. A section begins at a line that
@@ -66,7 +71,13 @@ pub(super) fn service_section(
         let mut inside = false;
         let mut found = false;
         let mut out = Vec::new();
-        for (number, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        for (number, raw) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+            // libpq reads a line into a buffer of 1024 bytes (`fgets`) and refuses one that
+            // fills it, its newline counted: 1023 bytes or more, anywhere it reads, a comment
+            // or another service's line too.
+            if raw.len() >= SERVICE_LINE_MAX {
+                return Err(syntax(&origin(), format!("line {} too long", number + 1)));
+            }
             // libpq trims C's white space (a vertical tab and a form feed too).
             let c_space = |b: &u8| b.is_ascii_whitespace() || *b == 0x0b;
             let start = raw.iter().position(|b| !c_space(b)).unwrap_or(raw.len());
