@@ -242,9 +242,15 @@ pub fn pgpass_password(
             Ok(0) | Err(_) => return None,
             Ok(_) => {}
         }
+        // Every carriage return and newline at the end, as libpq's `pg_strip_crlf` strips
+        // them: a file converted to CRLF twice (`\r\r\n`) still gives the password.
         let mut line = line.as_slice();
-        line = line.strip_suffix(b"\n").unwrap_or(line);
-        line = line.strip_suffix(b"\r").unwrap_or(line);
+        while let Some(rest) = line
+            .strip_suffix(b"\n")
+            .or_else(|| line.strip_suffix(b"\r"))
+        {
+            line = rest;
+        }
         if line.is_empty() || line.starts_with(b"#") {
             continue;
         }
