@@ -911,3 +911,51 @@ fn a_tls_file_that_blocks_fails_each_check_and_holds_one_thread() {
     let status = standby.wait_exit(secs(5.0));
     assert_eq!(status.code(), Some(0), "{}", standby.log());
 }
+
+/// A password file line ends, as libpq's `pg_strip_crlf` ends it, before every carriage
+/// return and newline at its end: a file converted to CRLF twice (`\r\r\n`), or whose last
+/// line ends in `\r` alone, gives the password psql sends. Before, one `\n` and one `\r` were
+/// cut, the rest sent as part of the password: refused where psql connected.
+#[test]
+fn a_password_file_line_loses_every_trailing_carriage_return() {
+    let cluster = Cluster::shared();
+    cluster.require_password("crlfuser", "crlf-pw");
+    let scratch = Scratch::new();
+    let port = cluster.addr().port();
+    for (i, ending) in ["\r\r\n", "\r\n\r\n", "\r\r"].iter().enumerate() {
+        let passfile = scratch.file(&format!("pgpass{i}"));
+        std::fs::write(
+            &passfile,
+            format!("127.0.0.1:{port}:*:crlfuser:crlf-pw{ending}"),
+        )
+        .unwrap();
+        let mut perms = std::fs::metadata(&passfile).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o600);
+        std::fs::set_permissions(&passfile, perms).unwrap();
+        let dsn = format!("host=127.0.0.1 port={port} user=crlfuser dbname=postgres");
+        let psql = std::process::Command::new(crate::support::cluster::psql())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("PGPASSFILE", &passfile)
+            .args(["-X", "-w", "-c", "select 1", &dsn])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run psql");
+        assert!(
+            psql.status.success(),
+            "{ending:?}: psql:\n{}",
+            String::from_utf8_lossy(&psql.stderr)
+        );
+        let out = leaderrun()
+            .env("PGPASSFILE", &passfile)
+            .args(["--dsn", &dsn, "--once"])
+            .args(["--lock-id", &unique_lock_id().to_string()])
+            .args(["--", "echo", "led"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run leaderrun");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{ending:?}:\n{log}");
+        assert_eq!(out.stdout, b"led\n", "{ending:?}:\n{log}");
+    }
+}

@@ -1279,3 +1279,192 @@ fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
         "{said}"
     );
 }
+
+/// A service file that is there but cannot be read (`~/.pg_service.conf` or `PGSERVICEFILE`
+/// owned by another user, as a secret mounted for root is to a container's arbitrary uid) is
+/// an error, as libpq's ("service file ... not found"): exit 125, COMMAND never runs. Before,
+/// leaderrun passed over it to the system-wide file (`PGSYSCONFDIR`) and took that file's
+/// section of the same name, another server than psql's, and led there.
+#[test]
+fn an_unreadable_service_file_is_refused_not_passed_over() {
+    use crate::support::{leaderrun_as, unique_lock_id, Cluster, Scratch};
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    const TEST: &str = "libpq::an_unreadable_service_file_is_refused_not_passed_over";
+    const UID: u32 = 54_324;
+    let scratch = Scratch::new();
+    let port = Cluster::shared().addr().port();
+    // The system-wide file's section reaches the suite's server: taking it is what would lead.
+    let sys = scratch.path().join("sys");
+    let home = scratch.path().join("home");
+    for dir in [&sys, &home] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let reached = format!("[plex]\nhost=127.0.0.1\nport={port}\nuser=postgres\ndbname=postgres\n");
+    std::fs::write(sys.join("pg_service.conf"), &reached).unwrap();
+    std::fs::set_permissions(
+        sys.join("pg_service.conf"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    // The user's own files: root's, mode 0600, out of the uid's reach.
+    let unread = [home.join(".pg_service.conf"), home.join("services")];
+    for file in &unread {
+        std::fs::write(file, "[plex]\nhost=127.0.0.1\nport=1\n").unwrap();
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    for (i, file) in unread.iter().enumerate() {
+        let mut settings = vec![
+            ("PGSERVICE", "plex".to_owned()),
+            ("PGSYSCONFDIR", sys.display().to_string()),
+            ("HOME", home.display().to_string()),
+        ];
+        if i == 1 {
+            settings.push(("PGSERVICEFILE", file.display().to_string()));
+        }
+        let Some(mut cmd) = leaderrun_as(&scratch, TEST, UID, (64, 64)) else {
+            return;
+        };
+        cmd.envs(settings.iter().map(|(k, v)| (k, v)))
+            .args(["--lock-id", &unique_lock_id().to_string(), "--once"])
+            .args(["--", "echo", "led"]);
+        let mut tries = 0;
+        let out = loop {
+            match cmd.stdin(Stdio::null()).output() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other.expect("run leaderrun"),
+            }
+        };
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{}:\n{log}", file.display());
+        assert!(
+            log.contains(&format!("service file {} cannot be read", file.display())),
+            "{log}"
+        );
+        assert!(out.stdout.is_empty(), "COMMAND ran:\n{log}");
+        // psql, as the same uid with the same settings, refuses too.
+        let mut psql = Command::new(crate::support::cluster::psql());
+        psql.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(settings.iter().map(|(k, v)| (k, v)))
+            .args(["-X", "-w", "-c", "select 1"])
+            .stdin(Stdio::null())
+            .uid(UID)
+            .gid(UID);
+        let out = psql.output().expect("run psql");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "psql connected:\n{said}");
+        assert!(
+            said.contains(&format!("service file \"{}\" not found", file.display())),
+            "{said}"
+        );
+    }
+}
+
+/// An empty `PGSYSCONFDIR` names the root directory, as libpq joins it
+/// (`"%s/pg_service.conf"`: `/pg_service.conf`), not the working directory: before,
+/// leaderrun read `./pg_service.conf`, took a section psql does not see, and led there.
+#[test]
+fn an_empty_pgsysconfdir_is_not_the_working_directory() {
+    use crate::support::{leaderrun, unique_lock_id, Cluster, Scratch};
+    let scratch = Scratch::new();
+    let port = Cluster::shared().addr().port();
+    let service = format!("[plex]\nhost=127.0.0.1\nport={port}\nuser=postgres\ndbname=postgres\n");
+    std::fs::write(scratch.path().join("pg_service.conf"), service).unwrap();
+    let settings = [
+        ("PGSERVICE", "plex"),
+        ("PGSYSCONFDIR", ""),
+        ("HOME", "/nonexistent"),
+    ];
+    let out = leaderrun()
+        .current_dir(scratch.path())
+        .envs(settings)
+        .args(["--lock-id", &unique_lock_id().to_string(), "--once"])
+        .args(["--", "echo", "led"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run leaderrun");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{log}");
+    assert!(
+        log.contains("definition of service \"plex\" not found"),
+        "{log}"
+    );
+    assert!(out.stdout.is_empty(), "COMMAND ran:\n{log}");
+    let out = Command::new(crate::support::cluster::psql())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(settings)
+        .current_dir(scratch.path())
+        .args(["-X", "-w", "-c", "select 1"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run psql");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "psql connected:\n{said}");
+    assert!(
+        said.contains("definition of service \"plex\" not found"),
+        "{said}"
+    );
+}
+
+/// A service file's line of 1023 bytes or more (its newline counted) is refused, as libpq
+/// refuses it ("line N too long in service file"), one byte shorter is read: before, leaderrun
+/// read any length, and led through a service file psql refuses.
+#[test]
+fn a_service_file_line_too_long_for_libpq_is_refused() {
+    use crate::support::{leaderrun, unique_lock_id, Cluster, Scratch};
+    let scratch = Scratch::new();
+    let port = Cluster::shared().addr().port();
+    let section = format!("[plex]\nhost=127.0.0.1\nport={port}\nuser=postgres\ndbname=postgres\n");
+    // (file, whether libpq refuses it): a comment of N bytes with its newline, before the
+    // section; a last line of N bytes without one.
+    let comment = |n: usize| format!("#{}\n{section}", "x".repeat(n - 2));
+    let last = |n: usize| format!("{section}fallback_application_name={}", "x".repeat(n - 26));
+    let cases = [
+        (comment(1022), false),
+        (comment(1023), true),
+        (comment(4000), true),
+        (last(1022), false),
+        (last(1023), true),
+    ];
+    for (i, (text, refused)) in cases.iter().enumerate() {
+        let file = scratch.path().join(format!("services{i}"));
+        std::fs::write(&file, text).unwrap();
+        let settings = [
+            ("PGSERVICE", "plex".to_owned()),
+            ("PGSERVICEFILE", file.display().to_string()),
+            ("HOME", "/nonexistent".to_owned()),
+        ];
+        let out = leaderrun()
+            .envs(settings.iter().map(|(k, v)| (k, v)))
+            .args(["--lock-id", &unique_lock_id().to_string(), "--once"])
+            .args(["--", "echo", "led"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run leaderrun");
+        let log = String::from_utf8_lossy(&out.stderr);
+        let psql = Command::new(crate::support::cluster::psql())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(settings.iter().map(|(k, v)| (k, v)))
+            .args(["-X", "-w", "-c", "select 1"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run psql");
+        let said = String::from_utf8_lossy(&psql.stderr);
+        assert_eq!(psql.status.success(), !refused, "case {i}: psql:\n{said}");
+        if *refused {
+            assert_eq!(out.status.code(), Some(125), "case {i}:\n{log}");
+            assert!(log.contains("too long"), "case {i}:\n{log}");
+            assert!(out.stdout.is_empty(), "case {i}: COMMAND ran:\n{log}");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "case {i}:\n{log}");
+            assert_eq!(out.stdout, b"led\n", "case {i}:\n{log}");
+        }
+    }
+}

@@ -18,6 +18,11 @@ pub(super) fn home(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
         })
 }
 
+/// The length at which libpq (15, as psql 15 shows) refuses a service file's line ("line N too long in
+/// service file"): its `fgets` buffer is 1024 bytes, and a line that fills it (1023 bytes,
+/// the newline counted) is refused.
+const SERVICE_LINE_MAX: usize = 1023;
+
 /// The `[name]` section of the first service file that has one, read as libpq reads it: a
 /// line is `keyword=value` exactly (no blanks around `=`), a line without `=`, an unknown
 /// keyword, `requiressl` and a nested `service=` are errors. A section begins at a line that
@@ -39,20 +44,40 @@ pub(super) fn service_section(
     } else if let Some(home) = home(env) {
         files.push(home.join(".pg_service.conf"));
     }
+    // Joined as libpq joins it (`"%s/pg_service.conf"`): an empty PGSYSCONFDIR is the root
+    // directory's file, not one in the working directory.
     let sysconf = env("PGSYSCONFDIR").unwrap_or_else(|| "/etc/postgresql-common".to_owned());
-    files.push(Path::new(&sysconf).join("pg_service.conf"));
+    files.push(PathBuf::from(format!("{sysconf}/pg_service.conf")));
     for file in files {
+        // As libpq (parseServiceOrFile): a file that is not there (its `stat` fails) is
+        // passed over; one that is there but cannot be opened (no read permission, a socket)
+        // is an error, never a reason to read the next file, whose section of that name
+        // may name another server.
+        if std::fs::metadata(&file).is_err() {
+            continue;
+        }
+        let mut opened =
+            std::fs::File::open(&file).map_err(|e| ConnInfoError::ServiceFileUnreadable {
+                path: file.clone(),
+                reason: e.to_string(),
+            })?;
         // Bytes, as libpq reads it: a line that is not UTF-8 (a comment in Latin-1, another
         // service's value) must not make the whole file unread, which found no service or
-        // the next file's.
-        let Ok(bytes) = std::fs::read(&file) else {
-            continue;
-        };
+        // the next file's. A read that fails ends the file where it failed, as libpq's
+        // `fgets` does (a directory opens and reads as an empty file).
+        let mut bytes = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut opened, &mut bytes);
         let origin = || format!("service file {}", file.display());
         let mut inside = false;
         let mut found = false;
         let mut out = Vec::new();
-        for (number, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        for (number, raw) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+            // libpq reads a line into a buffer of 1024 bytes (`fgets`) and refuses one that
+            // fills it, its newline counted: 1023 bytes or more, anywhere it reads, a comment
+            // or another service's line too.
+            if raw.len() >= SERVICE_LINE_MAX {
+                return Err(syntax(&origin(), format!("line {} too long", number + 1)));
+            }
             // libpq trims C's white space (a vertical tab and a form feed too).
             let c_space = |b: &u8| b.is_ascii_whitespace() || *b == 0x0b;
             let start = raw.iter().position(|b| !c_space(b)).unwrap_or(raw.len());
@@ -217,9 +242,15 @@ pub fn pgpass_password(
             Ok(0) | Err(_) => return None,
             Ok(_) => {}
         }
+        // Every carriage return and newline at the end, as libpq's `pg_strip_crlf` strips
+        // them: a file converted to CRLF twice (`\r\r\n`) still gives the password.
         let mut line = line.as_slice();
-        line = line.strip_suffix(b"\n").unwrap_or(line);
-        line = line.strip_suffix(b"\r").unwrap_or(line);
+        while let Some(rest) = line
+            .strip_suffix(b"\n")
+            .or_else(|| line.strip_suffix(b"\r"))
+        {
+            line = rest;
+        }
         if line.is_empty() || line.starts_with(b"#") {
             continue;
         }

@@ -187,6 +187,16 @@ pub enum ConnInfoError {
         /// The file.
         path: PathBuf,
     },
+    /// A service file that is there but cannot be read (no read permission): libpq refuses
+    /// it ("service file ... not found") rather than reading the next file, whose section
+    /// of the same name may name another server.
+    #[error("service file {} cannot be read: {reason}", path.display())]
+    ServiceFileUnreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why it could not be opened.
+        reason: String,
+    },
     /// `service=NAME` names no section of the service files.
     #[error("definition of service {name:?} not found")]
     Service {
