@@ -1330,3 +1330,102 @@ fn history_table(cluster: &Cluster, prefix: &str, id: i32) -> String {
     );
     table
 }
+
+/// A wall clock that is set while a leader runs its schedule (NTP stepping a clock that was
+/// far off, an operator's `date -s`, a machine's clock after a resume): set a day ahead, the
+/// due times it passed over are not run one after another, only the latest, once; set two
+/// days back, the schedule goes on from the new time. Before, a clock set ahead ran COMMAND
+/// back to back for every due time in between (an every-second job thousands of times, each
+/// with a stale due time), and a clock set back ran nothing until it was back where it had
+/// been: a day, for a day. The clock is leaderrun's own: an `LD_PRELOAD` shim adds the
+/// seconds a file names to `CLOCK_REALTIME` (the machine's clock is left alone); the job
+/// stamps its runs with `/proc/uptime`, which no shim changes.
+#[test]
+fn a_wall_clock_set_ahead_or_back_neither_floods_nor_stalls_the_schedule() {
+    const TEST: &str =
+        "schedule::a_wall_clock_set_ahead_or_back_neither_floods_nor_stalls_the_schedule";
+    const SHIM: &str = "#define _GNU_SOURCE\n#include <time.h>\n#include <fcntl.h>\n\
+        #include <stdlib.h>\n#include <unistd.h>\n#include <sys/syscall.h>\n\
+        int clock_gettime(clockid_t c, struct timespec *ts) {\n\
+          long r = syscall(SYS_clock_gettime, c, ts);\n\
+          const char *p;\n\
+          if (r == 0 && (c == CLOCK_REALTIME || c == CLOCK_REALTIME_COARSE)\n\
+              && (p = getenv(\"SHIFT_FILE\")) != 0) {\n\
+            char b[32] = {0};\n\
+            int fd = open(p, O_RDONLY | O_CLOEXEC);\n\
+            if (fd >= 0) {\n\
+              if (read(fd, b, sizeof b - 1) > 0) ts->tv_sec += strtol(b, 0, 10);\n\
+              close(fd);\n\
+            }\n\
+          }\n\
+          return r;\n\
+        }\n";
+    let scratch = Scratch::new();
+    let (source, shim, shift) = (
+        scratch.file("shim.c"),
+        scratch.file("shim.so"),
+        scratch.file("shift"),
+    );
+    std::fs::write(&source, SHIM).unwrap();
+    std::fs::write(&shift, "0").unwrap();
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        return crate::support::cluster::skip(TEST, "no C compiler for the clock shim");
+    }
+    let job = scratch
+        .child_script(
+            "job.sh",
+            "echo \"ran $(cut -d' ' -f1 /proc/uptime)\" >> \"$EVENTS\"",
+        )
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let cluster = Cluster::shared();
+    let mut cmd = leaderrun();
+    cmd.env("LD_PRELOAD", &shim)
+        .env("SHIFT_FILE", &shift)
+        .args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", INTERVAL])
+        .args(["--schedule", "* * * * * *", "--tz", "UTC", "--", &job]);
+    let mut replica = Replica::spawn(cmd);
+    let ran = || -> Vec<f64> {
+        scratch
+            .events()
+            .iter()
+            .filter_map(|l| l.strip_prefix("ran ")?.parse().ok())
+            .collect()
+    };
+    let runs_by = |n: usize, what: &str| {
+        wait_for(what, secs(15.0), || {
+            let runs = ran();
+            (runs.len() >= n).then_some(runs)
+        })
+    };
+    let before = runs_by(2, "two runs on time").len();
+    std::fs::write(&shift, "86400").unwrap();
+    let after = runs_by(before + 4, "four runs after the clock was set ahead");
+    // Every second, one run: none of them back to back.
+    for pair in after[before - 1..before + 4].windows(2) {
+        assert!(
+            pair[1] - pair[0] > 0.5,
+            "runs {:.2} s apart after the clock was set ahead: {after:?}\n{}",
+            pair[1] - pair[0],
+            replica.log()
+        );
+    }
+    let before = ran().len();
+    std::fs::write(&shift, "-86400").unwrap();
+    runs_by(before + 2, "two runs after the clock was set back two days");
+    replica.signal(Signal::SIGTERM);
+    replica.wait_exit(secs(10.0));
+    let log = replica.log();
+    assert!(
+        log.contains("due times passed at once") && log.contains("the wall clock was set back"),
+        "{log}"
+    );
+}

@@ -2,7 +2,11 @@
 //!
 //! The schedule is wall-clock time and the loop's timers are monotonic: the timer for the next
 //! due time wakes at most [`DUE_RECHECK`] ahead and the wall clock is read again, so a clock
-//! that was set meanwhile moves the due time with it. A due time is handled like a tick of
+//! that was set meanwhile moves the due time with it. A clock set ahead passes over the due
+//! times in between at once: only the latest of them runs (cron's way after a clock change, not
+//! one run after another of stale due times); a clock set back by more than
+//! [`CLOCK_SET_BACK`] is read afresh (else the schedule would wait out the whole step), and one
+//! set back by less runs nothing twice. A due time is handled like a tick of
 //! `--every`: it starts COMMAND only from `State::Leading` waiting to start, through
 //! `Supervisor::start` (the proven-term rule); a standby runs nothing; a run still going makes
 //! it skip with a WARN; during a takeover delay it waits for the delay's end.
@@ -27,6 +31,47 @@ pub const DUE_RECHECK: Duration = Duration::from_secs(60);
 /// How much earlier than its due time a wake-up still counts as the due time (the monotonic
 /// timer and the wall clock tick apart).
 const DUE_EARLY: Duration = Duration::from_millis(20);
+
+/// A wall clock set back by more than this (measured against the monotonic clock since the
+/// due-time timer was armed) is taken as set right: the schedule goes on from the new time,
+/// and the due times the step repeats run again. A smaller step runs nothing twice: the due
+/// times it repeats ran already, and the schedule waits until the clock is back where it was.
+/// Three hours, as cron draws the line between a clock that moved back a little and one that
+/// was reset.
+pub const CLOCK_SET_BACK: Duration = Duration::from_secs(3 * 3600);
+
+/// The due-time timer: the due time, when to look at the wall clock for it, and both clocks
+/// as they read when it was armed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct NextDue {
+    due: SystemTime,
+    pub(super) wake: Instant,
+    wall: SystemTime,
+    mono: Instant,
+}
+
+impl NextDue {
+    fn new(due: SystemTime) -> NextDue {
+        let (wall, mono) = (SystemTime::now(), Instant::now());
+        let wait = due
+            .duration_since(wall)
+            .unwrap_or_default()
+            .min(DUE_RECHECK);
+        NextDue {
+            due,
+            wake: mono + wait,
+            wall,
+            mono,
+        }
+    }
+
+    /// How far the wall clock was set back since the timer was armed (zero if it was not).
+    fn set_back(&self, now: SystemTime) -> Duration {
+        (self.wall + self.mono.elapsed())
+            .duration_since(now)
+            .unwrap_or_default()
+    }
+}
 
 /// Shortest bound of the catch-up's history query.
 const CATCH_UP_BOUND_MIN: Duration = Duration::from_secs(1);
@@ -53,26 +98,39 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         let Some(schedule) = &self.schedule else {
             return;
         };
-        self.next_due = schedule.next_after(after).map(|due| {
-            let wait = due
-                .duration_since(SystemTime::now())
-                .unwrap_or_default()
-                .min(DUE_RECHECK);
-            (due, Instant::now() + wait)
-        });
+        self.next_due = schedule.next_after(after).map(NextDue::new);
     }
 
     /// The due-time timer fired: if the wall clock says the due time has come, it is run (or
     /// skipped, as a tick), and the next one is armed; else the timer is armed again.
+    ///
+    /// Due times the wall clock passed while nobody looked (a clock set ahead; a timer that
+    /// stood still through a suspend) are passed over, and only the latest runs: before, each
+    /// ran in turn, one after another as fast as COMMAND ended (a clock set a day ahead ran an
+    /// every-second job thousands of times in a row, each with a stale due time). A clock set
+    /// back by more than [`CLOCK_SET_BACK`] is read afresh: before, the schedule waited until
+    /// the clock was back where it was, a day without a run for a clock set back a day.
     pub(super) fn due(&mut self) {
-        let Some((due, _)) = self.next_due else {
+        let (Some(next), Some(schedule)) = (self.next_due, &self.schedule) else {
             return;
         };
         let now = SystemTime::now();
+        let mut due = next.due;
         if now + DUE_EARLY < due {
-            let wait = due.duration_since(now).unwrap_or_default().min(DUE_RECHECK);
-            self.next_due = Some((due, Instant::now() + wait));
+            let back = next.set_back(now);
+            if back > CLOCK_SET_BACK {
+                let was = self.shown(due);
+                self.arm_due(now);
+                let then = self.next_due.map(|n| self.shown(n.due)).unwrap_or_default();
+                warn!(set_back = %humantime::format_duration(Duration::from_secs(back.as_secs())), due = %was, next = %then, "the wall clock was set back: the schedule goes on from the new time");
+            } else {
+                self.next_due = Some(NextDue::new(due));
+            }
             return;
+        }
+        if let Some(latest) = schedule.last_at_or_before(now).filter(|l| *l > due) {
+            warn!(from = %self.shown(due), to = %self.shown(latest), "due times passed at once (the wall clock was set ahead, or leaderrun was held up): only the latest runs");
+            due = latest;
         }
         self.arm_due(due);
         let shown = self.shown(due);

@@ -246,8 +246,9 @@ pub struct Supervisor<E: Election, S: Spawner> {
     started: Instant,
     /// `--schedule`.
     schedule: Option<schedule::Schedule>,
-    /// The next due time and when to look at the wall clock for it.
-    next_due: Option<(SystemTime, Instant)>,
+    /// The next due time, when to look at the wall clock for it, and both clocks as they read
+    /// when it was armed (to tell a clock that was set from one that ran).
+    next_due: Option<due::NextDue>,
     /// A due time that came during the takeover delay (or a catch-up), to run when it ends.
     pending_due: Option<SystemTime>,
     /// `--every`: a tick came during the takeover delay; it runs when the delay ends.
@@ -427,7 +428,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             () = tokio::time::sleep(STOP_POLL), if stopping => Event::Poll,
             _ = self.reap.tick() => Event::Poll,
             () = next_tick(self.ticker.as_mut()) => Event::Tick,
-            () = sleep_until(self.next_due.map(|(_, at)| at)) => Event::Due,
+            () = sleep_until(self.next_due.map(|n| n.wake)) => Event::Due,
             event = answer(self.catch_up.as_mut()) => event,
             event = answer(self.due_check.as_mut()) => event,
         }
