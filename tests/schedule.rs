@@ -1409,10 +1409,11 @@ fn a_wall_clock_set_ahead_or_back_neither_floods_nor_stalls_the_schedule() {
     let before = runs_by(2, "two runs on time").len();
     std::fs::write(&shift, "86400").unwrap();
     let after = runs_by(before + 4, "four runs after the clock was set ahead");
-    // Every second, one run: none of them back to back.
+    // Every second, one run: none of them back to back (a flood ran them 0.01 s apart; a
+    // run held up by a loaded machine may come a little closer to the next than a second).
     for pair in after[before - 1..before + 4].windows(2) {
         assert!(
-            pair[1] - pair[0] > 0.5,
+            pair[1] - pair[0] > 0.2,
             "runs {:.2} s apart after the clock was set ahead: {after:?}\n{}",
             pair[1] - pair[0],
             replica.log()
