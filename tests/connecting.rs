@@ -959,3 +959,56 @@ fn a_password_file_line_loses_every_trailing_carriage_return() {
         assert_eq!(out.stdout, b"led\n", "{ending:?}:\n{log}");
     }
 }
+
+/// With no host set, the default socket directory is tried, then `/tmp`: a server whose
+/// socket is in `/tmp` is reached on a machine that has `/var/run/postgresql` too (a Debian
+/// host with PostgreSQL's packages), and when neither has the socket, the error names the
+/// default directory, not `/tmp`.
+#[test]
+fn no_host_tries_the_default_socket_directory_then_tmp() {
+    let cluster = Cluster::shared();
+    let port = cluster.addr().port();
+    let socket = format!(".s.PGSQL.{port}");
+    let in_tmp = std::path::Path::new("/tmp").join(&socket);
+    if std::fs::symlink_metadata(&in_tmp).is_ok() {
+        crate::support::cluster::skip(
+            "no_host_tries_the_default_socket_directory_then_tmp",
+            "/tmp has a socket of this port already",
+        );
+        return;
+    }
+    let first = if std::path::Path::new("/var/run/postgresql").is_dir() {
+        "/var/run/postgresql"
+    } else {
+        "/tmp"
+    };
+    let run = || {
+        let out = leaderrun()
+            .env("PGPORT", port.to_string())
+            .env("PGUSER", "postgres")
+            .env("PGDATABASE", "postgres")
+            .args(["--once", "--lock-id", &unique_lock_id().to_string()])
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out))
+    };
+    // Neither directory has the socket: the error is the default directory's.
+    let (code, out) = run();
+    assert_eq!(code, Some(125), "{out}");
+    assert!(
+        out.contains(&format!("connect to host={first} port={port}")),
+        "{out}"
+    );
+    // The server's socket in /tmp (a link to it: the server is the shared one).
+    struct Unlink(std::path::PathBuf);
+    impl Drop for Unlink {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    std::os::unix::fs::symlink(cluster.socket_dir().join(&socket), &in_tmp).unwrap();
+    let _unlink = Unlink(in_tmp);
+    let (code, out) = run();
+    assert_eq!(code, Some(0), "{out}");
+}

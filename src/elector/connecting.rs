@@ -645,7 +645,13 @@ pub(crate) async fn connect_socket(
                     link.endpoint = crate::pg::conninfo::host_endpoint(config, host);
                     return Ok((connected, link));
                 }
-                Err(Attempt::Next(err)) => last = Some(err),
+                // A Unix socket that is not there says the least of all failures (no
+                // server uses that directory): it does not hide an earlier host's error,
+                // e.g. the default socket directory's when `/tmp`, tried after it, has none.
+                Err(Attempt::Next(err)) if last.is_none() || !is_missing_socket(&err) => {
+                    last = Some(err)
+                }
+                Err(Attempt::Next(_)) => {}
                 Err(Attempt::Stop(err)) => return Err(err),
             }
         }
@@ -654,6 +660,12 @@ pub(crate) async fn connect_socket(
         target: target.to_owned(),
         source: std::io::Error::other("no host to connect to"),
     }))
+}
+
+/// Whether `err` is a Unix socket file that does not exist.
+fn is_missing_socket(err: &Error) -> bool {
+    matches!(err, Error::Socket { target, source }
+        if target.starts_with("host=/") && source.kind() == std::io::ErrorKind::NotFound)
 }
 
 /// One host: each of its addresses in turn, each within `per_host`.

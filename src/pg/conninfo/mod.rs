@@ -10,7 +10,7 @@
 //! 2. the service (`service=` in the DSN, else `PGSERVICE`) from `PGSERVICEFILE`, else
 //!    `~/.pg_service.conf`, else `PGSYSCONFDIR/pg_service.conf`: fills what the DSN left out;
 //! 3. the `PG*` variables: fill what is still missing;
-//! 4. psql's defaults: the Unix socket in `/var/run/postgresql` (else `/tmp`), port 5432,
+//! 4. psql's defaults: the Unix socket in `/var/run/postgresql`, then `/tmp`, port 5432,
 //!    user = the OS user (the effective uid's password entry; none is an error, as in psql),
 //!    database = the user name, `sslmode=prefer`;
 //!    `~/.postgresql/root.crt`, `postgresql.crt` and `postgresql.key` when they exist;
@@ -663,13 +663,18 @@ fn build(
                 )
             })?),
         };
-        let address = match (addr, name.as_str()) {
-            (Some(addr), _) => Address::Tcp {
+        let addresses = match (addr, name.as_str()) {
+            (Some(addr), _) => vec![Address::Tcp {
                 name: name.clone(),
                 addr: Some(addr),
-            },
-            (None, "") => Address::Unix(PathBuf::from(default_socket_dir())),
-            (None, n) if n.starts_with('/') => Address::Unix(PathBuf::from(n)),
+            }],
+            // No host: psql's default socket directory, then /tmp (`default_socket_dirs`),
+            // tried in order as a list's hosts are.
+            (None, "") => default_socket_dirs()
+                .iter()
+                .map(|dir| Address::Unix(PathBuf::from(dir)))
+                .collect(),
+            (None, n) if n.starts_with('/') => vec![Address::Unix(PathBuf::from(n))],
             // libpq 14 and later: a host that starts with `@` is a socket in Linux's abstract
             // namespace. Taken for a host name it failed its lookup, and in a list the next
             // host was tried: another server than psql's.
@@ -683,35 +688,39 @@ fn build(
                         .unwrap_or_default(),
                 })
             }
-            (None, n) => Address::Tcp {
+            (None, n) => vec![Address::Tcp {
                 name: n.to_owned(),
                 addr: None,
-            },
+            }],
         };
-        match &address {
-            Address::Unix(dir) => config.host_path(dir),
-            Address::Tcp { name, addr } if name.is_empty() => {
-                config.host(addr.map(|a| a.to_string()).unwrap_or_default())
-            }
-            Address::Tcp { name, .. } => config.host(name),
-        };
-        config.port(port);
-        // The password file's key for this host: the name, else the address.
-        let key = match (&address, name.as_str()) {
-            (Address::Unix(dir), _) => dir.display().to_string(),
-            (_, "") => addr.map(|a| a.to_string()).unwrap_or_default(),
-            (_, n) => n.to_owned(),
-        };
-        targets.push((
-            HostTarget {
-                address,
-                port,
-                password: None,
-                passfile: None,
-            },
-            key,
-            raw_port,
-        ));
+        for address in addresses {
+            match &address {
+                Address::Unix(dir) => config.host_path(dir),
+                Address::Tcp { name, addr } if name.is_empty() => {
+                    config.host(addr.map(|a| a.to_string()).unwrap_or_default())
+                }
+                Address::Tcp { name, .. } => config.host(name),
+            };
+            config.port(port);
+            // The password file's key for this host: the name, else the address; for the
+            // default socket directories, `localhost` (libpq's key for its default host).
+            let key = match (&address, name.as_str()) {
+                (Address::Unix(_), "") => String::new(),
+                (Address::Unix(dir), _) => dir.display().to_string(),
+                (_, "") => addr.map(|a| a.to_string()).unwrap_or_default(),
+                (_, n) => n.to_owned(),
+            };
+            targets.push((
+                HostTarget {
+                    address,
+                    port,
+                    password: None,
+                    passfile: None,
+                },
+                key,
+                raw_port.clone(),
+            ));
+        }
     }
 
     let user = match nonempty(&params, "user") {
@@ -980,10 +989,17 @@ fn build(
 
 /// psql's default host: the Debian socket directory when it exists, else `/tmp`.
 fn default_socket_dir() -> &'static str {
+    default_socket_dirs()[0]
+}
+
+/// The socket directories tried, in order, when no setting names a host: the Debian socket
+/// directory (psql's default there), then `/tmp` (libpq's default as built upstream), so a
+/// server whose socket is in either is reached; only `/tmp` where the first does not exist.
+fn default_socket_dirs() -> &'static [&'static str] {
     if std::path::Path::new("/var/run/postgresql").is_dir() {
-        "/var/run/postgresql"
+        &["/var/run/postgresql", "/tmp"]
     } else {
-        "/tmp"
+        &["/tmp"]
     }
 }
 
