@@ -188,6 +188,63 @@ fn a_nohup_job_survives_the_hangup_and_keeps_hup_ignored() {
     leader.wait_exit(secs(10.0));
 }
 
+/// SIGPIPE is no exception to "ignored at start stays ignored": a parent that ignores it (a
+/// supervisor written in Python or Rust that passes its own disposition on, `trap '' PIPE`)
+/// gets a COMMAND that ignores it too, also through `--pid-namespace`'s init. What leaderrun
+/// ignores for itself (Rust's runtime does, before `main`) is what COMMAND gets the default
+/// back for.
+#[test]
+fn a_sigpipe_ignored_by_the_parent_stays_ignored_for_command() {
+    let cluster = Cluster::shared();
+    let child_sigign = |ignore_pipe: bool, extra: &[&str]| -> u64 {
+        let mut cmd = leaderrun();
+        cmd.args(["--once", "--dsn", &cluster.dsn(), "--lock-id"])
+            .arg(unique_lock_id().to_string())
+            .args(extra)
+            .args(["--", "grep", "SigIgn", "/proc/self/status"]);
+        if ignore_pipe {
+            // SAFETY: signal() between fork and exec (after default_signals' reset).
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.output().expect("run leaderrun");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{extra:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mask = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .unwrap_or_else(|| panic!("{extra:?}: no SigIgn line: {stdout}"));
+        u64::from_str_radix(mask.trim(), 16).unwrap()
+    };
+    let pipe = 1u64 << (libc::SIGPIPE - 1);
+    let mut modes: Vec<&[&str]> = vec![&[]];
+    // A PID namespace needs CAP_SYS_ADMIN (the pidns module says so when it is missing).
+    if nix::unistd::geteuid().is_root() {
+        modes.push(&["--pid-namespace"]);
+    }
+    for extra in modes {
+        assert_ne!(
+            child_sigign(true, extra) & pipe,
+            0,
+            "{extra:?}: SIGPIPE ignored by the parent is not ignored in COMMAND"
+        );
+        assert_eq!(
+            child_sigign(false, extra) & pipe,
+            0,
+            "{extra:?}: SIGPIPE at its default in the parent is ignored in COMMAND"
+        );
+    }
+}
+
 #[test]
 fn shutdown_passes_on_the_signal_received_and_demotion_sends_the_stop_signal() {
     let cluster = Cluster::start_private();

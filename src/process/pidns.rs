@@ -307,6 +307,9 @@ pub fn init_main() -> ExitCode {
     // leaderrun was started with SIGCHLD ignored, and COMMAND keeps that
     // (docs/field-notes.md#ignored-dispositions-survive-exec).
     let chld_ignored = crate::process::signals::is_ignored(libc::SIGCHLD);
+    // So was SIGPIPE when leaderrun left it ignored for COMMAND (ignored when leaderrun started):
+    // std's spawn gives the default back unless told otherwise.
+    let pipe_ignored = crate::process::signals::sigpipe_ignored_at_exec();
     // SAFETY: plain signal(2) on this single-threaded process.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     let mut cmd = std::process::Command::new(&program);
@@ -316,6 +319,9 @@ pub fn init_main() -> ExitCode {
         cmd.pre_exec(move || {
             if chld_ignored {
                 libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+            }
+            if pipe_ignored {
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
             }
             // COMMAND starts only inside the proof leaderrun started it under (rule 1).
             if crate::process::child::past_boottime(exec_by) {

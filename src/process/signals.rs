@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -57,14 +57,56 @@ pub const FORWARDED: [Signal; 8] = [
 /// Signals ignored at entry, bit N for signal N; see [`ignored_at_entry`].
 static IGNORED_AT_ENTRY: AtomicU64 = AtomicU64::new(0);
 
+/// SIGPIPE's disposition as the process was exec'd: [`PIPE_UNKNOWN`] until
+/// [`record_sigpipe_at_exec`] ran, then [`PIPE_IGNORED`] or [`PIPE_NOT_IGNORED`].
+static PIPE_AT_EXEC: AtomicU8 = AtomicU8::new(PIPE_UNKNOWN);
+const PIPE_UNKNOWN: u8 = 0;
+const PIPE_IGNORED: u8 = 1;
+const PIPE_NOT_IGNORED: u8 = 2;
+
+/// Reads SIGPIPE's disposition before Rust's runtime sets it to "ignore" (std does so in
+/// `main`'s preamble; constructors of `.init_array` run before that, from the C library's start
+/// code), so that a SIGPIPE the parent ignored stays ignored for COMMAND like every other
+/// signal ignored at entry. Only `sigaction` with no new action: async-signal-safe, touches no
+/// part of std.
+extern "C" fn record_sigpipe_at_exec() {
+    // SAFETY: sigaction with a null new action only reads the current one.
+    let ignored = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    };
+    PIPE_AT_EXEC.store(
+        if ignored {
+            PIPE_IGNORED
+        } else {
+            PIPE_NOT_IGNORED
+        },
+        Ordering::Release,
+    );
+}
+
+/// Runs [`record_sigpipe_at_exec`] as a constructor of every program linked with this crate
+/// (rustc keeps `#[used]` statics of its dependencies in the link).
+#[used]
+#[link_section = ".init_array"]
+static RECORD_SIGPIPE_AT_EXEC: extern "C" fn() = record_sigpipe_at_exec;
+
+/// Whether SIGPIPE was ignored when the process was exec'd. Where that was not recorded (no
+/// constructor ran), not: COMMAND gets the default, as every Rust program's children do.
+pub(crate) fn sigpipe_ignored_at_exec() -> bool {
+    PIPE_AT_EXEC.load(Ordering::Acquire) == PIPE_IGNORED
+}
+
 /// The signals [`install`] handles, bit N for signal N: [`Blocked`]'s drop unblocks them
 /// whatever mask leaderrun inherited.
 static HANDLED: AtomicU64 = AtomicU64::new(0);
 
 /// The signals (bit N for signal N) whose disposition was "ignore" when [`install`] ran, so
-/// the child keeps them ignored. SIGPIPE is never among them: Rust's runtime ignores it before
-/// `main`, so its disposition at entry is unknown, and like std, leaderrun gives the child the
-/// default back.
+/// the child keeps them ignored. For SIGPIPE, which Rust's runtime ignores before `main`, what
+/// counts is its disposition at exec, read by a constructor before the runtime changed it
+/// ([`record_sigpipe_at_exec`]): ignored by the parent, COMMAND keeps it ignored; else COMMAND
+/// gets the default back.
 pub fn ignored_at_entry() -> u64 {
     IGNORED_AT_ENTRY.load(Ordering::Acquire)
 }
@@ -114,7 +156,13 @@ enum Source {
 pub fn install() -> std::io::Result<SignalStream> {
     let mut ignored = 0u64;
     for sig in 1..32 {
-        if sig != libc::SIGPIPE && is_ignored(sig) {
+        let was_ignored = if sig == libc::SIGPIPE {
+            // Ignored by Rust's runtime by now: what counts is what it was at exec.
+            sigpipe_ignored_at_exec()
+        } else {
+            is_ignored(sig)
+        };
+        if was_ignored {
             ignored |= 1 << sig;
         }
     }
