@@ -399,6 +399,38 @@ fn through_libpq(fake: &Fake, case: &Case) -> Vec<Visit> {
     settle(fake)
 }
 
+/// psql (the binary itself, not Debian's `pg_wrapper`) with `settings` as its whole
+/// environment but `PATH`, asked for `select 1` without a password prompt: what libpq makes of
+/// the same settings, to compare leaderrun's answer with.
+fn psql_with<K, V>(settings: impl IntoIterator<Item = (K, V)>) -> Command
+where
+    K: AsRef<std::ffi::OsStr>,
+    V: AsRef<std::ffi::OsStr>,
+{
+    let mut psql = Command::new(crate::support::cluster::psql());
+    psql.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(settings)
+        .args(["-X", "-w", "-c", "select 1"])
+        .stdin(Stdio::null());
+    psql
+}
+
+/// The section `[plex]` of a service file, naming the shared cluster.
+fn plex_section() -> String {
+    format!(
+        "[plex]\nhost=127.0.0.1\nport={}\nuser=postgres\ndbname=postgres\n",
+        crate::support::Cluster::shared().addr().port()
+    )
+}
+
+/// psql's `out` must be a refusal whose message contains `says`.
+fn assert_psql_refused(out: &std::process::Output, says: impl AsRef<str>) {
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "psql connected:\n{said}");
+    assert!(said.contains(says.as_ref()), "{said}");
+}
+
 /// The visits of the client that just finished: once every connection it opened is served
 /// (and the accept loops, which poll every 2 ms, have had time to see a last one).
 fn settle(fake: &Fake) -> Vec<Visit> {
@@ -1207,7 +1239,7 @@ fn a_setting_variable_that_is_not_utf8_is_refused_not_ignored() {
 /// same uid connects and leads.
 #[test]
 fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
-    use crate::support::{leaderrun_as, unique_lock_id, Cluster, Scratch};
+    use crate::support::{leaderrun_as, output_of_copy, unique_lock_id, Cluster, Scratch};
     use std::os::unix::process::CommandExt;
     const TEST: &str = "libpq::a_uid_without_a_password_entry_is_refused_as_psql_refuses_it";
     const UID: u32 = 54_323;
@@ -1236,18 +1268,7 @@ fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
         if named {
             cmd.env("PGUSER", "postgres");
         }
-        // The copy was just written: a fork of another test's thread (psql's, above) may
-        // hold it open for writing until its exec, and the kernel then refuses to run it.
-        let mut tries = 0;
-        let out = loop {
-            match cmd.stdin(Stdio::null()).output() {
-                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                other => break other.expect("run leaderrun"),
-            }
-        };
+        let out = output_of_copy(cmd.stdin(Stdio::null()));
         let log = String::from_utf8_lossy(&out.stderr);
         let stdout = String::from_utf8_lossy(&out.stdout);
         if named {
@@ -1263,21 +1284,12 @@ fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
         }
     }
     // psql, as the same uid with the same settings, refuses too.
-    let mut psql = Command::new(crate::support::cluster::psql());
-    psql.env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .envs(settings)
-        .args(["-X", "-w", "-c", "select 1"])
-        .stdin(Stdio::null())
+    let out = psql_with(settings)
         .uid(UID)
-        .gid(UID);
-    let out = psql.output().expect("run psql");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "psql connected:\n{said}");
-    assert!(
-        said.contains(&format!("local user with ID {UID} does not exist")),
-        "{said}"
-    );
+        .gid(UID)
+        .output()
+        .expect("run psql");
+    assert_psql_refused(&out, format!("local user with ID {UID} does not exist"));
 }
 
 /// A service file that is there but cannot be read (`~/.pg_service.conf` or `PGSERVICEFILE`
@@ -1287,13 +1299,12 @@ fn a_uid_without_a_password_entry_is_refused_as_psql_refuses_it() {
 /// section of the same name, another server than psql's, and led there.
 #[test]
 fn an_unreadable_service_file_is_refused_not_passed_over() {
-    use crate::support::{leaderrun_as, unique_lock_id, Cluster, Scratch};
+    use crate::support::{leaderrun_as, output_of_copy, unique_lock_id, Scratch};
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     const TEST: &str = "libpq::an_unreadable_service_file_is_refused_not_passed_over";
     const UID: u32 = 54_324;
     let scratch = Scratch::new();
-    let port = Cluster::shared().addr().port();
     // The system-wide file's section reaches the suite's server: taking it is what would lead.
     let sys = scratch.path().join("sys");
     let home = scratch.path().join("home");
@@ -1301,7 +1312,7 @@ fn an_unreadable_service_file_is_refused_not_passed_over() {
         std::fs::create_dir(dir).unwrap();
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let reached = format!("[plex]\nhost=127.0.0.1\nport={port}\nuser=postgres\ndbname=postgres\n");
+    let reached = plex_section();
     std::fs::write(sys.join("pg_service.conf"), &reached).unwrap();
     std::fs::set_permissions(
         sys.join("pg_service.conf"),
@@ -1329,16 +1340,7 @@ fn an_unreadable_service_file_is_refused_not_passed_over() {
         cmd.envs(settings.iter().map(|(k, v)| (k, v)))
             .args(["--lock-id", &unique_lock_id().to_string(), "--once"])
             .args(["--", "echo", "led"]);
-        let mut tries = 0;
-        let out = loop {
-            match cmd.stdin(Stdio::null()).output() {
-                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                other => break other.expect("run leaderrun"),
-            }
-        };
+        let out = output_of_copy(cmd.stdin(Stdio::null()));
         let log = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(125), "{}:\n{log}", file.display());
         assert!(
@@ -1347,20 +1349,14 @@ fn an_unreadable_service_file_is_refused_not_passed_over() {
         );
         assert!(out.stdout.is_empty(), "COMMAND ran:\n{log}");
         // psql, as the same uid with the same settings, refuses too.
-        let mut psql = Command::new(crate::support::cluster::psql());
-        psql.env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .envs(settings.iter().map(|(k, v)| (k, v)))
-            .args(["-X", "-w", "-c", "select 1"])
-            .stdin(Stdio::null())
+        let out = psql_with(settings.iter().map(|(k, v)| (k, v)))
             .uid(UID)
-            .gid(UID);
-        let out = psql.output().expect("run psql");
-        let said = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "psql connected:\n{said}");
-        assert!(
-            said.contains(&format!("service file \"{}\" not found", file.display())),
-            "{said}"
+            .gid(UID)
+            .output()
+            .expect("run psql");
+        assert_psql_refused(
+            &out,
+            format!("service file \"{}\" not found", file.display()),
         );
     }
 }
@@ -1370,10 +1366,9 @@ fn an_unreadable_service_file_is_refused_not_passed_over() {
 /// leaderrun read `./pg_service.conf`, took a section psql does not see, and led there.
 #[test]
 fn an_empty_pgsysconfdir_is_not_the_working_directory() {
-    use crate::support::{leaderrun, unique_lock_id, Cluster, Scratch};
+    use crate::support::{leaderrun, unique_lock_id, Scratch};
     let scratch = Scratch::new();
-    let port = Cluster::shared().addr().port();
-    let service = format!("[plex]\nhost=127.0.0.1\nport={port}\nuser=postgres\ndbname=postgres\n");
+    let service = plex_section();
     std::fs::write(scratch.path().join("pg_service.conf"), service).unwrap();
     let settings = [
         ("PGSERVICE", "plex"),
@@ -1395,21 +1390,11 @@ fn an_empty_pgsysconfdir_is_not_the_working_directory() {
         "{log}"
     );
     assert!(out.stdout.is_empty(), "COMMAND ran:\n{log}");
-    let out = Command::new(crate::support::cluster::psql())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .envs(settings)
+    let out = psql_with(settings)
         .current_dir(scratch.path())
-        .args(["-X", "-w", "-c", "select 1"])
-        .stdin(Stdio::null())
         .output()
         .expect("run psql");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "psql connected:\n{said}");
-    assert!(
-        said.contains("definition of service \"plex\" not found"),
-        "{said}"
-    );
+    assert_psql_refused(&out, "definition of service \"plex\" not found");
 }
 
 /// A service file's line of 1023 bytes or more (its newline counted) is refused, as libpq
@@ -1417,10 +1402,9 @@ fn an_empty_pgsysconfdir_is_not_the_working_directory() {
 /// read any length, and led through a service file psql refuses.
 #[test]
 fn a_service_file_line_too_long_for_libpq_is_refused() {
-    use crate::support::{leaderrun, unique_lock_id, Cluster, Scratch};
+    use crate::support::{leaderrun, unique_lock_id, Scratch};
     let scratch = Scratch::new();
-    let port = Cluster::shared().addr().port();
-    let section = format!("[plex]\nhost=127.0.0.1\nport={port}\nuser=postgres\ndbname=postgres\n");
+    let section = plex_section();
     // (file, whether libpq refuses it): a comment of N bytes with its newline, before the
     // section; a last line of N bytes without one.
     let comment = |n: usize| format!("#{}\n{section}", "x".repeat(n - 2));
@@ -1448,12 +1432,7 @@ fn a_service_file_line_too_long_for_libpq_is_refused() {
             .output()
             .expect("run leaderrun");
         let log = String::from_utf8_lossy(&out.stderr);
-        let psql = Command::new(crate::support::cluster::psql())
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .envs(settings.iter().map(|(k, v)| (k, v)))
-            .args(["-X", "-w", "-c", "select 1"])
-            .stdin(Stdio::null())
+        let psql = psql_with(settings.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("run psql");
         let said = String::from_utf8_lossy(&psql.stderr);

@@ -362,6 +362,21 @@ pub fn leaderrun() -> Command {
     cmd
 }
 
+/// `cmd`'s output, `cmd` a [`leaderrun_as`] copy: a copy that was just written may be held open
+/// for writing by a fork of another test's thread until that fork's exec, and the kernel
+/// refuses to run it meanwhile (`ETXTBSY`): tried again, for a second at most.
+pub fn output_of_copy(cmd: &mut Command) -> std::process::Output {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match cmd.output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other.expect("run leaderrun"),
+        }
+    }
+}
+
 /// `leaderrun` run as `uid` (group too, no supplementary groups) with at most `soft` tasks
 /// of that uid (`RLIMIT_NPROC`, threads included, `hard` its hard limit; root is not held to
 /// it): from a copy of the binary in `scratch` that the uid can read. `None`, said with [`cluster::skip`] for `test`,
