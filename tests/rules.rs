@@ -188,25 +188,27 @@ fn a_nohup_job_survives_the_hangup_and_keeps_hup_ignored() {
     leader.wait_exit(secs(10.0));
 }
 
-/// SIGPIPE is no exception to "ignored at start stays ignored": a parent that ignores it (a
-/// supervisor written in Python or Rust that passes its own disposition on, `trap '' PIPE`)
-/// gets a COMMAND that ignores it too, also through `--pid-namespace`'s init. What leaderrun
-/// ignores for itself (Rust's runtime does, before `main`) is what COMMAND gets the default
-/// back for.
+/// SIGPIPE and SIGCHLD are no exceptions to "ignored at start stays ignored": a parent that
+/// ignores one (a supervisor written in Python or Rust that passes its own disposition on, a
+/// daemon that ignores SIGCHLD to have its children reaped, `trap '' PIPE`) gets a COMMAND that
+/// ignores it too, also through `--pid-namespace`'s init. What leaderrun ignores for itself
+/// (Rust's runtime does SIGPIPE, before `main`) is what COMMAND gets the default back for, and
+/// SIGCHLD, which leaderrun handles whatever it was (its reaper needs it), is ignored again
+/// for COMMAND only when it was ignored at start.
 #[test]
-fn a_sigpipe_ignored_by_the_parent_stays_ignored_for_command() {
+fn a_signal_ignored_by_the_parent_stays_ignored_for_command() {
     let cluster = Cluster::shared();
-    let child_sigign = |ignore_pipe: bool, extra: &[&str]| -> u64 {
+    let child_sigign = |ignore: Option<libc::c_int>, extra: &[&str]| -> u64 {
         let mut cmd = leaderrun();
         cmd.args(["--once", "--dsn", &cluster.dsn(), "--lock-id"])
             .arg(unique_lock_id().to_string())
             .args(extra)
             .args(["--", "grep", "SigIgn", "/proc/self/status"]);
-        if ignore_pipe {
+        if let Some(sig) = ignore {
             // SAFETY: signal() between fork and exec (after default_signals' reset).
             unsafe {
-                cmd.pre_exec(|| {
-                    libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+                cmd.pre_exec(move || {
+                    libc::signal(sig, libc::SIG_IGN);
                     Ok(())
                 });
             }
@@ -225,23 +227,26 @@ fn a_sigpipe_ignored_by_the_parent_stays_ignored_for_command() {
             .unwrap_or_else(|| panic!("{extra:?}: no SigIgn line: {stdout}"));
         u64::from_str_radix(mask.trim(), 16).unwrap()
     };
-    let pipe = 1u64 << (libc::SIGPIPE - 1);
     let mut modes: Vec<&[&str]> = vec![&[]];
     // A PID namespace needs CAP_SYS_ADMIN (the pidns module says so when it is missing).
     if nix::unistd::geteuid().is_root() {
         modes.push(&["--pid-namespace"]);
     }
     for extra in modes {
-        assert_ne!(
-            child_sigign(true, extra) & pipe,
-            0,
-            "{extra:?}: SIGPIPE ignored by the parent is not ignored in COMMAND"
-        );
-        assert_eq!(
-            child_sigign(false, extra) & pipe,
-            0,
-            "{extra:?}: SIGPIPE at its default in the parent is ignored in COMMAND"
-        );
+        let by_default = child_sigign(None, extra);
+        for (sig, name) in [(libc::SIGPIPE, "SIGPIPE"), (libc::SIGCHLD, "SIGCHLD")] {
+            let bit = 1u64 << (sig - 1);
+            assert_ne!(
+                child_sigign(Some(sig), extra) & bit,
+                0,
+                "{extra:?}: {name} ignored by the parent is not ignored in COMMAND"
+            );
+            assert_eq!(
+                by_default & bit,
+                0,
+                "{extra:?}: {name} at its default in the parent is ignored in COMMAND"
+            );
+        }
     }
 }
 

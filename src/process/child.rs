@@ -1251,9 +1251,16 @@ fn prepare_child(pre: &PreExec<'_>) -> std::io::Result<()> {
         // Handlers are reset by exec, but ignored signals stay ignored: restore the default
         // for what leaderrun itself ignored (SIGPIPE, SIGTTOU), keep what was ignored when it
         // started, as a POSIX shell does (docs/field-notes.md#ignored-dispositions-survive-exec).
+        // SIGCHLD is the one of those leaderrun handles all the same (its reaper needs it): exec
+        // would reset that handler to the default, so it is ignored again here.
         for sig in 1..32 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP && keep_ignored & (1 << sig) == 0 {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            if keep_ignored & (1 << sig) == 0 {
                 libc::signal(sig, libc::SIG_DFL);
+            } else if sig == libc::SIGCHLD {
+                libc::signal(sig, libc::SIG_IGN);
             }
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();

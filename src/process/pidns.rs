@@ -304,7 +304,8 @@ pub fn init_main() -> ExitCode {
     let report = unsafe { OwnedFd::from_raw_fd(REPORT_FD) };
     // SAFETY: fcntl on our own descriptor: COMMAND must not inherit it.
     unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
-    // leaderrun was started with SIGCHLD ignored, and COMMAND keeps that
+    // Ignored here only when leaderrun was started with SIGCHLD ignored (the spawn ignores it
+    // again for us), and COMMAND keeps that
     // (docs/field-notes.md#ignored-dispositions-survive-exec).
     let chld_ignored = crate::process::signals::is_ignored(libc::SIGCHLD);
     // So was SIGPIPE when leaderrun left it ignored for COMMAND (ignored when leaderrun started):
