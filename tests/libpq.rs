@@ -288,8 +288,14 @@ enum Expect {
     Same,
     /// libpq connects; leaderrun refuses the input with this text in its error.
     Refused(&'static str),
-    /// libpq 15 refuses (no visit); leaderrun connects, as libpq 16 does.
+    /// libpq 15 refuses (no visit); leaderrun connects, as libpq 16 (or, for the protocol
+    /// range, 18) does.
     Libpq16,
+    /// libpq sends this startup parameter, a session default of its environment (`PGTZ`'s
+    /// `timezone`, `PGDATESTYLE`'s `datestyle`, `PGGEQO`'s `geqo`), and leaderrun does not:
+    /// nothing it sends or reads depends on them (README, "Where leaderrun differs"). The
+    /// visits are otherwise the same.
+    SessionDefault(&'static str),
 }
 
 fn case(dsn: &str) -> Case {
@@ -315,6 +321,11 @@ impl Case {
     /// A documented difference: libpq connects, leaderrun refuses with `why` in its error.
     fn refused(mut self, why: &'static str) -> Case {
         self.expect = Expect::Refused(why);
+        self
+    }
+    /// A documented difference: libpq sends `parameter`, leaderrun does not.
+    fn session_default(mut self, parameter: &'static str) -> Case {
+        self.expect = Expect::SessionDefault(parameter);
         self
     }
     /// A documented difference: libpq 15 refuses a keyword of libpq 16 that leaderrun has.
@@ -716,6 +727,17 @@ fn cases() -> Vec<Case> {
     ] {
         out.push(case(dsn).libpq16());
     }
+    // libpq 18's protocol range: libpq 15 knows no such keyword; leaderrun takes a range that
+    // holds 3.0 and refuses one that does not (so both refuse `min_protocol_version=3.2`).
+    for dsn in [
+        "host=127.0.0.1 port={A} user=u dbname=d min_protocol_version=3.0",
+        "host=127.0.0.1 port={A} user=u dbname=d max_protocol_version=latest",
+    ] {
+        out.push(case(dsn).libpq16());
+    }
+    out.push(case(
+        "host=127.0.0.1 port={A} user=u dbname=d min_protocol_version=3.2",
+    ));
     // --- Keywords leaderrun does not support, and typos: both sides must refuse or agree.
     for kw in [
         "gssencmode=disable",
@@ -1065,6 +1087,12 @@ fn cases() -> Vec<Case> {
         ("PGSSLCOMPRESSION", "1", true),
         ("PGGSSENCMODE", "prefer", true),
         ("PGGSSENCMODE", "disable", false),
+        // libpq 18's protocol range (libpq 15 reads no such variable): taken when it holds
+        // 3.0, the one version leaderrun speaks.
+        ("PGMINPROTOCOLVERSION", "3.0", false),
+        ("PGMINPROTOCOLVERSION", "3.2", true),
+        ("PGMAXPROTOCOLVERSION", "latest", false),
+        ("PGMAXPROTOCOLVERSION", "3.2", false),
     ] {
         let c = case("host=127.0.0.1 port={A} user=u dbname=d").env(var, value);
         out.push(if refused {
@@ -1072,6 +1100,18 @@ fn cases() -> Vec<Case> {
         } else {
             c
         });
+    }
+    // Session defaults libpq sends from its environment, which change nothing leaderrun does.
+    for (var, value, parameter) in [
+        ("PGTZ", "Asia/Kolkata", "timezone"),
+        ("PGDATESTYLE", "SQL, DMY", "datestyle"),
+        ("PGGEQO", "off", "geqo"),
+    ] {
+        out.push(
+            case("host=127.0.0.1 port={A} user=u dbname=d")
+                .env(var, value)
+                .session_default(parameter),
+        );
     }
     // A DSN without '=' is a database name to libpq; leaderrun refuses it.
     out.push(
@@ -1176,6 +1216,17 @@ fn leaderrun_connects_as_libpq_does() {
                                 && err.as_deref().is_some_and(|e| e.contains(why))
                         }
                         Expect::Libpq16 => libpq.is_empty() && !ours.is_empty(),
+                        Expect::SessionDefault(parameter) => {
+                            let without: Vec<Visit> = libpq
+                                .iter()
+                                .cloned()
+                                .map(|mut visit| {
+                                    visit.params.remove(parameter);
+                                    visit
+                                })
+                                .collect();
+                            without != libpq && without == ours
+                        }
                     };
                     if !same {
                         diffs.lock().unwrap().push(format!(

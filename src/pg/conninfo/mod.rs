@@ -397,7 +397,7 @@ pub struct ConnectPlan {
 type Params = BTreeMap<String, (String, String)>;
 
 /// The variables of [`UNSUPPORTED`] keywords, as libpq reads them.
-const UNSUPPORTED_ENV: [(&str, &str); 14] = [
+const UNSUPPORTED_ENV: [(&str, &str); 16] = [
     ("client_encoding", "PGCLIENTENCODING"),
     ("krbsrvname", "PGKRBSRVNAME"),
     ("gsslib", "PGGSSLIB"),
@@ -412,13 +412,19 @@ const UNSUPPORTED_ENV: [(&str, &str); 14] = [
     ("ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION"),
     ("ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION"),
     ("sslnegotiation", "PGSSLNEGOTIATION"),
+    ("min_protocol_version", "PGMINPROTOCOLVERSION"),
+    ("max_protocol_version", "PGMAXPROTOCOLVERSION"),
 ];
 
 /// Whether an unsupported keyword's value asks for what leaderrun does anyway: UTF-8 as the
 /// client encoding (tokio-postgres speaks nothing else), SNI on (rustls sends it), no TLS
-/// compression, libpq's own negotiation.
+/// compression, libpq's own negotiation, and a protocol range that holds 3.0, the one version
+/// tokio-postgres speaks (libpq 18's values, its manual's "Parameter Key Words": `3.0`, `3.2`,
+/// `latest`; any of them as the highest allows 3.0, only `3.0` as the lowest does).
 fn harmless(key: &str, value: &str) -> bool {
     match key {
+        "min_protocol_version" => value == "3.0",
+        "max_protocol_version" => matches!(value, "3.0" | "3.2" | "latest"),
         "client_encoding" => matches!(value.to_ascii_uppercase().as_str(), "UTF8" | "UTF-8"),
         "sslsni" => value == "1",
         "sslcompression" => value == "0",

@@ -408,6 +408,42 @@ fn keepalive_settings_are_read_and_checked() {
     assert!(matches!(err, ConnInfoError::Unsupported { .. }), "{err}");
 }
 
+/// libpq 18's protocol range, as a keyword or its variable: taken when it holds 3.0 (the one
+/// version leaderrun speaks), refused as not supported when it does not, refused when libpq
+/// would not know the value either.
+#[test]
+fn a_protocol_range_is_taken_only_when_it_holds_3_0() {
+    for (setting, value, taken) in [
+        ("min_protocol_version", "3.0", true),
+        ("min_protocol_version", "3.2", false),
+        ("min_protocol_version", "latest", false),
+        ("max_protocol_version", "3.0", true),
+        ("max_protocol_version", "3.2", true),
+        ("max_protocol_version", "latest", true),
+        ("max_protocol_version", "2.0", false),
+    ] {
+        let var = if setting == "min_protocol_version" {
+            "PGMINPROTOCOLVERSION"
+        } else {
+            "PGMAXPROTOCOLVERSION"
+        };
+        let by_keyword = resolve_with(Some(&format!("host=h dbname=d {setting}='{value}'")), &[]);
+        let by_variable = resolve_with(Some("host=h dbname=d"), &[(var, value)]);
+        for (how, got) in [("keyword", by_keyword), ("variable", by_variable)] {
+            match got {
+                Ok(_) => assert!(taken, "{setting}={value:?} as a {how} was taken"),
+                Err(err) => {
+                    assert!(!taken, "{setting}={value:?} as a {how}: {err}");
+                    assert!(
+                        matches!(err, ConnInfoError::Unsupported { .. }),
+                        "{setting}={value:?} as a {how}: {err}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn endpoint_is_one_word() {
     let c = resolve_with(Some("postgresql://app:secret@db:6543/plexsphere"), &[]).unwrap();
