@@ -107,6 +107,48 @@ fn usage_errors_exit_125_without_a_backtrace() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("--check-interval"));
 }
 
+/// An empty `LEADERRUN_*` variable is no setting, for every option as for the DSN (a compose
+/// file's `LEADERRUN_SCHEDULE=${SCHEDULE:-}`): with every one of them empty, a one-shot runs as
+/// without them (before, an empty duration failed its parse and an empty `LEADERRUN_SCHEDULE`
+/// conflicted with `--once`), and COMMAND still gets them, empty, as the caller passed them.
+#[test]
+fn an_empty_variable_is_no_setting() {
+    let cluster = Cluster::shared();
+    let vars: Vec<String> = leaderrun::cli::command()
+        .get_arguments()
+        .filter_map(|arg| arg.get_env())
+        .map(|name| name.to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        vars.iter().any(|v| v == "LEADERRUN_SCHEDULE")
+            && vars.iter().any(|v| v == "LEADERRUN_CHECK_INTERVAL")
+            && vars.len() >= 20,
+        "{vars:?}"
+    );
+    let mut cmd = leaderrun();
+    for var in &vars {
+        cmd.env(var, "");
+    }
+    let out = cmd
+        .args(["--once", "--dsn", &cluster.dsn(), "--lock-id"])
+        .arg(unique_lock_id().to_string())
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo \"ran schedule=[${LEADERRUN_SCHEDULE-unset}]\"",
+        ])
+        .output()
+        .expect("run leaderrun");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ran schedule=[]",
+        "{stderr}"
+    );
+}
+
 #[test]
 fn missing_or_unexecutable_command_exits_at_once() {
     let scratch = Scratch::new();

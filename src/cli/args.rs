@@ -749,6 +749,14 @@ fn command_for(subcommands: bool) -> clap::Command {
     use clap::CommandFactory;
     Cli::command().mut_args(|arg| {
         let arg = arg.hide_env_values(true);
+        // An empty variable is no setting, as for the DSN (`LEADERRUN_SCHEDULE=${S:-}` in a
+        // compose file or a script must not conflict with `--once`, nor fail a duration's
+        // parse): clap would take the empty value, so the option forgets its variable.
+        let empty = arg
+            .get_env()
+            .and_then(std::env::var_os)
+            .is_some_and(|value| value.is_empty());
+        let arg = if empty { arg.env(None) } else { arg };
         if subcommands {
             arg
         } else {
