@@ -31,7 +31,13 @@ enum Stderr {
     Stalled,
     /// A pipe whose reader is gone: every write fails with EPIPE.
     Closed,
+    /// A regular file already at leaderrun's `RLIMIT_FSIZE`: every write fails with EFBIG,
+    /// and raises SIGXFSZ, whose default action ends the process.
+    AtSizeLimit,
 }
+
+/// [`Stderr::AtSizeLimit`]'s limit, in bytes, and what its file holds before leaderrun starts.
+const SIZE_LIMIT: u64 = 1024;
 
 /// A pipe `(read end, write end)`, full when `fill` (the write end is left blocking).
 fn pipe(fill: bool) -> (OwnedFd, OwnedFd) {
@@ -61,18 +67,35 @@ struct Muted {
 
 impl Muted {
     fn start(cluster: &Cluster, id: i32, interval: &str, stderr: Stderr, args: &[&str]) -> Muted {
-        let (read, write) = pipe(matches!(stderr, Stderr::Stalled));
-        let reader = match stderr {
-            Stderr::Stalled => Some(read),
-            Stderr::Closed => None,
-        };
         let mut cmd = leaderrun();
         cmd.args(["-v", "--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
             .args(["--check-interval", interval])
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(write));
+            .stdout(Stdio::null());
+        let reader = if let Stderr::AtSizeLimit = stderr {
+            let mut file = tempfile::tempfile().expect("a file for stderr");
+            file.write_all(&[b'x'; SIZE_LIMIT as usize]).unwrap();
+            let limit = libc::rlimit {
+                rlim_cur: SIZE_LIMIT,
+                rlim_max: SIZE_LIMIT,
+            };
+            // SAFETY: setrlimit only, async-signal-safe, between fork and exec.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            cmd.stderr(Stdio::from(file));
+            None
+        } else {
+            let (read, write) = pipe(matches!(stderr, Stderr::Stalled));
+            cmd.stderr(Stdio::from(write));
+            matches!(stderr, Stderr::Stalled).then_some(read)
+        };
         Muted {
             child: cmd.spawn().expect("spawn leaderrun"),
             _reader: reader,
@@ -178,6 +201,7 @@ fn frozen_leader_with(stderr: Stderr) {
     let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
         watchdog_of(leader.pid())
     });
+    let writes_before = write_calls(watchdog);
     leader.signal(Signal::SIGSTOP);
     let frozen = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -198,8 +222,25 @@ fn frozen_leader_with(stderr: Stderr) {
         "stopped {:.3} s after the freeze",
         ended - frozen
     );
+    if let Stderr::AtSizeLimit = stderr {
+        // Its line written (or tried), and back waiting for messages, or dead of it.
+        wait_for("the watchdog's line", secs(5.0), || {
+            let wchan = std::fs::read_to_string(format!("/proc/{watchdog}/wchan")).ok()?;
+            (write_calls(watchdog)? > writes_before?
+                && (!alive(watchdog) || wchan.contains("poll")))
+            .then_some(())
+        });
+    }
     assert!(alive(watchdog), "the watchdog survived its own writes");
     leader.signal(Signal::SIGCONT);
+}
+
+/// The `write(2)` calls `pid` has made (`syscw` of `/proc/PID/io`).
+fn write_calls(pid: i32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscw: "))
+        .and_then(|n| n.parse().ok())
 }
 
 #[test]
@@ -210,6 +251,14 @@ fn a_frozen_leaders_watchdog_stops_the_tree_with_a_stalled_stderr() {
 #[test]
 fn a_frozen_leaders_watchdog_stops_the_tree_with_a_closed_stderr() {
     frozen_leader_with(Stderr::Closed);
+}
+
+/// stderr a file at the size limit (`ulimit -f`, a log file that reached it): the watchdog's
+/// line fails with EFBIG and raises SIGXFSZ. Before, that signal's default action killed the
+/// watchdog right after it had stopped the tree, and a frozen leaderrun was left unguarded.
+#[test]
+fn a_frozen_leaders_watchdog_survives_a_stderr_file_at_the_size_limit() {
+    frozen_leader_with(Stderr::AtSizeLimit);
 }
 
 /// A free port on 127.0.0.1 (bound and let go: the test's replica binds it next).
