@@ -343,6 +343,78 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
     drop(leader);
 }
 
+/// A stderr in non-blocking mode (as a Node.js or Go parent leaves a pipe) with room for only
+/// part of a line longer than `PIPE_BUF` (here the first line, which names a COMMAND with a
+/// path of 3.9 KB): the pipe takes its head, and the rest is written once the reader reads.
+/// Before, the rest was dropped and the next line ran on from the head: one line torn, two
+/// records run together.
+#[test]
+fn a_line_a_non_blocking_stderr_takes_in_part_is_finished_not_torn() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let dir = vec!["d".repeat(200); 19].join("/");
+    std::fs::create_dir_all(scratch.file(&dir)).unwrap();
+    // Kept alive until the reader reads: leaderrun exits with it.
+    let script = scratch.child_script(&format!("{dir}/job"), "sleep 0.5");
+    let script = script.to_str().unwrap();
+    assert!(
+        script.len() > 3800 && script.len() < 4096,
+        "{}",
+        script.len()
+    );
+    let (read, write) = pipe(true);
+    // SAFETY: fcntl and read on descriptors we own.
+    unsafe {
+        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        // One page free: room for the head of a long line, not for all of it.
+        let mut page = [0u8; 4096];
+        assert_eq!(
+            libc::read(read.as_raw_fd(), page.as_mut_ptr().cast(), page.len()),
+            4096
+        );
+    }
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write));
+    let mut leader = Muted {
+        child: cmd.spawn().expect("spawn leaderrun"),
+        _reader: None,
+    };
+    drop(cmd);
+    // COMMAND runs: the first line was written as far as the pipe took it long before.
+    scratch.wait_starts(1, secs(10.0));
+    let mut out = Vec::new();
+    std::fs::File::from(read)
+        .read_to_end(&mut out)
+        .expect("read stderr");
+    assert_eq!(leader.wait_exit(secs(10.0)), Some(0));
+    let out = String::from_utf8_lossy(&out);
+    let lines: Vec<&str> = out.trim_start_matches('x').lines().collect();
+    let campaigning = lines
+        .iter()
+        .find(|l| l.contains("campaigning"))
+        .unwrap_or_else(|| panic!("no campaigning line in {lines:#?}"));
+    // Longer than the page the pipe had room for: written in two parts.
+    assert!(campaigning.len() > 4096, "{}", campaigning.len());
+    assert!(
+        campaigning.ends_with(&format!("command={script}")),
+        "{campaigning}"
+    );
+    for line in &lines {
+        let records = line.matches("Z  INFO ").count() + line.matches("Z  WARN ").count();
+        assert_eq!(records, 1, "one record a line: {line}");
+    }
+    assert!(
+        lines.iter().any(|l| l.contains("child exited")),
+        "{lines:#?}"
+    );
+}
+
 /// Reads `read` until the line that reports dropped log lines, at most `within`: that line.
 fn read_until_report(read: OwnedFd, within: Duration) -> String {
     let mut reader = std::fs::File::from(read);
