@@ -31,7 +31,13 @@ enum Stderr {
     Stalled,
     /// A pipe whose reader is gone: every write fails with EPIPE.
     Closed,
+    /// A regular file already at leaderrun's `RLIMIT_FSIZE`: every write fails with EFBIG,
+    /// and raises SIGXFSZ, whose default action ends the process.
+    AtSizeLimit,
 }
+
+/// [`Stderr::AtSizeLimit`]'s limit, in bytes, and what its file holds before leaderrun starts.
+const SIZE_LIMIT: u64 = 1024;
 
 /// A pipe `(read end, write end)`, full when `fill` (the write end is left blocking).
 fn pipe(fill: bool) -> (OwnedFd, OwnedFd) {
@@ -61,18 +67,35 @@ struct Muted {
 
 impl Muted {
     fn start(cluster: &Cluster, id: i32, interval: &str, stderr: Stderr, args: &[&str]) -> Muted {
-        let (read, write) = pipe(matches!(stderr, Stderr::Stalled));
-        let reader = match stderr {
-            Stderr::Stalled => Some(read),
-            Stderr::Closed => None,
-        };
         let mut cmd = leaderrun();
         cmd.args(["-v", "--dsn", &cluster.dsn(), "--lock-id", &id.to_string()])
             .args(["--check-interval", interval])
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(write));
+            .stdout(Stdio::null());
+        let reader = if let Stderr::AtSizeLimit = stderr {
+            let mut file = tempfile::tempfile().expect("a file for stderr");
+            file.write_all(&[b'x'; SIZE_LIMIT as usize]).unwrap();
+            let limit = libc::rlimit {
+                rlim_cur: SIZE_LIMIT,
+                rlim_max: SIZE_LIMIT,
+            };
+            // SAFETY: setrlimit only, async-signal-safe, between fork and exec.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            cmd.stderr(Stdio::from(file));
+            None
+        } else {
+            let (read, write) = pipe(matches!(stderr, Stderr::Stalled));
+            cmd.stderr(Stdio::from(write));
+            matches!(stderr, Stderr::Stalled).then_some(read)
+        };
         Muted {
             child: cmd.spawn().expect("spawn leaderrun"),
             _reader: reader,
@@ -178,6 +201,7 @@ fn frozen_leader_with(stderr: Stderr) {
     let watchdog = wait_for("the leader's watchdog", secs(5.0), || {
         watchdog_of(leader.pid())
     });
+    let writes_before = write_calls(watchdog);
     leader.signal(Signal::SIGSTOP);
     let frozen = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -198,8 +222,25 @@ fn frozen_leader_with(stderr: Stderr) {
         "stopped {:.3} s after the freeze",
         ended - frozen
     );
+    if let Stderr::AtSizeLimit = stderr {
+        // Its line written (or tried), and back waiting for messages, or dead of it.
+        wait_for("the watchdog's line", secs(5.0), || {
+            let wchan = std::fs::read_to_string(format!("/proc/{watchdog}/wchan")).ok()?;
+            (write_calls(watchdog)? > writes_before?
+                && (!alive(watchdog) || wchan.contains("poll")))
+            .then_some(())
+        });
+    }
     assert!(alive(watchdog), "the watchdog survived its own writes");
     leader.signal(Signal::SIGCONT);
+}
+
+/// The `write(2)` calls `pid` has made (`syscw` of `/proc/PID/io`).
+fn write_calls(pid: i32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscw: "))
+        .and_then(|n| n.parse().ok())
 }
 
 #[test]
@@ -210,6 +251,14 @@ fn a_frozen_leaders_watchdog_stops_the_tree_with_a_stalled_stderr() {
 #[test]
 fn a_frozen_leaders_watchdog_stops_the_tree_with_a_closed_stderr() {
     frozen_leader_with(Stderr::Closed);
+}
+
+/// stderr a file at the size limit (`ulimit -f`, a log file that reached it): the watchdog's
+/// line fails with EFBIG and raises SIGXFSZ. Before, that signal's default action killed the
+/// watchdog right after it had stopped the tree, and a frozen leaderrun was left unguarded.
+#[test]
+fn a_frozen_leaders_watchdog_survives_a_stderr_file_at_the_size_limit() {
+    frozen_leader_with(Stderr::AtSizeLimit);
 }
 
 /// A free port on 127.0.0.1 (bound and let go: the test's replica binds it next).
@@ -292,6 +341,78 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
     let reported = report_field(&line, "total");
     assert!(reported >= dropped, "{line}: counted {dropped} before");
     drop(leader);
+}
+
+/// A stderr in non-blocking mode (as a Node.js or Go parent leaves a pipe) with room for only
+/// part of a line longer than `PIPE_BUF` (here the first line, which names a COMMAND with a
+/// path of 3.9 KB): the pipe takes its head, and the rest is written once the reader reads.
+/// Before, the rest was dropped and the next line ran on from the head: one line torn, two
+/// records run together.
+#[test]
+fn a_line_a_non_blocking_stderr_takes_in_part_is_finished_not_torn() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let dir = vec!["d".repeat(200); 19].join("/");
+    std::fs::create_dir_all(scratch.file(&dir)).unwrap();
+    // Kept alive until the reader reads: leaderrun exits with it.
+    let script = scratch.child_script(&format!("{dir}/job"), "sleep 0.5");
+    let script = script.to_str().unwrap();
+    assert!(
+        script.len() > 3800 && script.len() < 4096,
+        "{}",
+        script.len()
+    );
+    let (read, write) = pipe(true);
+    // SAFETY: fcntl and read on descriptors we own.
+    unsafe {
+        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        // One page free: room for the head of a long line, not for all of it.
+        let mut page = [0u8; 4096];
+        assert_eq!(
+            libc::read(read.as_raw_fd(), page.as_mut_ptr().cast(), page.len()),
+            4096
+        );
+    }
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write));
+    let mut leader = Muted {
+        child: cmd.spawn().expect("spawn leaderrun"),
+        _reader: None,
+    };
+    drop(cmd);
+    // COMMAND runs: the first line was written as far as the pipe took it long before.
+    scratch.wait_starts(1, secs(10.0));
+    let mut out = Vec::new();
+    std::fs::File::from(read)
+        .read_to_end(&mut out)
+        .expect("read stderr");
+    assert_eq!(leader.wait_exit(secs(10.0)), Some(0));
+    let out = String::from_utf8_lossy(&out);
+    let lines: Vec<&str> = out.trim_start_matches('x').lines().collect();
+    let campaigning = lines
+        .iter()
+        .find(|l| l.contains("campaigning"))
+        .unwrap_or_else(|| panic!("no campaigning line in {lines:#?}"));
+    // Longer than the page the pipe had room for: written in two parts.
+    assert!(campaigning.len() > 4096, "{}", campaigning.len());
+    assert!(
+        campaigning.ends_with(&format!("command={script}")),
+        "{campaigning}"
+    );
+    for line in &lines {
+        let records = line.matches("Z  INFO ").count() + line.matches("Z  WARN ").count();
+        assert_eq!(records, 1, "one record a line: {line}");
+    }
+    assert!(
+        lines.iter().any(|l| l.contains("child exited")),
+        "{lines:#?}"
+    );
 }
 
 /// Reads `read` until the line that reports dropped log lines, at most `within`: that line.

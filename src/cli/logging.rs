@@ -11,7 +11,9 @@
 //! ([`QUEUE_LINES`]) without waiting, and written to descriptor 2 by a thread of its own. A line
 //! that finds the queue full, or whose write fails (stderr closed, its reader gone), is
 //! dropped and counted ([`dropped_lines`], `leaderrun_log_lines_dropped_total` in `/metrics`);
-//! once a write goes through again, one WARN line says how many were lost. At exit
+//! once a write goes through again, one WARN line says how many were lost. A stderr in
+//! non-blocking mode fails a line with EAGAIN (dropped and counted too), but a line it took in
+//! part is finished, not torn ([`write_all_fd2`]). At exit
 //! [`finish`] waits for the queue to drain for at most [`EXIT_FLUSH`], then leaves what is left.
 //!
 //! The queue and its thread start with the first line, not with [`init`]: a one-shot that has
@@ -126,12 +128,24 @@ fn pending() -> u64 {
 
 /// Writes all of `buf` to descriptor 2 (blocking: only the writer thread calls it); false on
 /// any error, a closed descriptor included (which std's stderr would report as written).
+///
+/// A stderr left in non-blocking mode by the parent (`O_NONBLOCK` on a description it shares,
+/// as a Node.js or Go parent leaves a pipe) fails a write that finds it full with EAGAIN: a
+/// line none of which went out is dropped, as on any failed write. A line part of which went
+/// out (a pipe takes a line longer than `PIPE_BUF` in part) is finished once stderr takes
+/// bytes again, as a blocking stderr would have it: dropped there, its head would run into the
+/// next line.
 fn write_all_fd2(mut buf: &[u8]) -> bool {
+    let mut started = false;
     while !buf.is_empty() {
         // SAFETY: write(2) from a live buffer of the given length.
         let n = unsafe { libc::write(2, buf.as_ptr().cast(), buf.len()) };
         if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if started && err.kind() == std::io::ErrorKind::WouldBlock && wait_writable_fd2() {
                 continue;
             }
             return false;
@@ -140,8 +154,30 @@ fn write_all_fd2(mut buf: &[u8]) -> bool {
             return false;
         }
         buf = &buf[n as usize..];
+        started = true;
     }
     true
+}
+
+/// Waits until descriptor 2 takes bytes again (the writer thread only, which may wait on
+/// stderr); false when it never will (an error or a hang-up on it).
+fn wait_writable_fd2() -> bool {
+    loop {
+        let mut fd = libc::pollfd {
+            fd: 2,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, valid for the call.
+        let ready = unsafe { libc::poll(&mut fd, 1, -1) };
+        if ready < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return false;
+        }
+        return fd.revents & libc::POLLOUT != 0;
+    }
 }
 
 /// The queue, started by the first line that needs it: the bounded queue and the thread that
