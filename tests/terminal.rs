@@ -74,14 +74,26 @@ impl Pane {
     }
 
     fn wait_screen(&self, needle: &str, count: usize) -> String {
+        let last = std::cell::RefCell::new(String::new());
+        let _dump = DumpOnPanic(&last);
         wait_for(
             &format!("{count}× {needle:?} on the screen"),
             secs(10.0),
             || {
                 let screen = self.screen();
+                *last.borrow_mut() = screen.clone();
                 (screen.matches(needle).count() >= count).then_some(screen)
             },
         )
+    }
+}
+
+struct DumpOnPanic<'a>(&'a std::cell::RefCell<String>);
+impl Drop for DumpOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("SCREEN:\n{}", self.0.borrow());
+        }
     }
 }
 
@@ -674,6 +686,69 @@ fn with_pid_namespace_ctrl_z_and_fg_and_ctrl_c_work_as_without_it() {
     pane.key("C-c");
     wait_for("leaderrun to exit", secs(5.0), || {
         (!alive(leaderrun) && !alive(init) && !alive(child)).then_some(())
+    });
+    pane.type_line("echo \"r\"\"c=$?\"");
+    pane.wait_screen("rc=130", 1);
+}
+
+/// The parent of `pid`, from its stat.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+}
+
+/// COMMAND a job-control shell (`sh -c 'set -m; …'`, `bash -i`) hands the terminal on to a
+/// group of its own jobs. Once its tree is gone (here: a demotion), leaderrun takes the
+/// terminal back and the next term's child gets it. Before, leaderrun took it back only from
+/// the child's own group: the terminal stayed with the dead job's group, so Ctrl-C reached
+/// nobody while standby, and the next child started in the background and stopped on the
+/// terminal, and leaderrun with it.
+#[test]
+fn a_terminal_the_child_handed_on_comes_back_when_its_tree_is_gone() {
+    let scratch = Scratch::new();
+    // A helper in the child's group records the SIGWINCH leaderrun passes on.
+    let child = scratch.child_script(
+        "child.sh",
+        "(trap 'echo winch >> \"$EVENTS\"' WINCH; while :; do sleep 0.05; done) &\n\
+         set -m\nsleep 600\ntrue",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line(&leaderrun_line(&format!("-- {}", child.display())));
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![first.ppid]);
+    // A group of the child's tree, neither leaderrun's nor the child's, has the terminal.
+    let tree_has_the_terminal = |child: i32| {
+        let (foreground, _) = foreground_and_group(child)?;
+        (foreground == child || parent_of(foreground) == Some(child)).then_some(foreground)
+    };
+    let inner = wait_for("the child's job to have the terminal", secs(10.0), || {
+        tree_has_the_terminal(first.pid).filter(|&fg| fg != first.pid)
+    });
+    // leaderrun looks at the terminal after a SIGCONT, and handles a SIGWINCH that came after
+    // it later (its signals are taken in order of number): once the child has the SIGWINCH,
+    // leaderrun has seen the job's group in the foreground (before, that look took the job
+    // for one in the background, and nothing was taken back).
+    let leaderrun = nix::unistd::Pid::from_raw(first.ppid);
+    nix::sys::signal::kill(leaderrun, nix::sys::signal::Signal::SIGCONT).unwrap();
+    nix::sys::signal::kill(leaderrun, nix::sys::signal::Signal::SIGWINCH).unwrap();
+    wait_for("the child to get the SIGWINCH", secs(10.0), || {
+        scratch.events().contains(&"winch".to_owned()).then_some(())
+    });
+    Cluster::shared().terminate_backend(first.backend_pid);
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    wait_for(
+        "the next term's child (or its job) to have the terminal",
+        secs(10.0),
+        || {
+            assert_ne!(state(first.ppid), Some('T'), "leaderrun stopped");
+            tree_has_the_terminal(second.pid)
+        },
+    );
+    assert!(!alive(inner), "the first term's job outlived its tree");
+    // The terminal's Ctrl-C ends the job as it would without leaderrun.
+    pane.key("C-c");
+    wait_for("leaderrun to exit", secs(10.0), || {
+        (!alive(first.ppid)).then_some(())
     });
     pane.type_line("echo \"r\"\"c=$?\"");
     pane.wait_screen("rc=130", 1);
