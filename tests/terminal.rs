@@ -753,3 +753,65 @@ fn a_terminal_the_child_handed_on_comes_back_when_its_tree_is_gone() {
     pane.type_line("echo \"r\"\"c=$?\"");
     pane.wait_screen("rc=130", 1);
 }
+
+/// `leaderrun -- job | cat`, or a script that runs leaderrun: Ctrl-Z reaches only the child's
+/// group, which has the terminal, so leaderrun stops the rest of its own group (the pipeline's
+/// `cat`, the script's shell) with it, as the terminal stops a whole job without leaderrun.
+/// Before, they ran on, the shell (which shows a job stopped only once none of its processes
+/// runs) went on waiting with leaderrun stopped, and the prompt never came back.
+#[test]
+fn ctrl_z_stops_the_whole_job_leaderrun_is_in() {
+    for wrapped in [false, true] {
+        let scratch = Scratch::new();
+        let child = scratch.child_script(
+            "child.sh",
+            "while :; do echo tick >> \"$EVENTS\"; sleep 0.05; done",
+        );
+        let pane = Pane::start(&scratch);
+        // A longer interval: the job stays stopped well within the term's safe window, and
+        // `fg` continues the same child.
+        let line = leaderrun_line(&format!("-- {}", child.display())).replacen(
+            "--check-interval 200ms",
+            "--check-interval 2s",
+            1,
+        );
+        if wrapped {
+            let script = scratch.file("run.sh");
+            std::fs::write(&script, format!("{line}\necho \"wrap\"\"per-done\"\n")).unwrap();
+            pane.type_line(&format!("sh {}", script.display()));
+        } else {
+            pane.type_line(&format!("{line} | cat"));
+        }
+        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+        let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        // The pipeline's group is leaderrun's pid; the script's, the shell's.
+        let (_, job) = foreground_and_group(start.ppid).unwrap();
+        let other = wait_for("the other process of leaderrun's group", secs(5.0), || {
+            std::fs::read_dir("/proc")
+                .ok()?
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .find(|&pid| {
+                    pid != start.ppid
+                        && foreground_and_group(pid).is_some_and(|(_, group)| group == job)
+                })
+        });
+        pane.key("C-z");
+        pane.wait_screen("Stopped", 1);
+        assert_eq!(state(other), Some('T'), "wrapped {wrapped}: it ran on");
+        assert_eq!(state(start.ppid), Some('T'));
+        pane.type_line("fg");
+        let ticks = scratch.events().len();
+        wait_for("the child to tick again", secs(5.0), || {
+            (scratch.events().len() > ticks + 2).then_some(())
+        });
+        assert_eq!(scratch.starts().len(), 1);
+        pane.key("C-c");
+        wait_for("the job to end", secs(10.0), || {
+            (!alive(start.ppid) && !alive(other) && !alive(start.pid)).then_some(())
+        });
+        // The shell has the terminal back.
+        pane.type_line("echo \"af\"\"ter-$((40+2))\"");
+        pane.wait_screen("after-42", 1);
+    }
+}

@@ -266,6 +266,23 @@ fn group_is_in_own_tree(group: Pid) -> bool {
         .any(descends)
 }
 
+/// Stops the other members of leaderrun's process group (the rest of a pipeline:
+/// `leaderrun -- job | less`) with `sig`, the signal that stopped the child: the terminal's
+/// Ctrl-Z, or the kernel's SIGTTIN, reaches a whole job, but while the child's group has the
+/// terminal only it gets the signal. A shell shows a job stopped only once none of its
+/// processes runs: without this, leaderrun stopped itself and the shell waited on for the
+/// rest of the pipeline, the prompt never came back, and the term ran out while stopped.
+/// leaderrun and its own children (the watchdog, a PID namespace's init) are left out.
+pub fn stop_rest_of_own_group(sig: nix::sys::signal::Signal) {
+    let me = std::process::id() as i32;
+    let group = getpgrp().as_raw();
+    for pid in all_pids().filter(|&pid| pid != me) {
+        if parent_and_group(pid).is_some_and(|(parent, g)| g == group && parent != me) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+        }
+    }
+}
+
 /// Whether leaderrun's process group is orphaned (POSIX: no member has a parent in another
 /// group of the same session), read from `/proc`: then no shell can continue it, and a job
 /// control stop would last for good (the kernel discards SIGTSTP, SIGTTIN and SIGTTOU for such a
