@@ -74,14 +74,26 @@ impl Pane {
     }
 
     fn wait_screen(&self, needle: &str, count: usize) -> String {
+        let last = std::cell::RefCell::new(String::new());
+        let _dump = DumpOnPanic(&last);
         wait_for(
             &format!("{count}× {needle:?} on the screen"),
             secs(10.0),
             || {
                 let screen = self.screen();
+                *last.borrow_mut() = screen.clone();
                 (screen.matches(needle).count() >= count).then_some(screen)
             },
         )
+    }
+}
+
+struct DumpOnPanic<'a>(&'a std::cell::RefCell<String>);
+impl Drop for DumpOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("SCREEN:\n{}", self.0.borrow());
+        }
     }
 }
 
@@ -677,4 +689,129 @@ fn with_pid_namespace_ctrl_z_and_fg_and_ctrl_c_work_as_without_it() {
     });
     pane.type_line("echo \"r\"\"c=$?\"");
     pane.wait_screen("rc=130", 1);
+}
+
+/// The parent of `pid`, from its stat.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+}
+
+/// COMMAND a job-control shell (`sh -c 'set -m; …'`, `bash -i`) hands the terminal on to a
+/// group of its own jobs. Once its tree is gone (here: a demotion), leaderrun takes the
+/// terminal back and the next term's child gets it. Before, leaderrun took it back only from
+/// the child's own group: the terminal stayed with the dead job's group, so Ctrl-C reached
+/// nobody while standby, and the next child started in the background and stopped on the
+/// terminal, and leaderrun with it.
+#[test]
+fn a_terminal_the_child_handed_on_comes_back_when_its_tree_is_gone() {
+    let scratch = Scratch::new();
+    // A helper in the child's group records the SIGWINCH leaderrun passes on.
+    let child = scratch.child_script(
+        "child.sh",
+        "(trap 'echo winch >> \"$EVENTS\"' WINCH; while :; do sleep 0.05; done) &\n\
+         set -m\nsleep 600\ntrue",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line(&leaderrun_line(&format!("-- {}", child.display())));
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![first.ppid]);
+    // A group of the child's tree, neither leaderrun's nor the child's, has the terminal.
+    let tree_has_the_terminal = |child: i32| {
+        let (foreground, _) = foreground_and_group(child)?;
+        (foreground == child || parent_of(foreground) == Some(child)).then_some(foreground)
+    };
+    let inner = wait_for("the child's job to have the terminal", secs(10.0), || {
+        tree_has_the_terminal(first.pid).filter(|&fg| fg != first.pid)
+    });
+    // leaderrun looks at the terminal after a SIGCONT, and handles a SIGWINCH that came after
+    // it later (its signals are taken in order of number): once the child has the SIGWINCH,
+    // leaderrun has seen the job's group in the foreground (before, that look took the job
+    // for one in the background, and nothing was taken back).
+    let leaderrun = nix::unistd::Pid::from_raw(first.ppid);
+    nix::sys::signal::kill(leaderrun, nix::sys::signal::Signal::SIGCONT).unwrap();
+    nix::sys::signal::kill(leaderrun, nix::sys::signal::Signal::SIGWINCH).unwrap();
+    wait_for("the child to get the SIGWINCH", secs(10.0), || {
+        scratch.events().contains(&"winch".to_owned()).then_some(())
+    });
+    Cluster::shared().terminate_backend(first.backend_pid);
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    wait_for(
+        "the next term's child (or its job) to have the terminal",
+        secs(10.0),
+        || {
+            assert_ne!(state(first.ppid), Some('T'), "leaderrun stopped");
+            tree_has_the_terminal(second.pid)
+        },
+    );
+    assert!(!alive(inner), "the first term's job outlived its tree");
+    // The terminal's Ctrl-C ends the job as it would without leaderrun.
+    pane.key("C-c");
+    wait_for("leaderrun to exit", secs(10.0), || {
+        (!alive(first.ppid)).then_some(())
+    });
+    pane.type_line("echo \"r\"\"c=$?\"");
+    pane.wait_screen("rc=130", 1);
+}
+
+/// `leaderrun -- job | cat`, or a script that runs leaderrun: Ctrl-Z reaches only the child's
+/// group, which has the terminal, so leaderrun stops the rest of its own group (the pipeline's
+/// `cat`, the script's shell) with it, as the terminal stops a whole job without leaderrun.
+/// Before, they ran on, the shell (which shows a job stopped only once none of its processes
+/// runs) went on waiting with leaderrun stopped, and the prompt never came back.
+#[test]
+fn ctrl_z_stops_the_whole_job_leaderrun_is_in() {
+    for wrapped in [false, true] {
+        let scratch = Scratch::new();
+        let child = scratch.child_script(
+            "child.sh",
+            "while :; do echo tick >> \"$EVENTS\"; sleep 0.05; done",
+        );
+        let pane = Pane::start(&scratch);
+        // A longer interval: the job stays stopped well within the term's safe window, and
+        // `fg` continues the same child.
+        let line = leaderrun_line(&format!("-- {}", child.display())).replacen(
+            "--check-interval 200ms",
+            "--check-interval 2s",
+            1,
+        );
+        if wrapped {
+            let script = scratch.file("run.sh");
+            std::fs::write(&script, format!("{line}\necho \"wrap\"\"per-done\"\n")).unwrap();
+            pane.type_line(&format!("sh {}", script.display()));
+        } else {
+            pane.type_line(&format!("{line} | cat"));
+        }
+        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+        let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        // The pipeline's group is leaderrun's pid; the script's, the shell's.
+        let (_, job) = foreground_and_group(start.ppid).unwrap();
+        let other = wait_for("the other process of leaderrun's group", secs(5.0), || {
+            std::fs::read_dir("/proc")
+                .ok()?
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .find(|&pid| {
+                    pid != start.ppid
+                        && foreground_and_group(pid).is_some_and(|(_, group)| group == job)
+                })
+        });
+        pane.key("C-z");
+        pane.wait_screen("Stopped", 1);
+        assert_eq!(state(other), Some('T'), "wrapped {wrapped}: it ran on");
+        assert_eq!(state(start.ppid), Some('T'));
+        pane.type_line("fg");
+        let ticks = scratch.events().len();
+        wait_for("the child to tick again", secs(5.0), || {
+            (scratch.events().len() > ticks + 2).then_some(())
+        });
+        assert_eq!(scratch.starts().len(), 1);
+        pane.key("C-c");
+        wait_for("the job to end", secs(10.0), || {
+            (!alive(start.ppid) && !alive(other) && !alive(start.pid)).then_some(())
+        });
+        // The shell has the terminal back.
+        pane.type_line("echo \"af\"\"ter-$((40+2))\"");
+        pane.wait_screen("after-42", 1);
+    }
 }

@@ -138,26 +138,44 @@ impl Terminal {
             return false;
         };
         let own = foreground == self.own_group;
-        let job = own || child == Some(foreground);
+        // A group the child's tree made and handed the terminal to (COMMAND a job-control
+        // shell: `bash -i`, `sh -c 'set -m; …'`) is the job's too.
+        let job = own
+            || child == Some(foreground)
+            || (child.is_some() && group_is_in_own_tree(foreground));
         self.in_foreground
             .store(job, std::sync::atomic::Ordering::Relaxed);
         own
     }
 
     /// Makes leaderrun's own group the foreground group again when `child_group` (a group we
-    /// handed it to) has it; never takes it from the shell after `bg`. Whether it took it back
-    /// (the child's group had it, and handing it back worked).
+    /// handed it to) has it, or, while leaderrun's job had the terminal, a group the child's
+    /// tree handed it on to (COMMAND a job-control shell), alive or gone with the tree; never
+    /// takes it from the shell after `bg`. Left with a gone group, the terminal's Ctrl-C and
+    /// Ctrl-Z would reach nobody and the next term's child would start in the background.
+    /// Whether it took it back (the job's group had it, and handing it back worked).
     pub fn take_back(&self, child_group: Pid) -> bool {
-        if tcgetpgrp(self.tty.as_fd()).is_ok_and(|g| g == child_group) {
-            return match tcsetpgrp(self.tty.as_fd(), self.own_group) {
-                Ok(()) => true,
-                Err(err) => {
-                    debug!("cannot take the terminal back: {err}");
-                    false
-                }
-            };
+        let Ok(foreground) = tcgetpgrp(self.tty.as_fd()) else {
+            return false;
+        };
+        let ours = foreground == child_group
+            || (foreground != self.own_group
+                && self.job_in_foreground()
+                && (group_is_gone(foreground) || group_is_in_own_tree(foreground)));
+        if !ours {
+            return false;
         }
-        false
+        match tcsetpgrp(self.tty.as_fd(), self.own_group) {
+            Ok(()) => {
+                self.in_foreground
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                true
+            }
+            Err(err) => {
+                debug!("cannot take the terminal back: {err}");
+                false
+            }
+        }
     }
 
     /// Once a child that had the foreground is gone, does with the terminal's modes what a
@@ -194,6 +212,74 @@ impl Terminal {
         unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::ERROR) }
             .ok()
             .map(Hangup)
+    }
+}
+
+/// Whether no process is left in `group` (`kill(-group, 0)` finds none).
+fn group_is_gone(group: Pid) -> bool {
+    nix::sys::signal::killpg(group, None) == Err(nix::errno::Errno::ESRCH)
+}
+
+/// (parent, process group) of the process `pid`, from `/proc`.
+fn parent_and_group(pid: i32) -> Option<(i32, i32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = text.rsplit_once(") ")?.1.split(' ').skip(1);
+    Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+}
+
+/// The pids `/proc` lists (empty when it cannot be read).
+fn all_pids() -> impl Iterator<Item = i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+}
+
+/// Whether a member of `group` descends from leaderrun (orphans of COMMAND are re-parented to
+/// it), read from `/proc`: the group is one COMMAND's tree made. A scan of every process:
+/// called only when the foreground is neither leaderrun's group nor the child's.
+fn group_is_in_own_tree(group: Pid) -> bool {
+    let me = std::process::id() as i32;
+    let descends = |mut pid: i32| {
+        // Bounded: a parent chain read while processes come and go may loop.
+        for _ in 0..256 {
+            let Some((parent, _)) = parent_and_group(pid) else {
+                return false;
+            };
+            if parent == me {
+                return true;
+            }
+            if parent <= 1 {
+                return false;
+            }
+            pid = parent;
+        }
+        false
+    };
+    // The group's leader is usually there to ask first.
+    if parent_and_group(group.as_raw()).is_some_and(|(_, g)| g == group.as_raw()) {
+        return descends(group.as_raw());
+    }
+    all_pids()
+        .filter(|&pid| parent_and_group(pid).is_some_and(|(_, g)| g == group.as_raw()))
+        .any(descends)
+}
+
+/// Stops the other members of leaderrun's process group (the rest of a pipeline:
+/// `leaderrun -- job | less`) with `sig`, the signal that stopped the child: the terminal's
+/// Ctrl-Z, or the kernel's SIGTTIN, reaches a whole job, but while the child's group has the
+/// terminal only it gets the signal. A shell shows a job stopped only once none of its
+/// processes runs: without this, leaderrun stopped itself and the shell waited on for the
+/// rest of the pipeline, the prompt never came back, and the term ran out while stopped.
+/// leaderrun and its own children (the watchdog, a PID namespace's init) are left out.
+pub fn stop_rest_of_own_group(sig: nix::sys::signal::Signal) {
+    let me = std::process::id() as i32;
+    let group = getpgrp().as_raw();
+    for pid in all_pids().filter(|&pid| pid != me) {
+        if parent_and_group(pid).is_some_and(|(parent, g)| g == group && parent != me) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+        }
     }
 }
 

@@ -542,6 +542,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         );
         if let Some(terminal) = &self.terminal {
             terminal.take_back(Pid::from_raw(pid as i32));
+            // The rest of a pipeline stops with it, as the whole job would without leaderrun.
+            crate::process::terminal::stop_rest_of_own_group(sig);
         }
         self.suspend();
         self.resume_child();
