@@ -132,6 +132,11 @@ pub fn man_page() -> Vec<u8> {
     );
 
     section(&mut roff, "ENVIRONMENT");
+    paragraph(
+        &mut roff,
+        "An option given on the command line wins over its variable. An empty variable is no \
+         setting: LEADERRUN_SCHEDULE= leaves --schedule unset (COMMAND still gets it as it came).",
+    );
     for arg in command.get_arguments() {
         if let Some(env) = arg.get_env() {
             let flag = arg.get_long().map(|l| format!("--{l}")).unwrap_or_default();
@@ -158,7 +163,7 @@ pub fn man_page() -> Vec<u8> {
     for (sig, text) in [
         ("INT, TERM", "Passed on to COMMAND's process group, then shutdown: grace, SIGKILL, pg_advisory_unlock, exit with COMMAND's status (0 as a standby). A second one while stopping sends SIGKILL at once."),
         ("HUP, QUIT, USR1, USR2, WINCH, ALRM", "Passed on to COMMAND's process group; ignored while standby."),
-        ("TSTP", "Passed on; when COMMAND stops, leaderrun stops itself so the shell shows the job stopped; fg resumes both."),
+        ("TSTP", "Passed on; when COMMAND stops, leaderrun stops the rest of its own job (a pipeline's other commands, the script that runs it) and itself, so the shell shows the job stopped; fg resumes both."),
         ("PIPE", "Ignored."),
         ("CHLD", "Reaps: leaderrun is a child subreaper (or PID 1) and reaps every orphan."),
     ] {
@@ -170,7 +175,8 @@ pub fn man_page() -> Vec<u8> {
          the child's group gets it. A stop sends the stop signal and SIGCONT to the group and to adopted \
          orphans, then SIGKILL after the grace. On shutdown the INT or TERM received is passed on instead \
          of the stop signal. A signal that was ignored when leaderrun started (nohup) stays ignored and \
-         is not passed on. The child gets PR_SET_PDEATHSIG(SIGKILL).",
+         is not passed on; COMMAND inherits it ignored (SIGPIPE and SIGCHLD included). The child gets \
+         PR_SET_PDEATHSIG(SIGKILL).",
     );
 
     section(&mut roff, "SAFETY");
