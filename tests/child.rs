@@ -871,3 +871,56 @@ fn without_proc_a_stop_does_not_wait_for_the_watchdog() {
     assert!(!log.contains("still running"), "{log}");
     assert_eq!(log.matches("no /proc").count(), 1, "{log}");
 }
+
+/// PID 1 of a namespace that has no procfs of its own (`unshare --pid --fork` without
+/// `--mount-proc`, as the README's own `--kill-child` recipe runs it) reads the machine's pids
+/// in `/proc`: its main child and its watchdog looked like orphans that never end, and an
+/// orphan's signals went to a pid that is not it. Every stop waited out the grace and 5 s
+/// after SIGKILL, and an orphan of COMMAND that left its group was never signalled at all, so
+/// it outlived the stop. Now the pids are translated: the orphan gets the stop signal and the
+/// run ends with it.
+#[test]
+fn as_pid_1_with_the_machines_proc_orphans_are_stopped() {
+    const TEST: &str = "child::as_pid_1_with_the_machines_proc_orphans_are_stopped";
+    if !nix::unistd::geteuid().is_root() {
+        return crate::support::cluster::skip(TEST, "needs root for a PID namespace");
+    }
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    // The orphan leaves the group, says it is up, and records the stop signal when it comes;
+    // COMMAND exits once it is up, so the orphan is re-parented to leaderrun (PID 1).
+    let script = scratch.child_script(
+        "child.sh",
+        "export EVENTS\n\
+         setsid sh -c 'trap \"echo orphan TERM >> \\\"$EVENTS\\\"; exit 0\" TERM; \
+           echo orphan up >> \"$EVENTS\"; while :; do sleep 0.1; done' &\n\
+         n=0; while [ $n -lt 100 ] && ! grep -q 'orphan up' \"$EVENTS\"; do n=$((n+1)); sleep 0.05; done",
+    );
+    let mut cmd = std::process::Command::new("unshare");
+    crate::support::default_signals(&mut cmd);
+    crate::support::clear_settings_env(&mut cmd);
+    cmd.args(["--pid", "--fork"])
+        .arg(env!("CARGO_BIN_EXE_leaderrun"))
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .args(["--once", "--grace", "20s", "--", script.to_str().unwrap()]);
+    let mut run = Replica::spawn(cmd);
+    let status = run.wait_exit(secs(40.0));
+    let log = run.log();
+    let events = scratch.events();
+    assert!(
+        events.contains(&"orphan up".to_owned()),
+        "{events:?}\n{log}"
+    );
+    assert!(
+        events.contains(&"orphan TERM".to_owned()),
+        "the orphan never got the stop signal: {events:?}\n{log}"
+    );
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains("still running"), "{log}");
+    assert!(!log.contains("still there"), "{log}");
+}

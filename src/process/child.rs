@@ -55,6 +55,7 @@ use tracing::{debug, warn};
 use crate::process::cgroup::Cgroup;
 use crate::process::group;
 use crate::process::pidns::{self, PidNamespace, Report};
+use crate::process::procfs;
 
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -440,17 +441,26 @@ fn children_of(tasks: &str, skip: Option<Pid>) -> Option<Vec<Pid>> {
         read_any = true;
         out.extend(
             list.split_ascii_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok())
-                .filter(|&p| p != skip)
-                .map(Pid::from_raw),
+                .filter_map(|p| p.parse::<i32>().ok()),
         );
     }
-    read_any.then_some(out)
+    if !read_any {
+        return None;
+    }
+    // The lists name processes as the procfs's namespace does, which need not be ours.
+    let out = procfs::to_own(out)?;
+    Some(
+        out.into_iter()
+            .filter(|&p| p != skip)
+            .map(Pid::from_raw)
+            .collect(),
+    )
 }
 
-/// Whether a procfs is mounted on `/proc` (this process's own directory is there).
+/// Whether a procfs that can name this process's children is mounted on `/proc`: this PID
+/// namespace's, or another's whose pids translate ([`procfs::view`]).
 fn procfs_mounted() -> bool {
-    std::path::Path::new("/proc/self/stat").exists()
+    procfs::view() != procfs::View::None
 }
 
 /// Says once per process that without `/proc` the tree is its process group and its main
@@ -459,9 +469,9 @@ fn warn_once_without_procfs() {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
         tracing::warn!(
-            "no /proc: processes of COMMAND that leave its process group (setsid) cannot be \
-             found, so they are neither stopped nor waited for (mount /proc to have them \
-             stopped too)"
+            "no /proc that names this PID namespace's processes: processes of COMMAND that \
+             leave its process group (setsid) cannot be found, so they are neither stopped nor \
+             waited for (mount /proc to have them stopped too)"
         );
     });
 }
@@ -1147,7 +1157,9 @@ fn await_exec(
     Ok(Init {
         reports,
         reaped: false,
-        tasks: format!("/proc/{pid}/task"),
+        // Where the init cannot be found in /proc, a path that names nothing: its children
+        // are then unknown, never another process's.
+        tasks: procfs::child_dir(pid.as_raw()).map_or_else(String::new, |dir| dir + "/task"),
     })
 }
 

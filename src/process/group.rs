@@ -12,10 +12,14 @@ use nix::unistd::Pid;
 
 use crate::elector::boottime;
 
-/// The members of process group `pgid` that are not zombies (`None` without `/proc`: then
-/// every member counts). Once leaderrun is gone its tree's zombies belong to whoever
+/// The members of process group `pgid` that are not zombies (`None` without `/proc`, or with
+/// another PID namespace's: then every member counts). Once leaderrun is gone its tree's zombies belong to whoever
 /// inherited them, which may reap them late; they run nothing.
 pub(crate) fn live_members(pgid: i32) -> Option<Vec<i32>> {
+    // Another namespace's procfs lists pids that are not ours: none would match.
+    if !crate::process::procfs::own() {
+        return None;
+    }
     let dir = std::fs::read_dir("/proc").ok()?;
     Some(
         dir.flatten()
@@ -120,6 +124,10 @@ pub(crate) fn wait_exits(pgid: i32, members: &[i32], deadline: Duration) -> Opti
 
 /// Whether `pid` is a process that is not a zombie (a pid that is gone is not).
 pub(crate) fn is_live(pid: i32) -> bool {
+    // Where /proc/PID is another process (another namespace's procfs), a zombie counts.
+    if !crate::process::procfs::own() {
+        return nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok();
+    }
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rsplit_once(") ")
             .is_some_and(|(_, rest)| !matches!(rest.split(' ').next(), Some("Z") | Some("X")))

@@ -13,6 +13,7 @@ pub mod descriptors;
 pub mod group;
 pub mod memory;
 pub mod pidns;
+pub mod procfs;
 pub mod signals;
 pub(crate) mod spawn;
 pub mod terminal;

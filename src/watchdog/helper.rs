@@ -512,7 +512,12 @@ impl Escaped {
     fn scan(&mut self, tree: i32, cgroup: Option<&Cgroup>) {
         self.next_scan = now_ns().saturating_add(ESCAPE_SCAN_NS);
         self.known.retain(|(_, pidfd)| !exited(pidfd));
-        if self.root == 0 || nix::unistd::getppid().as_raw() != self.root {
+        // A procfs of another PID namespace names other processes by our pids: `/proc/1`
+        // would be the machine's init, not leaderrun as PID 1 of a namespace.
+        if self.root == 0
+            || nix::unistd::getppid().as_raw() != self.root
+            || !crate::process::procfs::own()
+        {
             return;
         }
         let members = |c: &Cgroup| -> Vec<i32> { c.pids().into_iter().map(Pid::as_raw).collect() };
