@@ -26,6 +26,9 @@ fn main() -> ExitCode {
     // leaderrun that runs short later cannot see COMMAND's tree gone
     // (docs/process-model.md#enough-descriptors). Said once the log exists.
     let descriptors = leaderrun::process::descriptors::reserve();
+    // Children the program that exec'd us left (`sidecar & exec leaderrun`) are not COMMAND's:
+    // known before anything of ours runs, and kept by the watchdog forked next.
+    leaderrun::process::inherited::record();
     // The run mode's watchdog is forked first, before the parse, while the process is at its
     // smallest: nothing that start-up writes later is a page it shares with the watchdog, so
     // neither pays a copy-on-write fault for it (docs/process-model.md#the-watchdog). It needs

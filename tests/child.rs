@@ -109,6 +109,117 @@ fn kill_9_of_leaderrun_also_ends_a_grandchild_that_called_setsid() {
     );
 }
 
+/// `sh -c 'sidecar & exec leaderrun … -- job'` with `args` after `leaderrun`: the sidecar, a
+/// child of leaderrun from its first instruction, records its pid (`sidecar PID`) and a TERM
+/// (`sidecar-term`) in `scratch`'s events; its stdio is `/dev/null`, so it holds none of the
+/// replica's pipes.
+fn with_sidecar(scratch: &Scratch, args: &[&str]) -> Replica {
+    let sidecar = scratch.file("sidecar.sh");
+    std::fs::write(
+        &sidecar,
+        format!(
+            "EVENTS='{}'\necho \"sidecar $$\" >> \"$EVENTS\"\n\
+             trap 'echo sidecar-term >> \"$EVENTS\"; exit 0' TERM\n\
+             while :; do sleep 0.05; done\n",
+            scratch.file("events").display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = std::process::Command::new("sh");
+    crate::support::default_signals(&mut cmd);
+    crate::support::clear_settings_env(&mut cmd);
+    cmd.arg("-c")
+        .arg("sh \"$0\" </dev/null >/dev/null 2>&1 & exec \"$@\"")
+        .arg(&sidecar)
+        .arg(crate::support::bin())
+        .args(args);
+    Replica::spawn(cmd)
+}
+
+/// A child leaderrun was handed by the program that exec'd it (`sh -c 'sidecar & exec
+/// leaderrun …'`, a common container entrypoint) is not COMMAND's: not stopped when COMMAND
+/// ends, nor by the watchdog when leaderrun is killed, while COMMAND's own escaped grandchild
+/// still is. Before, both took it for an orphan of COMMAND's tree and sent it the stop signal.
+#[test]
+fn a_child_leaderrun_was_handed_at_start_is_not_commands() {
+    let cluster = Cluster::shared();
+    // After the run: the sidecar never got the stop signal and runs on; then it is ended.
+    let sidecar_survived = |scratch: &Scratch| {
+        let sidecar = scratch.recorded_pid("sidecar ");
+        let events = scratch.events();
+        assert!(
+            !events.iter().any(|l| l == "sidecar-term"),
+            "the sidecar got the stop signal: {events:?}"
+        );
+        assert!(alive(sidecar), "the sidecar {sidecar} was killed");
+        let _ = kill(Pid::from_raw(sidecar), Signal::SIGKILL);
+    };
+
+    // A one-shot: COMMAND's end, and leaderrun's exit, leave the sidecar alone.
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "sleep 0.2");
+    let id = unique_lock_id().to_string();
+    let mut once = with_sidecar(
+        &scratch,
+        &[
+            "--once",
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id,
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    let status = once.wait_exit(secs(10.0));
+    assert_eq!(status.code(), Some(0), "{}", once.log());
+    sidecar_survived(&scratch);
+
+    // leaderrun killed while leading: the watchdog kills COMMAND's tree, its escaped
+    // grandchild included, and leaves the sidecar alone. Once the watchdog holds the escaped
+    // grandchild, it has walked leaderrun's children with the sidecar among them.
+    let scratch = Scratch::new();
+    let job = scratch.child_script(
+        "job.sh",
+        "setsid sleep 600 </dev/null >/dev/null 2>&1 &\n\
+         echo \"escaped $!\" >> \"$EVENTS\"\nexec sleep 600",
+    );
+    let id = unique_lock_id().to_string();
+    let mut leader = with_sidecar(
+        &scratch,
+        &[
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id,
+            "--check-interval",
+            INTERVAL,
+            "--",
+            job.to_str().unwrap(),
+        ],
+    );
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let escaped = scratch.recorded_pid("escaped ");
+    let watchdog = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
+    wait_for(
+        "the watchdog to hold the escaped grandchild",
+        secs(5.0),
+        || holds_pidfd_of(watchdog, escaped).then_some(()),
+    );
+    leader.signal(Signal::SIGKILL);
+    let _ = leader.wait_exit(secs(10.0));
+    wait_for(
+        "COMMAND and its escaped grandchild to die",
+        secs(5.0),
+        || (!alive(start.pid) && !alive(escaped)).then_some(()),
+    );
+    // The watchdog is gone too: nothing of it can still reach the sidecar.
+    wait_for("the watchdog to exit", secs(5.0), || {
+        (!alive(watchdog)).then_some(())
+    });
+    sidecar_survived(&scratch);
+}
+
 #[test]
 fn a_stopped_child_is_still_stopped_by_sigterm() {
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");

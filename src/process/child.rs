@@ -423,6 +423,12 @@ pub fn own_children(helper: Option<Pid>) -> Option<Vec<Pid>> {
     children_of("/proc/self/task", helper)
 }
 
+/// [`own_children`] but those leaderrun was handed at start ([`inherited`](crate::process::inherited)):
+/// the orphans of COMMAND's tree it may have adopted.
+fn adopted_children(helper: Option<Pid>) -> Option<Vec<Pid>> {
+    own_children(helper).map(crate::process::inherited::without_inherited)
+}
+
 /// The children of every thread under `tasks` (a `/proc/PID/task` directory) but `skip`.
 /// `None` when any live thread's list cannot be read (no `/proc`; `EMFILE`): a partial list
 /// would prove a tree gone while an orphan re-parented to that thread still runs.
@@ -845,7 +851,8 @@ impl Child {
     ///
     /// Adopted orphans count only when this process is the tree's subreaper (or PID 1):
     /// otherwise its other children are none of the tree's business (a program that embeds
-    /// the library, a test binary).
+    /// the library, a test binary). The children leaderrun was handed at start never count
+    /// ([`inherited`](crate::process::inherited)).
     ///
     /// In a PID namespace the orphans are the init's children outside the group (COMMAND's
     /// group gets every signal through the group).
@@ -860,7 +867,7 @@ impl Child {
                 let mut all = cgroup.pids();
                 // Where the children cannot be read, the cgroup's members still are.
                 if let Some(adopted) = is_reaper()
-                    .then(|| own_children(self.helper.get()))
+                    .then(|| adopted_children(self.helper.get()))
                     .flatten()
                 {
                     for pid in adopted {
@@ -878,7 +885,7 @@ impl Child {
                     .filter(|&p| nix::unistd::getpgid(Some(p)).ok() != Some(self.pid))
                     .collect()
             }),
-            (None, None) if is_reaper() => own_children(self.helper.get()),
+            (None, None) if is_reaper() => adopted_children(self.helper.get()),
             (None, None) => Some(Vec::new()),
         };
         all.map(|all| all.into_iter().filter(|&p| p != self.pid).collect())

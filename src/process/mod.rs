@@ -4,13 +4,15 @@
 //! own PID namespace ([`pidns`], `--pid-namespace`), the vfork-style start of COMMAND
 //! (`spawn`), the
 //! memory settings leaderrun applies to itself ([`memory`]) and its descriptor limit
-//! ([`descriptors`]). Nothing here knows about the
+//! ([`descriptors`]), the children it was handed at start, which are not COMMAND's
+//! ([`inherited`]). Nothing here knows about the
 //! election: the supervisor and the watchdog tie the two together.
 
 pub mod cgroup;
 pub mod child;
 pub mod descriptors;
 pub mod group;
+pub mod inherited;
 pub mod memory;
 pub mod pidns;
 pub mod procfs;

@@ -532,6 +532,11 @@ impl Escaped {
                 if child == self.me || !seen.insert(child) {
                     continue;
                 }
+                // What leaderrun was handed at start (`sidecar & exec leaderrun`) is not
+                // COMMAND's, nor is what runs below it.
+                if pid == self.root && crate::process::inherited::is_inherited(child) {
+                    continue;
+                }
                 stack.push(child);
                 let outside = match &first {
                     Some(members) => !members.contains(&child),
