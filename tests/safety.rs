@@ -539,6 +539,111 @@ fn a_roles_deferrable_default_does_not_make_the_election_wait_for_writers() {
     let _ = writer.wait();
 }
 
+/// A role whose `exit_on_error` is on (a DBA's way to make any error end an application's
+/// session) gets it turned off on its sessions: a check that fails on a live session stops the
+/// child before the lock moves, and a standby's timed-out wait in the lock queue keeps its
+/// session. Before, the server made every ERROR of the lock session FATAL: a leader's failed
+/// check (here a privilege taken from it) ended its session and freed the lock at once, and
+/// the next leader's COMMAND started while the old one was still stopping; and the standby in
+/// line lost its session at every timed-out wait and stood in line again only after a reconnect.
+#[test]
+fn a_roles_exit_on_error_neither_frees_the_lock_early_nor_ends_a_waiting_standby() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    // A role and a database of this test's own: the privilege taken below is the database's.
+    let (role, db) = (
+        format!("erring{}", id.unsigned_abs()),
+        format!("erring{}", id.unsigned_abs()),
+    );
+    cluster.sql(&format!(
+        "CREATE ROLE {role} LOGIN; ALTER ROLE {role} SET exit_on_error = on"
+    ));
+    cluster.sql(&format!("CREATE DATABASE {db} TEMPLATE template0"));
+    let in_db = |sql: &str| {
+        let out = std::process::Command::new(cluster.psql_path())
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+            .args([
+                "-p",
+                &cluster.addr().port().to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                &db,
+            ])
+            .args(["-c", sql])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{sql}: {out:?}");
+    };
+    let dsn = format!(
+        "host=127.0.0.1 port={} user={role} dbname={db}",
+        cluster.addr().port()
+    );
+    // The default is in force for the role: an error ends its session.
+    let erring = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &dsn, "-c", "SELECT 1/0", "-c", "SELECT 1"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&erring.stderr).contains("FATAL"),
+        "{erring:?}"
+    );
+    let scratch = Scratch::new();
+    // Stops 1 s after its TERM: longer than a standby needs to take a lock that is free.
+    let script = scratch.child_script(
+        "child.sh",
+        "echo \"began $$ $(date +%s%N)\" >> \"$EVENTS\"\n\
+         trap 'sleep 1; echo \"ended $$ $(date +%s%N)\" >> \"$EVENTS\"; exit 0' TERM\n\
+         while :; do sleep 0.02; done",
+    );
+    let replica = || {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+            .args(["--check-interval", "300ms", "--grace", "3s", "--"])
+            .arg(&script);
+        Replica::spawn(cmd)
+    };
+    let leader = replica();
+    let first = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let standby = replica();
+    let waiting = || {
+        cluster.sql(&format!(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND objid = ({id}::bigint & 4294967295)::text::oid"
+        ))
+    };
+    let queued = wait_for("the standby waiting in the lock queue", secs(10.0), || {
+        waiting().pop()
+    });
+    // Its wait lasts an interval (`lock_timeout`) and is sent again on the same session:
+    // after three intervals the same backend still waits.
+    let since = Instant::now();
+    wait_for(
+        "the same session waiting for three intervals",
+        secs(10.0),
+        || {
+            let now = waiting();
+            assert!(
+                now.iter().all(|pid| *pid == queued),
+                "the standby's session changed: {now:?}, first {queued}; log:\n{}",
+                standby.log()
+            );
+            (since.elapsed() > secs(0.9) && now == [queued.clone()]).then_some(())
+        },
+    );
+    // The leader's next check fails on its live session.
+    in_db("REVOKE SELECT ON pg_catalog.pg_locks FROM PUBLIC");
+    leader.wait_log("background leader lock lost", 1, secs(5.0));
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, first.ppid);
+    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
+    assert!(
+        ended < began,
+        "overlap: old child ended at {ended:.3}, new began at {began:.3}; leader log:\n{}",
+        leader.log()
+    );
+}
+
 #[test]
 fn a_transaction_mode_pooler_is_refused_and_session_mode_works() {
     use crate::support::pooler::Bouncer;

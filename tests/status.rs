@@ -1285,3 +1285,35 @@ fn status_doctor_and_step_down_leave_a_runs_settings_in_the_environment_aside() 
         .unwrap();
     assert_eq!(typed.status.code(), Some(125));
 }
+
+/// `doctor` opens its two sessions at once and binds each as soon as it is ready, so a role's
+/// `idle_session_timeout` shorter than a connect does not end the first while the second
+/// connects. Before, the first waited idle through the second's whole connect: behind a first
+/// host that accepts and never answers (a hung old primary: one `connect_timeout` per
+/// session), a role's 500 ms ended it, and `doctor` failed its `connect` finding while the
+/// replicas, whose sessions pin their timers at once, led.
+#[test]
+fn doctor_outlasts_a_roles_idle_session_timeout_behind_a_hung_first_host() {
+    let test = "doctor_outlasts_a_roles_idle_session_timeout_behind_a_hung_first_host";
+    if !crate::support::cluster::has_idle_session_timeout(test, "the role's timeout is that") {
+        return;
+    }
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let role = format!("idler{}", id.unsigned_abs());
+    cluster.sql(&format!(
+        "CREATE ROLE {role} LOGIN; ALTER ROLE {role} SET idle_session_timeout = 500"
+    ));
+    // Accepts connections (the kernel's backlog) and never answers: each session's attempt
+    // there ends after connect_timeout, 2 s, and the next host is tried.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dsn = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user={role} dbname=postgres connect_timeout=2",
+        hung.local_addr().unwrap().port(),
+        cluster.addr().port()
+    );
+    let (code, text) = crate::support::run_tool(&dsn, &id.to_string(), &["doctor"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("ok    connect"), "{text}");
+    drop(hung);
+}

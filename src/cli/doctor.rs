@@ -506,15 +506,16 @@ pub fn doctor_main(
         ))
     });
     let work = async {
-        let (a, _ca, _ta) = connect(connect_config, tls, &server, bound).await?;
-        let (b, _cb, _tb) = connect(connect_config, tls, &server, bound).await?;
-        // Both at once: one round trip.
-        let (bound_a, bound_b) = tokio::join!(
-            crate::pg::bound_session("session settings", &a, bound),
-            crate::pg::bound_session("session settings", &b, bound)
-        );
-        bound_a?;
-        bound_b?;
+        // Each session is bound as soon as it is ready, and both connect at once: one that
+        // waited idle for the other's connect (a hung first host of a list costs a whole
+        // `connect_timeout`) would meet a role's `idle_session_timeout` first.
+        let open = || async {
+            let (client, closed, task) = connect(connect_config, tls, &server, bound).await?;
+            crate::pg::bound_session("session settings", &client, bound).await?;
+            Ok::<_, Error>((client, closed, task))
+        };
+        let (a, b) = tokio::join!(open(), open());
+        let ((a, _ca, _ta), (b, _cb, _tb)) = (a?, b?);
         Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, bound).await)
     };
     let result = match until_interrupted(rt, &mut signals, "doctor", work) {

@@ -65,7 +65,8 @@ pub const CLIENT_CONNECTION_CHECK: Duration = Duration::from_millis(250);
 /// docs/field-notes.md#half-open-connections-and-pinned-timers): role or database defaults may
 /// differ, so they are set with `set_config` and read back. Values are in the GUCs' base units (ms,
 /// or s for the keepalives); the two `deferrable` settings and `jit`, which are not timers but
-/// could make every statement wait, are `off`.
+/// could make every statement wait, are `off`, and so is `exit_on_error`, which would make any
+/// failed statement end the session and so free the lock.
 pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
     // Rounded up: a timer a hair shorter than asked could free the lock inside the model's
     // margin (docs/guarantees.md#timing-settings).
@@ -86,6 +87,12 @@ pub(crate) fn server_timers(config: &Config) -> Vec<(&'static str, String)> {
         // a default already runs from the start of this very round trip, and a `SET` of 0
         // stops it (docs/field-notes.md#a-transaction-timeout-ends-the-session).
         ("transaction_timeout", "0".to_owned()),
+        // Off, before any statement that may fail: a role's or database's `exit_on_error`
+        // turns every ERROR into a FATAL one, so a check that failed on a live session (a
+        // cancel, a timed-out lock wait, a privilege taken) would end the session and free the
+        // lock while COMMAND's tree still runs, and every timed-out wait of a standby in line
+        // would end its session (docs/field-notes.md#exit_on_error-ends-the-session-at-any-error).
+        ("exit_on_error", "off".to_owned()),
         // Not deferrable, for this round trip's own transaction and every later one: with a
         // role's or database's `default_transaction_isolation = serializable`,
         // `default_transaction_read_only = on` and `default_transaction_deferrable = on`, every

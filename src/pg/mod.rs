@@ -38,7 +38,9 @@ pub async fn within<T>(
 /// (PostgreSQL 14 and later: the history's session idles between runs, `step-down`'s between
 /// its looks), no `transaction_timeout` (17 and later, whose end is the session's) and no
 /// deferrable transactions (which wait for a safe snapshot while any serializable writer is
-/// open) and no JIT compilation, whatever the role's or the database's defaults. A default of a few
+/// open), no JIT compilation and no `exit_on_error` (which ends the session at any failed
+/// statement: a history table not yet there, a privilege missing), whatever the role's or the
+/// database's defaults. A default of a few
 /// milliseconds would otherwise fail these statements, or end the session, while the
 /// replicas, which pin their own timers (docs/guarantees.md#session-timers), lead. One round
 /// trip, or up to [`BOUND_SESSION_TRIES`] when the role's own default cancels it; `what`
@@ -55,7 +57,7 @@ pub async fn bound_session(
     // `idle_session_timeout` and `transaction_timeout` through pg_settings: a server before
     // 14 (17) has none, and a `SET` of it would fail there.
     let sql = format!(
-        "SET statement_timeout = {}; SET lock_timeout = {}; \
+        "SET exit_on_error = off; SET statement_timeout = {}; SET lock_timeout = {}; \
          SET transaction_deferrable = off; SET default_transaction_deferrable = off; \
          SET jit = off; \
          SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
