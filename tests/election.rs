@@ -938,3 +938,108 @@ async fn a_term_given_up_ends_at_the_next_check_and_the_lock_moves() {
     run_b.stop().await;
     run_a.stop().await;
 }
+
+/// A standby second in line that moves up and is then granted, in one check, proves its grant
+/// from the send time of the wait that was granted, not from the check's start: each wait may
+/// take up to an interval (`lock_timeout`), so the check's window was all but spent at such a
+/// grant, and the term was lost before its first check (COMMAND started and was stopped at
+/// once). Here the first wait (for place 1) lasts over half an interval before place 1 is given
+/// back, and the target is released as soon as the second wait (for it) is queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_after_moving_up_in_line_is_proven_from_the_granted_wait() {
+    const INTERVAL: Duration = Duration::from_millis(500);
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let place_1 = LockKey { class: CLASS, id }.queue_key(1);
+    // pg_locks shows an int8 key as two oids, and a two-int4 key by its halves.
+    let (high, low) = ((place_1 >> 32) as u32, place_1 as u32);
+    let (holder, ahead, observer) = (
+        cluster.client().await,
+        cluster.client().await,
+        cluster.client().await,
+    );
+    holder
+        .batch_execute(&format!(
+            "SELECT pg_catalog.pg_advisory_lock({CLASS}, {id})"
+        ))
+        .await
+        .unwrap();
+    ahead
+        .batch_execute(&format!(
+            "SELECT pg_catalog.pg_advisory_lock({place_1}::int8)"
+        ))
+        .await
+        .unwrap();
+    let mut config = config(id, None);
+    config.check_interval = INTERVAL;
+    config.wait_for_release = true;
+    let elector = Elector::new(config).unwrap();
+    let running = run(&elector);
+    // How long the standby's wait for `key` (a pg_locks condition) has been queued, in ms.
+    let waited_ms = |key: String| {
+        let observer = &observer;
+        async move {
+            let sql = format!(
+                "SELECT (extract(epoch FROM clock_timestamp() - a.query_start) * 1000)::int8 \
+                 FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+                 WHERE l.locktype = 'advisory' AND NOT l.granted AND {key}"
+            );
+            observer
+                .query_opt(sql.as_str(), &[])
+                .await
+                .unwrap()
+                .map(|row| row.get::<_, i64>(0))
+        }
+    };
+    let for_place_1 = format!("l.classid = {high} AND l.objid = {low} AND l.objsubid = 1");
+    let for_target = format!("l.classid = {CLASS} AND l.objid = {id} AND l.objsubid = 2");
+    // The wait for place 1, queued for 300–400 ms of its 500 (a later one is waited for).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standby never waited for place 1 long enough"
+        );
+        if let Some(ms) = waited_ms(for_place_1.clone()).await {
+            if (300..400).contains(&ms) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    ahead
+        .batch_execute(&format!(
+            "SELECT pg_catalog.pg_advisory_unlock({place_1}::int8)"
+        ))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while waited_ms(for_target.clone()).await.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standby did not move up to wait for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    holder
+        .batch_execute(&format!(
+            "SELECT pg_catalog.pg_advisory_unlock({CLASS}, {id})"
+        ))
+        .await
+        .unwrap();
+    let term = timeout(WAIT, elector.wait_for_term())
+        .await
+        .expect("the standby leads");
+    let left = term
+        .proven_until()
+        .expect("a term's first proof")
+        .saturating_sub(leaderrun::elector::boottime());
+    // The safe window is 2 intervals (1 s): from the first wait's send, 300 ms of it and more
+    // were gone at the grant; from the granted wait's, only the moments since it was queued.
+    assert!(
+        left > Duration::from_millis(850),
+        "the grant's window had {left:?} of {:?} left",
+        2 * INTERVAL
+    );
+    running.stop().await;
+}

@@ -234,7 +234,7 @@ impl Campaign<'_> {
     pub(crate) async fn try_acquire_inner(
         &mut self,
         started: Instant,
-        sent: Duration,
+        mut sent: Duration,
     ) -> Result<CheckOutcome, Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
@@ -321,6 +321,11 @@ impl Campaign<'_> {
                         session.place = Some(place);
                     }
                     debug!(target: "leaderrun::elector", lock = %self.shared.config.lock.slot(place.0), place = place.1, "in line: waiting in the server's queue");
+                    // A grant of this wait is proven from its own send time, not the check's:
+                    // each wait may take up to an interval (`lock_timeout`), so a standby that
+                    // moved up and was then granted in the same check would begin its term
+                    // with its window all but spent, and lose it before its first check.
+                    sent = boottime();
                     row = self.wait_in_place(place).await?;
                 }
             }
