@@ -69,6 +69,21 @@ fn a_grandchild_that_called_setsid_is_stopped_on_demotion() {
     );
 }
 
+/// Kills `replica` (SIGKILL) once its watchdog holds a pidfd of `escaped`, a grandchild that
+/// left the tree's group (the watchdog walks the tree every 25 ms; a pidfd's fdinfo names its
+/// pid), and waits for its exit. Returns the watchdog's pid.
+fn kill_9_once_the_watchdog_holds(replica: &mut Replica, escaped: i32) -> i32 {
+    let watchdog = wait_for("the watchdog", secs(5.0), || watchdog_of(replica.pid()));
+    wait_for(
+        "the watchdog to hold the escaped grandchild",
+        secs(5.0),
+        || holds_pidfd_of(watchdog, escaped).then_some(()),
+    );
+    replica.signal(Signal::SIGKILL);
+    let _ = replica.wait_exit(secs(10.0));
+    watchdog
+}
+
 #[test]
 fn kill_9_of_leaderrun_also_ends_a_grandchild_that_called_setsid() {
     // Without a cgroup the process group does not reach it, and its parent dies with
@@ -92,16 +107,7 @@ fn kill_9_of_leaderrun_also_ends_a_grandchild_that_called_setsid() {
             (sid.as_raw() == escaped).then_some(())
         },
     );
-    // The watchdog walks the tree every 25 ms; it holds a pidfd of the escaped grandchild once
-    // it found it (a pidfd's fdinfo names its pid).
-    let watchdog = wait_for("the watchdog", secs(5.0), || watchdog_of(replica.pid()));
-    wait_for(
-        "the watchdog to hold the escaped grandchild",
-        secs(2.0),
-        || holds_pidfd_of(watchdog, escaped).then_some(()),
-    );
-    replica.signal(Signal::SIGKILL);
-    let _ = replica.wait_exit(secs(10.0));
+    kill_9_once_the_watchdog_holds(&mut replica, escaped);
     wait_for(
         "the child, the escaped grandchild and its child to die",
         secs(3.0),
@@ -200,14 +206,7 @@ fn a_child_leaderrun_was_handed_at_start_is_not_commands() {
     );
     let start = scratch.wait_starts(1, secs(10.0))[0].clone();
     let escaped = scratch.recorded_pid("escaped ");
-    let watchdog = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
-    wait_for(
-        "the watchdog to hold the escaped grandchild",
-        secs(5.0),
-        || holds_pidfd_of(watchdog, escaped).then_some(()),
-    );
-    leader.signal(Signal::SIGKILL);
-    let _ = leader.wait_exit(secs(10.0));
+    let watchdog = kill_9_once_the_watchdog_holds(&mut leader, escaped);
     wait_for(
         "COMMAND and its escaped grandchild to die",
         secs(5.0),
