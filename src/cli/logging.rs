@@ -13,7 +13,7 @@
 //! dropped and counted ([`dropped_lines`], `leaderrun_log_lines_dropped_total` in `/metrics`);
 //! once a write goes through again, one WARN line says how many were lost. A stderr in
 //! non-blocking mode fails a line with EAGAIN (dropped and counted too), but a line it took in
-//! part is finished, not torn ([`write_all_fd2`]). At exit
+//! part is finished, not torn (`write_all_fd2`). At exit
 //! [`finish`] waits for the queue to drain for at most [`EXIT_FLUSH`], then leaves what is left.
 //!
 //! The queue and its thread start with the first line, not with [`init`]: a one-shot that has

@@ -105,7 +105,7 @@ static HANDLED: AtomicU64 = AtomicU64::new(0);
 /// The signals (bit N for signal N) whose disposition was "ignore" when [`install`] ran, so
 /// the child keeps them ignored. For SIGPIPE, which Rust's runtime ignores before `main`, what
 /// counts is its disposition at exec, read by a constructor before the runtime changed it
-/// ([`record_sigpipe_at_exec`]): ignored by the parent, COMMAND keeps it ignored; else COMMAND
+/// (`record_sigpipe_at_exec`): ignored by the parent, COMMAND keeps it ignored; else COMMAND
 /// gets the default back.
 pub fn ignored_at_entry() -> u64 {
     IGNORED_AT_ENTRY.load(Ordering::Acquire)
