@@ -131,9 +131,7 @@ fn with_sidecar(scratch: &Scratch, args: &[&str]) -> Replica {
         ),
     )
     .unwrap();
-    let mut cmd = std::process::Command::new("sh");
-    crate::support::default_signals(&mut cmd);
-    crate::support::clear_settings_env(&mut cmd);
+    let mut cmd = crate::support::wrapper("sh");
     cmd.arg("-c")
         .arg("sh \"$0\" </dev/null >/dev/null 2>&1 & exec \"$@\"")
         .arg(&sidecar)
@@ -958,9 +956,7 @@ fn without_proc_a_stop_does_not_wait_for_the_watchdog() {
         return crate::support::cluster::skip(TEST, "needs root to unmount /proc");
     }
     let cluster = Cluster::shared();
-    let mut cmd = std::process::Command::new("unshare");
-    crate::support::default_signals(&mut cmd);
-    crate::support::clear_settings_env(&mut cmd);
+    let mut cmd = crate::support::wrapper("unshare");
     cmd.args(["-m", "--propagation", "private", "sh", "-c"])
         .arg("umount -l /proc && exec \"$0\" \"$@\"")
         .arg(env!("CARGO_BIN_EXE_leaderrun"))
@@ -1006,9 +1002,7 @@ fn as_pid_1_with_the_machines_proc_orphans_are_stopped() {
            echo orphan up >> \"$EVENTS\"; while :; do sleep 0.1; done' &\n\
          n=0; while [ $n -lt 100 ] && ! grep -q 'orphan up' \"$EVENTS\"; do n=$((n+1)); sleep 0.05; done",
     );
-    let mut cmd = std::process::Command::new("unshare");
-    crate::support::default_signals(&mut cmd);
-    crate::support::clear_settings_env(&mut cmd);
+    let mut cmd = crate::support::wrapper("unshare");
     cmd.args(["--pid", "--fork"])
         .arg(env!("CARGO_BIN_EXE_leaderrun"))
         .args([

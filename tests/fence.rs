@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -900,9 +900,7 @@ fn as_pid_1_of_a_namespace_nothing_of_the_tree_outlives_leaderrun_and_its_watchd
         "sleep 600 &\necho \"helper $!\" >> \"$EVENTS\"\nexec sleep 600",
     );
     // A container's entrypoint: leaderrun is PID 1 of a pid namespace of its own.
-    let mut cmd = Command::new("unshare");
-    crate::support::default_signals(&mut cmd);
-    crate::support::clear_settings_env(&mut cmd);
+    let mut cmd = crate::support::wrapper("unshare");
     cmd.args(["--pid", "--fork", "--", env!("CARGO_BIN_EXE_leaderrun")])
         .args(["--dsn", &cluster.dsn()])
         .args(["--lock-id", &unique_lock_id().to_string()])

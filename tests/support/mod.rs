@@ -435,6 +435,16 @@ pub fn leaderrun_as(
     Some(cmd)
 }
 
+/// A command that runs `program`, a wrapper that in turn runs leaderrun (`sh -c '… exec
+/// leaderrun'`, `unshare … leaderrun`), prepared as [`leaderrun`] is: every signal at its
+/// default, no setting in the environment.
+pub fn wrapper(program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    default_signals(&mut cmd);
+    clear_settings_env(&mut cmd);
+    cmd
+}
+
 /// Removes from `cmd`'s environment every variable leaderrun reads its settings from
 /// (`LEADERRUN_*`, libpq's `PG*`, `PLEXSPHERE_DSN`, `DATABASE_URL`, `RUST_LOG`).
 pub fn clear_settings_env(cmd: &mut Command) {
