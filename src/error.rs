@@ -229,6 +229,20 @@ pub enum Error {
         /// The redacted connection target.
         server: String,
     },
+
+    /// The session's role may not read what the leader's check reads (the `pg_locks` view and
+    /// the `pg_lock_status()` it calls), so no check could prove a grant: the grant was given
+    /// back before any term began (docs/field-notes.md#a-lock-the-check-cannot-see).
+    #[error(
+        "the role cannot read pg_catalog.pg_locks on {server}, which the leader's check reads to \
+         prove the lock, so this replica stays a standby; a DBA runs GRANT SELECT ON \
+         pg_catalog.pg_locks TO the role (and GRANT EXECUTE ON FUNCTION \
+         pg_catalog.pg_lock_status() TO the role, if that was revoked too)"
+    )]
+    CannotCheck {
+        /// The redacted connection target (`USER@HOST:PORT/DBNAME`).
+        server: String,
+    },
 }
 
 impl Error {

@@ -559,22 +559,6 @@ fn a_roles_exit_on_error_neither_frees_the_lock_early_nor_ends_a_waiting_standby
         "CREATE ROLE {role} LOGIN; ALTER ROLE {role} SET exit_on_error = on"
     ));
     cluster.sql(&format!("CREATE DATABASE {db} TEMPLATE template0"));
-    let in_db = |sql: &str| {
-        let out = std::process::Command::new(cluster.psql_path())
-            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-            .args([
-                "-p",
-                &cluster.addr().port().to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                &db,
-            ])
-            .args(["-c", sql])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{sql}: {out:?}");
-    };
     let dsn = format!(
         "host=127.0.0.1 port={} user={role} dbname={db}",
         cluster.addr().port()
@@ -632,7 +616,7 @@ fn a_roles_exit_on_error_neither_frees_the_lock_early_nor_ends_a_waiting_standby
         },
     );
     // The leader's next check fails on its live session.
-    in_db("REVOKE SELECT ON pg_catalog.pg_locks FROM PUBLIC");
+    cluster.sql_in(&db, "REVOKE SELECT ON pg_catalog.pg_locks FROM PUBLIC");
     leader.wait_log("background leader lock lost", 1, secs(5.0));
     let second = scratch.wait_starts(2, secs(10.0))[1].clone();
     assert_ne!(second.ppid, first.ppid);
@@ -642,6 +626,105 @@ fn a_roles_exit_on_error_neither_frees_the_lock_early_nor_ends_a_waiting_standby
         "overlap: old child ended at {ended:.3}, new began at {began:.3}; leader log:\n{}",
         leader.log()
     );
+}
+
+/// A role that may not read `pg_locks` (the view, or the `pg_lock_status()` it calls) cannot
+/// prove a grant: every replica stays a standby with an ERROR that names the grant a DBA
+/// runs, and COMMAND never starts, in any mode; once the privilege is granted, one replica
+/// leads at once. Before, each replica in turn took the lock, started COMMAND and stopped it
+/// at its first check, 50 ms later, every interval.
+#[test]
+fn a_role_that_cannot_read_pg_locks_stays_a_standby_until_it_may() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let name = format!("lockblind{}", id.unsigned_abs());
+    let (role, db) = (name.as_str(), name.as_str());
+    cluster.sql(&format!("CREATE ROLE {role} LOGIN"));
+    cluster.sql(&format!("CREATE DATABASE {db} TEMPLATE template0"));
+    // The catalog's views are the database's own: nothing outside this test's database changes.
+    cluster.sql_in(db, "REVOKE SELECT ON pg_catalog.pg_locks FROM PUBLIC");
+    let dsn = format!(
+        "host=127.0.0.1 port={} user={role} dbname={db}",
+        cluster.addr().port()
+    );
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let replica = || {
+        let mut cmd = leaderrun();
+        cmd.args(["-v", "--dsn", &dsn, "--lock-id", &id.to_string()])
+            .args(["--check-interval", "200ms", "--"])
+            .arg(&script);
+        Replica::spawn(cmd)
+    };
+    let said = "the role cannot read pg_catalog.pg_locks";
+    let replicas = [replica(), replica()];
+    for replica in &replicas {
+        replica.wait_log(said, 3, secs(10.0));
+    }
+    assert!(
+        scratch.starts().is_empty(),
+        "COMMAND started on a lock no check could prove: {:?}; logs:\n{}\n{}",
+        scratch.starts(),
+        replicas[0].log(),
+        replicas[1].log()
+    );
+    assert!(replicas[0]
+        .log()
+        .contains("GRANT SELECT ON pg_catalog.pg_locks TO the role"));
+    // A one-shot says so and exits 125 (leaderrun could not check the lock), COMMAND unrun.
+    let once = leaderrun()
+        .args(["--once", "--dsn", &dsn, "--lock-id", &id.to_string()])
+        .args(["--check-interval", "200ms", "--"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&once.stderr);
+    assert_eq!(once.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains(said), "{stderr}");
+    assert!(scratch.starts().is_empty(), "{:?}", scratch.starts());
+    // doctor names it too.
+    let doctor = leaderrun()
+        .args(["doctor", "--dsn", &dsn, "--lock-id", &id.to_string()])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert_eq!(doctor.status.code(), Some(1), "{report}");
+    assert!(
+        report.lines().any(|l| l.starts_with("FAIL")
+            && l.contains("check")
+            && l.contains("cannot read pg_catalog.pg_locks")),
+        "{report}"
+    );
+    // The view readable, the function it calls not: the same, in one transaction so that no
+    // replica sees the two privileges between.
+    cluster.sql_in(
+        db,
+        &format!(
+            "GRANT SELECT ON pg_catalog.pg_locks TO {role}; \
+             REVOKE EXECUTE ON FUNCTION pg_catalog.pg_lock_status() FROM PUBLIC"
+        ),
+    );
+    let before: Vec<usize> = replicas
+        .iter()
+        .map(|r| r.log().matches(said).count())
+        .collect();
+    for (replica, before) in replicas.iter().zip(before) {
+        replica.wait_log(said, before + 3, secs(10.0));
+    }
+    assert!(scratch.starts().is_empty(), "{:?}", scratch.starts());
+    // Granted: one replica leads, and its checks hold the term.
+    cluster.sql_in(
+        db,
+        &format!("GRANT EXECUTE ON FUNCTION pg_catalog.pg_lock_status() TO {role}"),
+    );
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let leader = replicas
+        .iter()
+        .find(|r| r.pid() == start.ppid)
+        .expect("the child's parent is one of the replicas");
+    leader.wait_log("leader check ok", 5, secs(10.0));
+    assert_eq!(scratch.starts().len(), 1, "{:?}", scratch.starts());
+    assert!(!leader.log().contains("lock lost"), "{}", leader.log());
 }
 
 #[test]

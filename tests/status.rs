@@ -637,6 +637,7 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
         ("version", if on_13 { "warn" } else { "ok" }),
         ("primary", "ok"),
         ("exclusion", "ok"),
+        ("check", "ok"),
         ("fencing token", "ok"),
         ("session", "ok"),
         ("idle timeout", if on_13 { "warn" } else { "ok" }),

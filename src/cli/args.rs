@@ -657,7 +657,8 @@ pub enum Action {
     ///
     /// Opens two sessions and checks that the second cannot take a lock the first holds (on a
     /// scratch id of the same class, so a running leader is not disturbed), that the server is
-    /// not in recovery, that a grant's fencing token can be taken and flushed to the WAL (the
+    /// not in recovery, that the role may read pg_locks (the leader's check reads it), that a
+    /// grant's fencing token can be taken and flushed to the WAL (the
     /// role may run pg_logical_emit_message; a synchronous standby the commit waits for
     /// streams), that a session keeps its backend (no
     /// transaction-mode pooler), that

@@ -313,6 +313,28 @@ pub async fn findings(
         Err(err) => out.push(Finding::fail("exclusion", Chain(&err).to_string(), permission_hint(&err))),
     }
 
+    // The leader's check reads pg_locks: a role that may not is refused every grant
+    // (docs/field-notes.md#a-lock-the-check-cannot-see), so no replica could lead.
+    match one::<bool>(a, crate::pg::lock::CAN_CHECK_SQL, bound).await {
+        Ok(true) => out.push(Finding::pass(
+            "check",
+            "the role may read pg_locks, which the leader's check reads to prove the lock",
+        )),
+        Ok(false) => out.push(Finding::fail(
+            "check",
+            "the role cannot read pg_catalog.pg_locks (or execute pg_catalog.pg_lock_status(), \
+             which the view calls): the leader's check could never prove the lock, so every \
+             replica would stay a standby",
+            "a DBA runs GRANT SELECT ON pg_catalog.pg_locks TO the role (and GRANT EXECUTE ON \
+             FUNCTION pg_catalog.pg_lock_status() TO the role, if that was revoked too)",
+        )),
+        Err(err) => out.push(Finding::fail(
+            "check",
+            Chain(&err).to_string(),
+            permission_hint(&err),
+        )),
+    }
+
     // The grant's fencing token, taken as a grant takes it (a WAL record and a flushed commit):
     // a role without EXECUTE on pg_logical_emit_message could never lead. A hot standby cannot
     // write, and is a failure of its own above. On a server whose commits wait for a

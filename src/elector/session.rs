@@ -15,7 +15,7 @@ use tracing::warn;
 use super::connecting::connect_socket;
 use super::Config;
 use crate::error::Error;
-use crate::pg::lock::{try_sql, wait_sql, LockKey, QUEUE_PLACES};
+use crate::pg::lock::{can_check, try_sql, wait_sql, LockKey, QUEUE_PLACES};
 use crate::pg::within;
 
 /// Client-side TCP timers (docs/field-notes.md#half-open-connections-and-pinned-timers): keepalives
@@ -171,10 +171,13 @@ pub(crate) fn sync_standbys(names: &str, commit: &str) -> Option<String> {
 
 /// The last statement of the pin's round trip: the backend's pid and, over TCP, the client's
 /// address and port and the server's port as the backend sees them (NULL over a Unix socket),
-/// which tell whether the session is direct (no pooler between).
-const BACKEND_SQL: &str = "SELECT pg_catalog.pg_backend_pid(), \
+/// which tell whether the session is direct (no pooler between), then [`can_check!`](crate::pg::lock::can_check).
+const BACKEND_SQL: &str = concat!(
+    "SELECT pg_catalog.pg_backend_pid(), \
      pg_catalog.host(pg_catalog.inet_client_addr()), pg_catalog.inet_client_port(), \
-     pg_catalog.inet_server_port()";
+     pg_catalog.inet_server_port(), ",
+    can_check!()
+);
 
 /// Says, once per process, that the server has no `idle_session_timeout` (PostgreSQL 13):
 /// at WARN for the long-running modes, at DEBUG when [`Config::warn_weaker_server`] is off.
@@ -268,6 +271,9 @@ pub(crate) struct Session {
     /// synchronous standby ([`SYNC_STANDBYS`](crate::pg::lock::SYNC_STANDBYS)), read when the
     /// timers are pinned: a try that times out says so ([`Session::explain`]).
     pub(crate) sync_standbys: Option<String>,
+    /// Whether the session's role may read what the leader's check reads ([`can_check!`](crate::pg::lock::can_check)),
+    /// as the pin found it: a grant on a session that may not is given back, no term begins.
+    pub(crate) can_check: bool,
 }
 
 impl Session {
@@ -322,6 +328,7 @@ impl Session {
             keeper: None,
             direct: false,
             sync_standbys: None,
+            can_check: true,
         };
         // One round trip for all of it: the timers are set and read back in one simple query,
         // and the statements are prepared in the same flight (tokio-postgres pipelines
@@ -391,7 +398,11 @@ impl Session {
             })
         });
         let pinned = pinned?;
-        (session.backend_pid, session.sync_standbys) = (pinned.backend_pid, pinned.sync_standbys);
+        (
+            session.backend_pid,
+            session.sync_standbys,
+            session.can_check,
+        ) = (pinned.backend_pid, pinned.sync_standbys, pinned.can_check);
         session.direct = is_direct(
             session.fd.as_fd(),
             pinned.seen.as_ref(),
@@ -485,7 +496,7 @@ impl Session {
             value("synchronous_commit").unwrap_or_default(),
         );
         let last = messages.iter().rev().find_map(|m| match m {
-            SimpleQueryMessage::Row(row) if row.len() == 4 => Some(row),
+            SimpleQueryMessage::Row(row) if row.len() == 5 => Some(row),
             _ => None,
         });
         let backend_pid = last.and_then(|row| row.get(0)?.parse::<i32>().ok());
@@ -496,11 +507,14 @@ impl Session {
                 server_port: row.get(3)?.parse::<i32>().ok()?,
             })
         });
+        // Only a clear "no" counts: a replica never refuses to lead on an unread answer.
+        let can_check = last.and_then(|row| row.get(4)) != Some("f");
         match backend_pid {
             Some(backend_pid) => Ok(Pinned {
                 backend_pid,
                 sync_standbys: standbys,
                 seen,
+                can_check,
             }),
             None => Err(Error::UnexpectedRows {
                 what: "pin session timers",
@@ -648,6 +662,8 @@ pub(crate) struct Pinned {
     pub(crate) sync_standbys: Option<String>,
     /// How the server sees the session's TCP connection; `None` over a Unix socket.
     pub(crate) seen: Option<Seen>,
+    /// Whether the role may read what the leader's check reads ([`can_check!`](crate::pg::lock::can_check)).
+    pub(crate) can_check: bool,
 }
 
 /// A TCP session as its server backend sees it.
@@ -733,6 +749,7 @@ mod tests {
     #[test]
     fn the_pins_select_names_the_catalogs_functions() {
         crate::pg::assert_qualified(BACKEND_SQL);
+        crate::pg::assert_qualified(crate::pg::lock::CAN_CHECK_SQL);
     }
 
     /// Over TCP a session is direct only when the server sees our socket's own address and

@@ -309,6 +309,25 @@ pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT pg_catalog.t
      pg_catalog.pg_logical_emit_message(true, 'leaderrun', 'fencing token') AS logged \
      OFFSET 0) AS g";
 
+/// Whether the session's role may read what the leader's check reads
+/// (`LOCK_ROW_SQL`, the campaign's): the `pg_locks` view, and the
+/// `pg_lock_status()` it calls, which a view's user must be allowed to execute (PostgreSQL's
+/// manual, CREATE VIEW: "the user of a view must have permissions to call all functions used
+/// by the view"). Without them every grant's first check fails, and each replica in turn would
+/// start COMMAND and stop it again (docs/field-notes.md#a-lock-the-check-cannot-see). Any
+/// column's privilege passes: a role that may read some columns is left to the check itself.
+macro_rules! can_check {
+    () => {
+        "pg_catalog.has_any_column_privilege('pg_catalog.pg_locks', 'SELECT') \
+         AND pg_catalog.has_function_privilege('pg_catalog.pg_lock_status()', 'EXECUTE')"
+    };
+}
+pub(crate) use can_check;
+
+/// [`can_check!`] alone: asked again at a grant on a session whose pin found it false, so a
+/// privilege granted meanwhile counts without a new session.
+pub(crate) const CAN_CHECK_SQL: &str = concat!("SELECT ", can_check!());
+
 /// The unlock of slot key `key`, the key written out: sent as the unnamed statement, it needs
 /// no round trip of its own.
 pub(crate) fn unlock_sql(key: LockKey) -> String {

@@ -762,10 +762,15 @@ impl Cluster {
 
     /// Runs SQL through `psql` and returns the rows, columns separated by `|`.
     pub fn sql(&self, sql: &str) -> Vec<String> {
+        self.sql_in("postgres", sql)
+    }
+
+    /// [`Cluster::sql`] in database `db`, for what a test sets up in a database of its own.
+    pub fn sql_in(&self, db: &str, sql: &str) -> Vec<String> {
         let out = Command::new(psql())
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-U", "postgres", "-d", "postgres", "-c", sql])
+            .args(["-U", "postgres", "-d", db, "-c", sql])
             .output()
             .expect("run psql");
         assert!(

@@ -15,6 +15,7 @@ use crate::elector::session::{boottime, session_closed, Session};
 use crate::elector::term::{Lease, Term, TermControl, TermEnd};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
+use crate::pg::lock::CAN_CHECK_SQL;
 use crate::pg::within;
 
 impl Campaign<'_> {
@@ -40,6 +41,21 @@ impl Campaign<'_> {
             return Ok(());
         }
         let idle = config.effective_idle_session_timeout();
+        // A grant no check could prove is no term: each replica in turn would start COMMAND
+        // and stop it at its first check. The pin's "no" is asked again, so a privilege granted
+        // since counts at once; the pin's "yes" costs the grant nothing.
+        if let Some(session) = self.role.session_mut().filter(|s| !s.can_check) {
+            let bound = config.effective_check_interval().min(config.io_bound());
+            let row = session
+                .bounded("can the check read pg_locks", bound, CAN_CHECK_SQL, &[])
+                .await?;
+            session.can_check = row.get::<_, Option<bool>>(0) != Some(false);
+            if !session.can_check {
+                return Err(Error::CannotCheck {
+                    server: session.endpoint.clone(),
+                });
+            }
+        }
         // Found direct or not when the session's timers were pinned (`Session::direct`).
         let direct = self.role.session().is_some_and(|s| s.direct);
         // A session that is not direct was granted by a guarded statement, which names its

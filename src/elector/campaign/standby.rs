@@ -70,7 +70,12 @@ impl Campaign<'_> {
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
-            Err(err @ (Error::SharedBackend | Error::BackendChanged { .. } | Error::Keeper(_))) => {
+            Err(
+                err @ (Error::SharedBackend
+                | Error::BackendChanged { .. }
+                | Error::Keeper(_)
+                | Error::CannotCheck { .. }),
+            ) => {
                 self.say_refusal(&err);
                 // A grant no term begins on. Closing the client does not end a pooled server
                 // session: give the lock back first.
