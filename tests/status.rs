@@ -84,6 +84,48 @@ fn status_shows_the_leader_or_none() {
     assert_eq!(unreachable.status.code(), Some(125));
 }
 
+/// A server that keeps only the first 99 bytes of each statement (`track_activity_query_size
+/// = 100`, its least) and a leader renamed by its DSN on a host with a longer name: the
+/// leader's check carries who it is first, so `status` still names its host and pid and says
+/// its term. Before, the term's comment came first and the cut fell inside the host's name:
+/// `status` said "not leaderrun" (and `step-down` refused to ask it).
+#[test]
+fn status_names_a_renamed_leader_when_the_server_keeps_99_bytes_of_its_statement() {
+    const TEST: &str =
+        "status::status_names_a_renamed_leader_when_the_server_keeps_99_bytes_of_its_statement";
+    if !nix::unistd::geteuid().is_root() {
+        return crate::support::cluster::skip(TEST, "needs root for a host name of its own");
+    }
+    let cluster = Cluster::start_private();
+    cluster.sql("ALTER SYSTEM SET track_activity_query_size = 100");
+    cluster.restart();
+    let id = unique_lock_id();
+    let host = "a-host-named-as-clouds-do-0042";
+    let mut cmd = crate::support::wrapper("unshare");
+    cmd.args(["--uts", "sh", "-c"])
+        .arg("hostname \"$HOST\" && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_leaderrun"))
+        .env("HOST", host)
+        .args([
+            "--dsn",
+            &format!("{} application_name=nightly", cluster.dsn()),
+        ])
+        .args(["--lock-id", &id.to_string(), "--check-interval", "200ms"])
+        .args(["--", "sleep", "600"]);
+    let leader = Replica::spawn(cmd);
+    let report = wait_for("status to show the leader's term", secs(10.0), || {
+        let out = status(&cluster, id, true);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (!report["leader"]["term"].is_null()).then_some(report)
+    });
+    let l = &report["leader"];
+    assert_eq!(l["application_name"], "nightly", "{report}");
+    assert_eq!(l["leaderrun"], true, "{report}\n{}", leader.log());
+    assert_eq!(l["host"], host, "{report}");
+    assert_eq!(l["leaderrun_pid"], leader.pid(), "{report}");
+    assert_eq!(l["term"], 1, "{report}");
+}
+
 #[test]
 fn status_names_the_hosts_and_pids_of_the_leader_and_its_standbys() {
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");

@@ -3,9 +3,11 @@
 //!
 //! A leaderrun session is named `leaderrun@HOST:PID` ([`crate::pg::conninfo::default_application_name`])
 //! unless its settings name it otherwise (`PGAPPNAME`, `application_name`), and every statement
-//! it sends on its lock session carries `/* by=HOST:PID */` ([`identity_comment`]) after its
-//! leading comment (while it leads: `/* leaderrun term=N since=TS fencing_token=T */`), so it is
-//! known whatever its application name; all of these are read back here. Any other holder
+//! it sends on its lock session carries `/* by=HOST:PID */` ([`identity_comment`]): after a
+//! standby's leading comment (`/* leaderrun standby lock=C:I */`, which `status` finds standbys
+//! by), before the leader's (`/* leaderrun term=N since=TS fencing_token=T */`), so that a
+//! `track_activity_query_size` as small as 100 keeps who leads; so it is known whatever its
+//! application name; all of these are read back here. Any other holder
 //! (psql, the plexsphere API's own Elector) is a holder too, shown by its `application_name`.
 
 use std::fmt;
@@ -80,16 +82,31 @@ pub fn identify(application_name: Option<&str>, query: Option<&str>) -> Option<(
 }
 
 /// What the leader's check statement says about its term: `term`, `since`, `fencing_token`
-/// from `/* leaderrun term=N since=TS fencing_token=T */`.
+/// from `/* leaderrun term=N since=TS fencing_token=T */`, after the [`identity_comment`]
+/// that leads it (or before it, the order earlier builds sent).
+///
+/// `pg_stat_activity.query` keeps at most `track_activity_query_size` − 1 bytes (as little as
+/// 99): a comment cut short gives the fields that are whole, those followed by a space, and
+/// never a number that lost its last digits.
 pub fn parse_check_comment(query: &str) -> (Option<u64>, Option<String>, Option<i64>) {
-    let Some(rest) = query.trim_start().strip_prefix("/* leaderrun ") else {
-        return (None, None, None);
-    };
-    let Some(end) = rest.find("*/") else {
+    let mut query = query.trim_start();
+    if let Some(after) = query.strip_prefix("/* by=") {
+        query = after
+            .find(" */")
+            .map_or("", |end| after[end + 3..].trim_start());
+    }
+    let Some(rest) = query.strip_prefix("/* leaderrun ") else {
         return (None, None, None);
     };
     let (mut term, mut since, mut token) = (None, None, None);
-    for field in rest[..end].split_whitespace() {
+    let whole = match rest.find("*/") {
+        Some(end) => &rest[..end],
+        // Cut: only what a space ends is whole.
+        None => rest
+            .rsplit_once(char::is_whitespace)
+            .map_or("", |(whole, _)| whole),
+    };
+    for field in whole.split_whitespace() {
         match field.split_once('=') {
             Some(("term", v)) => term = v.parse().ok(),
             Some(("since", v)) => since = Some(v.to_owned()),
@@ -201,6 +218,24 @@ mod tests {
             activity_text(Some(b"a \xff\xfe b")).as_deref(),
             Some("a \u{fffd}\u{fffd} b")
         );
+    }
+
+    #[test]
+    fn check_comment_after_the_identity_and_cut_short() {
+        let q = "/* by=web-1:42 */ /* leaderrun term=3 since=2026-11-30T05:00:00Z \
+                 fencing_token=745 */ SELECT 1";
+        let whole = (Some(3), Some("2026-11-30T05:00:00Z".to_owned()), Some(745));
+        assert_eq!(parse_check_comment(q), whole);
+        assert_eq!(parse_identity_comment(q), Some(("web-1".to_owned(), 42)));
+        // Cut inside the token: the token is not guessed from its first digits.
+        let cut = &q[..q.find("=745").unwrap() + 3];
+        assert_eq!(parse_check_comment(cut), (whole.0, whole.1.clone(), None));
+        // Cut inside the timestamp, and inside the identity itself.
+        assert_eq!(
+            parse_check_comment(&q[..q.find("05:00").unwrap()]),
+            (Some(3), None, None)
+        );
+        assert_eq!(parse_check_comment("/* by=web-1:4"), (None, None, None));
     }
 
     #[test]

@@ -118,13 +118,14 @@ impl Campaign<'_> {
             database: row.get(2),
             granted_at: SystemTime::now(),
         };
-        // The comment is what `leaderrun status` reads back from pg_stat_activity.query; every
-        // value in it is a number or a timestamp we formatted.
+        // The comments are what `leaderrun status` reads back from pg_stat_activity.query;
+        // every value in them is a number or a timestamp we formatted. Who leads comes first:
+        // a small track_activity_query_size keeps only the text's first 99 bytes.
         let check_sql = format!(
-            "/* leaderrun term={number} since={} fencing_token={} */ {} {LOCK_ROW_SQL}",
+            "{} /* leaderrun term={number} since={} fencing_token={} */ {LOCK_ROW_SQL}",
+            crate::pg::holder::identity_comment(),
             humantime::format_rfc3339_seconds(lease.granted_at),
             lease.fencing_token,
-            crate::pg::holder::identity_comment()
         );
         // Whoever keeps the session alive beyond this process (the watchdog) gets its copy
         // before anything can run under the term. A first grant before the watchdog is up
