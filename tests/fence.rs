@@ -415,6 +415,55 @@ fn a_line_a_non_blocking_stderr_takes_in_part_is_finished_not_torn() {
     );
 }
 
+/// A stderr in non-blocking mode whose pipe is full while leaderrun starts (its reader a
+/// moment behind, as a busy Node.js parent is): every line arrives once the reader reads, none
+/// is dropped. Before, each line that met the full pipe failed with EAGAIN and was dropped at
+/// once, though the queue had room for thousands: the start line, the grant and the child's
+/// start were lost, and a WARN said so.
+#[test]
+fn a_non_blocking_stderr_that_is_full_for_a_moment_loses_no_line() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let script = scratch.child_script("job", "sleep 0.5");
+    let (read, write) = pipe(true);
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--"])
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write));
+    let mut leader = Muted {
+        child: cmd.spawn().expect("spawn leaderrun"),
+        _reader: None,
+    };
+    drop(cmd);
+    // COMMAND runs: its start was logged into the full pipe before.
+    scratch.wait_starts(1, secs(10.0));
+    let mut out = Vec::new();
+    std::fs::File::from(read)
+        .read_to_end(&mut out)
+        .expect("read stderr");
+    assert_eq!(leader.wait_exit(secs(10.0)), Some(0));
+    let out = String::from_utf8_lossy(&out);
+    let out = out.trim_start_matches('x');
+    for said in [
+        "campaigning",
+        "lock acquired",
+        "child started",
+        "child exited",
+    ] {
+        assert!(out.contains(said), "no {said:?} in:\n{out}");
+    }
+    assert!(!out.contains("were dropped"), "{out}");
+}
+
 /// Reads `read` until the line that reports dropped log lines, at most `within`: that line.
 fn read_until_report(read: OwnedFd, within: Duration) -> String {
     let mut reader = std::fs::File::from(read);

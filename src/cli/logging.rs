@@ -12,8 +12,8 @@
 //! that finds the queue full, or whose write fails (stderr closed, its reader gone), is
 //! dropped and counted ([`dropped_lines`], `leaderrun_log_lines_dropped_total` in `/metrics`);
 //! once a write goes through again, one WARN line says how many were lost. A stderr in
-//! non-blocking mode fails a line with EAGAIN (dropped and counted too), but a line it took in
-//! part is finished, not torn (`write_all_fd2`). At exit
+//! non-blocking mode is waited for by the writer thread as a blocking one would be, so its
+//! lines queue rather than drop, and none is torn (`write_all_fd2`). At exit
 //! [`finish`] waits for the queue to drain for at most [`EXIT_FLUSH`], then leaves what is left.
 //!
 //! The queue and its thread start with the first line, not with [`init`]: a one-shot that has
@@ -130,13 +130,13 @@ fn pending() -> u64 {
 /// any error, a closed descriptor included (which std's stderr would report as written).
 ///
 /// A stderr left in non-blocking mode by the parent (`O_NONBLOCK` on a description it shares,
-/// as a Node.js or Go parent leaves a pipe) fails a write that finds it full with EAGAIN: a
-/// line none of which went out is dropped, as on any failed write. A line part of which went
-/// out (a pipe takes a line longer than `PIPE_BUF` in part) is finished once stderr takes
-/// bytes again, as a blocking stderr would have it: dropped there, its head would run into the
-/// next line.
+/// as a Node.js or Go parent leaves a pipe) fails a write that finds it full with EAGAIN; the
+/// writer thread then waits until it takes bytes again and goes on, as a blocking stderr
+/// would have it. This thread is the one place that may wait on stderr: lines queue behind it
+/// and are dropped only when the queue is full, as with a blocking stderr. Dropped at EAGAIN,
+/// every line of a burst past the pipe's room was lost though the reader was only a moment
+/// behind, and a line taken in part ran into the next one.
 fn write_all_fd2(mut buf: &[u8]) -> bool {
-    let mut started = false;
     while !buf.is_empty() {
         // SAFETY: write(2) from a live buffer of the given length.
         let n = unsafe { libc::write(2, buf.as_ptr().cast(), buf.len()) };
@@ -145,7 +145,7 @@ fn write_all_fd2(mut buf: &[u8]) -> bool {
             if err.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            if started && err.kind() == std::io::ErrorKind::WouldBlock && wait_writable_fd2() {
+            if err.kind() == std::io::ErrorKind::WouldBlock && wait_writable_fd2() {
                 continue;
             }
             return false;
@@ -154,7 +154,6 @@ fn write_all_fd2(mut buf: &[u8]) -> bool {
             return false;
         }
         buf = &buf[n as usize..];
-        started = true;
     }
     true
 }
