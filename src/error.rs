@@ -221,6 +221,15 @@ pub enum Error {
     )]
     GrantMoved,
 
+    /// The run history's session (`--history`) reached a hot standby, whose tables cannot be
+    /// written (a host list can land it on another server than the lock session's): said as
+    /// such, rather than as each write's read-only error.
+    #[error("server {server} is in recovery (a hot standby): the run history is written on the primary, not there")]
+    HistoryInRecovery {
+        /// The redacted connection target.
+        server: String,
+    },
+
     /// The server is a hot standby: it grants advisory locks of its own, which would make a
     /// second leader (docs/guarantees.md#safety-guarantees,
     /// docs/field-notes.md#a-hot-standby-grants-its-own-locks).
@@ -329,6 +338,19 @@ impl fmt::Display for Chain<'_> {
                     f.write_str(
                         "; hint: the server has no database of that name: create it, or name \
                          the one the lock lives in (dbname= in the DSN, or PGDATABASE)",
+                    )?;
+                }
+                // A read-only transaction refused a write. The server's message names the
+                // statement only, and the same code comes from a hot standby: both causes are
+                // said, the role's or database's default first (a session that must write checks
+                // for recovery itself, e.g. the history's).
+                if *db.code() == tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION {
+                    f.write_str(
+                        "; hint: the session's transactions are read-only: \
+                         default_transaction_read_only is on for its role or database (or in the \
+                         DSN's options); a DBA turns it off for the role (ALTER ROLE name SET \
+                         default_transaction_read_only = off), unless the server is a hot standby \
+                         (in recovery)",
                     )?;
                 }
                 // A role the DBA took pg_logical_emit_message from: the grant's durable

@@ -230,3 +230,108 @@ fn a_script_without_an_interpreter_line_runs_under_sh() {
         format!("{} first\n", script.display())
     );
 }
+
+/// An environment that fits leaderrun's own exec but not COMMAND's once leaderrun's variables
+/// (`LEADERRUN_TERM`, …) are added: exit 126, and the message says that the argument list and
+/// environment are too long, how big they were, and how much leaderrun added, not the kernel's
+/// bare "Argument list too long". The edge is found by trying: the largest filler with which
+/// leaderrun itself still starts (each string stays under the kernel's 32-page bound of one).
+#[test]
+fn an_environment_that_leaderruns_variables_tip_over_says_so() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    // A short path to the binary: the kernel counts it twice (file name and argv[0]), and
+    // COMMAND's must not be the longer one.
+    let bin = scratch.file("lr");
+    std::os::unix::fs::symlink(crate::support::bin(), &bin).unwrap();
+    let id = unique_lock_id().to_string();
+    // Settings in the environment, which COMMAND inherits as it is: argv differs only by the
+    // program's path and `--`.
+    let command = |filler: usize, lock_id: &str| {
+        let mut cmd = std::process::Command::new(&bin);
+        crate::support::default_signals(&mut cmd);
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("LEADERRUN_DSN", cluster.dsn())
+            .env("LEADERRUN_LOCK_ID", lock_id)
+            .env("LEADERRUN_ONCE", "1")
+            .args(["--", "/bin/true"]);
+        let mut left = filler;
+        for i in 0.. {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(100_000);
+            cmd.env(format!("FILL{i:03}"), "x".repeat(n));
+            left -= n;
+        }
+        cmd
+    };
+    // The same sizes with a lock id of the same length that leaderrun refuses (125 at once):
+    // whether exec takes them is all a probe asks.
+    let refused = "x".repeat(id.len());
+    let starts = |filler: usize| match command(filler, &refused).output() {
+        Ok(_) => true,
+        Err(err) if err.raw_os_error() == Some(libc::E2BIG) => false,
+        Err(err) => panic!("spawn leaderrun: {err}"),
+    };
+    let (mut lo, mut hi) = (0, 4 * 1024 * 1024);
+    assert!(starts(lo) && !starts(hi));
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if starts(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    // Without leaderrun's additions, COMMAND takes this environment.
+    let mut alone = command(lo, &id);
+    alone.env_remove("LEADERRUN_DSN");
+    let direct = std::process::Command::new("/bin/true")
+        .env_clear()
+        .envs(alone.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env("LEADERRUN_DSN", cluster.dsn())
+        .status()
+        .expect("/bin/true takes the environment leaderrun was given");
+    assert!(direct.success());
+    let out = command(lo, &id).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(126), "{stderr}");
+    for says in [
+        "cannot start /bin/true: its argument list and environment are too long for exec",
+        "Argument list too long",
+        "; leaderrun added ",
+        " bytes of its own variables (LEADERRUN_TERM, LEADERRUN_LOCK, LEADERRUN_SLOT, \
+         LEADERRUN_FENCING_TOKEN, LEADERRUN_BACKEND_PID)",
+    ] {
+        assert!(stderr.contains(says), "{says:?} not in {stderr}");
+    }
+    let limit = unsafe { libc::sysconf(libc::_SC_ARG_MAX) };
+    assert!(
+        stderr.contains(&format!("the system's limit of about {limit} (ARG_MAX)")),
+        "{stderr}"
+    );
+    // The sizes are those of what COMMAND was given: the filler and the settings.
+    let environment: usize = command(lo, &id)
+        .get_envs()
+        .map(|(k, v)| k.len() + 1 + v.map_or(0, |v| v.len()) + 1 + 8)
+        .sum();
+    assert!(
+        stderr.contains(&format!("arguments {} bytes", "/bin/true".len() + 1 + 8)),
+        "{stderr}"
+    );
+    let number_after = |what: &str| -> usize {
+        stderr
+            .split(what)
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number after {what:?} in {stderr}"))
+    };
+    assert_eq!(
+        number_after(", environment "),
+        environment + number_after("leaderrun added "),
+        "{stderr}"
+    );
+}

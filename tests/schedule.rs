@@ -1430,3 +1430,53 @@ fn a_wall_clock_set_ahead_or_back_neither_floods_nor_stalls_the_schedule() {
         "{log}"
     );
 }
+
+/// A role whose transactions are read-only by default (`default_transaction_read_only`, as a
+/// DBA sets it for a read-only role or to freeze a database) cannot write the history: the
+/// WARN says that cause, not that a DBA should create the table, both when leaderrun would
+/// create the table and when a DBA's table is there.
+#[test]
+fn a_read_only_role_is_told_why_the_history_is_not_written() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let table = format!("runs_read_only_{id}");
+    let role = format!("history_read_only_{id}");
+    cluster.sql(&format!(
+        "CREATE ROLE {role} LOGIN SUPERUSER; \
+         ALTER ROLE {role} SET default_transaction_read_only = on"
+    ));
+    let dsn = format!("{} user={role}", cluster.dsn());
+    let run = || {
+        let out = leaderrun()
+            .args(["--dsn", &dsn, "--lock-id", &id.to_string(), "--once"])
+            .args(["--history", "--history-table", &table, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let hint = "; hint: the session's transactions are read-only: default_transaction_read_only \
+                is on for its role or database";
+    let log = run();
+    assert!(
+        log.contains("history: cannot create the table (history: create the table:"),
+        "{log}"
+    );
+    assert!(log.contains("(SQLSTATE 25006)"), "{log}");
+    assert!(log.contains(hint), "{log}");
+    assert!(!log.contains("a DBA creates it"), "{log}");
+    // A DBA's table: the write itself is refused, with the same hint.
+    let sql = table
+        .parse::<leaderrun::history::TableName>()
+        .unwrap()
+        .create_sql();
+    cluster.sql(&sql);
+    let log = run();
+    assert!(
+        log.contains("history: cannot write the run history ("),
+        "{log}"
+    );
+    assert!(log.contains("(SQLSTATE 25006)"), "{log}");
+    assert!(log.contains(hint), "{log}");
+    assert_eq!(cluster.sql(&format!("SELECT count(*) FROM {table}")), ["0"]);
+}

@@ -1360,3 +1360,63 @@ fn doctor_outlasts_a_roles_idle_session_timeout_behind_a_hung_first_host() {
     assert!(text.contains("ok    connect"), "{text}");
     drop(hung);
 }
+
+/// `track_activities = off` for the replicas' role: `pg_stat_activity` shows none of their
+/// statements (`state` is `disabled`), so the leader's term, since and fencing token cannot be
+/// read, nor a standby that is not in line be found. `status` says so (`activity_tracked`,
+/// `untracked_sessions`, and a line each in the table) instead of showing bare unknowns.
+#[test]
+fn status_says_when_the_leaders_activity_is_not_tracked() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let role = format!("untracked_{id}");
+    cluster.sql(&format!(
+        "CREATE ROLE {role} LOGIN SUPERUSER; ALTER ROLE {role} SET track_activities = off"
+    ));
+    let dsn = format!("{} user={role}", cluster.dsn());
+    let scratch = Scratch::new();
+    let job = scratch.child_script("job.sh", "exec sleep 600");
+    let replica = || {
+        let mut cmd = leaderrun();
+        cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+            .args(["--check-interval", INTERVAL, "--"])
+            .arg(&job);
+        Replica::spawn(cmd)
+    };
+    let leader = replica();
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    // Two in line (found by pg_locks), one that tries every interval (found only by its
+    // statement, which is not shown).
+    let _standbys: Vec<Replica> = (0..3).map(|_| replica()).collect();
+    let report = wait_for(
+        "two standbys in line and one more session",
+        secs(10.0),
+        || {
+            let out = status(cluster, id, true);
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            (report["waiters"].as_array()?.len() == 2 && report["untracked_sessions"] == 1)
+                .then_some(report)
+        },
+    );
+    let l = &report["leader"];
+    assert_eq!(l["pid"], start.backend_pid, "{report}");
+    assert_eq!(l["activity_tracked"], false, "{report}");
+    // Its application_name still names it; its statements, with the term, are not shown.
+    assert_eq!(l["host"], hostname().as_str(), "{report}");
+    assert_eq!(l["leaderrun_pid"], leader.pid(), "{report}");
+    assert!(
+        l["term"].is_null() && l["fencing_token"].is_null(),
+        "{report}"
+    );
+    assert_eq!(report["standbys"].as_array().unwrap().len(), 2, "{report}");
+    let out = status(cluster, id, false);
+    assert_eq!(out.status.code(), Some(0));
+    let table = String::from_utf8(out.stdout).unwrap();
+    for line in [
+        "activity       not tracked: track_activities is off for the leader's session",
+        "untracked      1 other session of this database has track_activities off: a standby \
+         among them that is not in line is not listed",
+    ] {
+        assert!(table.contains(line), "{line:?} not in\n{table}");
+    }
+}

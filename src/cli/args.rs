@@ -635,7 +635,9 @@ pub enum Action {
     /// client address, since when it leads, its term and its fencing token (which grows across
     /// all replicas), and each waiting standby with its host, pid and backend pid. A holder
     /// that is not leaderrun (a psql session, the plexsphere API's own Elector) is the leader
-    /// too, shown as "not leaderrun: application_name=...". Exit 0 when a leader holds the lock,
+    /// too, shown as "not leaderrun: application_name=...". With track_activities off for the
+    /// leader's session, the server shows none of its statements: the term, since and fencing
+    /// token are unknown, and it says so ("activity  not tracked"). Exit 0 when a leader holds the lock,
     /// 1 when none does, 125 on error. When the history table exists (--history-table), the
     /// key's last runs follow (host, start, duration, exit), and the next due time of
     /// --schedule (else of the schedule the newest run was made under).

@@ -35,9 +35,16 @@ pub struct Leader {
     pub lock: String,
     /// Backend pid of the lock session.
     pub pid: i32,
-    /// Whether the holder is a leaderrun (its `application_name` is `leaderrun@HOST:PID`).
-    /// Any other holder (a psql session, the plexsphere API's own Elector) leads too.
+    /// Whether the holder is a leaderrun (its `application_name` is `leaderrun@HOST:PID`, or its
+    /// statements say so). Any other holder (a psql session, the plexsphere API's own Elector)
+    /// leads too. False also when it cannot be told: see `activity_tracked`.
     pub leaderrun: bool,
+    /// Whether the server tracks the lock session's activity. False when `track_activities` is
+    /// off for it (for the server, its role or database, or the session:
+    /// `pg_stat_activity.state` is `disabled`): its statements are not shown, so its term,
+    /// since and fencing token are unknown (null), and so are its host and leaderrun pid
+    /// unless its `application_name` names them.
+    pub activity_tracked: bool,
     /// The leader's host, from `application_name` `leaderrun@HOST:PID`; null when the holder
     /// is not leaderrun.
     pub host: Option<String>,
@@ -160,6 +167,11 @@ pub struct Report {
     /// Every standby session: those in line first (by slot and place), then those that try
     /// the lock once per interval, each group in pid order.
     pub standbys: Vec<Standby>,
+    /// How many other sessions of the database have their activity untracked
+    /// (`track_activities` off, `pg_stat_activity.state` `disabled`), leaders and standbys in
+    /// line not counted: a standby that tries once per interval is found by its statement,
+    /// which such a session does not show, so any among them is not listed.
+    pub untracked_sessions: u32,
     /// Slots at or beyond `slots` (up to 1023) whose key is held: a hint that the lock is
     /// used with a larger `--slots` than was asked about. Slot numbers, ascending.
     pub more_slots_held: Vec<u32>,
@@ -201,7 +213,7 @@ const STATUS_SQL: &str = concat!(
     ", pg_catalog.current_database(), \
        pg_catalog.to_char((pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart')\
          ::pg_catalog.timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
-       l.classid, l.objsubid \
+       l.classid, l.objsubid, a.state OPERATOR(pg_catalog.=) 'disabled' \
      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a \
        ON a.pid OPERATOR(pg_catalog.=) l.pid \
      WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' \
@@ -226,6 +238,13 @@ const STANDBYS_SQL: &str = concat!(
        AND pg_catalog.starts_with(a.query, $1) \
      ORDER BY a.pid"
 );
+
+/// Sessions of the database whose activity is not tracked (`track_activities` off): their
+/// statements, the comment a standby is found by included, are not shown.
+const UNTRACKED_SQL: &str = "SELECT a.pid FROM pg_catalog.pg_stat_activity a \
+     WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() \
+       AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid() \
+       AND a.state OPERATOR(pg_catalog.=) 'disabled'";
 
 use crate::pg::holder::{activity_bytes, activity_text, parse_check_comment};
 
@@ -273,7 +292,7 @@ pub async fn report(
         .collect();
     let more_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&more_classes, &id];
     // All in one flight.
-    let (rows, between, more, recovery) = tokio::join!(
+    let (rows, between, more, recovery, untracked) = tokio::join!(
         within(
             "status query",
             bound,
@@ -293,9 +312,14 @@ pub async fn report(
             "recovery query",
             bound,
             client.query_typed("SELECT pg_catalog.pg_is_in_recovery()", &[]),
+        ),
+        within(
+            "untracked sessions query",
+            bound,
+            client.query(UNTRACKED_SQL, &[]),
         )
     );
-    let (rows, between, more) = (rows?, between?, more?);
+    let (rows, between, more, untracked) = (rows?, between?, more?, untracked?);
     let in_recovery = recovery?.first().is_some_and(|row| row.get::<_, bool>(0));
     let mut more_slots_held: Vec<u32> = more
         .iter()
@@ -346,6 +370,7 @@ pub async fn report(
                     lock: lock.slot(slot).to_string(),
                     pid,
                     leaderrun: host.is_some(),
+                    activity_tracked: row.get::<_, Option<bool>>(11) != Some(true),
                     host,
                     leaderrun_pid,
                     application_name,
@@ -400,6 +425,11 @@ pub async fn report(
             query.as_deref(),
         ));
     }
+    let untracked_sessions = untracked
+        .iter()
+        .map(|row| row.get::<_, i32>(0))
+        .filter(|pid| !leaders.contains(pid) && !standbys.iter().any(|s| s.backend_pid == *pid))
+        .count() as u32;
     let leader = slot_leaders.iter().find_map(|s| s.leader.clone());
     Ok(Report {
         lock: lock.to_string(),
@@ -413,6 +443,7 @@ pub async fn report(
         slot_leaders,
         waiters,
         standbys,
+        untracked_sessions,
         more_slots_held,
         runs: Vec::new(),
         schedule: None,
@@ -517,6 +548,11 @@ impl Leader {
     fn who(&self) -> String {
         match (&self.host, self.leaderrun_pid) {
             (Some(host), Some(pid)) => format!("{host}, leaderrun pid {pid}"),
+            // Its statements, which would say whether it is leaderrun, are not shown.
+            _ if !self.activity_tracked => format!(
+                "unknown: application_name={}, and its activity is not tracked",
+                self.application_name.as_deref().unwrap_or("")
+            ),
             _ => crate::pg::holder::Who {
                 application_name: self.application_name.as_deref(),
                 query: None,
@@ -529,6 +565,14 @@ impl Leader {
     fn lines(&self, out: &mut String) {
         out.push_str(&format!("leader         {}\n", self.who()));
         out.push_str(&format!("leader pid     {} (backend)\n", self.pid));
+        if !self.activity_tracked {
+            // Said, or the unknowns below would look like a leader before its first check.
+            out.push_str(
+                "activity       not tracked: track_activities is off for the leader's session \
+                 (server, role or database setting), so pg_stat_activity shows none of its \
+                 statements, and its term, since and fencing token are unknown\n",
+            );
+        }
         out.push_str(&format!(
             "application    {}\n",
             show(&self.application_name)
@@ -606,6 +650,17 @@ impl Report {
                 .join(", ")
         };
         out.push_str(&format!("waiters        {waiters}\n"));
+        if self.untracked_sessions > 0 {
+            let (sessions, have) = match self.untracked_sessions {
+                1 => ("session", "has"),
+                _ => ("sessions", "have"),
+            };
+            out.push_str(&format!(
+                "untracked      {} other {sessions} of this database {have} track_activities \
+                 off: a standby among them that is not in line is not listed\n",
+                self.untracked_sessions
+            ));
+        }
         if let Some(&last) = self.more_slots_held.last() {
             let held: Vec<String> = self.more_slots_held.iter().map(u32::to_string).collect();
             out.push_str(&format!(

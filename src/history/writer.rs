@@ -622,6 +622,21 @@ impl Writer {
         let (client, _closed, _task) =
             crate::elector::connect(&config, &self.settings.tls, &target, bound).await?;
         crate::pg::bound_session("history: session settings", &client, bound).await?;
+        // A hot standby refuses every write with the same read-only error (25006) as a role's
+        // or database's default_transaction_read_only, so it is told apart here, once per
+        // session: a later read-only error is then that default. The default itself is left in
+        // force: a DBA sets it to keep a role from writing or to freeze a database (a migration,
+        // a switchover), and a record of runs is not worth writing past that; the run goes on
+        // unrecorded, and the WARN says which setting refuses it.
+        let recovery = within(
+            "history: is the server in recovery",
+            bound,
+            client.query_one("SELECT pg_catalog.pg_is_in_recovery()", &[]),
+        )
+        .await?;
+        if recovery.get::<_, bool>(0) {
+            return Err(Error::HistoryInRecovery { server: target });
+        }
         if !self.ensured {
             self.ensure_table(&client).await;
         }
@@ -659,11 +674,19 @@ impl Writer {
                 self.ensured = true;
             }
             Err(err) => {
+                // A DBA's table helps only when the refusal was the right to create it: a
+                // read-only session (its hint says why) could not write into one either.
+                let read_only = matches!(&err, Error::Query { source, .. }
+                    if source.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION));
+                let remedy = if read_only {
+                    "runs go on unrecorded until the session may write"
+                } else {
+                    "a DBA creates it with the SQL in the README (Schedules, The history \
+                     table); runs go on unrecorded until it exists"
+                };
                 warn!(
                     table = %self.settings.table,
-                    "history: cannot create the table ({}); a DBA creates it with the SQL in \
-                     the README (Schedules, The history table); runs go on unrecorded until \
-                     it exists",
+                    "history: cannot create the table ({}); {remedy}",
                     Chain(&err)
                 );
                 // Once per process: a DBA's table is found by the writes themselves.

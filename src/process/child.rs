@@ -136,6 +136,17 @@ pub enum SpawnError {
     /// term is over for it (rule 1, docs/guarantees.md#the-three-rules).
     #[error("the lock's proof ran out before COMMAND's exec; COMMAND was not started")]
     ProofLapsed,
+    /// `exec` refused COMMAND's arguments and environment as too long for the kernel (E2BIG):
+    /// exit 126, as any exec failure. Said with the sizes, because the environment leaderrun
+    /// was started with fitted, and its own variables (`LEADERRUN_TERM`, …) may be what tips
+    /// COMMAND's over; the kernel says only "Argument list too long".
+    #[error("cannot start {program}: {sizes}")]
+    TooLong {
+        /// COMMAND as given.
+        program: String,
+        /// What exec was given, measured as the kernel counts it.
+        sizes: ExecSizes,
+    },
     /// `fork`/`exec` failed; exec errors map to 126/127 like a shell's, other failures are
     /// leaderrun's own (125).
     #[error("cannot start {program}")]
@@ -153,7 +164,9 @@ impl SpawnError {
     pub fn exit_code(&self) -> u8 {
         match self {
             SpawnError::NotFound { .. } | SpawnError::BadInterpreter { .. } => 127,
-            SpawnError::NotExecutable { .. } | SpawnError::Unusable { .. } => 126,
+            SpawnError::NotExecutable { .. }
+            | SpawnError::Unusable { .. }
+            | SpawnError::TooLong { .. } => 126,
             SpawnError::Unguarded | SpawnError::ProofLapsed => 125,
             // exec's own failures are 126 as env(1) gives them (found, cannot be run); the
             // rest (the clone: EAGAIN, ENOMEM) are leaderrun's.
@@ -174,6 +187,94 @@ impl SpawnError {
                 _ => 125,
             },
         }
+    }
+}
+
+/// The sizes of what `exec` was given, for [`SpawnError::TooLong`]: bytes as the kernel counts
+/// them against its limit, each string with its NUL and a pointer to it (fs/exec.c).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecSizes {
+    /// COMMAND's arguments, `argv[0]` included.
+    pub argument_bytes: usize,
+    /// Its environment, leaderrun's variables included.
+    pub environment_bytes: usize,
+    /// How many variables the environment holds.
+    pub variables: usize,
+    /// The part of `environment_bytes` that is leaderrun's own variables.
+    pub added_bytes: usize,
+    /// Their names (`LEADERRUN_TERM`, …).
+    pub added: Vec<String>,
+    /// The longest single string, which the kernel also bounds on its own.
+    pub longest: usize,
+    /// The system's limit for arguments and environment together (`sysconf(_SC_ARG_MAX)`,
+    /// `getconf ARG_MAX`), when it can be read.
+    pub limit: Option<usize>,
+}
+
+/// The kernel's bound on one argument or variable, `NAME=VALUE` and its NUL: 32 pages
+/// (`MAX_ARG_STRLEN`, include/uapi/linux/binfmts.h).
+pub const MAX_ARG_STRLEN: usize = 32 * 4096;
+
+impl ExecSizes {
+    /// Measures `argv` and `environment` (`NAME=VALUE` entries), of which `added` are
+    /// leaderrun's own variables.
+    pub fn measure(argv: &[OsString], environment: &[OsString], added: &[(&str, String)]) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let pointer = std::mem::size_of::<*const libc::c_char>();
+        let cost = |s: &OsStr| s.as_bytes().len() + 1 + pointer;
+        // SAFETY: sysconf reads a value; -1 is "unknown".
+        let limit = unsafe { libc::sysconf(libc::_SC_ARG_MAX) };
+        ExecSizes {
+            argument_bytes: argv.iter().map(|a| cost(a)).sum(),
+            environment_bytes: environment.iter().map(|e| cost(e)).sum(),
+            variables: environment.len(),
+            added_bytes: added
+                .iter()
+                .map(|(n, v)| n.len() + 1 + v.len() + 1 + pointer)
+                .sum(),
+            added: added.iter().map(|(n, _)| (*n).to_owned()).collect(),
+            longest: argv
+                .iter()
+                .chain(environment)
+                .map(|s| s.as_bytes().len() + 1)
+                .max()
+                .unwrap_or(0),
+            limit: usize::try_from(limit).ok(),
+        }
+    }
+}
+
+impl std::fmt::Display for ExecSizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "its argument list and environment are too long for exec (E2BIG, \"Argument list \
+             too long\"): arguments {} bytes, environment {} bytes in {} variables, {} bytes \
+             in all (each string with its NUL and an {}-byte pointer)",
+            self.argument_bytes,
+            self.environment_bytes,
+            self.variables,
+            self.argument_bytes + self.environment_bytes,
+            std::mem::size_of::<*const libc::c_char>(),
+        )?;
+        match self.limit {
+            Some(limit) => write!(f, ", over the system's limit of about {limit} (ARG_MAX)")?,
+            None => f.write_str(", over the system's limit (ARG_MAX)")?,
+        }
+        if self.longest > MAX_ARG_STRLEN {
+            write!(
+                f,
+                ", and one string is {} bytes, over the {MAX_ARG_STRLEN} the kernel takes for one",
+                self.longest
+            )?;
+        }
+        write!(
+            f,
+            "; leaderrun added {} bytes of its own variables ({}) to the environment it was \
+             started with: make that environment (or COMMAND's arguments) smaller",
+            self.added_bytes,
+            self.added.join(", ")
+        )
     }
 }
 
@@ -753,6 +854,12 @@ impl Child {
             let setup = super::spawn::SetupFailed::errno_of(&source);
             match setup.or(source.raw_os_error()) {
                 Some(libc::ETIME) => SpawnError::ProofLapsed,
+                // exec's own E2BIG (a set-up step never reports it): measured here, in the
+                // parent, where allocating is fine.
+                Some(libc::E2BIG) if setup.is_none() => SpawnError::TooLong {
+                    program: program(),
+                    sizes: ExecSizes::measure(&command.argv, &child_environment(env), env),
+                },
                 _ => SpawnError::Spawn {
                     program: program(),
                     source,

@@ -11,6 +11,7 @@ fn leader(slot: u32, lock: &str) -> Leader {
         lock: lock.to_owned(),
         pid: 4711,
         leaderrun: true,
+        activity_tracked: true,
         host: Some("web-1".to_owned()),
         leaderrun_pid: Some(901),
         application_name: Some("leaderrun@web-1:901".to_owned()),
@@ -42,6 +43,7 @@ fn report() -> Report {
         }],
         waiters: Vec::new(),
         standbys: Vec::new(),
+        untracked_sessions: 0,
         more_slots_held: Vec::new(),
         runs: Vec::new(),
         schedule: None,
@@ -233,12 +235,14 @@ fn the_json_shape_is_stable() {
             "slots",
             "standbys",
             "tz",
+            "untracked_sessions",
             "waiters"
         ]
     );
     assert_eq!(
         keys(&json["leader"]),
         [
+            "activity_tracked",
             "application_name",
             "backend_start",
             "client_addr",
@@ -329,7 +333,49 @@ fn every_name_in_the_status_statements_is_the_catalogs() {
         super::STATUS_SQL,
         super::STANDBYS_SQL,
         super::MORE_SLOTS_SQL,
+        super::UNTRACKED_SQL,
     ] {
         crate::pg::assert_qualified(sql);
     }
+}
+
+#[test]
+fn a_leader_whose_activity_is_not_tracked_says_why_its_term_is_unknown() {
+    let mut r = report();
+    // Renamed (PGAPPNAME) and untracked: nothing tells whether it is leaderrun.
+    r.leader = Some(Leader {
+        leaderrun: false,
+        activity_tracked: false,
+        host: None,
+        leaderrun_pid: None,
+        application_name: Some("worker".to_owned()),
+        term: None,
+        since: None,
+        leading_seconds: None,
+        fencing_token: None,
+        ..leader(0, "7:42")
+    });
+    r.untracked_sessions = 2;
+    let table = r.table();
+    for line in [
+        "leader         unknown: application_name=worker, and its activity is not tracked\n",
+        "activity       not tracked: track_activities is off for the leader's session",
+        "term           unknown",
+        "untracked      2 other sessions of this database have track_activities off",
+    ] {
+        assert!(table.contains(line), "{line:?} not in\n{table}");
+    }
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["leader"]["activity_tracked"], false);
+    assert_eq!(json["untracked_sessions"], 2);
+    // A tracked one has no such lines.
+    let table = report_with_leader().table();
+    assert!(!table.contains("activity "), "{table}");
+    assert!(!table.contains("untracked "), "{table}");
+}
+
+fn report_with_leader() -> Report {
+    let mut r = report();
+    r.leader = Some(leader(0, "7:42"));
+    r
 }
