@@ -149,6 +149,77 @@ fn an_empty_variable_is_no_setting() {
     );
 }
 
+/// An option typed on the command line wins over a variable of an option it excludes, as it
+/// wins over its own variable (`LEADERRUN_ONCE=1` in a unit's environment, `--wait 5s` typed
+/// for one run): before, the two were refused as a conflict (125) naming a flag the user never
+/// typed. Two variables that exclude each other are still refused.
+#[test]
+fn a_flag_wins_over_a_variable_it_excludes() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let run = |var: (&str, &str), flags: &[&str]| {
+        let out = leaderrun()
+            .env(var.0, var.1)
+            .args(["-v", "--dsn", &cluster.dsn()])
+            .args(flags)
+            .args(["--", "true"])
+            .output()
+            .expect("run leaderrun");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{var:?} {flags:?}: {stderr}");
+        stderr
+    };
+    for (var, flags, mode) in [
+        (
+            ("LEADERRUN_ONCE", "1"),
+            &["--wait", "5s"][..],
+            "mode=wait 5s",
+        ),
+        (("LEADERRUN_WAIT", "5s"), &["--once"][..], "mode=once"),
+        (("LEADERRUN_EVERY", "1m"), &["--once"][..], "mode=once"),
+        (
+            ("LEADERRUN_SCHEDULE", "* * * * *"),
+            &["--once"][..],
+            "mode=once",
+        ),
+        (
+            ("LEADERRUN_RESTART", "always"),
+            &["--wait", "5s"][..],
+            "mode=wait 5s",
+        ),
+    ] {
+        let stderr = run(var, &[&["--lock-id", &id][..], flags].concat());
+        assert!(stderr.contains(mode), "{var:?} {flags:?}: {stderr}");
+    }
+    let stderr = run(
+        ("LEADERRUN_LOCK_ID", "3"),
+        &["--once", "--lock-name", "nightly-report"],
+    );
+    assert!(stderr.contains("lock=1886156915:"), "{stderr}");
+    assert!(!stderr.contains("lock=1886156915:3 "), "{stderr}");
+    let status = leaderrun()
+        .env("LEADERRUN_LOCK_ID", "3")
+        .args([
+            "status",
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-name",
+            "nightly-report",
+        ])
+        .output()
+        .expect("run leaderrun status");
+    assert_eq!(status.status.code(), Some(1), "{status:?}");
+    // Both from the environment: which one was meant is not known.
+    let both = leaderrun()
+        .env("LEADERRUN_ONCE", "1")
+        .env("LEADERRUN_EVERY", "1m")
+        .args(["--dsn", &cluster.dsn(), "--lock-id", &id, "--", "true"])
+        .output()
+        .expect("run leaderrun");
+    assert_eq!(both.status.code(), Some(125), "{both:?}");
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
+}
+
 #[test]
 fn missing_or_unexecutable_command_exits_at_once() {
     let scratch = Scratch::new();

@@ -768,6 +768,75 @@ fn command_for(subcommands: bool) -> clap::Command {
     })
 }
 
+/// Options that exclude each other on their values, which [`Cli::validate`] checks (a
+/// `LEADERRUN_ONCE=0` is no `--once`, so clap cannot): each with the options it excludes.
+/// Clap's own exclusions (`conflicts_with`) are read from the command.
+const VALUE_CONFLICTS: [(&str, &[&str]); 2] = [
+    ("once", &["wait", "every", "restart"]),
+    (
+        "schedule",
+        &["every", "once", "wait", "restart", "tick_at_grant"],
+    ),
+];
+
+/// The options set by their variable (`LEADERRUN_ONCE=1`) that exclude an option typed on
+/// the command line (`--wait 30s`): the flag wins, as it does over its own variable, so their
+/// variables are set aside rather than refused as a conflict the user never typed. Two
+/// variables that exclude each other are still refused. Costs a second parse only when an
+/// option's variable is set.
+fn overridden_by_flags(command: &clap::Command, raw: &[OsString]) -> Vec<clap::Id> {
+    use clap::parser::ValueSource;
+    let from_env: Vec<&clap::Arg> = command
+        .get_arguments()
+        .filter(|arg| arg.get_env().and_then(std::env::var_os).is_some())
+        .collect();
+    if from_env.is_empty() {
+        return Vec::new();
+    }
+    // What was typed: the same command line, no variable read. A command line that fails
+    // here fails the real parse too, which says why.
+    let Ok(typed) = command
+        .clone()
+        .mut_args(|arg| arg.env(None))
+        .try_get_matches_from(raw)
+    else {
+        return Vec::new();
+    };
+    let on_command_line = |id: &str| {
+        matches!(
+            typed.try_get_raw(id).map(|_| typed.value_source(id)),
+            Ok(Some(ValueSource::CommandLine))
+        )
+    };
+    let excludes = |a: &str, b: &str| {
+        VALUE_CONFLICTS.iter().any(|(one, others)| {
+            (*one == a && others.contains(&b)) || (*one == b && others.contains(&a))
+        })
+    };
+    // Clap keeps an exclusion on the option that declares it: asked both ways.
+    let clap_excludes = |a: &clap::Arg, b: &clap::Arg| {
+        let names = |x: &clap::Arg, y: &clap::Arg| {
+            command
+                .get_arg_conflicts_with(x)
+                .iter()
+                .any(|c| c.get_id() == y.get_id())
+        };
+        names(a, b) || names(b, a)
+    };
+    from_env
+        .into_iter()
+        .filter(|arg| {
+            let id = arg.get_id().as_str();
+            !on_command_line(id)
+                && command.get_arguments().any(|other| {
+                    on_command_line(other.get_id().as_str())
+                        && (excludes(id, other.get_id().as_str()) || clap_excludes(arg, other))
+                })
+        })
+        .map(|arg| arg.get_id().clone())
+        .collect()
+}
+
 /// Parses `raw` (the program's name first) into a checked [`Cli`]: clap's parse, then
 /// [`Cli::validate`] and the mistyped-subcommand check. Options are copied into the
 /// subcommands (`command_for`) when any word of `raw` is a subcommand's name (as an option's
@@ -780,7 +849,20 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
         .iter()
         .skip(1)
         .any(|word| SUBCOMMANDS.iter().any(|name| word == name));
-    command_for(subcommands)
+    let command = command_for(subcommands);
+    let overridden = overridden_by_flags(&command, raw);
+    let command = if overridden.is_empty() {
+        command
+    } else {
+        command.mut_args(|arg| {
+            if overridden.contains(arg.get_id()) {
+                arg.env(None)
+            } else {
+                arg
+            }
+        })
+    };
+    command
         .try_get_matches_from(raw)
         .and_then(|matches| {
             let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
