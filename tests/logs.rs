@@ -695,3 +695,42 @@ fn a_servers_huge_error_is_cut_in_log_lines_and_in_status() {
     );
     assert!(out.stdout.len() < 1000, "{}", out.stdout.len());
 }
+
+/// The start line shows what every replica of a lock must agree on, so two hosts' lines can be
+/// compared: the key and its slots, the exit status of a skip, the history, how the tree is
+/// held.
+#[test]
+fn the_start_line_shows_what_replicas_must_agree_on() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let out = leaderrun()
+        .args(["-v", "--once", "--dsn", &cluster.dsn(), "--lock-id", &id])
+        .args([
+            "--slots",
+            "2",
+            "-E",
+            "75",
+            "--history",
+            "--history-keep",
+            "7d",
+        ])
+        .args(["--", "true"])
+        .output()
+        .expect("run leaderrun");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("campaigning for"))
+        .unwrap_or_else(|| panic!("no start line: {stderr}"));
+    for field in [
+        format!("lock=1886156915:{id} "),
+        "slots=2 ".to_owned(),
+        "conflict_exit_code=75 ".to_owned(),
+        "history=leaderrun_runs, keep 7days ".to_owned(),
+        "cgroup=false ".to_owned(),
+        "pid_namespace=false ".to_owned(),
+    ] {
+        assert!(line.contains(&field), "{field:?} not in {line}");
+    }
+}

@@ -453,6 +453,16 @@ fn log_settings(settings: &Settings, command: &Command) {
         .unwrap_or_else(|| "off".into());
     let program = command.program().display().to_string();
     let database = settings.connect.get_dbname().unwrap_or("");
+    // Every replica of a lock must agree on these: the line shows them to compare.
+    let history = if settings.history {
+        format!(
+            "{}, keep {}",
+            settings.history_table,
+            dur(settings.history_keep)
+        )
+    } else {
+        "off".into()
+    };
     info!(
                 mode = %mode,
                 database = %database,
@@ -462,12 +472,17 @@ fn log_settings(settings: &Settings, command: &Command) {
                 application_name = %app,
                 lock = %settings.lock,
                 lock_is = lock_words(settings.lock),
+                slots = settings.slots,
                 check_interval = %dur(settings.timing.check_interval),
                 grace = %dur(settings.timing.grace),
                 stop_signal = settings.stop_signal.as_str(),
                 idle_session_timeout = %dur(settings.timing.idle_session_timeout),
                 takeover_delay = %dur(settings.takeover_delay),
                 timeout = %timeout,
+                conflict_exit_code = settings.conflict_exit_code,
+                history = %history,
+                cgroup = settings.cgroup,
+                pid_namespace = settings.pid_namespace,
                 http_addr = %http,
                 command = %program,
                 "campaigning for the background leader lock"
