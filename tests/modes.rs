@@ -94,6 +94,21 @@ fn once_while_another_session_holds_the_lock_exits_silently() {
     let mut skipped = Replica::spawn(cmd);
     assert_eq!(skipped.wait_exit(secs(5.0)).code(), Some(75));
     assert_eq!(skipped.log(), "");
+    // With -v the skip says so (before, only the start line: a skip looked like a run that
+    // never started).
+    let mut told = Replica::start(
+        cluster,
+        id,
+        INTERVAL,
+        &["-v", "--once", "--", job.to_str().unwrap()],
+    );
+    assert_eq!(told.wait_exit(secs(5.0)).code(), Some(0));
+    assert!(
+        told.log()
+            .contains("another session holds the lock; COMMAND does not run"),
+        "{}",
+        told.log()
+    );
     assert_eq!(
         scratch.starts().len(),
         1,

@@ -142,7 +142,13 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             return;
         }
         self.state = if seen.refused > 0 {
-            debug!("another session holds the lock; COMMAND does not run");
+            // INFO: silent at a one-shot's default level (cron mails nothing), said with -v,
+            // where a skip that says nothing looks like a run that never started.
+            info!(
+                exit_code = self.plan.conflict_exit_code,
+                "another session holds the lock; COMMAND does not run (`leaderrun status` \
+                 names the holder)"
+            );
             State::Done(Exit::Code(self.plan.conflict_exit_code))
         } else {
             error!(
