@@ -152,7 +152,8 @@ fn an_empty_variable_is_no_setting() {
 /// An option typed on the command line wins over a variable of an option it excludes, as it
 /// wins over its own variable (`LEADERRUN_ONCE=1` in a unit's environment, `--wait 5s` typed
 /// for one run): before, the two were refused as a conflict (125) naming a flag the user never
-/// typed. Two variables that exclude each other are still refused.
+/// typed. Two variables that exclude each other are still refused, and a usage error over an
+/// option set by its variable names the variable.
 #[test]
 fn a_flag_wins_over_a_variable_it_excludes() {
     let cluster = Cluster::shared();
@@ -217,7 +218,35 @@ fn a_flag_wins_over_a_variable_it_excludes() {
         .output()
         .expect("run leaderrun");
     assert_eq!(both.status.code(), Some(125), "{both:?}");
-    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    // The error names flags nobody typed: the notes name the variables.
+    for var in ["LEADERRUN_ONCE", "LEADERRUN_EVERY"] {
+        assert!(
+            stderr.contains(&format!("was set by {var} in the environment")),
+            "{stderr}"
+        );
+    }
+    let bad = leaderrun()
+        .env("LEADERRUN_CHECK_INTERVAL", "5")
+        .args(["--dsn", &cluster.dsn(), "--lock-id", &id, "--", "true"])
+        .output()
+        .expect("run leaderrun");
+    assert_eq!(bad.status.code(), Some(125), "{bad:?}");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("note: --check-interval was set by LEADERRUN_CHECK_INTERVAL"),
+        "{stderr}"
+    );
+    // Typed, it is not the variable's.
+    let typed = leaderrun()
+        .env("LEADERRUN_CHECK_INTERVAL", "5s")
+        .args(["--dsn", &cluster.dsn(), "--check-interval", "5"])
+        .args(["--lock-id", &id, "--", "true"])
+        .output()
+        .expect("run leaderrun");
+    assert_eq!(typed.status.code(), Some(125), "{typed:?}");
+    assert!(!String::from_utf8_lossy(&typed.stderr).contains("note:"));
 }
 
 #[test]

@@ -892,6 +892,12 @@ pub fn parse() -> Result<Cli, u8> {
             std::io::stdout().flush()
         });
         // (A usage error's message goes to stderr: when that fails nothing can be said.)
+        if err.use_stderr() {
+            use std::io::Write;
+            for note in environment_notes(&err.to_string(), &raw) {
+                let _ = writeln!(std::io::stderr(), "note: {note}");
+            }
+        }
         let lost = match written {
             Err(e) if !err.use_stderr() && e.kind() != std::io::ErrorKind::BrokenPipe => {
                 use std::io::Write;
@@ -906,6 +912,42 @@ pub fn parse() -> Result<Cli, u8> {
             0
         }
     })
+}
+
+/// For a usage error whose text names an option that was not typed but set by its variable
+/// (`LEADERRUN_CHECK_INTERVAL=5` in a unit's environment): one note per such option naming the
+/// variable, since the error names only the flag, which the user never typed.
+fn environment_notes(error: &str, raw: &[OsString]) -> Vec<String> {
+    // COMMAND's words are not options.
+    let typed: Vec<&str> = raw
+        .iter()
+        .skip(1)
+        .take_while(|word| *word != "--")
+        .filter_map(|word| word.to_str())
+        .collect();
+    command_for(false)
+        .get_arguments()
+        .filter_map(|arg| {
+            let long = format!("--{}", arg.get_long()?);
+            let var = arg.get_env()?.to_str()?.to_owned();
+            std::env::var_os(&var).filter(|value| !value.is_empty())?;
+            let short = arg.get_short();
+            let was_typed = typed.iter().any(|word| {
+                *word == long
+                    || word.starts_with(&format!("{long}="))
+                    || short.is_some_and(|s| {
+                        word.starts_with('-') && !word.starts_with("--") && word.contains(s)
+                    })
+            });
+            // The flag as a whole word of the message: `--wait` is not in `--wait-for`.
+            let named = error.match_indices(&long).any(|(at, _)| {
+                !error[at + long.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '-')
+            });
+            (named && !was_typed).then(|| {
+                format!("{long} was set by {var} in the environment, not on the command line")
+            })
+        })
+        .collect()
 }
 
 /// The longest duration any option takes: one year.
