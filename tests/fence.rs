@@ -301,18 +301,19 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
     assert_eq!(sample(&body, DROPPED), Some(0.0), "{body}");
     drop(quiet);
 
-    // A full pipe in non-blocking mode (as a parent may leave it): every write fails with
-    // EAGAIN until the reader reads.
-    let (read, write) = pipe(true);
-    // SAFETY: fcntl on a descriptor we own.
-    unsafe {
-        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-    }
+    // A stderr file at the size limit (`ulimit -f`): every write fails (EFBIG) until the file
+    // is cut back; it is opened to append, as a shell's `2>>` does, so writes go on at its end.
+    let log = scratch.file("stderr.log");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    file.write_all(&[b'x'; SIZE_LIMIT as usize]).unwrap();
     let port = free_port();
     let http = format!("127.0.0.1:{port}");
     let mut cmd = leaderrun();
-    cmd.args(["-v", "--dsn", &cluster.dsn()])
+    cmd.args(["-vv", "--dsn", &cluster.dsn()])
         .args(["--lock-id", &unique_lock_id().to_string()])
         .args([
             "--check-interval",
@@ -324,7 +325,20 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::from(write));
+        .stderr(Stdio::from(file.try_clone().unwrap()));
+    let limit = libc::rlimit {
+        rlim_cur: SIZE_LIMIT,
+        rlim_max: SIZE_LIMIT,
+    };
+    // SAFETY: setrlimit only, async-signal-safe, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let leader = Muted {
         child: cmd.spawn().expect("spawn leaderrun"),
         _reader: None,
@@ -335,8 +349,15 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
         sample(&body, DROPPED).filter(|&n| n > 0.0)
     });
     scratch.wait_starts(1, secs(10.0));
-    // The reader reads again: one line says how many were lost.
-    let line = read_until_report(read, secs(10.0));
+    // Room again: after the next line that goes through (at -vv every check logs one), one
+    // line says how many were lost.
+    file.set_len(0).unwrap();
+    let line = wait_for("the report of dropped lines", secs(10.0), || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.lines()
+            .find(|l| l.contains("log line(s) were dropped"))
+            .map(str::to_owned)
+    });
     assert!(line.contains("WARN"), "{line}");
     let reported = report_field(&line, "total");
     assert!(reported >= dropped, "{line}: counted {dropped} before");
