@@ -436,6 +436,76 @@ fn a_line_a_non_blocking_stderr_takes_in_part_is_finished_not_torn() {
     );
 }
 
+/// Lines dropped after the last line that went through are said at exit: a leader at `-q`
+/// whose first run failed (its WARN dropped by a stderr file at the size limit) and whose
+/// restart then succeeded says nothing more, so only the exit is left to report the drop.
+/// Before, the lost line was never reported.
+#[test]
+fn lines_dropped_after_the_last_written_one_are_reported_at_exit() {
+    let cluster = Cluster::shared();
+    let scratch = Scratch::new();
+    let go = scratch.file("go");
+    // The first run fails at once; the second waits for the test, then succeeds.
+    let script = scratch.child_script(
+        "child.sh",
+        &format!(
+            "if [ ! -e \"$0.ran\" ]; then : > \"$0.ran\"; exit 2; fi\n\
+             while [ ! -e {} ]; do sleep 0.02; done\nexit 0",
+            go.display()
+        ),
+    );
+    let log = scratch.file("stderr.log");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    file.write_all(&[b'x'; SIZE_LIMIT as usize]).unwrap();
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let mut cmd = leaderrun();
+    cmd.args(["-q", "--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--restart", "on-failure"])
+        .args(["--http-addr", &http, "--"])
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(file.try_clone().unwrap()));
+    let limit = libc::rlimit {
+        rlim_cur: SIZE_LIMIT,
+        rlim_max: SIZE_LIMIT,
+    };
+    // SAFETY: setrlimit only, async-signal-safe, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut leader = Muted {
+        child: cmd.spawn().expect("spawn leaderrun"),
+        _reader: None,
+    };
+    let addr: SocketAddr = http.parse().unwrap();
+    // The failed run's WARN, dropped.
+    wait_for("the failed run's line dropped", secs(10.0), || {
+        sample(&metrics(addr)?, DROPPED).filter(|&n| n >= 1.0)
+    });
+    scratch.wait_starts(2, secs(10.0));
+    file.set_len(0).unwrap();
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(leader.wait_exit(secs(10.0)), Some(0));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("log line(s) were dropped"))
+        .unwrap_or_else(|| panic!("no report at exit in {text:?}"));
+    assert!(report_field(line, "total") >= 1.0, "{line}");
+}
+
 /// A stderr in non-blocking mode whose pipe is full while leaderrun starts (its reader a
 /// moment behind, as a busy Node.js parent is): every line arrives once the reader reads, none
 /// is dropped. Before, each line that met the full pipe failed with EAGAIN and was dropped at

@@ -11,7 +11,8 @@
 //! ([`QUEUE_LINES`]) without waiting, and written to descriptor 2 by a thread of its own. A line
 //! that finds the queue full, or whose write fails (stderr closed, its reader gone), is
 //! dropped and counted ([`dropped_lines`], `leaderrun_log_lines_dropped_total` in `/metrics`);
-//! once a write goes through again, one WARN line says how many were lost. A stderr in
+//! once a write goes through again (or at exit, for drops after the last line that went
+//! through), one WARN line says how many were lost. A stderr in
 //! non-blocking mode is waited for by the writer thread as a blocking one would be, so its
 //! lines queue rather than drop, and none is torn (`write_all_fd2`). At exit
 //! [`finish`] waits for the queue to drain for at most [`EXIT_FLUSH`], then leaves what is left.
@@ -68,6 +69,8 @@ static QUEUE: OnceLock<Option<NonBlocking>> = OnceLock::new();
 static GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 /// Set by the first [`init`]: later calls do nothing.
 static INITIALIZED: OnceLock<()> = OnceLock::new();
+/// The [`dropped_lines`] a report has said so far ([`report_drops`]).
+static REPORTED: AtomicU64 = AtomicU64::new(0);
 
 /// Log lines lost so far: refused by the full queue, or whose write to stderr failed.
 pub fn dropped_lines() -> u64 {
@@ -78,9 +81,7 @@ pub fn dropped_lines() -> u64 {
 /// Descriptor 2, written with `write(2)` and no buffer. A failed line is counted and dropped,
 /// never returned as an error (the worker would only retry it or print to that same stderr).
 /// After a write that went through, the lines lost before it are reported in one line.
-struct Stderr {
-    reported: u64,
-}
+struct Stderr;
 
 impl Write for Stderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -90,30 +91,42 @@ impl Write for Stderr {
             WRITE_DROPS.fetch_add(1, Ordering::Relaxed);
             return Ok(buf.len());
         }
-        let dropped = dropped_lines();
-        // Through the subscriber, so it has the format of every other line; it joins the
-        // queue this thread is draining, so only once that queue has room again: into a full
-        // one it was itself dropped, and the next report said "1".
-        if dropped > self.reported && pending() < QUEUE_LINES as u64 / 2 {
-            let lost = dropped - self.reported;
-            let before = self.reported;
-            self.reported = dropped;
-            tracing::warn!(
-                dropped = lost,
-                total = dropped,
-                "{lost} log line(s) were dropped: stderr did not take them"
-            );
-            // Refused after all (the queue filled meanwhile): said again later, this line
-            // included.
-            if dropped_lines() > dropped {
-                self.reported = before;
-            }
-        }
+        report_drops();
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// Says in one WARN line how many lines were lost since the last such line, if any were: from
+/// the writer thread after a line went through, and from [`finish`] at exit, so that drops
+/// after the last line that went through are said too. The line goes through the subscriber,
+/// so it has the format of every other line; it joins the queue, so only once that queue has
+/// room again: into a full one it was itself dropped, and the next report said "1".
+fn report_drops() {
+    let dropped = dropped_lines();
+    let before = REPORTED.load(Ordering::Relaxed);
+    if dropped <= before || pending() >= QUEUE_LINES as u64 / 2 {
+        return;
+    }
+    // One reporter at a time (the writer thread, or `finish`).
+    if REPORTED
+        .compare_exchange(before, dropped, Ordering::Relaxed, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    let lost = dropped - before;
+    tracing::warn!(
+        dropped = lost,
+        total = dropped,
+        "{lost} log line(s) were dropped: stderr did not take them"
+    );
+    // Refused after all (the queue filled meanwhile): said again later, this line included.
+    if dropped_lines() > dropped {
+        let _ = REPORTED.compare_exchange(dropped, before, Ordering::Relaxed, Ordering::Relaxed);
     }
 }
 
@@ -205,7 +218,7 @@ fn queue() -> Option<&'static NonBlocking> {
                     .lossy(true)
                     .buffered_lines_limit(QUEUE_LINES)
                     .thread_name("leaderrun-log")
-                    .finish(Stderr { reported: 0 })
+                    .finish(Stderr)
             });
             // SAFETY: restores the mask saved above.
             unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
@@ -740,10 +753,18 @@ pub fn finish() {
         return;
     };
     let deadline = Instant::now() + EXIT_FLUSH;
-    let mut pause = Duration::from_micros(50);
-    while pending() > 0 && Instant::now() < deadline {
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(5));
+    let drain = || {
+        let mut pause = Duration::from_micros(50);
+        while pending() > 0 && Instant::now() < deadline {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    };
+    drain();
+    // Lines lost after the last one that went through: said now, if stderr takes lines.
+    if pending() == 0 && dropped_lines() > REPORTED.load(Ordering::Relaxed) {
+        report_drops();
+        drain();
     }
     // The guard's own drop waits up to 1.1 s for the worker and prints to stdout when the
     // queue is full: the queue is drained or given up on here, so it is never dropped.
