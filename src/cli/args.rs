@@ -41,7 +41,7 @@ Examples:
                                                                    (container entrypoint)
   leaderrun --schedule '30 3 * * 1-5' --tz Europe/Berlin --history --lock-name report -- ./report
                                                                    (a crontab line, on every host)
-  leaderrun -n -w 30s -E 75 --lock-name backup -c 'pg_dump app | gzip > /backup/app.gz'
+  leaderrun -n -E 75 --lock-name backup -c 'pg_dump app | gzip > /backup/app.gz'
                                                                    (flock(1) habits)
 
 Without --lock-id or --lock-name the key is the plexsphere background leader lock, the plexsphere \
