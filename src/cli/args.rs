@@ -666,9 +666,11 @@ pub enum Action {
     /// transaction-mode pooler), that
     /// the server's major is supported (14 to 18) and idle_session_timeout can be set (a
     /// warning each on PostgreSQL 13, which runs with a weaker bound), and shows the database the
-    /// lock lives in (a warning when no setting named it, so it is the user's name), TLS and who
-    /// holds the real key. Exit 0 when all hold (warnings included), 1 when one fails, 125 when it
-    /// cannot connect.
+    /// lock lives in, TLS and who holds the real key. When no setting names the database (no
+    /// dbname, PGDATABASE or service), the checks run in the database named after the user
+    /// (psql's default) and the database finding fails (FAIL, exit 1), since leaderrun refuses to
+    /// run with such settings. Exit 0 when all hold
+    /// (warnings included), 1 when one fails, 125 when it cannot connect.
     ///
     /// The scratch key is CLASS:ID with an id derived from this process unless --scratch-id
     /// names one; doctor says which it took. On a server where ids are allotted, pick one that
