@@ -72,6 +72,19 @@ fn the_synopsis_puts_no_subcommand_after_command() {
     );
 }
 
+/// The SUBCOMMANDS section shows a valued option with its value, as the usage does.
+#[test]
+fn the_subcommands_show_the_values_of_their_options() {
+    let man = String::from_utf8(leaderrun::cli::docs::man_page()).unwrap();
+    for line in [
+        "\\fBleaderrun status [\\-\\-json] [OPTIONS]\\fR",
+        "\\fBleaderrun doctor [\\-\\-scratch\\-id ID] [OPTIONS]\\fR",
+        "\\fBleaderrun step\\-down [\\-\\-slot K] [OPTIONS]\\fR",
+    ] {
+        assert!(man.contains(line), "{line:?} not in the man page");
+    }
+}
+
 /// `-h` names each variable without a dangling `=` (or a value from the environment), and the
 /// man page's `--dsn` fallbacks begin with `LEADERRUN_DSN`.
 #[test]
