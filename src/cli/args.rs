@@ -646,12 +646,17 @@ pub enum Action {
     Status {
         /// Print one JSON object (stable field names, listed in the README) instead of a table
         ///
-        /// lock, lock_class, lock_id, database, server; leader (null, or pid, leaderrun, host,
-        /// leaderrun_pid, application_name, client_addr, client_port, backend_start, term,
-        /// since, leading_seconds, fencing_token); waiters (backend pids); standbys (backend_pid,
-        /// leaderrun, host, leaderrun_pid, application_name, client_addr, waiting_since); runs
-        /// from the history table, newest first (host, pid, term, fencing_token, started_at,
-        /// ended_at, exit_code, signal, outcome); schedule, tz, next_due_at.
+        /// lock, lock_class, lock_id, database, server, in_recovery, slots; leader: null, or
+        /// (pid, leaderrun, activity_tracked, host, leaderrun_pid, application_name, client_addr,
+        /// client_port, backend_start, term, since, leading_seconds, fencing_token, slot, lock);
+        /// slot_leaders: every slot, in order (slot, lock, leader); waiters: backend pids;
+        /// standbys (backend_pid, queued, place, slot, leaderrun, host, leaderrun_pid,
+        /// application_name, client_addr, waiting_since); untracked_sessions: a count;
+        /// more_slots_held: slot numbers; runs: from the history table, newest first (host, pid,
+        /// slot, term, fencing_token, due_at, started_at, ended_at, exit_code, signal, outcome,
+        /// lost); schedule, tz, next_due_at.
+        ///
+        /// Example: leaderrun status --json | jq -r .leader.host
         #[arg(long)]
         json: bool,
     },
