@@ -281,6 +281,8 @@ pub struct Cli {
     /// mount lacks favordynmods; where it has them, leaderrun uses a group of its own even
     /// without the flag. Without a group, a descendant that left the process group is stopped
     /// only once it has been re-parented to leaderrun.
+    ///
+    /// Example: --cgroup -- ./server   (whose workers call setsid)
     #[arg(long, env = "LEADERRUN_CGROUP", help_heading = "Timing")]
     pub cgroup: bool,
 
@@ -293,6 +295,8 @@ pub struct Cli {
     /// still shows the machine's pids); its environment, descriptors, signals, terminal and exit
     /// status are as without the flag. Needs CAP_SYS_ADMIN (root, or root of a user namespace);
     /// without it leaderrun exits 125 at start.
+    ///
+    /// Example: unshare --user --map-root-user leaderrun --pid-namespace -- ./job
     #[arg(
         long,
         env = "LEADERRUN_PID_NAMESPACE",
@@ -437,6 +441,8 @@ pub struct Cli {
     /// a slow or failing write never delays a start, a stop or a release and never fails the
     /// job (one WARN per streak of failures). A run whose leader vanished shows as running
     /// until a later leader marks it lost. The leader deletes rows older than --history-keep.
+    ///
+    /// Example: --every 1h --history
     #[arg(
         long,
         env = "LEADERRUN_HISTORY",
@@ -530,6 +536,8 @@ pub struct Cli {
     /// prints only what COMMAND prints plus WARN/ERROR lines when something is wrong (cron mails
     /// nothing on a good night); -v shows the INFO lines there. RUST_LOG decides when neither
     /// -v nor -q is given.
+    ///
+    /// Example: -v, -vv, --once -v
     #[arg(
         short,
         long,
@@ -544,6 +552,8 @@ pub struct Cli {
     ///
     /// -q shows warnings and errors only, -qq errors only (with --once/--wait, whose default is
     /// already WARN, -q shows errors only).
+    ///
+    /// Example: -q, -qq
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Logging")]
     pub quiet: u8,
 
@@ -685,6 +695,8 @@ pub enum Action {
     Doctor {
         /// The id (int4) of the scratch key doctor takes and releases, in the lock's class
         /// (default: one derived from doctor's pid)
+        ///
+        /// Example: --scratch-id 8001
         #[arg(long, value_name = "ID", allow_negative_numbers = true)]
         scratch_id: Option<i32>,
     },
@@ -704,6 +716,8 @@ pub enum Action {
     /// Example: leaderrun step-down --lock-id 7
     StepDown {
         /// With --slots N: the slot whose leader is asked (0 … N-1)
+        ///
+        /// Example: --slots 3 --slot 1
         #[arg(long, value_name = "K", default_value_t = 0)]
         slot: u32,
     },
