@@ -106,3 +106,27 @@ fn help_shows_env_names_without_values_and_the_dsn_fallbacks_in_order() {
         "the --dsn fallbacks"
     );
 }
+
+/// The README says `--help` shows an example for each option: every option of the command and
+/// of each subcommand has an `Example:` in its long help (`-h`, `-V` and COMMAND aside).
+#[test]
+fn every_option_has_an_example() {
+    use clap::CommandFactory;
+    let command = leaderrun::cli::Cli::command();
+    let mut missing = Vec::new();
+    for (name, sub) in std::iter::once(("leaderrun", &command))
+        .chain(command.get_subcommands().map(|sub| (sub.get_name(), sub)))
+    {
+        for arg in sub.get_arguments().filter(|a| !a.is_positional()) {
+            let help = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            if !help.contains("Example:") {
+                missing.push(format!("{name} --{}", arg.get_id()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "no example: {missing:?}");
+}
