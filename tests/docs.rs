@@ -72,6 +72,19 @@ fn the_synopsis_puts_no_subcommand_after_command() {
     );
 }
 
+/// The SUBCOMMANDS section shows a valued option with its value, as the usage does.
+#[test]
+fn the_subcommands_show_the_values_of_their_options() {
+    let man = String::from_utf8(leaderrun::cli::docs::man_page()).unwrap();
+    for line in [
+        "\\fBleaderrun status [\\-\\-json] [OPTIONS]\\fR",
+        "\\fBleaderrun doctor [\\-\\-scratch\\-id ID] [OPTIONS]\\fR",
+        "\\fBleaderrun step\\-down [\\-\\-slot K] [OPTIONS]\\fR",
+    ] {
+        assert!(man.contains(line), "{line:?} not in the man page");
+    }
+}
+
 /// `-h` names each variable without a dangling `=` (or a value from the environment), and the
 /// man page's `--dsn` fallbacks begin with `LEADERRUN_DSN`.
 #[test]
@@ -92,4 +105,28 @@ fn help_shows_env_names_without_values_and_the_dsn_fallbacks_in_order() {
         man.contains("When absent, LEADERRUN_DSN, then PLEXSPHERE_DSN, then DATABASE_URL"),
         "the --dsn fallbacks"
     );
+}
+
+/// The README says `--help` shows an example for each option: every option of the command and
+/// of each subcommand has an `Example:` in its long help (`-h`, `-V` and COMMAND aside).
+#[test]
+fn every_option_has_an_example() {
+    use clap::CommandFactory;
+    let command = leaderrun::cli::Cli::command();
+    let mut missing = Vec::new();
+    for (name, sub) in std::iter::once(("leaderrun", &command))
+        .chain(command.get_subcommands().map(|sub| (sub.get_name(), sub)))
+    {
+        for arg in sub.get_arguments().filter(|a| !a.is_positional()) {
+            let help = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            if !help.contains("Example:") {
+                missing.push(format!("{name} --{}", arg.get_id()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "no example: {missing:?}");
 }

@@ -41,7 +41,7 @@ Examples:
                                                                    (container entrypoint)
   leaderrun --schedule '30 3 * * 1-5' --tz Europe/Berlin --history --lock-name report -- ./report
                                                                    (a crontab line, on every host)
-  leaderrun -n -w 30s -E 75 --lock-name backup -c 'pg_dump app | gzip > /backup/app.gz'
+  leaderrun -n -E 75 --lock-name backup -c 'pg_dump app | gzip > /backup/app.gz'
                                                                    (flock(1) habits)
 
 Without --lock-id or --lock-name the key is the plexsphere background leader lock, the plexsphere \
@@ -281,6 +281,8 @@ pub struct Cli {
     /// mount lacks favordynmods; where it has them, leaderrun uses a group of its own even
     /// without the flag. Without a group, a descendant that left the process group is stopped
     /// only once it has been re-parented to leaderrun.
+    ///
+    /// Example: --cgroup -- ./server   (whose workers call setsid)
     #[arg(long, env = "LEADERRUN_CGROUP", help_heading = "Timing")]
     pub cgroup: bool,
 
@@ -293,6 +295,8 @@ pub struct Cli {
     /// still shows the machine's pids); its environment, descriptors, signals, terminal and exit
     /// status are as without the flag. Needs CAP_SYS_ADMIN (root, or root of a user namespace);
     /// without it leaderrun exits 125 at start.
+    ///
+    /// Example: unshare --user --map-root-user leaderrun --pid-namespace -- ./job
     #[arg(
         long,
         env = "LEADERRUN_PID_NAMESPACE",
@@ -437,6 +441,8 @@ pub struct Cli {
     /// a slow or failing write never delays a start, a stop or a release and never fails the
     /// job (one WARN per streak of failures). A run whose leader vanished shows as running
     /// until a later leader marks it lost. The leader deletes rows older than --history-keep.
+    ///
+    /// Example: --every 1h --history
     #[arg(
         long,
         env = "LEADERRUN_HISTORY",
@@ -530,6 +536,8 @@ pub struct Cli {
     /// prints only what COMMAND prints plus WARN/ERROR lines when something is wrong (cron mails
     /// nothing on a good night); -v shows the INFO lines there. RUST_LOG decides when neither
     /// -v nor -q is given.
+    ///
+    /// Example: -v, -vv, --once -v
     #[arg(
         short,
         long,
@@ -544,6 +552,8 @@ pub struct Cli {
     ///
     /// -q shows warnings and errors only, -qq errors only (with --once/--wait, whose default is
     /// already WARN, -q shows errors only).
+    ///
+    /// Example: -q, -qq
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = "Logging")]
     pub quiet: u8,
 
@@ -646,12 +656,17 @@ pub enum Action {
     Status {
         /// Print one JSON object (stable field names, listed in the README) instead of a table
         ///
-        /// lock, lock_class, lock_id, database, server; leader (null, or pid, leaderrun, host,
-        /// leaderrun_pid, application_name, client_addr, client_port, backend_start, term,
-        /// since, leading_seconds, fencing_token); waiters (backend pids); standbys (backend_pid,
-        /// leaderrun, host, leaderrun_pid, application_name, client_addr, waiting_since); runs
-        /// from the history table, newest first (host, pid, term, fencing_token, started_at,
-        /// ended_at, exit_code, signal, outcome); schedule, tz, next_due_at.
+        /// lock, lock_class, lock_id, database, server, in_recovery, slots; leader: null, or
+        /// (pid, leaderrun, activity_tracked, host, leaderrun_pid, application_name, client_addr,
+        /// client_port, backend_start, term, since, leading_seconds, fencing_token, slot, lock);
+        /// slot_leaders: every slot, in order (slot, lock, leader); waiters: backend pids;
+        /// standbys (backend_pid, queued, place, slot, leaderrun, host, leaderrun_pid,
+        /// application_name, client_addr, waiting_since); untracked_sessions: a count;
+        /// more_slots_held: slot numbers; runs: from the history table, newest first (host, pid,
+        /// slot, term, fencing_token, due_at, started_at, ended_at, exit_code, signal, outcome,
+        /// lost); schedule, tz, next_due_at.
+        ///
+        /// Example: leaderrun status --json | jq -r .leader.host
         #[arg(long)]
         json: bool,
     },
@@ -666,9 +681,11 @@ pub enum Action {
     /// transaction-mode pooler), that
     /// the server's major is supported (14 to 18) and idle_session_timeout can be set (a
     /// warning each on PostgreSQL 13, which runs with a weaker bound), and shows the database the
-    /// lock lives in (a warning when no setting named it, so it is the user's name), TLS and who
-    /// holds the real key. Exit 0 when all hold (warnings included), 1 when one fails, 125 when it
-    /// cannot connect.
+    /// lock lives in, TLS and who holds the real key. When no setting names the database (no
+    /// dbname, PGDATABASE or service), the checks run in the database named after the user
+    /// (psql's default) and the database finding fails (FAIL, exit 1), since leaderrun refuses to
+    /// run with such settings. Exit 0 when all hold
+    /// (warnings included), 1 when one fails, 125 when it cannot connect.
     ///
     /// The scratch key is CLASS:ID with an id derived from this process unless --scratch-id
     /// names one; doctor says which it took. On a server where ids are allotted, pick one that
@@ -678,6 +695,8 @@ pub enum Action {
     Doctor {
         /// The id (int4) of the scratch key doctor takes and releases, in the lock's class
         /// (default: one derived from doctor's pid)
+        ///
+        /// Example: --scratch-id 8001
         #[arg(long, value_name = "ID", allow_negative_numbers = true)]
         scratch_id: Option<i32>,
     },
@@ -697,6 +716,8 @@ pub enum Action {
     /// Example: leaderrun step-down --lock-id 7
     StepDown {
         /// With --slots N: the slot whose leader is asked (0 … N-1)
+        ///
+        /// Example: --slots 3 --slot 1
         #[arg(long, value_name = "K", default_value_t = 0)]
         slot: u32,
     },

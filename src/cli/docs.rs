@@ -97,9 +97,23 @@ pub fn man_page() -> Vec<u8> {
     section(&mut roff, "SUBCOMMANDS");
     for sub in command.get_subcommands() {
         let name = sub.get_name();
+        // Each option as its usage shows it: a valued one with its VALUE (`[--slot K]`),
+        // which the long name alone would leave out.
         let args: Vec<String> = sub
             .get_arguments()
-            .filter_map(|a| a.get_long().map(|l| format!("[--{l}]")))
+            .filter_map(|a| {
+                let long = a.get_long()?;
+                let value = if a.get_action().takes_values() {
+                    let names = a.get_value_names().map(|names| names.join(" "));
+                    format!(
+                        " {}",
+                        names.unwrap_or_else(|| a.get_id().as_str().to_uppercase())
+                    )
+                } else {
+                    String::new()
+                };
+                Some(format!("[--{long}{value}]"))
+            })
             .collect();
         let about = sub
             .get_long_about()

@@ -322,9 +322,9 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
 }
 
 /// A due time that came while `run` still goes is skipped. The first of a run is said at once
-/// (a WARN), the rest in one line when the run ends (`Supervisor::stopped`), as `--every` says
-/// its skipped ticks: a run that outlasts a schedule of every second by an hour would
-/// otherwise write 3,600 lines.
+/// (a WARN); after more than one, a line when the run ends counts them all, the first
+/// included (`Supervisor::stopped`), as `--every` says its skipped ticks: a run that outlasts a
+/// schedule of every second by an hour would otherwise write 3,600 lines.
 fn skipped_while_running(run: &mut super::rules::Run, shown: &str) {
     if run.skip_tick() == 1 {
         warn!(

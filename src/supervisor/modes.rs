@@ -179,8 +179,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 ..
             } => self.pending_tick = true,
             State::Child { run, .. } => {
-                // The first skip of a run is said at once, the rest in one line at its end
-                // (`Supervisor::stopped`).
+                // The first skip of a run is said at once; after more than one, a line at its
+                // end counts them all, the first included (`Supervisor::stopped`).
                 if run.skip_tick() == 1 {
                     info!(
                         pid = run.pid(),

@@ -353,7 +353,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         };
         let (why, pid, term, lasted) = (*why, run.pid(), run.term().clone(), run.lasted());
         // Only the first skip of a run was logged as it happened (a period far shorter than
-        // the run would log a line per period): the rest are said here, once. A schedule's
+        // the run would log a line per period): after more than one, one line here counts
+        // them all, the first included. A schedule's
         // skips are WARN lines, as its first one is.
         if run.skipped_ticks() > 1 {
             let skipped = run.skipped_ticks();

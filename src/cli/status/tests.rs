@@ -294,6 +294,96 @@ fn the_json_shape_is_stable() {
     assert!(json["leader"].is_null(), "{json}");
 }
 
+/// `status --help` lists every field of `--json` (the `json` flag's help, its second
+/// paragraph): each top-level field outside parentheses, and each object's fields, exactly,
+/// in the parentheses that follow its name (`leader: null, or (pid, …)`).
+#[test]
+fn the_help_lists_every_json_field() {
+    use clap::CommandFactory;
+    use std::collections::BTreeSet;
+    let command = crate::cli::Cli::command();
+    let help = command
+        .find_subcommand("status")
+        .and_then(|status| status.get_arguments().find(|a| a.get_id() == "json"))
+        .and_then(clap::Arg::get_long_help)
+        .expect("status --json has a long help")
+        .to_string();
+    let list = help.split("\n\n").nth(1).expect("the list of fields");
+
+    let mut r = report();
+    r.leader = Some(leader(0, "7:42"));
+    r.slot_leaders[0].leader = r.leader.clone();
+    r.standbys = vec![standby(5001, "web-2", Some(1), Some(0))];
+    r.runs = vec![crate::history::Run {
+        host: "web-1".to_owned(),
+        pid: 901,
+        slot: 0,
+        term: 1,
+        fencing_token: 17,
+        due_at: None,
+        started_at: "2026-01-02T03:04:05.000Z".to_owned(),
+        ended_at: None,
+        exit_code: None,
+        signal: None,
+        outcome: crate::history::Outcome::Running,
+        lost: false,
+    }];
+    let json = serde_json::to_value(&r).unwrap();
+    // An object's fields: those of the object, or of an array's first element.
+    let fields = |value: &serde_json::Value| -> Option<BTreeSet<String>> {
+        let object = value.as_object().or_else(|| value.get(0)?.as_object())?;
+        Some(object.keys().cloned().collect())
+    };
+
+    // The text outside parentheses, and each parenthesized list with the field it follows
+    // (the first word of its `;`-separated part).
+    let (mut outside, mut lists) = (String::new(), Vec::new());
+    let mut rest = list;
+    while let Some(open) = rest.find('(') {
+        let close = open + rest[open..].find(')').expect("a closing parenthesis");
+        let before = &rest[..open];
+        outside.push_str(before);
+        let part = before.rsplit(';').next().unwrap_or(before);
+        let owner = part
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .find(|w| !w.is_empty())
+            .expect("a field before the parenthesis");
+        let names: BTreeSet<String> = rest[open + 1..close]
+            .split(',')
+            .map(|name| name.trim().to_owned())
+            .collect();
+        lists.push((owner.to_owned(), names));
+        rest = &rest[close + 1..];
+    }
+    outside.push_str(rest);
+    let words: BTreeSet<&str> = outside
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .collect();
+
+    let top = fields(&json).unwrap();
+    for key in &top {
+        assert!(
+            words.contains(key.as_str()),
+            "{key:?} missing from {list:?}"
+        );
+        if let Some(inner) = fields(&json[key]) {
+            let listed = lists.iter().find(|(owner, _)| owner == key);
+            assert_eq!(
+                listed.map(|(_, names)| names),
+                Some(&inner),
+                "the fields of {key}"
+            );
+        }
+    }
+    for word in words.iter().filter(|w| w.contains('_')) {
+        assert!(top.contains(*word), "{word:?} in the help is no field");
+    }
+    for (owner, _) in &lists {
+        assert!(fields(&json[owner]).is_some(), "{owner:?} is no object");
+    }
+}
+
 #[test]
 fn a_session_is_known_by_its_application_name_or_its_statements_comment() {
     assert_eq!(
