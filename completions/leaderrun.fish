@@ -31,7 +31,7 @@ complete -c leaderrun -n "__fish_leaderrun_needs_command" -l lock-name -d 'Deriv
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l slots -d 'At most N replicas lead at once, each on a slot of its own' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l check-interval -d 'Standby retry period, leader verification period, and timeout of one verification' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -s k -l grace -d 'Time between the stop signal and SIGKILL [default: the check interval]' -r
-complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l stop-signal -d 'First signal sent to COMMAND\'s process group on demotion, on --timeout, and to helpers left behind when COMMAND exits' -r
+complete -c leaderrun -n "__fish_leaderrun_needs_command" -s s -l stop-signal -d 'First signal sent to COMMAND\'s process group on demotion, on --timeout, on shutdown, and to helpers left behind when COMMAND exits' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l takeover-delay -d 'A new leader verifies its lock this long before it starts COMMAND [default: 0s]' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l timeout -d 'Longest one run of COMMAND may take; then it is stopped like on demotion' -r
 complete -c leaderrun -n "__fish_leaderrun_needs_command" -l min-hold -d 'With --once/--wait: keep the lock at least this long after acquiring it [default: 0s]' -r

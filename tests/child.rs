@@ -619,11 +619,16 @@ fn a_second_sigterm_while_stopping_kills_at_once() {
     assert!(!log.contains("after the grace period"), "{log}");
 }
 
+/// The stop signal begins every stop: a demotion's, and a shutdown's too (`docker stop`'s
+/// TERM to a leaderrun run with `--stop-signal USR1` reaches COMMAND as USR1, as a container's
+/// `STOPSIGNAL` would; before, the TERM was passed on instead, so a program that shuts down
+/// cleanly only on its own signal never got it). Other signals are passed on.
 #[test]
 fn stop_signal_and_forwarded_signals_reach_the_child() {
     let setup = Setup::new(
         Cluster::shared(),
         "trap 'echo hup >> \"$EVENTS\"' HUP\n\
+         trap 'echo term >> \"$EVENTS\"; exit 0' TERM\n\
          trap 'echo usr1 >> \"$EVENTS\"; exit 0' USR1\n\
          while :; do sleep 0.05; done",
     );
@@ -646,6 +651,22 @@ fn stop_signal_and_forwarded_signals_reach_the_child() {
     // The same process leads again and starts COMMAND afresh.
     let second = scratch.wait_starts(2, secs(5.0))[1].clone();
     assert_eq!((second.ppid, second.term), (replica.pid(), 2));
+    // Shutdown: the stop signal, not the TERM received; the exit is the child's status.
+    let mut replica = replica;
+    replica.signal(Signal::SIGTERM);
+    assert_eq!(
+        replica.wait_exit(secs(5.0)).code(),
+        Some(0),
+        "{}",
+        replica.log()
+    );
+    let events = scratch.events();
+    assert_eq!(
+        events.iter().filter(|e| *e == "usr1").count(),
+        2,
+        "{events:?}"
+    );
+    assert!(!events.contains(&"term".to_owned()), "{events:?}");
 }
 
 /// The datagram a child sends before exec ([`leaderrun::process::child::Announcement`]) comes

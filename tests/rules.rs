@@ -250,14 +250,19 @@ fn a_signal_ignored_by_the_parent_stays_ignored_for_command() {
     }
 }
 
+/// Every stop begins with the stop signal, a shutdown's too: with `--stop-signal USR2` a
+/// demotion and a TERM to leaderrun both reach COMMAND as USR2 (before, the TERM was passed on
+/// instead, so a `--stop-signal` chosen for a clean shutdown was never used by `docker stop`).
+/// With the default stop signal the INT or TERM received is passed on as it is.
 #[test]
-fn shutdown_passes_on_the_signal_received_and_demotion_sends_the_stop_signal() {
+fn every_stop_begins_with_the_stop_signal_and_the_default_passes_on_what_was_received() {
     let cluster = Cluster::start_private();
     let scratch = Scratch::new();
     let script = scratch.child_script(
         "child.sh",
         "trap 'echo \"got USR2 $$\" >> \"$EVENTS\"; exit 0' USR2\n\
          trap 'echo \"got TERM $$\" >> \"$EVENTS\"; exit 0' TERM\n\
+         trap 'echo \"got INT $$\" >> \"$EVENTS\"; exit 0' INT\n\
          while :; do sleep 0.02; done",
     );
     let args = ["--stop-signal", "USR2", "--", script.to_str().unwrap()];
@@ -272,16 +277,27 @@ fn shutdown_passes_on_the_signal_received_and_demotion_sends_the_stop_signal() {
             .then_some(())
     });
     let second = scratch.wait_starts(2, secs(10.0))[1].clone();
-    // Shutdown: the TERM received, not the stop signal.
+    // Shutdown: the stop signal, not the TERM received.
     leader.signal(Signal::SIGTERM);
-    leader.wait_exit(secs(10.0));
+    assert_eq!(leader.wait_exit(secs(10.0)).code(), Some(0));
     let events = scratch.events();
     assert!(
-        events.contains(&format!("got TERM {}", second.pid)),
+        events.contains(&format!("got USR2 {}", second.pid)),
         "{events:?}"
     );
     assert!(
-        !events.contains(&format!("got USR2 {}", second.pid)),
+        !events.contains(&format!("got TERM {}", second.pid)),
+        "{events:?}"
+    );
+    // The default stop signal: an INT to leaderrun reaches COMMAND as INT.
+    let args = ["--", script.to_str().unwrap()];
+    let mut leader = Replica::start(&cluster, unique_lock_id(), "200ms", &args);
+    let third = scratch.wait_starts(3, secs(10.0))[2].clone();
+    leader.signal(Signal::SIGINT);
+    leader.wait_exit(secs(10.0));
+    let events = scratch.events();
+    assert!(
+        events.contains(&format!("got INT {}", third.pid)),
         "{events:?}"
     );
 }

@@ -219,10 +219,12 @@ pub struct Cli {
     )]
     pub grace: Option<Duration>,
 
-    /// First signal sent to COMMAND's process group on demotion, on --timeout, and to helpers
-    /// left behind when COMMAND exits
+    /// First signal sent to COMMAND's process group on demotion, on --timeout, on shutdown, and
+    /// to helpers left behind when COMMAND exits
     ///
-    /// On shutdown the INT or TERM that leaderrun received is passed on instead. SIGKILL
+    /// With the default (TERM), the INT or TERM that starts a shutdown is passed on as it is;
+    /// any other stop signal begins the shutdown's stop instead (as a container's STOPSIGNAL
+    /// is used by docker stop). SIGKILL
     /// follows after the grace period. A name with or without SIG (TERM, SIGINT, hup) or a
     /// number.
     ///

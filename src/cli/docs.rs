@@ -187,8 +187,8 @@ pub fn man_page() -> Vec<u8> {
         &mut roff,
         "COMMAND runs in its own process group; when leaderrun owns the terminal's foreground at start, \
          the child's group gets it. A stop sends the stop signal and SIGCONT to the group and to adopted \
-         orphans, then SIGKILL after the grace. On shutdown the INT or TERM received is passed on instead \
-         of the stop signal. A signal that was ignored when leaderrun started (nohup) stays ignored and \
+         orphans, then SIGKILL after the grace. On shutdown the INT or TERM received is passed on as it is \
+         with the default stop signal (TERM); any other stop signal begins the shutdown's stop instead. A signal that was ignored when leaderrun started (nohup) stays ignored and \
          is not passed on; COMMAND inherits it ignored (SIGPIPE and SIGCHLD included). The child gets \
          PR_SET_PDEATHSIG(SIGKILL).",
     );

@@ -73,8 +73,9 @@ pub struct Plan {
     pub mode: Mode,
     /// Grace between the stop signal (or a passed-on INT/TERM) and SIGKILL.
     pub grace: Duration,
-    /// First signal of a stop for demotion, `--timeout` and leftovers of a COMMAND that exited.
-    /// INT/TERM received are passed on as they are instead (docs/guarantees.md#the-child-process).
+    /// First signal of a stop for demotion, `--timeout`, shutdown and leftovers of a COMMAND
+    /// that exited; with the default (TERM), a shutdown's INT/TERM is passed on as it is
+    /// instead ([`Plan::shutdown_stop_signal`], docs/guarantees.md#the-child-process).
     pub stop_signal: Signal,
     /// `--takeover-delay` (zero: none).
     pub takeover_delay: Duration,
@@ -88,6 +89,20 @@ pub struct Plan {
     pub tick_at_grant: bool,
     /// The check interval: how long a one-shot keeps trying a server that is momentarily full.
     pub check_interval: Duration,
+}
+
+impl Plan {
+    /// The first signal of the stop that shutdown signal `received` (INT or TERM) begins:
+    /// the stop signal when one other than TERM was chosen (`--stop-signal INT` for a program
+    /// that shuts down cleanly only on INT, as a container's `STOPSIGNAL` is used for
+    /// `docker stop`), else `received` itself, passed on as a shell or tini would.
+    pub fn shutdown_stop_signal(&self, received: Signal) -> Signal {
+        if self.stop_signal == Signal::SIGTERM {
+            received
+        } else {
+            self.stop_signal
+        }
+    }
 }
 
 /// First delay of the `--restart` back-off.

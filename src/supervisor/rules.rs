@@ -400,14 +400,16 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 run,
                 phase: Phase::Running { .. },
             } => {
+                let first = self.plan.shutdown_stop_signal(sig);
                 info!(
                     signal = sig.as_str(),
                     pid = run.pid(),
+                    stop_signal = first.as_str(),
                     "received {}; stopping the child",
                     sig.as_str()
                 );
                 self.ending.passed_to_child();
-                self.stop(Why::Shutdown, sig);
+                self.stop(Why::Shutdown, first);
             }
             State::Child {
                 run,
@@ -432,7 +434,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                         *kill_at = Instant::now();
                         *give_up_at = Some(Instant::now() + super::KILL_WAIT);
                     }
-                } else {
+                } else if self.plan.shutdown_stop_signal(sig) == sig {
                     info!(
                         signal = sig.as_str(),
                         "received {}; passing it on and exiting once the child is stopped",
@@ -442,6 +444,18 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                         self.ending.passed_to_child();
                     }
                     run.tree().signal_group(sig);
+                } else {
+                    // The stop under way began with the stop signal the user chose: the
+                    // child is not sent a TERM it was meant never to get, and its status is
+                    // the exit's as if it had been.
+                    info!(
+                        signal = sig.as_str(),
+                        "received {}; exiting once the child is stopped",
+                        sig.as_str()
+                    );
+                    if status.is_none() {
+                        self.ending.passed_to_child();
+                    }
                 }
             }
             State::Standby { .. } | State::Leading { .. } => {
