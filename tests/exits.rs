@@ -107,6 +107,115 @@ fn usage_errors_exit_125_without_a_backtrace() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("--check-interval"));
 }
 
+/// A value that is not UTF-8 text, typed or in an option's variable, is a usage error that
+/// names the option (and the variable, in a note), never the value: clap's own message, "invalid
+/// UTF-8 was detected in one or more arguments", named neither, and blamed the command line for
+/// a variable of the unit's environment. COMMAND's words stay bytes as given.
+#[test]
+fn a_value_that_is_not_utf8_names_its_option_and_variable() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = |b: &[u8]| OsStr::from_bytes(b).to_owned();
+    let unreachable = "host=127.0.0.1 port=1 dbname=x connect_timeout=1";
+    // The arguments, the variable set (and its bytes), the option the error must name.
+    type Case = (
+        Vec<std::ffi::OsString>,
+        Option<(&'static str, &'static [u8])>,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            vec!["--once".into(), "--".into(), "true".into()],
+            Some(("LEADERRUN_TZ", b"\xff")),
+            "'--tz <ZONE>'",
+        ),
+        (
+            vec!["--once".into(), "--".into(), "true".into()],
+            Some(("LEADERRUN_DSN", b"host=h password=hunter2\xff")),
+            "'--dsn <DSN>'",
+        ),
+        (
+            vec!["status".into()],
+            Some(("LEADERRUN_HISTORY", b"\xfe")),
+            "'--history'",
+        ),
+        (
+            vec![
+                "--once".into(),
+                bytes(b"--lock-name=\xff"),
+                "--".into(),
+                "true".into(),
+            ],
+            None,
+            "'--lock-name <NAME>'",
+        ),
+        (
+            vec!["-ns".into(), bytes(b"\xff"), "--".into(), "true".into()],
+            None,
+            "'--stop-signal <SIG>'",
+        ),
+        (
+            vec!["doctor".into(), "--scratch-id".into(), bytes(b"\xff")],
+            None,
+            "'--scratch-id <ID>'",
+        ),
+    ];
+    for (args, var, option) in cases {
+        let mut cmd = leaderrun();
+        cmd.env("PGHOST", "127.0.0.1").env("PGPORT", "1");
+        if let Some((name, value)) = var {
+            cmd.env(name, OsStr::from_bytes(value));
+        }
+        let out = cmd.args(&args).output().expect("run leaderrun");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?} {var:?}: {stderr}");
+        let first = stderr.lines().next().unwrap_or_default();
+        assert_eq!(
+            first,
+            format!("error: invalid value for {option}: not UTF-8 text"),
+            "{args:?} {var:?}: {stderr}"
+        );
+        if let Some((name, _)) = var {
+            assert!(
+                stderr.contains(&format!("set by {name} in the environment")),
+                "{stderr}"
+            );
+        }
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+    // A flag wins over its variable, whatever bytes the variable holds; COMMAND's words and
+    // -c's script are bytes as given.
+    for (var, args) in [
+        (
+            Some("LEADERRUN_TZ"),
+            vec![
+                "--tz".into(),
+                "UTC".into(),
+                "--".into(),
+                "true".into(),
+                bytes(b"\xff"),
+            ],
+        ),
+        (None, vec!["-c".into(), bytes(b"true \xff")]),
+    ] {
+        let mut cmd = leaderrun();
+        if let Some(name) = var {
+            cmd.env(name, OsStr::from_bytes(b"\xff"));
+        }
+        let out = cmd
+            .args(["--once", "--dsn", unreachable])
+            .args(&args)
+            .output()
+            .expect("run leaderrun");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("could not check the lock"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 /// An empty `LEADERRUN_*` variable is no setting, for every option as for the DSN (a compose
 /// file's `LEADERRUN_SCHEDULE=${SCHEDULE:-}`): with every one of them empty, a one-shot runs as
 /// without them (before, an empty duration failed its parse and an empty `LEADERRUN_SCHEDULE`

@@ -887,6 +887,10 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
     };
     command
         .try_get_matches_from(raw)
+        .map_err(|err| match err.kind() {
+            clap::error::ErrorKind::InvalidUtf8 => not_utf8(raw).unwrap_or(err),
+            _ => err,
+        })
         .and_then(|matches| {
             let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
             if cli.action.is_some() {
@@ -899,6 +903,118 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
             cli.check_mistyped_subcommand(raw, std::env::var_os("PATH").as_deref())?;
             Ok(cli)
         })
+}
+
+/// clap's "invalid UTF-8 was detected in one or more arguments" names neither the option nor
+/// where its value came from: the same error, naming the option whose value is not UTF-8
+/// text, typed (`--tz=<bytes>`, `--tz <bytes>`, `-s<bytes>`) or set by its variable (a note
+/// then names the variable, as for any usage error over one). The value itself is not
+/// shown: it may be a DSN that holds a password. `None` when no such option is found.
+fn not_utf8(raw: &[OsString]) -> Option<clap::Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut command = command_for(true);
+    // The subcommands' own options (`--scratch-id`, `--slot`) too.
+    let args: Vec<clap::Arg> = command
+        .get_arguments()
+        .chain(
+            command
+                .get_subcommands()
+                .flat_map(clap::Command::get_arguments),
+        )
+        .cloned()
+        .collect();
+    let long = |name: &[u8]| {
+        args.iter()
+            .find(|arg| arg.get_long().is_some_and(|l| l.as_bytes() == name))
+    };
+    // In a cluster (`-ns VALUE`, `-nsVALUE`) the first option that takes a value takes the
+    // rest: its flags before it are options of their own.
+    let short = |cluster: &[u8]| {
+        for c in cluster {
+            let arg = args
+                .iter()
+                .find(|arg| arg.get_short() == Some(*c as char))?;
+            if arg.get_action().takes_values() {
+                return Some(arg);
+            }
+        }
+        None
+    };
+    // COMMAND's words and -c's script are not UTF-8 text by right.
+    let typed: Vec<&[u8]> = raw
+        .iter()
+        .skip(1)
+        .map(|word| word.as_bytes())
+        .take_while(|word| *word != b"--")
+        .collect();
+    let mut found = None;
+    for (at, word) in typed.iter().enumerate() {
+        if std::str::from_utf8(word).is_ok() {
+            continue;
+        }
+        found = if let Some(rest) = word.strip_prefix(b"--") {
+            long(rest.split(|b| *b == b'=').next().unwrap_or_default())
+        } else if let Some(cluster) = word.strip_prefix(b"-") {
+            short(cluster)
+        } else {
+            at.checked_sub(1)
+                .map(|before| typed[before])
+                .and_then(|before| match before {
+                    [b'-', b'-', name @ ..] => long(name),
+                    [b'-', cluster @ ..] => short(cluster),
+                    _ => None,
+                })
+        };
+        // -c's script is bytes as given.
+        found = found
+            .filter(|arg| arg.get_value_parser().type_id() != std::any::TypeId::of::<OsString>());
+        if found.is_some() {
+            break;
+        }
+    }
+    // A variable whose option was typed is not read.
+    let was_typed = |arg: &clap::Arg| {
+        typed
+            .iter()
+            .any(|word| match (arg.get_long(), arg.get_short()) {
+                (Some(long), _)
+                    if word.strip_prefix(b"--").is_some_and(|rest| {
+                        rest.split(|b| *b == b'=').next() == Some(long.as_bytes())
+                    }) =>
+                {
+                    true
+                }
+                (_, Some(short)) => {
+                    word.len() > 1
+                        && word[0] == b'-'
+                        && word[1] != b'-'
+                        && word.contains(&(short as u8))
+                }
+                _ => false,
+            })
+    };
+    let found = found.or_else(|| {
+        args.iter().filter(|arg| !was_typed(arg)).find(|arg| {
+            arg.get_env()
+                .and_then(std::env::var_os)
+                .is_some_and(|value| !value.is_empty() && value.to_str().is_none())
+        })
+    })?;
+    let name = match (found.get_long(), found.get_short()) {
+        (Some(long), _) => format!("--{long}"),
+        (None, Some(short)) => format!("-{short}"),
+        (None, None) => return None,
+    };
+    let value = found
+        .get_value_names()
+        .and_then(|names| names.first())
+        .filter(|_| found.get_action().takes_values())
+        .map(|v| format!(" <{v}>"))
+        .unwrap_or_default();
+    Some(command.error(
+        clap::error::ErrorKind::InvalidUtf8,
+        format!("invalid value for '{name}{value}': not UTF-8 text"),
+    ))
 }
 
 /// Parses the process arguments ([`parse_from`]). `Err` carries the exit status once help or
