@@ -911,7 +911,6 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
 /// then names the variable, as for any usage error over one). The value itself is not
 /// shown: it may be a DSN that holds a password. `None` when no such option is found.
 fn not_utf8(raw: &[OsString]) -> Option<clap::Error> {
-    use std::os::unix::ffi::OsStrExt;
     let mut command = command_for(true);
     // The subcommands' own options (`--scratch-id`, `--slot`) too.
     let args: Vec<clap::Arg> = command
@@ -941,14 +940,9 @@ fn not_utf8(raw: &[OsString]) -> Option<clap::Error> {
         None
     };
     // COMMAND's words and -c's script are not UTF-8 text by right.
-    let typed: Vec<&[u8]> = raw
-        .iter()
-        .skip(1)
-        .map(|word| word.as_bytes())
-        .take_while(|word| *word != b"--")
-        .collect();
+    let words: Vec<&[u8]> = option_words(raw).collect();
     let mut found = None;
-    for (at, word) in typed.iter().enumerate() {
+    for (at, word) in words.iter().enumerate() {
         if std::str::from_utf8(word).is_ok() {
             continue;
         }
@@ -958,7 +952,7 @@ fn not_utf8(raw: &[OsString]) -> Option<clap::Error> {
             short(cluster)
         } else {
             at.checked_sub(1)
-                .map(|before| typed[before])
+                .map(|before| words[before])
                 .and_then(|before| match before {
                     [b'-', b'-', name @ ..] => long(name),
                     [b'-', cluster @ ..] => short(cluster),
@@ -972,29 +966,9 @@ fn not_utf8(raw: &[OsString]) -> Option<clap::Error> {
             break;
         }
     }
-    // A variable whose option was typed is not read.
-    let was_typed = |arg: &clap::Arg| {
-        typed
-            .iter()
-            .any(|word| match (arg.get_long(), arg.get_short()) {
-                (Some(long), _)
-                    if word.strip_prefix(b"--").is_some_and(|rest| {
-                        rest.split(|b| *b == b'=').next() == Some(long.as_bytes())
-                    }) =>
-                {
-                    true
-                }
-                (_, Some(short)) => {
-                    word.len() > 1
-                        && word[0] == b'-'
-                        && word[1] != b'-'
-                        && word.contains(&(short as u8))
-                }
-                _ => false,
-            })
-    };
     let found = found.or_else(|| {
-        args.iter().filter(|arg| !was_typed(arg)).find(|arg| {
+        // A variable whose option was typed is not read.
+        args.iter().filter(|arg| !typed(arg, &words)).find(|arg| {
             arg.get_env()
                 .and_then(std::env::var_os)
                 .is_some_and(|value| !value.is_empty() && value.to_str().is_none())
@@ -1053,31 +1027,43 @@ pub fn parse() -> Result<Cli, u8> {
     })
 }
 
+/// The words of `raw` that may be options: after the program's name, before `--` (COMMAND's
+/// words are not options).
+fn option_words(raw: &[OsString]) -> impl Iterator<Item = &[u8]> {
+    use std::os::unix::ffi::OsStrExt;
+    raw.iter()
+        .skip(1)
+        .map(|word| word.as_bytes())
+        .take_while(|word| *word != b"--")
+}
+
+/// Whether `arg` was typed among `words` ([`option_words`]): `--long`, `--long=VALUE`, or its
+/// short form alone or in a cluster (`-n`, `-vn`). Then its variable is not read.
+fn typed(arg: &clap::Arg, words: &[&[u8]]) -> bool {
+    words.iter().any(|word| {
+        let long = arg.get_long().is_some_and(|long| {
+            word.strip_prefix(b"--")
+                .is_some_and(|rest| rest.split(|b| *b == b'=').next() == Some(long.as_bytes()))
+        });
+        let short = arg.get_short().is_some_and(|short| {
+            word.len() > 1 && word[0] == b'-' && word[1] != b'-' && word.contains(&(short as u8))
+        });
+        long || short
+    })
+}
+
 /// For a usage error whose text names an option that was not typed but set by its variable
 /// (`LEADERRUN_CHECK_INTERVAL=5` in a unit's environment): one note per such option naming the
 /// variable, since the error names only the flag, which the user never typed.
 fn environment_notes(error: &str, raw: &[OsString]) -> Vec<String> {
-    // COMMAND's words are not options.
-    let typed: Vec<&str> = raw
-        .iter()
-        .skip(1)
-        .take_while(|word| *word != "--")
-        .filter_map(|word| word.to_str())
-        .collect();
+    let words: Vec<&[u8]> = option_words(raw).collect();
     command_for(false)
         .get_arguments()
         .filter_map(|arg| {
             let long = format!("--{}", arg.get_long()?);
             let var = arg.get_env()?.to_str()?.to_owned();
             std::env::var_os(&var).filter(|value| !value.is_empty())?;
-            let short = arg.get_short();
-            let was_typed = typed.iter().any(|word| {
-                *word == long
-                    || word.starts_with(&format!("{long}="))
-                    || short.is_some_and(|s| {
-                        word.starts_with('-') && !word.starts_with("--") && word.contains(s)
-                    })
-            });
+            let was_typed = typed(arg, &words);
             // The flag as a whole word of the message: `--wait` is not in `--wait-for`.
             let named = error.match_indices(&long).any(|(at, _)| {
                 !error[at + long.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '-')
