@@ -1082,8 +1082,15 @@ pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// longer-than-a-year values are refused (docs/guarantees.md#timing-settings).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
-    if trimmed.starts_with('-') {
-        return Err("must not be negative".into());
+    if let Some(rest) = trimmed.strip_prefix('-') {
+        // Durations take hyphen values (to say "negative" of `-1s`), so an option typed where
+        // the value was left out (`--timeout --once`, `--wait --`) arrives here as the value.
+        if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+            return Err("must not be negative".into());
+        }
+        return Err(format!(
+            "the duration is missing: {trimmed:?} is an option, not a duration such as 30s"
+        ));
     }
     if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         // A zero would be refused with its unit too: say that, not how to add one.

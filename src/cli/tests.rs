@@ -24,6 +24,12 @@ fn durations() {
     assert!(parse_duration("0").unwrap_err().contains("zero"));
     assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
     assert!(parse_duration("-1s").unwrap_err().contains("negative"));
+    assert!(parse_duration("-.5s").unwrap_err().contains("negative"));
+    // The value left out: the next option is not a negative duration.
+    for word in ["--once", "--", "-n"] {
+        let err = parse_duration(word).unwrap_err();
+        assert!(err.contains("the duration is missing"), "{word}: {err}");
+    }
     assert!(parse_duration("soon").is_err());
     assert!(parse_duration("2years").unwrap_err().contains("a year"));
     // A period under the timers' resolution would fall due at every wake-up.

@@ -800,10 +800,16 @@ fn build(
     match take(&params, "gssencmode").as_deref() {
         None | Some("disable") => {}
         Some(other) => {
+            // Without the value (the settings hold a password) it is said in words: "the
+            // value" after `gssencmode=` read as garbled.
             return Err(ConnInfoError::Unsupported {
-                what: format!("gssencmode={}", quote(other)),
+                what: if shown {
+                    format!("gssencmode={other:?}")
+                } else {
+                    "a gssencmode other than disable".to_owned()
+                },
                 origin: params["gssencmode"].1.clone(),
-            })
+            });
         }
     }
     if let Some(binding) = take(&params, "channel_binding") {

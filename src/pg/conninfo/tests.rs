@@ -408,6 +408,32 @@ fn keepalive_settings_are_read_and_checked() {
     assert!(matches!(err, ConnInfoError::Unsupported { .. }), "{err}");
 }
 
+/// An unsupported `gssencmode` is named with its value, or in words when the settings hold a
+/// password (no value of such settings is shown).
+#[test]
+fn an_unsupported_gssencmode_reads_whole_with_or_without_a_password() {
+    let plain = resolve_with(Some("host=h dbname=d gssencmode=require"), &[]).unwrap_err();
+    let plain = crate::error::Chain(&plain).to_string();
+    assert!(
+        plain.contains("gssencmode=\"require\" is not supported"),
+        "{plain}"
+    );
+    let secret = resolve_with(
+        Some("host=h dbname=d password=secretpw gssencmode=require"),
+        &[],
+    )
+    .unwrap_err();
+    let secret = crate::error::Chain(&secret).to_string();
+    assert!(
+        secret.contains("a gssencmode other than disable is not supported"),
+        "{secret}"
+    );
+    assert!(
+        !secret.contains("secretpw") && !secret.contains("the value"),
+        "{secret}"
+    );
+}
+
 /// libpq 18's protocol range, as a keyword or its variable: taken when it holds 3.0 (the one
 /// version leaderrun speaks), refused as not supported when it does not, refused when libpq
 /// would not know the value either.
