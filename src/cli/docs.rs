@@ -175,7 +175,7 @@ pub fn man_page() -> Vec<u8> {
 
     section(&mut roff, "SIGNALS");
     for (sig, text) in [
-        ("INT, TERM", "Passed on to COMMAND's process group, then shutdown: grace, SIGKILL, pg_advisory_unlock, exit with COMMAND's status (0 as a standby). A second one while stopping sends SIGKILL at once."),
+        ("INT, TERM", "Passed on to COMMAND's process group (with a --stop-signal other than TERM, that signal instead), then shutdown: grace, SIGKILL, pg_advisory_unlock, exit with COMMAND's status (0 as a standby). A second one while stopping sends SIGKILL at once."),
         ("HUP, QUIT, USR1, USR2, WINCH, ALRM", "Passed on to COMMAND's process group; ignored while standby."),
         ("TSTP", "Passed on; when COMMAND stops, leaderrun stops the rest of its own job (a pipeline's other commands, the script that runs it) and itself, so the shell shows the job stopped; fg resumes both."),
         ("PIPE", "Ignored."),
