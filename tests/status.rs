@@ -1419,4 +1419,37 @@ fn status_says_when_the_leaders_activity_is_not_tracked() {
     ] {
         assert!(table.contains(line), "{line:?} not in\n{table}");
     }
+    // Renamed as well: nothing tells whether it is leaderrun, and step-down says so rather
+    // than that it is not.
+    let id = unique_lock_id();
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &format!("{dsn} application_name=nightly")])
+        .args([
+            "--lock-id",
+            &id.to_string(),
+            "--check-interval",
+            INTERVAL,
+            "--",
+        ])
+        .arg(&job);
+    let _renamed = Replica::spawn(cmd);
+    scratch.wait_starts(2, secs(10.0));
+    let out = leaderrun()
+        .args([
+            "step-down",
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(
+            "whether the holder is leaderrun cannot be told (nightly, and track_activities is off"
+        ),
+        "{said}"
+    );
 }

@@ -936,12 +936,20 @@ pub fn step_down_main(
             return Ok(1);
         };
         if !old.leaderrun {
-            out(&format!(
-                "the holder is not leaderrun ({}); it cannot be asked to step down\n",
-                old.application_name
-                    .as_deref()
-                    .unwrap_or("no application_name")
-            ));
+            let name = old
+                .application_name
+                .as_deref()
+                .unwrap_or("no application_name");
+            // Untracked, a renamed leaderrun shows none of the statements that say so.
+            out(&if old.activity_tracked {
+                format!("the holder is not leaderrun ({name}); it cannot be asked to step down\n")
+            } else {
+                format!(
+                    "whether the holder is leaderrun cannot be told ({name}, and \
+                     track_activities is off for its session, so its statements are not \
+                     shown); it was not asked to step down\n"
+                )
+            });
             return Ok(1);
         }
         if no_standby {
