@@ -58,6 +58,80 @@ fn pipe(fill: bool) -> (OwnedFd, OwnedFd) {
     (read, write)
 }
 
+/// Sets `O_NONBLOCK` on `fd`'s open file description, as a Node.js or Go parent leaves a pipe.
+fn set_non_blocking(fd: &OwnedFd) {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+}
+
+/// Gives `cmd` a stderr file `file` filled to [`SIZE_LIMIT`] under a `ulimit -f` of that size:
+/// every write to it fails (EFBIG) until the file is cut back.
+fn at_size_limit(cmd: &mut std::process::Command, mut file: std::fs::File) {
+    file.write_all(&[b'x'; SIZE_LIMIT as usize]).unwrap();
+    let limit = libc::rlimit {
+        rlim_cur: SIZE_LIMIT,
+        rlim_max: SIZE_LIMIT,
+    };
+    // SAFETY: setrlimit only, async-signal-safe, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.stderr(Stdio::from(file));
+}
+
+/// A stderr file opened to append (as a shell's `2>>`), so that writes go on at its end after
+/// the test cut it back; with a second handle for the test.
+fn append_file(path: &std::path::Path) -> (std::fs::File, std::fs::File) {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    (file.try_clone().unwrap(), file)
+}
+
+/// Runs a one-term leaderrun of `script` (it exits 0 on its own) with stderr the pipe's `write`
+/// end, reads the pipe once COMMAND runs, and returns what leaderrun wrote (the pipe's filler
+/// taken off), once it exited 0.
+fn run_reading_stderr(
+    cluster: &Cluster,
+    scratch: &Scratch,
+    script: &str,
+    read: OwnedFd,
+    write: OwnedFd,
+) -> String {
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", "300ms", "--", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write));
+    let mut leader = Muted {
+        child: cmd.spawn().expect("spawn leaderrun"),
+        _reader: None,
+    };
+    drop(cmd);
+    // COMMAND runs: what was logged before went into the pipe as far as it took it.
+    scratch.wait_starts(1, secs(10.0));
+    let mut out = Vec::new();
+    std::fs::File::from(read)
+        .read_to_end(&mut out)
+        .expect("read stderr");
+    assert_eq!(leader.wait_exit(secs(10.0)), Some(0));
+    String::from_utf8_lossy(&out)
+        .trim_start_matches('x')
+        .to_owned()
+}
+
 /// A leaderrun whose stderr is `stderr`'s; killed (and its watchdog with it) when dropped.
 struct Muted {
     child: Child,
@@ -74,22 +148,7 @@ impl Muted {
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         let reader = if let Stderr::AtSizeLimit = stderr {
-            let mut file = tempfile::tempfile().expect("a file for stderr");
-            file.write_all(&[b'x'; SIZE_LIMIT as usize]).unwrap();
-            let limit = libc::rlimit {
-                rlim_cur: SIZE_LIMIT,
-                rlim_max: SIZE_LIMIT,
-            };
-            // SAFETY: setrlimit only, async-signal-safe, between fork and exec.
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-                    if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-            cmd.stderr(Stdio::from(file));
+            at_size_limit(&mut cmd, tempfile::tempfile().expect("a file for stderr"));
             None
         } else {
             let (read, write) = pipe(matches!(stderr, Stderr::Stalled));
@@ -302,14 +361,9 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
     drop(quiet);
 
     // A stderr file at the size limit (`ulimit -f`): every write fails (EFBIG) until the file
-    // is cut back; it is opened to append, as a shell's `2>>` does, so writes go on at its end.
+    // is cut back.
     let log = scratch.file("stderr.log");
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .unwrap();
-    file.write_all(&[b'x'; SIZE_LIMIT as usize]).unwrap();
+    let (file, stderr) = append_file(&log);
     let port = free_port();
     let http = format!("127.0.0.1:{port}");
     let mut cmd = leaderrun();
@@ -324,21 +378,8 @@ fn log_lines_stderr_does_not_take_are_counted_and_reported_once_it_takes_them() 
             script,
         ])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(file.try_clone().unwrap()));
-    let limit = libc::rlimit {
-        rlim_cur: SIZE_LIMIT,
-        rlim_max: SIZE_LIMIT,
-    };
-    // SAFETY: setrlimit only, async-signal-safe, between fork and exec.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+        .stdout(Stdio::null());
+    at_size_limit(&mut cmd, stderr);
     let leader = Muted {
         child: cmd.spawn().expect("spawn leaderrun"),
         _reader: None,
@@ -384,10 +425,9 @@ fn a_line_a_non_blocking_stderr_takes_in_part_is_finished_not_torn() {
         script.len()
     );
     let (read, write) = pipe(true);
-    // SAFETY: fcntl and read on descriptors we own.
+    set_non_blocking(&write);
+    // SAFETY: read on a descriptor we own.
     unsafe {
-        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
         // One page free: room for the head of a long line, not for all of it.
         let mut page = [0u8; 4096];
         assert_eq!(
@@ -395,27 +435,8 @@ fn a_line_a_non_blocking_stderr_takes_in_part_is_finished_not_torn() {
             4096
         );
     }
-    let mut cmd = leaderrun();
-    cmd.args(["--dsn", &cluster.dsn()])
-        .args(["--lock-id", &unique_lock_id().to_string()])
-        .args(["--check-interval", "300ms", "--", script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(write));
-    let mut leader = Muted {
-        child: cmd.spawn().expect("spawn leaderrun"),
-        _reader: None,
-    };
-    drop(cmd);
-    // COMMAND runs: the first line was written as far as the pipe took it long before.
-    scratch.wait_starts(1, secs(10.0));
-    let mut out = Vec::new();
-    std::fs::File::from(read)
-        .read_to_end(&mut out)
-        .expect("read stderr");
-    assert_eq!(leader.wait_exit(secs(10.0)), Some(0));
-    let out = String::from_utf8_lossy(&out);
-    let lines: Vec<&str> = out.trim_start_matches('x').lines().collect();
+    let out = run_reading_stderr(cluster, &scratch, script, read, write);
+    let lines: Vec<&str> = out.lines().collect();
     let campaigning = lines
         .iter()
         .find(|l| l.contains("campaigning"))
@@ -455,12 +476,7 @@ fn lines_dropped_after_the_last_written_one_are_reported_at_exit() {
         ),
     );
     let log = scratch.file("stderr.log");
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .unwrap();
-    file.write_all(&[b'x'; SIZE_LIMIT as usize]).unwrap();
+    let (file, stderr) = append_file(&log);
     let port = free_port();
     let http = format!("127.0.0.1:{port}");
     let mut cmd = leaderrun();
@@ -470,21 +486,8 @@ fn lines_dropped_after_the_last_written_one_are_reported_at_exit() {
         .args(["--http-addr", &http, "--"])
         .arg(&script)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(file.try_clone().unwrap()));
-    let limit = libc::rlimit {
-        rlim_cur: SIZE_LIMIT,
-        rlim_max: SIZE_LIMIT,
-    };
-    // SAFETY: setrlimit only, async-signal-safe, between fork and exec.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+        .stdout(Stdio::null());
+    at_size_limit(&mut cmd, stderr);
     let mut leader = Muted {
         child: cmd.spawn().expect("spawn leaderrun"),
         _reader: None,
@@ -517,33 +520,8 @@ fn a_non_blocking_stderr_that_is_full_for_a_moment_loses_no_line() {
     let scratch = Scratch::new();
     let script = scratch.child_script("job", "sleep 0.5");
     let (read, write) = pipe(true);
-    // SAFETY: fcntl on a descriptor we own.
-    unsafe {
-        let flags = libc::fcntl(write.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(write.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-    }
-    let mut cmd = leaderrun();
-    cmd.args(["--dsn", &cluster.dsn()])
-        .args(["--lock-id", &unique_lock_id().to_string()])
-        .args(["--check-interval", "300ms", "--"])
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(write));
-    let mut leader = Muted {
-        child: cmd.spawn().expect("spawn leaderrun"),
-        _reader: None,
-    };
-    drop(cmd);
-    // COMMAND runs: its start was logged into the full pipe before.
-    scratch.wait_starts(1, secs(10.0));
-    let mut out = Vec::new();
-    std::fs::File::from(read)
-        .read_to_end(&mut out)
-        .expect("read stderr");
-    assert_eq!(leader.wait_exit(secs(10.0)), Some(0));
-    let out = String::from_utf8_lossy(&out);
-    let out = out.trim_start_matches('x');
+    set_non_blocking(&write);
+    let out = run_reading_stderr(cluster, &scratch, script.to_str().unwrap(), read, write);
     for said in [
         "campaigning",
         "lock acquired",
