@@ -723,6 +723,17 @@ fn the_start_line_shows_what_replicas_must_agree_on() {
         .lines()
         .find(|l| l.contains("campaigning for"))
         .unwrap_or_else(|| panic!("no start line: {stderr}"));
+    // The default mode's line spells --restart's value as the flag does.
+    let out = leaderrun()
+        .args(["-v", "--dsn", &cluster.dsn(), "--lock-id", &id])
+        .args(["--restart", "on-failure", "--", "true"])
+        .output()
+        .expect("run leaderrun");
+    let restarting = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        restarting.contains("mode=while-leader, restart on-failure "),
+        "{restarting}"
+    );
     for field in [
         format!("lock=1886156915:{id} "),
         "slots=2 ".to_owned(),

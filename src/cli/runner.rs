@@ -409,9 +409,15 @@ impl Drop for ReapOnExit {
 /// advisory locks are per database. The password is never part of it.
 fn log_settings(settings: &Settings, command: &Command) {
     let mode = match settings.mode {
-        Mode::WhileLeader { restart } => {
-            format!("while-leader, restart {restart:?}").to_lowercase()
-        }
+        // As `--restart` spells its values.
+        Mode::WhileLeader { restart } => format!(
+            "while-leader, restart {}",
+            match restart {
+                crate::supervisor::Restart::Never => "never",
+                crate::supervisor::Restart::OnFailure => "on-failure",
+                crate::supervisor::Restart::Always => "always",
+            }
+        ),
         Mode::OneShot {
             wait: None,
             min_hold,
