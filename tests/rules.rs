@@ -53,12 +53,7 @@ fn a_failed_check_on_a_live_session_stops_the_child_before_the_lock_moves() {
     kill(backend, Signal::SIGCONT).unwrap();
     let second = scratch.wait_starts(2, secs(10.0))[1].clone();
     assert_ne!(second.ppid, first.ppid);
-    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
-    assert!(
-        ended < began,
-        "overlap: old child ended at {ended:.3}, new began at {began:.3}; leader log:\n{}",
-        leader.log()
-    );
+    scratch.assert_no_overlap(first.pid, second.pid, &leader.log());
     assert!(!alive(first.pid));
 }
 

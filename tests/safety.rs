@@ -620,12 +620,7 @@ fn a_roles_exit_on_error_neither_frees_the_lock_early_nor_ends_a_waiting_standby
     leader.wait_log("background leader lock lost", 1, secs(5.0));
     let second = scratch.wait_starts(2, secs(10.0))[1].clone();
     assert_ne!(second.ppid, first.ppid);
-    let (ended, began) = scratch.ended_and_began(first.pid, second.pid);
-    assert!(
-        ended < began,
-        "overlap: old child ended at {ended:.3}, new began at {began:.3}; leader log:\n{}",
-        leader.log()
-    );
+    scratch.assert_no_overlap(first.pid, second.pid, &leader.log());
 }
 
 /// A role that may not read `pg_locks` (the view, or the `pg_lock_status()` it calls) cannot

@@ -226,6 +226,18 @@ impl Scratch {
         (ended, began)
     }
 
+    /// Asserts that the old child's `ended` stamp precedes the new child's `began` stamp (no
+    /// overlap, [`Scratch::ended_and_began`]), showing `log` (the leader's) when it does not;
+    /// returns the two stamps.
+    pub fn assert_no_overlap(&self, old: i32, new: i32, log: &str) -> (f64, f64) {
+        let (ended, began) = self.ended_and_began(old, new);
+        assert!(
+            ended < began,
+            "overlap: old child ended at {ended:.3}, new began at {began:.3}; leader log:\n{log}"
+        );
+        (ended, began)
+    }
+
     /// Waits until at least `n` starts are recorded and returns them.
     pub fn wait_starts(&self, n: usize, within: Duration) -> Vec<Start> {
         wait_for(&format!("{n} child start(s)"), within, || {
