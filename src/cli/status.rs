@@ -877,6 +877,8 @@ pub const STEP_DOWN_WAIT: Duration = Duration::from_secs(60);
 /// over within [`STEP_DOWN_WAIT`], none led, or the holder is not leaderrun, 125 on error
 /// (a slot outside 0 … N−1 included).
 ///
+/// Output that cannot be written (stdout a full disk) is said as an ERROR line; unlike
+/// `status` and `doctor`, the exit status stays the outcome's.
 /// INT or TERM (from `signals`) ends it at once ([`Exit::Interrupted`]), printing nothing.
 /// Before the request is taken the leader is left alone; after, the log says that it was asked
 /// already: it may still hand over, and the request ends with this process's session (no
@@ -1027,10 +1029,14 @@ pub fn step_down_main(
             return Exit::Interrupted(sig);
         }
     };
-    Exit::Code(result.unwrap_or_else(|err| {
+    let code = result.unwrap_or_else(|err| {
         tracing::error!("step-down: {}", Chain(&err));
         EXIT_FAILURE
-    }))
+    });
+    // Said, but the status stays the outcome's: the leader may have been asked already, and a
+    // script that read 125 would ask again, of the new leader.
+    output_lost();
+    Exit::Code(code)
 }
 
 #[cfg(test)]
