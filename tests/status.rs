@@ -3,6 +3,7 @@
 //! hand-over `step-down` asks for, and `doctor` on a primary, a hot standby and its database.
 
 use std::io::Write;
+use std::os::unix::ffi::OsStringExt;
 
 use nix::sys::signal::Signal;
 
@@ -1243,7 +1244,7 @@ fn step_down_interrupted_before_it_asks_leaves_the_leader_leading() {
 /// leaderrun's own, exit 125 with the reason on stderr: `status` and `doctor` exit with what
 /// they found, and 0 ("a leader holds the lock", "all checks passed") must not stand for a
 /// report nobody got. Before, every one of them exited 0. A reader that went away (`| head`)
-/// is no failure: it read what it wanted.
+/// is no failure: it read what it wanted. `step-down` says it too, with its outcome's status.
 #[test]
 fn output_that_cannot_be_written_is_a_failure_but_a_reader_gone_is_not() {
     let cluster = Cluster::shared();
@@ -1278,6 +1279,21 @@ fn output_that_cannot_be_written_is_a_failure_but_a_reader_gone_is_not() {
         let out = child.wait_with_output().unwrap();
         assert_ne!(out.status.code(), Some(125), "{args:?}: {out:?}");
     }
+    // `step-down` says so too, but its status stays the outcome's (here 1, no leader): a
+    // script that read 125 after a hand-over would ask again, of the new leader. Before, the
+    // lost line went unsaid.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = leaderrun()
+        .args(["step-down", "--dsn", &dsn, "--lock-id", &id])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot write to stdout"), "{stderr}");
 }
 
 /// `status`, `doctor` and `step-down` typed into the environment of a job configured by its
@@ -1299,22 +1315,47 @@ fn status_doctor_and_step_down_leave_a_runs_settings_in_the_environment_aside() 
         ("LEADERRUN_HTTP_ADDR", "127.0.0.1:1"),
         ("LEADERRUN_HISTORY", "1"),
         ("LEADERRUN_HISTORY_KEEP", "90d"),
+        // Not read at all: values the run would refuse (a unit's typo) fail none of them.
+        ("LEADERRUN_EVERY", "5 parsecs"),
+        ("LEADERRUN_RESTART", "sometimes"),
+        ("LEADERRUN_HTTP_ADDR", "nowhere"),
     ];
-    for (tool, want) in [("status", 1), ("doctor", 0), ("step-down", 1)] {
-        for (name, value) in runs_environment {
+    let not_utf8 = std::ffi::OsString::from_vec(b"5m\xff".to_vec());
+    let runs_environment = runs_environment
+        .into_iter()
+        .map(|(name, value)| (name, std::ffi::OsString::from(value)))
+        .chain([("LEADERRUN_TIMEOUT", not_utf8.clone())]);
+    for (name, value) in runs_environment {
+        for (tool, want) in [("status", 1), ("doctor", 0), ("step-down", 1)] {
             let out = leaderrun()
-                .env(name, value)
+                .env(name, &value)
                 .args(["--dsn", &cluster.dsn(), "--lock-id", &id, tool])
                 .output()
                 .unwrap();
             assert_eq!(
                 out.status.code(),
                 Some(want),
-                "{tool} with {name}={value}: {}",
+                "{tool} with {name}={value:?}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
     }
+    // A run reads them, a COMMAND named like a subcommand included.
+    let run = leaderrun()
+        .env("LEADERRUN_TIMEOUT", &not_utf8)
+        .args([
+            "--dsn",
+            &cluster.dsn(),
+            "--lock-id",
+            &id,
+            "--once",
+            "--",
+            "status",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("LEADERRUN_TIMEOUT"));
     let typed = leaderrun()
         .args(["--dsn", &cluster.dsn(), "--lock-id", &id])
         .args(["status", "--every", "5m"])

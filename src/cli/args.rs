@@ -863,7 +863,8 @@ fn overridden_by_flags(command: &clap::Command, raw: &[OsString]) -> Vec<clap::I
 /// Parses `raw` (the program's name first) into a checked [`Cli`]: clap's parse, then
 /// [`Cli::validate`] and the mistyped-subcommand check. Options are copied into the
 /// subcommands (`command_for`) when any word of `raw` is a subcommand's name (as an option's
-/// value or COMMAND's too: a copy too many costs only time).
+/// value or COMMAND's too: a copy too many costs only time). A subcommand reads none of a
+/// run's variables ([`RUN_ENVIRONMENT`]).
 ///
 /// # Errors
 /// clap's error, ready to print: a usage error, or the help or version asked for.
@@ -873,6 +874,60 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
         .skip(1)
         .any(|word| SUBCOMMANDS.iter().any(|name| word == name));
     let command = command_for(subcommands);
+    if subcommands {
+        // `status`, `doctor` and `step-down` typed into the environment of a job configured by
+        // its variables (`docker exec`, `kubectl exec`, a unit's `Environment=`): the run's
+        // settings there mean nothing to them and are not read at all, so that not even a
+        // value the run would refuse fails them. Typed on their command line, a run's option
+        // is still refused ([`Cli::validate`]). A subcommand's name that is COMMAND's word
+        // (`leaderrun -- status`) parses again below, with every variable.
+        let aside = command.clone().mut_args(|arg| {
+            if RUN_ENVIRONMENT.contains(&arg.get_id().as_str()) {
+                arg.env(None)
+            } else {
+                arg
+            }
+        });
+        match parse_with(aside, raw) {
+            Ok(cli) if cli.action.is_some() => return Ok(cli),
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+                ) =>
+            {
+                return Err(err)
+            }
+            _ => {}
+        }
+    }
+    parse_with(command, raw)
+}
+
+/// The options of a run that `status`, `doctor` and `step-down` do not read from the
+/// environment ([`parse_from`]).
+const RUN_ENVIRONMENT: [&str; 15] = [
+    "once",
+    "wait",
+    "every",
+    "tick_at_grant",
+    "restart",
+    "timeout",
+    "min_hold",
+    "takeover_delay",
+    "grace",
+    "http_addr",
+    "cgroup",
+    "pid_namespace",
+    "catch_up",
+    "history",
+    "history_keep",
+];
+
+/// [`parse_from`]'s parse with `command`: the flags typed win over the variables of options
+/// they exclude ([`overridden_by_flags`]), then clap's parse, [`Cli::validate`] and the
+/// mistyped-subcommand check.
+fn parse_with(command: clap::Command, raw: &[OsString]) -> Result<Cli, clap::Error> {
     let overridden = overridden_by_flags(&command, raw);
     let command = if overridden.is_empty() {
         command
@@ -891,13 +946,7 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
             clap::error::ErrorKind::InvalidUtf8 => not_utf8(raw).unwrap_or(err),
             _ => err,
         })
-        .and_then(|matches| {
-            let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
-            if cli.action.is_some() {
-                cli.forget_run_environment(&matches);
-            }
-            Ok(cli)
-        })
+        .and_then(|matches| <Cli as clap::FromArgMatches>::from_arg_matches(&matches))
         .and_then(|cli| {
             cli.validate()?;
             cli.check_mistyped_subcommand(raw, std::env::var_os("PATH").as_deref())?;

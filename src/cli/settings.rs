@@ -60,43 +60,6 @@ pub struct Settings {
 }
 
 impl Cli {
-    /// For `status`, `doctor` and `step-down`: forgets the options of a run that came from the
-    /// environment (`LEADERRUN_EVERY`, `LEADERRUN_HISTORY`, …), which configure the job whose
-    /// environment these commands are typed into (`docker exec`, `kubectl exec`, a unit's
-    /// `Environment=`) and mean nothing to them; typed on their command line, [`Cli::validate`]
-    /// still refuses them.
-    pub(super) fn forget_run_environment(&mut self, matches: &clap::ArgMatches) {
-        use clap::parser::ValueSource;
-        let from_env = |id: &str| {
-            matches!(
-                matches.try_get_raw(id).map(|_| matches.value_source(id)),
-                Ok(Some(ValueSource::EnvVariable))
-            )
-        };
-        let fields: [(&str, &mut dyn FnMut()); 15] = [
-            ("once", &mut || self.once = false),
-            ("wait", &mut || self.wait = None),
-            ("every", &mut || self.every = None),
-            ("tick_at_grant", &mut || self.tick_at_grant = false),
-            ("restart", &mut || self.restart = None),
-            ("timeout", &mut || self.timeout = None),
-            ("min_hold", &mut || self.min_hold = None),
-            ("takeover_delay", &mut || self.takeover_delay = None),
-            ("grace", &mut || self.grace = None),
-            ("http_addr", &mut || self.http_addr = None),
-            ("cgroup", &mut || self.cgroup = false),
-            ("pid_namespace", &mut || self.pid_namespace = false),
-            ("catch_up", &mut || self.catch_up = None),
-            ("history", &mut || self.history = false),
-            ("history_keep", &mut || self.history_keep = None),
-        ];
-        for (id, forget) in fields {
-            if from_env(id) {
-                forget();
-            }
-        }
-    }
-
     /// Checks what clap's attributes cannot say.
     ///
     /// # Errors
