@@ -177,6 +177,24 @@ fn slots_let_n_replicas_lead_at_once_each_on_its_own_slot() {
         "{plain_table}"
     );
     assert_eq!(report["more_slots_held"], serde_json::json!([]), "{report}");
+    // A standby in slot 1's line is said to wait in another slot's line, where it was said to
+    // try the lock every check interval; none of them is.
+    let plain = wait_for("slot 1's line seen without --slots", secs(5.0), || {
+        let plain: serde_json::Value =
+            serde_json::from_slice(&status(cluster, id, true).stdout).ok()?;
+        let standbys = plain["standbys"].as_array()?;
+        standbys
+            .iter()
+            .all(|s| s["place"].is_u64() || s["other_slot"] == true)
+            .then_some(plain.clone())
+            .filter(|_| standbys.iter().any(|s| s["other_slot"] == true))
+    });
+    let plain_table = String::from_utf8(status(cluster, id, false).stdout).unwrap();
+    assert!(
+        plain_table.contains("in line for another slot: give --slots 2 (or more) to see it")
+            && !plain_table.contains("tries every check interval"),
+        "{plain_table}\n{plain}"
+    );
     // kill -9 of slot 1's leader: a standby takes slot 1, and slot 0 keeps its leader.
     let (slot1, third) = kill_slot1_leader(&starts, &mut replicas, &scratch);
     assert!(third.fencing_token > slot1.fencing_token);

@@ -662,8 +662,9 @@ pub enum Action {
         /// (pid, leaderrun, activity_tracked, host, leaderrun_pid, application_name, client_addr,
         /// client_port, backend_start, term, since, leading_seconds, fencing_token, slot, lock);
         /// slot_leaders: every slot, in order (slot, lock, leader); waiters: backend pids;
-        /// standbys (backend_pid, queued, place, slot, leaderrun, host, leaderrun_pid,
-        /// application_name, client_addr, waiting_since); untracked_sessions: a count;
+        /// standbys (backend_pid, queued, place, slot, other_slot, leaderrun, host,
+        /// leaderrun_pid, application_name, client_addr, waiting_since); untracked_sessions: a
+        /// count;
         /// more_slots_held: slot numbers; runs: from the history table, newest first (host, pid,
         /// slot, term, fencing_token, due_at, started_at, ended_at, exit_code, signal, outcome,
         /// lost); schedule, tz, next_due_at.

@@ -87,6 +87,10 @@ pub struct Standby {
     pub place: Option<u32>,
     /// The slot whose line it is in; null when it is not in line.
     pub slot: Option<u32>,
+    /// Whether it waits in the line of a slot beyond the `--slots` asked (its statement is the
+    /// key's standby statement and waits for an advisory lock that is none of theirs): ask
+    /// with more `--slots` to see which.
+    pub other_slot: bool,
     /// Whether it is a leaderrun (`application_name` `leaderrun@HOST:PID`).
     pub leaderrun: bool,
     /// Its host, from `application_name`; null when it is not leaderrun.
@@ -116,6 +120,7 @@ impl Standby {
             queued: false,
             place: None,
             slot: None,
+            other_slot: false,
             leaderrun: host.is_some(),
             host,
             leaderrun_pid,
@@ -226,13 +231,20 @@ const STATUS_SQL: &str = concat!(
 );
 
 /// Standby sessions between their checks: their last statement carries
-/// [`standby_comment`]. `$1`: the comment.
+/// [`standby_comment`]. `$1`: the comment, `$2`: the id, `$3`: the classes of the slots and
+/// places asked (`oid[]`); the last column says whether it waits for a lock of this id outside
+/// them (the line of another slot).
 const STANDBYS_SQL: &str = concat!(
     "SELECT a.pid, ",
     activity_bytes!("a.application_name"),
     ", pg_catalog.host(a.client_addr), ",
     activity_bytes!("a.query"),
-    " FROM pg_catalog.pg_stat_activity a \
+    ", EXISTS (SELECT FROM pg_catalog.pg_locks l \
+       WHERE l.pid OPERATOR(pg_catalog.=) a.pid AND NOT l.granted \
+         AND l.locktype OPERATOR(pg_catalog.=) 'advisory' \
+         AND l.objid OPERATOR(pg_catalog.=) $2 \
+         AND NOT l.classid OPERATOR(pg_catalog.=) ANY ($3)) \
+     FROM pg_catalog.pg_stat_activity a \
      WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() \
        AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid() \
        AND pg_catalog.starts_with(a.query, $1) \
@@ -286,7 +298,9 @@ pub async fn report(
     let comment = standby_comment(lock);
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
         [&slot_classes, &place_classes, &id];
-    let comment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&comment];
+    let asked_classes: Vec<u32> = slot_classes.iter().chain(&place_classes).copied().collect();
+    let comment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+        [&comment, &id, &asked_classes];
     let more_classes: Vec<u32> = (slots..MAX_SLOTS)
         .map(|k| lock.slot(k).class as u32)
         .collect();
@@ -418,12 +432,10 @@ pub async fn report(
             continue;
         }
         let query = activity_text(row.get(3));
-        standbys.push(Standby::seen(
-            pid,
-            activity_text(row.get(1)),
-            row.get(2),
-            query.as_deref(),
-        ));
+        let mut standby =
+            Standby::seen(pid, activity_text(row.get(1)), row.get(2), query.as_deref());
+        standby.other_slot = row.get(4);
+        standbys.push(standby);
     }
     let untracked_sessions = untracked
         .iter()
@@ -686,6 +698,13 @@ impl Report {
                 }
                 (Some(place), _) => format!(", place {place} in line"),
                 (None, _) if w.queued => ", waiting".to_owned(),
+                (None, _) if w.other_slot => match self.more_slots_held.last() {
+                    Some(last) => format!(
+                        ", in line for another slot: give --slots {} (or more) to see it",
+                        last + 1
+                    ),
+                    None => ", in line for another slot: give --slots to see it".to_owned(),
+                },
                 (None, _) => ", tries every check interval".to_owned(),
             };
             let since = w

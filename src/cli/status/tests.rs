@@ -268,6 +268,7 @@ fn the_json_shape_is_stable() {
         "host",
         "leaderrun",
         "leaderrun_pid",
+        "other_slot",
         "place",
         "queued",
         "slot",
