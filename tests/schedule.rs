@@ -547,6 +547,66 @@ fn a_locked_history_table_leaves_the_job_alone() {
     assert!(!replica.log().contains("ERROR"), "{}", replica.log());
 }
 
+/// A role that may not create the history table (as on PostgreSQL 15 and later, where no
+/// role but the owner may create in schema `public`) gets one WARN that names the README's SQL, and none for the
+/// writes that then fail for the same reason (there was a second WARN, 42P01, right after the
+/// first); once a DBA made the table, the runs are recorded and the log says so.
+#[test]
+fn a_table_that_cannot_be_created_is_one_warn_until_a_dba_makes_it() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    // A schema of its own, which the role may use but not create in (as `public` on
+    // PostgreSQL 15 and later, without changing `public` for the other tests).
+    let schema = format!("history_nocreate_{id}");
+    let table = format!("{schema}.runs");
+    let role = format!("history_nocreate_{id}");
+    cluster.sql(&format!(
+        "CREATE ROLE {role} LOGIN; CREATE SCHEMA {schema}; GRANT USAGE ON SCHEMA {schema} TO {role}"
+    ));
+    let job = scratch
+        .child_script("job.sh", "true")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let dsn = format!("{} user={role}", cluster.dsn());
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+        .args(["--check-interval", INTERVAL])
+        .args(["--schedule", "* * * * * *", "--history"])
+        .args(["--history-table", &table, "--", &job]);
+    let mut replica = Replica::spawn(cmd);
+    replica.wait_log("history: cannot create the table", 1, secs(10.0));
+    scratch.wait_starts(3, secs(10.0));
+    let log = replica.log();
+    assert!(
+        log.contains("a DBA creates it with the SQL in the README"),
+        "{log}"
+    );
+    assert!(!log.contains("cannot write the run history"), "{log}");
+    let sql = table
+        .parse::<leaderrun::history::TableName>()
+        .unwrap()
+        .create_sql();
+    cluster.sql(&sql);
+    cluster.sql(&format!(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}; \
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"
+    ));
+    replica.wait_log("history: writes succeed again", 1, secs(10.0));
+    wait_for("a recorded run", secs(5.0), || {
+        (cluster.sql(&format!(
+            "SELECT count(*) FROM {table} WHERE outcome = 'ok'"
+        )) != ["0"])
+        .then_some(())
+    });
+    replica.signal(Signal::SIGTERM);
+    stopped_by_term(&mut replica);
+    let log = replica.log();
+    assert_eq!(log.matches("cannot create the table").count(), 1, "{log}");
+    assert!(!log.contains("cannot write the run history"), "{log}");
+}
+
 #[test]
 fn history_without_insert_rights_leaves_the_job_alone() {
     let cluster = Cluster::shared();

@@ -689,8 +689,12 @@ impl Writer {
                     "history: cannot create the table ({}); {remedy}",
                     Chain(&err)
                 );
-                // Once per process: a DBA's table is found by the writes themselves.
+                // Once per process: a DBA's table is found by the writes themselves. The
+                // writes' own failures until then say nothing new (the table is missing, the
+                // session read-only): a streak begun, so they go to the debug level and the
+                // first write that succeeds says so.
                 self.ensured = true;
+                self.failing = true;
             }
         }
     }
