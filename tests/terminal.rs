@@ -815,3 +815,86 @@ fn ctrl_z_stops_the_whole_job_leaderrun_is_in() {
         pane.wait_screen("after-42", 1);
     }
 }
+
+/// `leaderrun -- report | less`: the command after leaderrun in the pipeline is in leaderrun's
+/// group and may be a pager that reads the terminal itself. Before, each child was handed the
+/// terminal at its start, so the pager stopped on SIGTTIN and the shell showed the job
+/// `Stopped`. Now, with stdout a pipe, a child gets the terminal only once it asks for it by
+/// stopping on SIGTTIN (a `sudo` or `ssh` prompt that reads `/dev/tty`), and Ctrl-C, which
+/// then reaches leaderrun's group, is passed on to the child.
+#[test]
+fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
+    let scratch = Scratch::new();
+    let child = scratch.child_script(
+        "child.sh",
+        "trap 'echo INT >> \"$EVENTS\"; exit 130' INT\necho line\nwhile :; do sleep 0.05; done",
+    );
+    let pager = scratch.file("pager.sh");
+    std::fs::write(
+        &pager,
+        "read -r key < /dev/tty\necho \"pager-got:$key\" > /dev/tty\ncat > /dev/null\n",
+    )
+    .unwrap();
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "{} | sh {}",
+        leaderrun_line(&format!("-- {}", child.display())),
+        pager.display()
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (_, job) = foreground_and_group(start.ppid).unwrap();
+    let pager_pid = wait_for("the pager in leaderrun's group", secs(5.0), || {
+        std::fs::read_dir("/proc")
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find(|&pid| {
+                pid != start.ppid && foreground_and_group(pid).is_some_and(|(_, g)| g == job)
+            })
+    });
+    wait_for("the pager to wait for a key", secs(5.0), || {
+        let s = state(pager_pid)?;
+        assert_ne!(s, 'T', "the pager stopped on SIGTTIN");
+        (s == 'S').then_some(())
+    });
+    // The terminal stays with leaderrun's job, not the child's group.
+    let (foreground, _) = foreground_and_group(pager_pid).unwrap();
+    assert_eq!(foreground, job);
+    pane.type_line("hello");
+    pane.wait_screen("pager-got:hello", 1);
+    pane.key("C-c");
+    wait_for("the job to end", secs(10.0), || {
+        (!alive(start.ppid) && !alive(pager_pid) && !alive(start.pid)).then_some(())
+    });
+    // The shell has the terminal back (a job that died of SIGINT ends the typed line).
+    pane.type_line("echo \"af\"\"ter-$((40+2))\"");
+    pane.wait_screen("after-42", 1);
+    assert_eq!(
+        scratch.events().iter().filter(|l| *l == "INT").count(),
+        1,
+        "{:?}",
+        scratch.events()
+    );
+
+    // A child that reads /dev/tty in a pipeline is handed the terminal when it asks.
+    let scratch = Scratch::new();
+    let child = scratch.child_script(
+        "child.sh",
+        "read -r key < /dev/tty\necho \"child-got:$key\"",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "{} | cat; echo \"r\"\"c=$?\"",
+        leaderrun_line(&format!("-- {}", child.display()))
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    wait_for("the child to have the terminal", secs(5.0), || {
+        let (foreground, group) = foreground_and_group(start.pid)?;
+        (foreground == group && state(start.pid) == Some('S')).then_some(())
+    });
+    pane.type_line("hello");
+    pane.wait_screen("child-got:hello", 1);
+    pane.wait_screen("rc=0", 1);
+}

@@ -690,8 +690,7 @@ impl Spawner for ProcessSpawner {
                 foreground: self
                     .terminal
                     .as_ref()
-                    .filter(|terminal| terminal.owns_foreground())
-                    .map(|terminal| terminal.fd()),
+                    .and_then(|terminal| terminal.for_new_child()),
                 cgroup: self.cgroup.clone(),
                 helper: self.helper.clone(),
                 pid_namespace: self.pid_namespace.as_deref(),

@@ -13,6 +13,13 @@
 //! continues both with the child in the foreground. Without a controlling terminal leaderrun
 //! never touches one.
 //!
+//! With stdout a pipe (`leaderrun -- report | less`), the command after leaderrun in the
+//! pipeline is in leaderrun's group, and may be a pager that reads the terminal itself: a
+//! child handed the foreground would leave it stopped on SIGTTIN, and the job with it. There
+//! a child gets the foreground only once it asks for it, by stopping on SIGTTIN or SIGTTOU
+//! (a `sudo` or `ssh` prompt), and keeps it for its life; until then Ctrl-C and Ctrl-Z reach
+//! leaderrun's group, and leaderrun passes them on.
+//!
 //! The terminal's modes are kept as a job-control shell keeps them for its job: a child that
 //! died of a signal (killed on a demotion, a shutdown, a `--timeout`, SIGKILL at the grace) may
 //! have left the terminal raw or without echo, and is not there to undo it; the shell would put
@@ -44,6 +51,10 @@ pub struct Terminal {
     /// The modes to put back after a child that died of a signal: read at the claim, and
     /// again after each child that exited on its own (`None`: they could not be read).
     modes: std::sync::Mutex<Option<Termios>>,
+    /// Whether stdout was a pipe at the claim: a child gets the foreground only once it asks.
+    pipeline: bool,
+    /// Whether the current child asked for the foreground (stopped on SIGTTIN or SIGTTOU).
+    child_asked: std::sync::atomic::AtomicBool,
 }
 
 impl Terminal {
@@ -73,17 +84,46 @@ impl Terminal {
             let _ = signal(Signal::SIGTTOU, SigHandler::SigIgn);
         }
         let modes = tcgetattr(tty.as_fd()).ok();
+        let pipeline = nix::sys::stat::fstat(std::io::stdout()).is_ok_and(|st| {
+            nix::sys::stat::SFlag::from_bits_truncate(st.st_mode)
+                .contains(nix::sys::stat::SFlag::S_IFIFO)
+        });
         Some(Terminal {
             modes: std::sync::Mutex::new(modes),
+            pipeline,
+            child_asked: std::sync::atomic::AtomicBool::new(false),
             tty,
             own_group,
             in_foreground: std::sync::atomic::AtomicBool::new(in_foreground),
         })
     }
 
-    /// The terminal's descriptor, for the child to take the foreground before exec.
-    pub fn fd(&self) -> RawFd {
-        self.tty.as_raw_fd()
+    /// The terminal's descriptor for a child about to start, to take the foreground before
+    /// exec: while leaderrun's group has the foreground, and not in a pipeline (the module's
+    /// docs), where the new child first has to ask for it.
+    pub fn for_new_child(&self) -> Option<RawFd> {
+        self.child_asked
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        (self.owns_foreground() && !self.pipeline).then(|| self.tty.as_raw_fd())
+    }
+
+    /// Whether the current child is to have the foreground whenever leaderrun's group has it
+    /// (a resume, `fg`): always, but in a pipeline only once it asked
+    /// ([`Terminal::give_on_request`]).
+    pub fn child_may_have_it(&self) -> bool {
+        !self.pipeline || self.child_asked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Hands the foreground to the current child's `group`, which stopped on SIGTTIN or
+    /// SIGTTOU (it reads or sets the terminal), while leaderrun's group has it; from then on
+    /// it has the foreground for its life ([`Terminal::child_may_have_it`]). Whether it worked.
+    pub fn give_on_request(&self, group: Pid) -> bool {
+        if !self.owns_foreground() || !self.give_to(group) {
+            return false;
+        }
+        self.child_asked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        true
     }
 
     /// Whether leaderrun's own group is the foreground group now: after a resume, `fg` gave it

@@ -550,7 +550,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             ),
             _ => (None, false),
         };
-        if terminal.look(child) && running {
+        if terminal.look(child) && running && terminal.child_may_have_it() {
             if let Some(child) = child {
                 let _ = terminal.give_to(child);
             }

@@ -295,7 +295,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         }
         // `fg` gave the terminal back to our group: pass it on. After `bg` the shell keeps it.
         if let Some(terminal) = &self.terminal {
-            if terminal.owns_foreground() {
+            if terminal.owns_foreground() && terminal.child_may_have_it() {
                 let _ = terminal.give_to(Pid::from_raw(run.pid() as i32));
             }
         }
@@ -520,9 +520,10 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             // Only once the handing over worked: otherwise the child would read again, stop
             // again, and be continued again, for good.
             Signal::SIGTTIN | Signal::SIGTTOU
-                if self.terminal.as_ref().is_some_and(|t| {
-                    t.owns_foreground() && t.give_to(Pid::from_raw(pid as i32))
-                }) =>
+                if self
+                    .terminal
+                    .as_ref()
+                    .is_some_and(|t| t.give_on_request(Pid::from_raw(pid as i32))) =>
             {
                 info!(
                     pid,
