@@ -865,7 +865,7 @@ fn overridden_by_flags(command: &clap::Command, raw: &[OsString]) -> Vec<clap::I
 /// [`Cli::validate`] and the mistyped-subcommand check. Options are copied into the
 /// subcommands (`command_for`) when any word of `raw` is a subcommand's name (as an option's
 /// value or COMMAND's too: a copy too many costs only time). A subcommand reads none of a
-/// run's variables ([`RUN_ENVIRONMENT`]).
+/// run's variables (`--once`, `--every`, `--history`, …: `RUN_ENVIRONMENT`).
 ///
 /// # Errors
 /// clap's error, ready to print: a usage error, or the help or version asked for.
