@@ -632,6 +632,26 @@ fn schedule_conflicts_and_bad_expressions_are_usage_errors() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("six with seconds first"), "{err}");
+
+    // Names cron and other schedulers know, refused for what they are: never in words of
+    // fields and years, which the one who typed a name did not give.
+    for (expr, reason) in [
+        ("@reboot", "@reboot has no due time"),
+        ("@REBOOT", "@REBOOT has no due time"),
+        ("@every 5m", "give --every DUR instead"),
+        ("@often", "unknown name @often"),
+        ("@daily 3", "@daily takes no fields after it"),
+    ] {
+        let out = leaderrun()
+            .args(["--dsn", "host=/nonexistent dbname=x", "--schedule", expr])
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(125), "{expr}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(reason), "{expr}: {err}");
+        assert!(!err.contains("years"), "{expr}: {err}");
+    }
 }
 
 #[test]
