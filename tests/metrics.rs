@@ -139,6 +139,17 @@ fn every_counter_series_exists_at_zero_from_the_start() {
             shown.push(value.to_owned());
         }
         shown.sort();
+        // Its HELP names every value too, for one who reads /metrics and not the README.
+        let help = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("# HELP {name} ")))
+            .unwrap_or_else(|| panic!("{name} has a HELP line"));
+        for value in &documented {
+            assert!(
+                help.contains(value.as_str()),
+                "{name}'s HELP lacks {value}: {help}"
+            );
+        }
         let mut documented = documented;
         documented.sort();
         assert_eq!(
@@ -148,6 +159,15 @@ fn every_counter_series_exists_at_zero_from_the_start() {
     }
     assert_eq!(sample(&metrics, "leaderrun_terms_started_total"), Some(0.0));
     assert_eq!(sample(&metrics, "leaderrun_child_starts_total"), Some(0.0));
+    // --schedule's due times count there as --every's ticks do (README), and the HELP says so.
+    let help = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("# HELP leaderrun_ticks_total "))
+        .expect("a HELP line");
+    assert!(
+        help.contains("--every") && help.contains("--schedule"),
+        "{help}"
+    );
 }
 
 /// A standby's wait in the lock queue (up to a whole interval) is its own figure, not a

@@ -692,6 +692,26 @@ fn schedule_conflicts_and_bad_expressions_are_usage_errors() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("six with seconds first"), "{err}");
+
+    // Names cron and other schedulers know, refused for what they are: never in words of
+    // fields and years, which the one who typed a name did not give.
+    for (expr, reason) in [
+        ("@reboot", "@reboot has no due time"),
+        ("@REBOOT", "@REBOOT has no due time"),
+        ("@every 5m", "give --every DUR instead"),
+        ("@often", "unknown name @often"),
+        ("@daily 3", "@daily takes no fields after it"),
+    ] {
+        let out = leaderrun()
+            .args(["--dsn", "host=/nonexistent dbname=x", "--schedule", expr])
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(125), "{expr}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(reason), "{expr}: {err}");
+        assert!(!err.contains("years"), "{expr}: {err}");
+    }
 }
 
 #[test]
@@ -857,6 +877,51 @@ fn an_ex_leaders_history_session_closes_once_it_is_a_standby() {
         "{}",
         leader.log()
     );
+}
+
+/// `--history-keep` takes a year however it is spelt (humantime's `1y` is 365.25 days, its
+/// month 30.44): a retention of `1y` is not refused as "more than a year".
+#[test]
+fn history_keep_takes_a_year_in_every_spelling() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let table = format!("runs_keep_{id}");
+    for keep in ["365d", "1y", "1year", "12months"] {
+        let mut once = Replica::start(
+            cluster,
+            id,
+            INTERVAL,
+            &[
+                "--once",
+                "--history",
+                "--history-table",
+                &table,
+                "--history-keep",
+                keep,
+                "--",
+                "true",
+            ],
+        );
+        assert_eq!(
+            once.wait_exit(secs(10.0)).code(),
+            Some(0),
+            "--history-keep {keep}: {}",
+            once.log()
+        );
+    }
+    assert_eq!(
+        cluster.sql(&format!(
+            "SELECT count(*) FROM {table} WHERE lock_id = {id} AND outcome = 'ok'"
+        )),
+        ["4"]
+    );
+    let out = leaderrun()
+        .args(["--dsn", "host=/nonexistent dbname=x", "--history"])
+        .args(["--history-keep", "2y", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be at most a year"));
 }
 
 #[test]

@@ -835,7 +835,7 @@ fn doctor_says_which_database_the_lock_lives_in() {
     // The job refuses such settings (125): doctor fails them, and its other checks still run.
     assert_eq!(code, Some(1), "{text}");
     assert!(
-        text.contains("FAIL  database      no setting names the database, so leaderrun refuses"),
+        text.contains("FAIL  database       no setting names the database, so leaderrun refuses"),
         "{text}"
     );
     assert!(text.contains("ok    exclusion"), "{text}");
@@ -846,8 +846,39 @@ fn doctor_says_which_database_the_lock_lives_in() {
     let (code, text) = doctor(&cluster.dsn());
     assert_eq!(code, Some(0), "{text}");
     assert!(
-        text.contains("ok    database      the lock lives in database postgres (from dsn)"),
+        text.contains("ok    database       the lock lives in database postgres (from dsn)"),
         "{text}"
+    );
+    // Every finding's text, and every hint, starts at one column, whatever its check's name
+    // (`fencing token` is the longest).
+    let checks = [
+        "connect",
+        "database",
+        "version",
+        "primary",
+        "exclusion",
+        "check",
+        "fencing token",
+        "session",
+        "idle timeout",
+        "tls",
+        "leader",
+    ];
+    let mut columns = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let rest = &line[6..];
+        let name = checks
+            .iter()
+            .find(|c| rest.starts_with(&format!("{c} ")))
+            .map_or(0, |c| c.len());
+        let blanks = rest[name..].len() - rest[name..].trim_start().len();
+        assert!(blanks >= 2, "{line:?}");
+        columns.insert(6 + name + blanks);
+    }
+    assert_eq!(
+        columns.len(),
+        1,
+        "one column for every finding's text:\n{text}"
     );
 }
 

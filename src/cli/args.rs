@@ -1125,8 +1125,10 @@ fn environment_notes(error: &str, raw: &[OsString]) -> Vec<String> {
         .collect()
 }
 
-/// The longest duration any option takes: one year.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest duration any option takes: one year, in every spelling of it. humantime reads
+/// `1y` as 365.25 days and a month as 30.44 days, so the bound is twelve of its months (365.28
+/// days): `365d`, `1y`, `1year` and `12months` are all taken, not refused as more than a year.
+pub const MAX_DURATION: Duration = Duration::from_secs(12 * 2_630_016);
 
 /// Parses a positive duration with a unit (`500ms`, `5s`, `2m`); zero, negative, unit-less and
 /// longer-than-a-year values are refused (docs/guarantees.md#timing-settings).

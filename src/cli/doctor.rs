@@ -32,6 +32,10 @@ pub struct Finding {
     pub hint: Option<String>,
 }
 
+/// The column the checks' names take in doctor's output: the longest name's, `fencing token`,
+/// so that every finding's text starts at the same column.
+const CHECK_WIDTH: usize = 13;
+
 impl Finding {
     fn pass(check: &'static str, detail: impl Into<String>) -> Finding {
         Finding {
@@ -554,9 +558,12 @@ pub fn doctor_main(
                     (true, Some(_)) => "warn",
                     (true, None) => "ok",
                 };
-                out(&format!("{:<4}  {:<12}  {}\n", label, f.check, f.detail));
+                out(&format!(
+                    "{:<4}  {:<CHECK_WIDTH$}  {}\n",
+                    label, f.check, f.detail
+                ));
                 if let Some(hint) = &f.hint {
-                    out(&format!("{:<4}  {:<12}  hint: {hint}\n", "", ""));
+                    out(&format!("{:<4}  {:<CHECK_WIDTH$}  hint: {hint}\n", "", ""));
                 }
             }
             if output_lost() {
@@ -565,9 +572,13 @@ pub fn doctor_main(
             u8::from(findings.iter().any(|f| !f.ok))
         }
         Err(err) => {
-            out(&format!("FAIL  connect       {}\n", Chain(&err)));
             out(&format!(
-                "      {:<12}  hint: {}; leaderrun connects exactly like this\n",
+                "FAIL  {:<CHECK_WIDTH$}  {}\n",
+                "connect",
+                Chain(&err)
+            ));
+            out(&format!(
+                "      {:<CHECK_WIDTH$}  hint: {}; leaderrun connects exactly like this\n",
                 "",
                 connect_hint(&err)
             ));

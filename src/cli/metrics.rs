@@ -31,7 +31,7 @@ impl ChildExit {
     }
 }
 
-/// Outcome label of `leaderrun_ticks_total`.
+/// Outcome label of `leaderrun_ticks_total` (`--every` ticks and `--schedule` due times).
 #[derive(Clone, Copy, Debug)]
 pub enum Tick {
     /// The run succeeded.
@@ -93,7 +93,8 @@ impl Metrics {
         let ticks = IntCounterVec::new(
             Opts::new(
                 "leaderrun_ticks_total",
-                "--every ticks by outcome: success, failure, skipped, interrupted, standby.",
+                "Ticks of --every and due times of --schedule, by outcome: success, failure, \
+                 skipped, interrupted, standby.",
             ),
             &["outcome"],
         )
@@ -182,7 +183,7 @@ impl Metrics {
         self.child_exits.with_label_values(&[outcome.label()]).inc();
     }
 
-    /// A tick of `--every`.
+    /// A tick of `--every` or a due time of `--schedule`.
     pub fn tick(&self, outcome: Tick) {
         self.ticks.with_label_values(&[outcome.label()]).inc();
     }

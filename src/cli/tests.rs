@@ -32,6 +32,11 @@ fn durations() {
     }
     assert!(parse_duration("soon").is_err());
     assert!(parse_duration("2years").unwrap_err().contains("a year"));
+    // A year, however it is spelt, is at most a year.
+    for year in ["365d", "1y", "1year", "12months"] {
+        assert!(parse_duration(year).is_ok(), "{year}");
+    }
+    assert!(parse_duration("13months").unwrap_err().contains("a year"));
     // A period under the timers' resolution would fall due at every wake-up.
     assert_eq!(parse_period("1ms"), Ok(Duration::from_millis(1)));
     assert!(parse_period("999us").unwrap_err().contains("at least 1ms"));

@@ -53,6 +53,18 @@ pub enum ScheduleError {
     },
 }
 
+/// The `@` names `--schedule` takes, as cron names them (croner knows all but `@midnight`,
+/// which [`Schedule::parse`] reads as `@daily`).
+const NAMES: [&str; 7] = [
+    "@hourly",
+    "@daily",
+    "@midnight",
+    "@weekly",
+    "@monthly",
+    "@yearly",
+    "@annually",
+];
+
 /// The name [`Schedule::zone`] gives a zone that has none: an `/etc/localtime` that is not a
 /// link into the zone database. No other host (and no `status`) can load it by that name.
 pub const LOCAL_TIME: &str = "local time";
@@ -123,6 +135,23 @@ impl Schedule {
         let fields = trimmed.split_whitespace().count();
         if !trimmed.starts_with('@') && !(5..=6).contains(&fields) {
             return Err(invalid(format!("{fields} fields")));
+        }
+        // croner's own reason for an unknown name speaks of fields and years, which misleads
+        // one who typed a name cron or another scheduler knows.
+        if trimmed.starts_with('@') && !NAMES.iter().any(|n| trimmed.eq_ignore_ascii_case(n)) {
+            let word = trimmed.split_whitespace().next().unwrap_or(trimmed);
+            return Err(invalid(if word.eq_ignore_ascii_case("@reboot") {
+                format!(
+                    "{word} has no due time: the default mode runs COMMAND when a term \
+                     begins, and --every DUR --tick-at-grant runs it then and every DUR after"
+                )
+            } else if word.eq_ignore_ascii_case("@every") {
+                format!("{word} is no cron name: give --every DUR instead of --schedule")
+            } else if NAMES.iter().any(|n| word.eq_ignore_ascii_case(n)) {
+                format!("{word} takes no fields after it")
+            } else {
+                format!("unknown name {word}")
+            }));
         }
         let dom_and_dow = if trimmed.starts_with('@') {
             false
