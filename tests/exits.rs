@@ -134,10 +134,11 @@ fn a_value_that_is_not_utf8_names_its_option_and_variable() {
             Some(("LEADERRUN_DSN", b"host=h password=hunter2\xff")),
             "'--dsn <DSN>'",
         ),
+        // A subcommand reads a variable of its own options (a run's it leaves unread).
         (
             vec!["status".into()],
-            Some(("LEADERRUN_HISTORY", b"\xfe")),
-            "'--history'",
+            Some(("LEADERRUN_LOCK_NAME", b"\xfe")),
+            "'--lock-name <NAME>'",
         ),
         (
             vec![
