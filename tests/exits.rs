@@ -188,10 +188,10 @@ fn a_value_that_is_not_utf8_names_its_option_and_variable() {
     // -c's script are bytes as given.
     for (var, args) in [
         (
-            Some("LEADERRUN_TZ"),
+            Some("LEADERRUN_STOP_SIGNAL"),
             vec![
-                "--tz".into(),
-                "UTC".into(),
+                "--stop-signal".into(),
+                "INT".into(),
                 "--".into(),
                 "true".into(),
                 bytes(b"\xff"),
@@ -257,6 +257,54 @@ fn an_empty_variable_is_no_setting() {
         "ran schedule=[]",
         "{stderr}"
     );
+}
+
+/// An option of a run typed without the option it modifies (`--tz` without `--schedule`,
+/// `--history-keep` or `--history-table` without `--history`) is refused: before, it was taken
+/// and did nothing, and a `--history-table` typed without `--history` recorded no run. Set by
+/// its variable (one environment may serve several jobs, and `status` reads
+/// `LEADERRUN_HISTORY_TABLE`), it is left alone.
+#[test]
+fn a_modifier_typed_without_what_it_modifies_is_refused() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let run = |env: &[(&str, &str)], flags: &[&str]| {
+        let out = leaderrun()
+            .envs(env.iter().copied())
+            .args(["--dsn", &cluster.dsn(), "--lock-id", &id, "--once"])
+            .args(flags)
+            .args(["--", "true"])
+            .output()
+            .expect("run leaderrun");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (flags, says) in [
+        (&["--tz", "UTC"][..], "--tz only applies with --schedule"),
+        (
+            &["--history-keep", "7d"],
+            "--history-keep only applies with --history",
+        ),
+        (
+            &["--history-table", "runs"],
+            "--history-table only applies with --history",
+        ),
+    ] {
+        let (code, stderr) = run(&[], flags);
+        assert_eq!(code, Some(125), "{flags:?}: {stderr}");
+        assert!(stderr.starts_with(&format!("error: {says}")), "{stderr}");
+    }
+    let (code, stderr) = run(
+        &[
+            ("LEADERRUN_TZ", "UTC"),
+            ("LEADERRUN_HISTORY_KEEP", "7d"),
+            ("LEADERRUN_HISTORY_TABLE", "runs"),
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
 }
 
 /// An option typed on the command line wins over a variable of an option it excludes, as it

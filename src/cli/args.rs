@@ -947,7 +947,16 @@ fn parse_with(command: clap::Command, raw: &[OsString]) -> Result<Cli, clap::Err
             clap::error::ErrorKind::InvalidUtf8 => not_utf8(raw).unwrap_or(err),
             _ => err,
         })
-        .and_then(|matches| <Cli as clap::FromArgMatches>::from_arg_matches(&matches))
+        .and_then(|matches| {
+            let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
+            cli.check_typed_modifiers(|id| {
+                matches!(
+                    matches.try_get_raw(id).map(|_| matches.value_source(id)),
+                    Ok(Some(clap::parser::ValueSource::CommandLine))
+                )
+            })?;
+            Ok(cli)
+        })
         .and_then(|cli| {
             cli.validate()?;
             cli.check_mistyped_subcommand(raw, std::env::var_os("PATH").as_deref())?;

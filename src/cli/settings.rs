@@ -150,6 +150,43 @@ impl Cli {
         Ok(())
     }
 
+    /// Refuses an option of a run typed without the option it modifies (`--tz` without
+    /// `--schedule`, `--history-keep` or `--history-table` without `--history`), which would
+    /// otherwise be taken and do nothing: a `--history-table` typed without `--history` records
+    /// no run, though whoever typed it expects a history. Set by its variable, such an option is
+    /// left alone: one environment may serve several jobs (a compose file's common
+    /// `LEADERRUN_TZ`), and `status` reads `LEADERRUN_HISTORY_TABLE`. `typed` says whether an
+    /// option (by its id) was given on the command line.
+    ///
+    /// # Errors
+    /// A clap error (exit 125) that names the option it needs.
+    pub(super) fn check_typed_modifiers(
+        &self,
+        typed: impl Fn(&str) -> bool,
+    ) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        if self.action.is_some() {
+            return Ok(());
+        }
+        let needs = [
+            ("tz", "--tz", self.schedule.is_some(), "--schedule"),
+            ("history_keep", "--history-keep", self.history, "--history"),
+            (
+                "history_table",
+                "--history-table",
+                self.history,
+                "--history",
+            ),
+        ];
+        match needs.iter().find(|(id, _, given, _)| typed(id) && !given) {
+            Some((_, flag, _, needed)) => Err(Cli::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                format!("{flag} only applies with {needed}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// A COMMAND that is a near miss of a subcommand (`leaderrun statsu`), not found on
     /// `path`, and not written after `--`, is a typo of the subcommand, not a program to run
     /// (which would exit 127 after a moment): a usage error that names the subcommand. `raw`
