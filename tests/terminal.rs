@@ -897,4 +897,28 @@ fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
     pane.type_line("hello");
     pane.wait_screen("child-got:hello", 1);
     pane.wait_screen("rc=0", 1);
+
+    // A pipe read by a process outside leaderrun's group (a harness that captures its output;
+    // here a coprocess, a job of its own) is no pipeline of the job's: the child gets the
+    // terminal at its start, as without a pipe.
+    let scratch = Scratch::new();
+    // It reads only after a pause: had it to ask first, the terminal would be leaderrun's group's
+    // until then.
+    let child = scratch.child_script(
+        "child.sh",
+        "sleep 2\nread -r key < /dev/tty\necho \"child-got:$key\" > /dev/tty",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line("coproc cat > /dev/null");
+    pane.type_line(&format!(
+        "{} >&${{COPROC[1]}}; echo \"r\"\"c=$?\"",
+        leaderrun_line(&format!("-- {}", child.display()))
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (foreground, group) = foreground_and_group(start.pid).unwrap();
+    assert_eq!(foreground, group, "the child started without the terminal");
+    pane.type_line("hello");
+    pane.wait_screen("child-got:hello", 1);
+    pane.wait_screen("rc=0", 1);
 }

@@ -13,12 +13,13 @@
 //! continues both with the child in the foreground. Without a controlling terminal leaderrun
 //! never touches one.
 //!
-//! With stdout a pipe (`leaderrun -- report | less`), the command after leaderrun in the
-//! pipeline is in leaderrun's group, and may be a pager that reads the terminal itself: a
-//! child handed the foreground would leave it stopped on SIGTTIN, and the job with it. There
-//! a child gets the foreground only once it asks for it, by stopping on SIGTTIN or SIGTTOU
-//! (a `sudo` or `ssh` prompt), and keeps it for its life; until then Ctrl-C and Ctrl-Z reach
-//! leaderrun's group, and leaderrun passes them on.
+//! In a pipeline (`leaderrun -- report | less`: stdout a pipe that another process of
+//! leaderrun's own group reads), the command after leaderrun may be a pager that reads the
+//! terminal itself: a child handed the foreground would leave it stopped on SIGTTIN, and the
+//! job with it. There a child gets the foreground only once it asks for it, by stopping on
+//! SIGTTIN or SIGTTOU (a `sudo` or `ssh` prompt), and keeps it for its life; until then Ctrl-C
+//! and Ctrl-Z reach leaderrun's group, and leaderrun passes them on. A pipe read by a process
+//! outside the group (a log collector, a test harness) is no pipeline of the job's.
 //!
 //! The terminal's modes are kept as a job-control shell keeps them for its job: a child that
 //! died of a signal (killed on a demotion, a shutdown, a `--timeout`, SIGKILL at the grace) may
@@ -51,8 +52,9 @@ pub struct Terminal {
     /// The modes to put back after a child that died of a signal: read at the claim, and
     /// again after each child that exited on its own (`None`: they could not be read).
     modes: std::sync::Mutex<Option<Termios>>,
-    /// Whether stdout was a pipe at the claim: a child gets the foreground only once it asks.
-    pipeline: bool,
+    /// Whether the current child started in a pipeline ([`Terminal::for_new_child`]): it gets
+    /// the foreground only once it asks.
+    pipeline: std::sync::atomic::AtomicBool,
     /// Whether the current child asked for the foreground (stopped on SIGTTIN or SIGTTOU).
     child_asked: std::sync::atomic::AtomicBool,
 }
@@ -84,13 +86,9 @@ impl Terminal {
             let _ = signal(Signal::SIGTTOU, SigHandler::SigIgn);
         }
         let modes = tcgetattr(tty.as_fd()).ok();
-        let pipeline = nix::sys::stat::fstat(std::io::stdout()).is_ok_and(|st| {
-            nix::sys::stat::SFlag::from_bits_truncate(st.st_mode)
-                .contains(nix::sys::stat::SFlag::S_IFIFO)
-        });
         Some(Terminal {
             modes: std::sync::Mutex::new(modes),
-            pipeline,
+            pipeline: std::sync::atomic::AtomicBool::new(false),
             child_asked: std::sync::atomic::AtomicBool::new(false),
             tty,
             own_group,
@@ -100,18 +98,25 @@ impl Terminal {
 
     /// The terminal's descriptor for a child about to start, to take the foreground before
     /// exec: while leaderrun's group has the foreground, and not in a pipeline (the module's
-    /// docs), where the new child first has to ask for it.
+    /// docs), where the new child first has to ask for it. Looked at for each child, not at the
+    /// claim: the shell may start the pipeline's next command after leaderrun's exec.
     pub fn for_new_child(&self) -> Option<RawFd> {
-        self.child_asked
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        (self.owns_foreground() && !self.pipeline).then(|| self.tty.as_raw_fd())
+        use std::sync::atomic::Ordering::Relaxed;
+        self.child_asked.store(false, Relaxed);
+        if !self.owns_foreground() {
+            return None;
+        }
+        let pipeline = stdout_read_by_own_group();
+        self.pipeline.store(pipeline, Relaxed);
+        (!pipeline).then(|| self.tty.as_raw_fd())
     }
 
     /// Whether the current child is to have the foreground whenever leaderrun's group has it
     /// (a resume, `fg`): always, but in a pipeline only once it asked
     /// ([`Terminal::give_on_request`]).
     pub fn child_may_have_it(&self) -> bool {
-        !self.pipeline || self.child_asked.load(std::sync::atomic::Ordering::Relaxed)
+        !self.pipeline.load(std::sync::atomic::Ordering::Relaxed)
+            || self.child_asked.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Hands the foreground to the current child's `group`, which stopped on SIGTTIN or
@@ -253,6 +258,34 @@ impl Terminal {
             .ok()
             .map(Hangup)
     }
+}
+
+/// Whether stdout is a pipe that another process of leaderrun's own group holds open: the
+/// command after leaderrun in a shell's pipeline, which reads it. Any of its descriptors, not
+/// only its stdin: `read < /dev/tty` in a shell moves stdin aside for the read. A scan of every
+/// process (and the descriptors of the group's): called only at a spawn while leaderrun's group
+/// has the terminal.
+fn stdout_read_by_own_group() -> bool {
+    let Ok(ours) = std::fs::read_link("/proc/self/fd/1") else {
+        return false;
+    };
+    if !ours.as_os_str().as_encoded_bytes().starts_with(b"pipe:") {
+        return false;
+    }
+    let me = std::process::id() as i32;
+    let group = getpgrp().as_raw();
+    all_pids()
+        // leaderrun's own children (the watchdog) are no command of the pipeline.
+        .filter(|&pid| {
+            pid != me && parent_and_group(pid).is_some_and(|(p, g)| g == group && p != me)
+        })
+        .any(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == ours))
+        })
 }
 
 /// Whether no process is left in `group` (`kill(-group, 0)` finds none).
