@@ -404,6 +404,38 @@ fn missing_or_unexecutable_command_exits_at_once() {
     }
 }
 
+/// `-c STRING` runs `/bin/sh`, as system(3) and flock(1) do, whatever `PATH` holds: a
+/// service's or a container's `PATH` without `/bin` made it "sh: command not found" (127), and
+/// an `sh` early on `PATH` ran instead of the system's. `$0` stays `sh`.
+#[test]
+fn dash_c_runs_bin_sh_whatever_path_holds() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new();
+    let marker = scratch.file("ran");
+    // Another `sh` first on PATH, which must not run.
+    let decoy = scratch.file("sh");
+    std::fs::write(&decoy, "#!/bin/sh\nexit 99\n").unwrap();
+    std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dsn = Cluster::shared().dsn();
+    let line = format!("echo \"$0\" > '{}'; exit 5", marker.display());
+    for path in [
+        "/nonexistent".to_owned(),
+        scratch.path().display().to_string(),
+    ] {
+        let _ = std::fs::remove_file(&marker);
+        let out = leaderrun()
+            .env("PATH", &path)
+            .args(["--once", "--dsn", &dsn, "--lock-id"])
+            .arg(unique_lock_id().to_string())
+            .args(["-c", &line])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "PATH={path}: {stderr}");
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "sh\n");
+    }
+}
+
 /// An executable file without an interpreter line (`#!`) runs under `/bin/sh`, as `execvp`
 /// and a POSIX shell run it: cron scripts often have none. COMMAND is started by leaderrun's
 /// own spawn (src/process/spawn.rs), which falls back to the shell on ENOEXEC as execvp does.

@@ -278,6 +278,9 @@ impl std::fmt::Display for ExecSizes {
     }
 }
 
+/// The shell that runs `-c STRING` ([`Command::shell`]).
+pub const SHELL: &str = "/bin/sh";
+
 /// COMMAND resolved to an executable file, with argv exactly as given.
 #[derive(Clone, Debug)]
 pub struct Command {
@@ -354,6 +357,17 @@ impl Command {
         } else {
             Err(SpawnError::NotFound { program: shown })
         }
+    }
+
+    /// `argv` (`sh -c STRING`) run by [`SHELL`], which is not looked up on `PATH`: as
+    /// system(3), flock(1) and `-c` of other wrappers run it, so a `PATH` without `/bin` (a
+    /// service's own, a container's) or with another `sh` in front changes nothing.
+    ///
+    /// # Errors
+    /// As [`Command::resolve`] for the path [`SHELL`].
+    pub fn shell(argv: Vec<OsString>) -> Result<Command, SpawnError> {
+        let program = Command::resolve(vec![SHELL.into()], None)?.program;
+        Ok(Command { program, argv })
     }
 
     /// The file that will be executed.
