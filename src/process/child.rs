@@ -290,8 +290,9 @@ pub struct Command {
 
 impl Command {
     /// Looks COMMAND (`argv[0]`) up like `execvp` does: a name with a slash is used as is,
-    /// otherwise each `PATH` entry is tried (an empty entry is the current directory; no `PATH`
-    /// means `/usr/local/bin:/usr/bin:/bin`).
+    /// otherwise each `PATH` entry is tried (an empty entry is the current directory, and so is
+    /// a `PATH` set to the empty string, its one entry; no `PATH` means
+    /// `/usr/local/bin:/usr/bin:/bin`).
     ///
     /// # Errors
     /// [`SpawnError::NotFound`] when nothing matches; [`SpawnError::NotExecutable`] when only
@@ -310,9 +311,10 @@ impl Command {
         let candidates: Vec<PathBuf> = if direct {
             vec![PathBuf::from(&name)]
         } else {
-            let path = path
-                .filter(|p| !p.is_empty())
-                .unwrap_or(OsStr::new("/usr/local/bin:/usr/bin:/bin"));
+            // An empty `PATH` is set, not unset: `execvp`, env(1) and a shell look in the
+            // current directory alone, and taken for unset it ran a program from the default
+            // directories that the caller had emptied `PATH` to keep out.
+            let path = path.unwrap_or(OsStr::new("/usr/local/bin:/usr/bin:/bin"));
             std::env::split_paths(path)
                 .map(|dir| {
                     if dir.as_os_str().is_empty() {
