@@ -1284,6 +1284,7 @@ fn await_exec(
         &reports,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
     )?;
+    signal_on_report(&reports);
     Ok(Init {
         reports,
         reaped: false,
@@ -1291,6 +1292,36 @@ fn await_exec(
         // are then unknown, never another process's.
         tasks: procfs::child_dir(pid.as_raw()).map_or_else(String::new, |dir| dir + "/task"),
     })
+}
+
+/// Has the kernel send leaderrun SIGCHLD whenever the init writes a report (`O_ASYNC`, with
+/// `F_SETSIG`): the init's own SIGCHLD comes only at its end, and COMMAND's end while helpers
+/// of it still run in the namespace, or its stop by Ctrl-Z, waited for the reaper's
+/// one-second poll (a one-shot took a second longer, and the helpers ran on as long). The
+/// init cannot signal leaderrun itself: across the namespace's border it has no pid for it.
+/// Best effort: where it cannot be set, the poll still finds the reports.
+fn signal_on_report(reports: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    // <fcntl.h>'s F_SETSIG, the same on every Linux architecture; the libc crate lacks it.
+    const F_SETSIG: libc::c_int = 10;
+    let fd = reports.as_raw_fd();
+    // SAFETY: fcntl on a descriptor of ours. The signal is chosen before O_ASYNC is set:
+    // without it the kernel would send SIGIO, which ends the process.
+    let armed = unsafe {
+        libc::fcntl(fd, F_SETSIG, libc::SIGCHLD) == 0
+            && libc::fcntl(fd, libc::F_SETOWN, libc::getpid()) == 0
+            && libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK | libc::O_ASYNC) == 0
+    };
+    // A report written before the arming raised nothing: look once.
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one pollfd of ours, without waiting; kill of ourselves.
+    if armed && unsafe { libc::poll(&mut pfd, 1, 0) } > 0 {
+        unsafe { libc::kill(libc::getpid(), libc::SIGCHLD) };
+    }
 }
 
 /// What the pre-exec half needs for a child that is the init of a new PID namespace; `-1`
