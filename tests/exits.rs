@@ -453,6 +453,80 @@ fn missing_or_unexecutable_command_exits_at_once() {
     }
 }
 
+/// `-c STRING` runs `/bin/sh`, as system(3) and flock(1) do, whatever `PATH` holds: a
+/// service's or a container's `PATH` without `/bin` made it "sh: command not found" (127), and
+/// an `sh` early on `PATH` ran instead of the system's. `$0` stays `sh`.
+#[test]
+fn dash_c_runs_bin_sh_whatever_path_holds() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new();
+    let marker = scratch.file("ran");
+    // Another `sh` first on PATH, which must not run.
+    let decoy = scratch.file("sh");
+    std::fs::write(&decoy, "#!/bin/sh\nexit 99\n").unwrap();
+    std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dsn = Cluster::shared().dsn();
+    let line = format!("echo \"$0\" > '{}'; exit 5", marker.display());
+    for path in [
+        "/nonexistent".to_owned(),
+        scratch.path().display().to_string(),
+    ] {
+        let _ = std::fs::remove_file(&marker);
+        let out = leaderrun()
+            .env("PATH", &path)
+            .args(["--once", "--dsn", &dsn, "--lock-id"])
+            .arg(unique_lock_id().to_string())
+            .args(["-c", &line])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "PATH={path}: {stderr}");
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "sh\n");
+    }
+}
+
+/// A `PATH` set to the empty string is one empty entry, the current directory, as `execvp`,
+/// env(1) and a shell read it: not unset. Taken for unset, it ran `true` from the default
+/// directories that the caller had emptied `PATH` to keep out, and said "command not found"
+/// of a program in the current directory.
+#[test]
+fn an_empty_path_is_the_current_directory_as_execvp_reads_it() {
+    let scratch = Scratch::new();
+    let marker = scratch.file("ran");
+    let job = scratch.child_script(
+        "lr-job-in-cwd",
+        &format!("echo ran > '{}'\nexit 3", marker.display()),
+    );
+    let name = job.file_name().unwrap().to_str().unwrap();
+    let dsn = Cluster::shared().dsn();
+    let once = |command: &str| {
+        leaderrun()
+            .current_dir(scratch.path())
+            .env("PATH", "")
+            .args(["--once", "--dsn", &dsn, "--lock-id"])
+            .arg(unique_lock_id().to_string())
+            .args(["--", command])
+            .output()
+            .unwrap()
+    };
+    let out = once(name);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n");
+    // Not in the current directory: not found, whatever the default directories hold.
+    let env = std::process::Command::new("/usr/bin/env")
+        .current_dir(scratch.path())
+        .env("PATH", "")
+        .arg("true")
+        .output()
+        .unwrap();
+    assert_eq!(env.status.code(), Some(127), "env(1) is the reference");
+    let out = once("true");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    assert!(stderr.contains("true: command not found"), "{stderr}");
+}
+
 /// An executable file without an interpreter line (`#!`) runs under `/bin/sh`, as `execvp`
 /// and a POSIX shell run it: cron scripts often have none. COMMAND is started by leaderrun's
 /// own spawn (src/process/spawn.rs), which falls back to the shell on ENOEXEC as execvp does.

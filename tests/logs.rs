@@ -259,6 +259,60 @@ fn a_one_shot_that_led_prints_only_what_command_prints() {
     );
 }
 
+/// Colour sequences only where a terminal shows them: on a terminal stderr, unless `NO_COLOR`
+/// is set to something (no-color.org; an empty one is unset) or `TERM` is `dumb` (an editor's
+/// shell buffer), as other terminal programs decide. Before, a terminal was enough, and
+/// `NO_COLOR=1` or an Emacs shell got escape sequences in every line.
+#[test]
+fn colours_only_on_a_terminal_that_wants_them() {
+    use std::io::Read;
+    let dsn = Cluster::shared().dsn();
+    let lines_on_a_terminal = |no_color: Option<&str>, term: &str| -> String {
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let mut cmd = leaderrun();
+        cmd.env("TERM", term).env_remove("NO_COLOR");
+        if let Some(value) = no_color {
+            cmd.env("NO_COLOR", value);
+        }
+        let mut child = cmd
+            .args(["--dsn", &dsn, "--lock-id"])
+            .arg(unique_lock_id().to_string())
+            .args(["--", "true"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::from(pty.slave))
+            .spawn()
+            .unwrap();
+        // Our copy of the terminal goes, or the reader never sees its end.
+        drop(cmd);
+        // Drained as it comes: a full terminal would have lines dropped.
+        let mut master = std::fs::File::from(pty.master);
+        let reader = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut buf = [0u8; 4096];
+            // EIO once every writer (leaderrun, its watchdog) has closed the terminal.
+            while let Ok(n @ 1..) = master.read(&mut buf) {
+                out.extend_from_slice(&buf[..n]);
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        });
+        let status = child.wait().unwrap();
+        let out = reader.join().unwrap();
+        assert_eq!(status.code(), Some(0), "{out}");
+        assert!(out.contains("child exited"), "{out}");
+        out
+    };
+    assert!(lines_on_a_terminal(None, "xterm").contains("\x1b["));
+    assert!(lines_on_a_terminal(Some(""), "xterm").contains("\x1b["));
+    for (no_color, term) in [(Some("1"), "xterm"), (None, "dumb")] {
+        let out = lines_on_a_terminal(no_color, term);
+        assert!(
+            !out.contains('\x1b'),
+            "NO_COLOR={no_color:?} TERM={term}: {out:?}"
+        );
+    }
+}
+
 #[test]
 fn a_connection_failure_is_printed_once() {
     let mut cmd = leaderrun();

@@ -216,6 +216,52 @@ fn a_descendant_that_left_the_group_gets_the_stop_signal_not_only_sigkill() {
     assert!(!alive(escaped));
 }
 
+/// COMMAND's end while a helper of it still runs in the namespace is reported by the init on
+/// its pipe, not by a SIGCHLD (the init lives on): leaderrun has the kernel signal it when a
+/// report is written, so the helper gets the stop signal at once. Before, the report waited
+/// for the reaper's one-second poll, and a one-shot's helpers ran on (and the one-shot took)
+/// that much longer than without the flag.
+#[test]
+fn commands_end_with_helpers_left_is_acted_on_at_once() {
+    if !privileged("commands_end_with_helpers_left_is_acted_on_at_once") {
+        return;
+    }
+    let scratch = Scratch::new();
+    helper(
+        &scratch,
+        "helper.sh",
+        "helper",
+        "trap 'date +%s.%N > \"$D/termed\"; exit 0' TERM\necho armed > \"$D/armed\"\n\
+         while :; do sleep 0.02; done",
+    );
+    let main = helper(
+        &scratch,
+        "main.sh",
+        "main",
+        "\"$D/helper.sh\" &\nuntil [ -s \"$D/armed\" ]; do sleep 0.01; done\n\
+         date +%s.%N > \"$D/ended\"\nexit 7",
+    );
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &Cluster::shared().dsn(), "--lock-id"])
+        .arg(unique_lock_id().to_string())
+        .args(["--once", "--pid-namespace", "--grace", "30s", "--", &main]);
+    let mut replica = Replica::spawn(cmd);
+    let status = replica.wait_exit(secs(10.0));
+    assert_eq!(status.code(), Some(7), "{}", replica.log());
+    let stamp = |name: &str| -> f64 {
+        let text = std::fs::read_to_string(scratch.file(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", replica.log()));
+        text.trim().parse().unwrap()
+    };
+    let late = stamp("termed") - stamp("ended");
+    // The poll would come about 0.9 s after the end: the one-shot's first poll is at its start.
+    assert!(
+        late < 0.5,
+        "the helper got the stop signal {late:.3} s after COMMAND's end"
+    );
+    assert!(!alive(scratch.recorded_pid("helper ")));
+}
+
 #[test]
 fn exec_failure_is_reported_through_the_spawn_as_without_the_flag() {
     if !privileged("exec_failure_is_reported_through_the_spawn_as_without_the_flag") {

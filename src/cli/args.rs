@@ -613,8 +613,9 @@ pub struct Cli {
 
     /// Run `sh -c STRING` as COMMAND (instead of COMMAND after --)
     ///
-    /// As flock(1) -c: for a shell command line in a crontab. The shell's whole tree is stopped
-    /// on demotion like any COMMAND's.
+    /// As flock(1) -c: for a shell command line in a crontab. The shell is /bin/sh, as
+    /// system(3) runs it, whatever PATH holds. The shell's whole tree is stopped on demotion
+    /// like any COMMAND's.
     ///
     /// Example: leaderrun -n -c 'pg_dump app | gzip > /backup/app.gz'
     #[arg(

@@ -735,7 +735,11 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
             .with_current_span(false)
             .try_init()
     } else {
-        let ansi = std::io::stderr().is_terminal();
+        let ansi = colours(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+            std::env::var_os("TERM").as_deref(),
+        );
         builder
             .with_writer(Escaping {
                 style: Style::Text { ansi },
@@ -743,6 +747,19 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
             .with_ansi(ansi)
             .try_init()
     };
+}
+
+/// Whether text lines carry colour sequences: on a terminal, unless `NO_COLOR` is set to
+/// anything but the empty string (no-color.org) or `TERM` is `dumb` (an editor's shell buffer,
+/// which shows the sequences as text), as other terminal programs decide.
+fn colours(
+    terminal: bool,
+    no_color: Option<&std::ffi::OsStr>,
+    term: Option<&std::ffi::OsStr>,
+) -> bool {
+    terminal
+        && no_color.map_or(true, |v| v.is_empty())
+        && term != Some(std::ffi::OsStr::new("dumb"))
 }
 
 /// Waits until the lines queued so far are written (or dropped), at most [`EXIT_FLUSH`], and

@@ -50,7 +50,11 @@ pub struct Prepared {
 /// ends a wait for a resolver that does not answer (`signals::Blocked::stoppable`).
 pub fn prepare(settings: &Settings) -> Prepared {
     let path = std::env::var_os("PATH");
-    let command = Command::resolve(settings.command.clone(), path.as_deref());
+    let command = if settings.shell {
+        Command::shell(settings.command.clone())
+    } else {
+        Command::resolve(settings.command.clone(), path.as_deref())
+    };
     let one_shot = matches!(settings.mode, Mode::OneShot { wait: None, .. });
     let early_connect = (one_shot && command.is_ok())
         .then(|| EarlyConnect::start(&settings.connect, &settings.tls))

@@ -28,6 +28,8 @@ pub struct Settings {
     pub stop_signal: Signal,
     /// COMMAND and its arguments, as given (`sh -c STRING` for `-c STRING`).
     pub command: Vec<OsString>,
+    /// `-c STRING`: COMMAND is [`crate::process::child::SHELL`], not looked up on `PATH`.
+    pub shell: bool,
     /// The mode.
     pub mode: Mode,
     /// `--takeover-delay` (zero when not given).
@@ -351,6 +353,7 @@ impl Cli {
             timing: self.timing(),
             stop_signal: self.stop_signal,
             command: self.command_line(),
+            shell: self.shell_command.is_some(),
             mode: self.mode(),
             takeover_delay: self.takeover_delay.unwrap_or(Duration::ZERO),
             timeout: self.timeout,

@@ -278,6 +278,9 @@ impl std::fmt::Display for ExecSizes {
     }
 }
 
+/// The shell that runs `-c STRING` ([`Command::shell`]).
+pub const SHELL: &str = "/bin/sh";
+
 /// COMMAND resolved to an executable file, with argv exactly as given.
 #[derive(Clone, Debug)]
 pub struct Command {
@@ -287,8 +290,9 @@ pub struct Command {
 
 impl Command {
     /// Looks COMMAND (`argv[0]`) up like `execvp` does: a name with a slash is used as is,
-    /// otherwise each `PATH` entry is tried (an empty entry is the current directory; no `PATH`
-    /// means `/usr/local/bin:/usr/bin:/bin`).
+    /// otherwise each `PATH` entry is tried (an empty entry is the current directory, and so is
+    /// a `PATH` set to the empty string, its one entry; no `PATH` means
+    /// `/usr/local/bin:/usr/bin:/bin`).
     ///
     /// # Errors
     /// [`SpawnError::NotFound`] when nothing matches; [`SpawnError::NotExecutable`] when only
@@ -307,9 +311,10 @@ impl Command {
         let candidates: Vec<PathBuf> = if direct {
             vec![PathBuf::from(&name)]
         } else {
-            let path = path
-                .filter(|p| !p.is_empty())
-                .unwrap_or(OsStr::new("/usr/local/bin:/usr/bin:/bin"));
+            // An empty `PATH` is set, not unset: `execvp`, env(1) and a shell look in the
+            // current directory alone, and taken for unset it ran a program from the default
+            // directories that the caller had emptied `PATH` to keep out.
+            let path = path.unwrap_or(OsStr::new("/usr/local/bin:/usr/bin:/bin"));
             std::env::split_paths(path)
                 .map(|dir| {
                     if dir.as_os_str().is_empty() {
@@ -354,6 +359,17 @@ impl Command {
         } else {
             Err(SpawnError::NotFound { program: shown })
         }
+    }
+
+    /// `argv` (`sh -c STRING`) run by [`SHELL`], which is not looked up on `PATH`: as
+    /// system(3), flock(1) and `-c` of other wrappers run it, so a `PATH` without `/bin` (a
+    /// service's own, a container's) or with another `sh` in front changes nothing.
+    ///
+    /// # Errors
+    /// As [`Command::resolve`] for the path [`SHELL`].
+    pub fn shell(argv: Vec<OsString>) -> Result<Command, SpawnError> {
+        let program = Command::resolve(vec![SHELL.into()], None)?.program;
+        Ok(Command { program, argv })
     }
 
     /// The file that will be executed.
@@ -1267,6 +1283,7 @@ fn await_exec(
         &reports,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
     )?;
+    signal_on_report(&reports);
     Ok(Init {
         reports,
         reaped: false,
@@ -1274,6 +1291,36 @@ fn await_exec(
         // are then unknown, never another process's.
         tasks: procfs::child_dir(pid.as_raw()).map_or_else(String::new, |dir| dir + "/task"),
     })
+}
+
+/// Has the kernel send leaderrun SIGCHLD whenever the init writes a report (`O_ASYNC`, with
+/// `F_SETSIG`): the init's own SIGCHLD comes only at its end, and COMMAND's end while helpers
+/// of it still run in the namespace, or its stop by Ctrl-Z, waited for the reaper's
+/// one-second poll (a one-shot took a second longer, and the helpers ran on as long). The
+/// init cannot signal leaderrun itself: across the namespace's border it has no pid for it.
+/// Best effort: where it cannot be set, the poll still finds the reports.
+fn signal_on_report(reports: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    // <fcntl.h>'s F_SETSIG, the same on every Linux architecture; the libc crate lacks it.
+    const F_SETSIG: libc::c_int = 10;
+    let fd = reports.as_raw_fd();
+    // SAFETY: fcntl on a descriptor of ours. The signal is chosen before O_ASYNC is set:
+    // without it the kernel would send SIGIO, which ends the process.
+    let armed = unsafe {
+        libc::fcntl(fd, F_SETSIG, libc::SIGCHLD) == 0
+            && libc::fcntl(fd, libc::F_SETOWN, libc::getpid()) == 0
+            && libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK | libc::O_ASYNC) == 0
+    };
+    // A report written before the arming raised nothing: look once.
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one pollfd of ours, without waiting; kill of ourselves.
+    if armed && unsafe { libc::poll(&mut pfd, 1, 0) } > 0 {
+        unsafe { libc::kill(libc::getpid(), libc::SIGCHLD) };
+    }
 }
 
 /// What the pre-exec half needs for a child that is the init of a new PID namespace; `-1`
