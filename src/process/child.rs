@@ -362,8 +362,8 @@ impl Command {
     }
 
     /// `argv` (`sh -c STRING`) run by [`SHELL`], which is not looked up on `PATH`: as
-    /// system(3), flock(1) and `-c` of other wrappers run it, so a `PATH` without `/bin` (a
-    /// service's own, a container's) or with another `sh` in front changes nothing.
+    /// system(3) runs it, so a `PATH` without `/bin` (a service's own, a container's) or with
+    /// another `sh` in front changes nothing.
     ///
     /// # Errors
     /// As [`Command::resolve`] for the path [`SHELL`].
