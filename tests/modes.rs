@@ -442,6 +442,40 @@ fn restart_on_failure_ends_after_a_success() {
     assert_eq!(failures, 2, "{log}");
 }
 
+/// Under `--restart on-failure|always`, a start that fails (COMMAND's file gone for a moment:
+/// a deploy replacing it; the process limit reached) is a run that failed at once: started
+/// again after the back-off, in the same term. Before, the leader ended with 127 (125 for a
+/// failed fork), which `--restart` was given to avoid.
+#[test]
+fn under_restart_a_start_that_fails_is_tried_again_after_the_back_off() {
+    let cluster = Cluster::shared();
+    for restart in ["on-failure", "always"] {
+        let scratch = Scratch::new();
+        // The first run moves its own file away and fails; a later one runs on.
+        let job = scratch.child_script(
+            "job.sh",
+            "[ -e \"$EVENTS.moved\" ] && exec sleep 600\n\
+             touch \"$EVENTS.moved\"\nmv \"$0\" \"$0.away\"\nexit 1",
+        );
+        let job = job.to_str().unwrap();
+        let mut replica = Replica::start(
+            cluster,
+            unique_lock_id(),
+            INTERVAL,
+            &["--restart", restart, "--", job],
+        );
+        scratch.wait_starts(1, secs(10.0));
+        replica.wait_log("COMMAND could not be started (", 1, secs(5.0));
+        // The deploy ends: the file is back, and a later try runs it, in the same term.
+        std::fs::rename(format!("{job}.away"), job).unwrap();
+        let starts = scratch.wait_starts(2, secs(10.0));
+        assert_eq!(starts[1].term, starts[0].term, "{restart}");
+        assert!(replica.running(), "{restart}: {}", replica.log());
+        replica.signal(Signal::SIGTERM);
+        assert_eq!(replica.wait_exit(secs(5.0)).code(), Some(143), "{restart}");
+    }
+}
+
 #[test]
 fn timeout_stops_the_command_and_exits_124() {
     let cluster = Cluster::shared();

@@ -259,12 +259,35 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 drop(hold);
                 self.health
                     .run_failed(term.number(), Chain(&err).to_string());
+                let restarts = match self.plan.mode {
+                    Mode::WhileLeader { restart } => {
+                        restart.restarts(None) && !matches!(err, SpawnError::Unguarded)
+                    }
+                    _ => false,
+                };
                 if let Mode::Every { .. } | Mode::Schedule { .. } = self.plan.mode {
                     warn!(term = term.number(), "tick failed: {}", Chain(&err));
                     self.metrics.tick(metrics::Tick::Failure);
                     self.state = State::Leading {
                         term,
                         until: None,
+                        then: Then::Start,
+                    };
+                } else if restarts {
+                    // A start that failed is a run that failed at once (the process limit
+                    // reached for a moment, COMMAND's file replaced by a deploy): `--restart
+                    // on-failure|always` starts it again after the back-off, as a supervisor
+                    // does after an exec failure, instead of ending the leader with 125.
+                    let delay = self.backoff.after_run(Duration::ZERO);
+                    warn!(
+                        term = term.number(),
+                        delay = %humantime::format_duration(delay),
+                        "COMMAND could not be started ({}); starting it again after the back-off",
+                        Chain(&err)
+                    );
+                    self.state = State::Leading {
+                        term,
+                        until: Some(Instant::now() + delay),
                         then: Then::Start,
                     };
                 } else {
