@@ -65,6 +65,49 @@ fn cron_on_two_hosts_two_seconds_apart_runs_the_job_once() {
     assert!(cluster.lock_holders(CLASS, id).is_empty());
 }
 
+/// A leaderrun started by COMMAND of a leaderrun that holds the same lock (the key set by the
+/// environment both read, as in a container's) can never lead while the outer one does: its
+/// one-shot skips, and used to do so in silence, exit 0, the inner job never run. It now says
+/// why at start (a WARN, shown at a one-shot's default level). On a key of its own it says
+/// nothing and runs.
+#[test]
+fn a_leaderrun_inside_one_that_holds_its_lock_says_it_cannot_lead() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let inner = |flags: &str| {
+        format!(
+            "{} --once {flags} -- echo inner-ran",
+            env!("CARGO_BIN_EXE_leaderrun")
+        )
+    };
+    let other = unique_lock_id().to_string();
+    let out = leaderrun()
+        .env("LEADERRUN_DSN", cluster.dsn())
+        .env("LEADERRUN_LOCK_ID", &id)
+        .args(["--once", "--", "sh", "-c"])
+        .arg(format!(
+            "{}; {}",
+            inner(""),
+            inner(&format!("--lock-id {other}"))
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("inner-ran").count(), 1, "{stdout}");
+    assert_eq!(
+        stderr
+            .matches(&format!(
+                "WARN the leaderrun that started this one holds this lock \
+                 (LEADERRUN_LOCK={CLASS}:{id} in the environment)"
+            ))
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
+
 #[test]
 fn once_while_another_session_holds_the_lock_exits_silently() {
     let cluster = Cluster::shared();

@@ -296,6 +296,7 @@ pub async fn run(
     };
     let health = Arc::new(Health::new(&settings.timing));
     log_settings(&settings, &command);
+    warn_if_parent_holds(&settings, std::env::var_os("LEADERRUN_LOCK").as_deref());
     // Probes come up before the first check, on threads of their own.
     if let Some(addr) = http_addr {
         let observed = Observed {
@@ -497,6 +498,27 @@ fn log_settings(settings: &Settings, command: &Command) {
                 command = %program,
                 "campaigning for the background leader lock"
     );
+}
+
+/// A WARN when leaderrun runs as (part of) COMMAND of a leaderrun that holds the same lock
+/// (`lock`: its `LEADERRUN_LOCK`, `class:id`), and has no other slot to lead: a job script that starts another leaderrun
+/// on the key its environment configures (`LEADERRUN_LOCK_NAME` in a container's environment,
+/// the default key) can never lead while the outer one does, and a one-shot then skips,
+/// silently at its default level, with the conflict code (0 by default): the inner job never
+/// ran, and nothing said so.
+fn warn_if_parent_holds(settings: &Settings, lock: Option<&std::ffi::OsStr>) {
+    let Some(held) = lock.and_then(|l| l.to_str()) else {
+        return;
+    };
+    // With more slots than one, another slot may be free for it.
+    if settings.slots <= 1 && settings.lock.to_string() == held {
+        warn!(
+            lock = %settings.lock,
+            "the leaderrun that started this one holds this lock (LEADERRUN_LOCK={held} in the \
+             environment): this one cannot lead while that one does; give it a lock of its own \
+             (--lock-id, --lock-name)"
+        );
+    }
 }
 
 /// The lock key in words for the start line: the default key is the plexsphere API's own
