@@ -718,6 +718,18 @@ fn cases() -> Vec<Case> {
     ] {
         out.push(case(dsn));
     }
+    // A host's port is read when its turn comes, as libpq reads it: out of range passes the
+    // turn, text ends the attempt there (after the hosts before it).
+    for dsn in [
+        "host=127.0.0.1,127.0.0.1 port=99999,{A} user=u dbname=d",
+        "host={S},127.0.0.1 port=0,{B} user=u dbname=d",
+        "host=127.0.0.1,127.0.0.1 port={A},x user=u dbname=d",
+        "host=127.0.0.1,127.0.0.1,127.0.0.1 port={R},x,{A} user=u dbname=d",
+        "host=127.0.0.1,127.0.0.1 port=99999,x user=u dbname=d",
+        "postgresql://u@127.0.0.1:-1,127.0.0.1:{B}/d",
+    ] {
+        out.push(case(dsn));
+    }
     // libpq reads an '@' in a URL's path as part of the database name; leaderrun refuses it
     // unencoded (README, "Where leaderrun differs").
     out.push(case("postgresql://127.0.0.1:{A}/d@b?user=u").refused("an '@' after the user part"));

@@ -641,16 +641,24 @@ fn build(
         ));
     }
     let mut targets = Vec::new();
+    // The value is not repeated: in a malformed URL it may be part of the password.
+    let bad_port = |params: &Params| value_err("port", params, "not a port number".to_owned());
+    let shuffled = take(&params, "load_balance_hosts").as_deref() == Some("random");
     for (i, name) in names.iter().enumerate() {
         let raw_port = ports.get(i).unwrap_or(&ports[0]).clone();
+        // libpq reads a host's port only when its turn comes (PQconnectPoll): a number out of
+        // 1..=65535 passes the turn to the next host, text that is no number ends the attempt
+        // there, so the hosts before it are tried. Refused up front only when no host would
+        // be tried, or in a shuffled list (where libpq may come to it first).
         let port = if raw_port.is_empty() {
             5432
         } else {
-            // The value is not repeated: in a malformed URL it may be part of the password.
-            int_value(&raw_port)
-                .filter(|p| (1..=65535).contains(p))
-                .map(|p| p as u16)
-                .ok_or_else(|| value_err("port", &params, "not a port number".to_owned()))?
+            match int_value(&raw_port) {
+                Some(p) if (1..=65535).contains(&p) => p as u16,
+                Some(_) if !shuffled => continue,
+                None if !shuffled && !targets.is_empty() => break,
+                _ => return Err(bad_port(&params)),
+            }
         };
         let addr = match addrs.as_ref().map(|a| a[i].as_str()) {
             Some("") | None => None,
@@ -729,6 +737,9 @@ fn build(
         }
     }
 
+    if targets.is_empty() {
+        return Err(bad_port(&params));
+    }
     let user = match nonempty(&params, "user") {
         Some(user) => user,
         None => os_user(nix::unistd::geteuid())?,
