@@ -241,6 +241,16 @@ impl Fake {
             .replace("{B}", &self.b.to_string())
             .replace("{H}", &self.h.to_string())
             .replace("{R}", &self.r.to_string())
+            .replace(
+                "{SENC}",
+                &self
+                    .dir
+                    .path()
+                    .join("s")
+                    .display()
+                    .to_string()
+                    .replace('/', "%2F"),
+            )
             .replace("{S}", &self.dir.path().join("s").display().to_string())
             .replace("{D}", &self.dir.path().display().to_string())
     }
@@ -729,6 +739,28 @@ fn cases() -> Vec<Case> {
         "postgresql://u@127.0.0.1:-1,127.0.0.1:{B}/d",
     ] {
         out.push(case(dsn));
+    }
+    // A URL's host or port list is set when its text is not empty (`,`, `h:,h:`), so
+    // PGHOST and PGPORT do not fill it; `[]` and `%00` are refused.
+    for (url, env) in [
+        (
+            "postgresql://u@,/d",
+            vec![("PGHOST", "127.0.0.1"), ("PGPORT", "{A}")],
+        ),
+        ("postgresql://u@{SENC}:,{SENC}:/d", vec![("PGPORT", "{A}")]),
+        ("postgresql://u@:{R},:{A}/d", vec![("PGHOST", "127.0.0.1")]),
+        ("postgresql://u@[]:{A}/d", vec![("PGHOST", "127.0.0.1")]),
+        ("postgresql://u@127.0.0.1:{A}/d%00", vec![]),
+        (
+            "postgresql://u@127.0.0.1:{A}/d?options=-c%20x%3D%00",
+            vec![],
+        ),
+    ] {
+        let mut c = case(url);
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        out.push(c);
     }
     // libpq reads an '@' in a URL's path as part of the database name; leaderrun refuses it
     // unencoded (README, "Where leaderrun differs").

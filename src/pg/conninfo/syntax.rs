@@ -29,6 +29,13 @@ pub(super) fn percent_decode(text: &str, origin: &str) -> Result<String, ConnInf
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| syntax(origin, "invalid percent-encoding"))?;
+            // libpq refuses `%00` ("forbidden value %00"): a C string ends there.
+            if hex == 0 {
+                return Err(syntax(
+                    origin,
+                    "forbidden value %00 in percent-encoded value",
+                ));
+            }
             out.push(hex);
             i += 3;
         } else {
@@ -88,6 +95,10 @@ pub(super) fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>
                 let (h, after) = v6
                     .split_once(']')
                     .ok_or_else(|| syntax(origin, "unterminated [IPv6 address]"))?;
+                // As libpq: `[]` is refused, not an empty host that PGHOST would fill.
+                if h.is_empty() {
+                    return Err(syntax(origin, "IPv6 host address may not be empty"));
+                }
                 let port = match after.strip_prefix(':') {
                     Some(p) => p,
                     None if after.is_empty() => "",
@@ -104,11 +115,15 @@ pub(super) fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>
             hosts.push(host);
             ports.push(percent_decode(port, origin)?);
         }
-        if hosts.iter().any(|h| !h.is_empty()) {
-            out.push(("host".into(), hosts.join(",")));
+        // As libpq: a list is set when its text is not empty, so `h1,` is two hosts (the
+        // second the default socket) and `h1:5433,h2:` two ports (the second 5432), and
+        // neither PGHOST nor PGPORT fills them.
+        let (hosts, ports) = (hosts.join(","), ports.join(","));
+        if !hosts.is_empty() {
+            out.push(("host".into(), hosts));
         }
-        if ports.iter().any(|p| !p.is_empty()) {
-            out.push(("port".into(), ports.join(",")));
+        if !ports.is_empty() {
+            out.push(("port".into(), ports));
         }
     }
     let (path, query) = if let Some(r) = rest.strip_prefix('/') {
