@@ -762,6 +762,9 @@ fn cases() -> Vec<Case> {
         }
         out.push(c);
     }
+    // Percent-encoded bytes that are not UTF-8: libpq sends them, leaderrun's client cannot
+    // (README, "Where leaderrun differs").
+    out.push(case("postgresql://u@127.0.0.1:{A}/d%E9").refused("percent-encoding is not UTF-8"));
     // libpq reads an '@' in a URL's path as part of the database name; leaderrun refuses it
     // unencoded (README, "Where leaderrun differs").
     out.push(case("postgresql://127.0.0.1:{A}/d@b?user=u").refused("an '@' after the user part"));
