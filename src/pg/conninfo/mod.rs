@@ -757,12 +757,15 @@ fn build(
     if let Some(options) = nonempty(&params, "options") {
         config.options(options);
     }
-    // An empty application_name is a setting (psql then shows an empty name), as libpq reads
-    // it; an empty fallback is none.
+    // An empty application_name is a setting, as libpq reads it (no fallback then), and is
+    // not sent, as libpq sends none (build_startup_packet): the session gets the server's
+    // default, which a role or database may set. An empty fallback is none.
     let app = take(&params, "application_name")
         .or_else(|| nonempty(&params, "fallback_application_name"))
         .unwrap_or_else(default_application_name);
-    config.application_name(app);
+    if !app.is_empty() {
+        config.application_name(app);
+    }
     let mut connect_timeout = None;
     if let Some(secs) = take(&params, "connect_timeout") {
         let parsed = int_value(&secs).ok_or_else(|| {
