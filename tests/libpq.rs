@@ -754,7 +754,8 @@ fn cases() -> Vec<Case> {
         out.push(case(dsn));
     }
     // A URL's host or port list is set when its text is not empty (`,`, `h:,h:`), so
-    // PGHOST and PGPORT do not fill it; `[]` and `%00` are refused.
+    // PGHOST and PGPORT do not fill it; `[]` and `%00` are refused. A bracketed host runs to
+    // its `]`: a socket directory, a list.
     for (url, env) in [
         (
             "postgresql://u@,/d",
@@ -763,6 +764,9 @@ fn cases() -> Vec<Case> {
         ("postgresql://u@{SENC}:,{SENC}:/d", vec![("PGPORT", "{A}")]),
         ("postgresql://u@:{R},:{A}/d", vec![("PGHOST", "127.0.0.1")]),
         ("postgresql://u@[]:{A}/d", vec![("PGHOST", "127.0.0.1")]),
+        ("postgresql://u@[{S}]:{A}/d", vec![]),
+        ("postgresql://u@[{S}]/d", vec![("PGPORT", "{B}")]),
+        ("postgresql://u@[{S},127.0.0.1]:{R}/d?port={R},{B}", vec![]),
         ("postgresql://u@127.0.0.1:{A}/d%00", vec![]),
         (
             "postgresql://u@127.0.0.1:{A}/d?options=-c%20x%3D%00",
