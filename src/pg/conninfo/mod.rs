@@ -641,16 +641,24 @@ fn build(
         ));
     }
     let mut targets = Vec::new();
+    // The value is not repeated: in a malformed URL it may be part of the password.
+    let bad_port = |params: &Params| value_err("port", params, "not a port number".to_owned());
+    let shuffled = take(&params, "load_balance_hosts").as_deref() == Some("random");
     for (i, name) in names.iter().enumerate() {
         let raw_port = ports.get(i).unwrap_or(&ports[0]).clone();
+        // libpq reads a host's port only when its turn comes (PQconnectPoll): a number out of
+        // 1..=65535 passes the turn to the next host, text that is no number ends the attempt
+        // there, so the hosts before it are tried. Refused up front only when no host would
+        // be tried, or in a shuffled list (where libpq may come to it first).
         let port = if raw_port.is_empty() {
             5432
         } else {
-            // The value is not repeated: in a malformed URL it may be part of the password.
-            int_value(&raw_port)
-                .filter(|p| (1..=65535).contains(p))
-                .map(|p| p as u16)
-                .ok_or_else(|| value_err("port", &params, "not a port number".to_owned()))?
+            match int_value(&raw_port) {
+                Some(p) if (1..=65535).contains(&p) => p as u16,
+                Some(_) if !shuffled => continue,
+                None if !shuffled && !targets.is_empty() => break,
+                _ => return Err(bad_port(&params)),
+            }
         };
         let addr = match addrs.as_ref().map(|a| a[i].as_str()) {
             Some("") | None => None,
@@ -729,6 +737,9 @@ fn build(
         }
     }
 
+    if targets.is_empty() {
+        return Err(bad_port(&params));
+    }
     let user = match nonempty(&params, "user") {
         Some(user) => user,
         None => os_user(nix::unistd::geteuid())?,
@@ -746,12 +757,15 @@ fn build(
     if let Some(options) = nonempty(&params, "options") {
         config.options(options);
     }
-    // An empty application_name is a setting (psql then shows an empty name), as libpq reads
-    // it; an empty fallback is none.
+    // An empty application_name is a setting, as libpq reads it (no fallback then), and is
+    // not sent, as libpq sends none (build_startup_packet): the session gets the server's
+    // default, which a role or database may set. An empty fallback is none.
     let app = take(&params, "application_name")
         .or_else(|| nonempty(&params, "fallback_application_name"))
         .unwrap_or_else(default_application_name);
-    config.application_name(app);
+    if !app.is_empty() {
+        config.application_name(app);
+    }
     let mut connect_timeout = None;
     if let Some(secs) = take(&params, "connect_timeout") {
         let parsed = int_value(&secs).ok_or_else(|| {

@@ -29,6 +29,13 @@ pub(super) fn percent_decode(text: &str, origin: &str) -> Result<String, ConnInf
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| syntax(origin, "invalid percent-encoding"))?;
+            // libpq refuses `%00` ("forbidden value %00"): a C string ends there.
+            if hex == 0 {
+                return Err(syntax(
+                    origin,
+                    "forbidden value %00 in percent-encoded value",
+                ));
+            }
             out.push(hex);
             i += 3;
         } else {
@@ -79,37 +86,52 @@ pub(super) fn parse_url(url: &str, origin: &str) -> Result<Vec<(String, String)>
              (a database name's '@' too)",
         ));
     }
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (hostspec, rest) = rest.split_at(end);
-    if !hostspec.is_empty() {
-        let (mut hosts, mut ports) = (Vec::new(), Vec::new());
-        for spec in hostspec.split(',') {
-            let (host, port) = if let Some(v6) = spec.strip_prefix('[') {
-                let (h, after) = v6
-                    .split_once(']')
-                    .ok_or_else(|| syntax(origin, "unterminated [IPv6 address]"))?;
-                let port = match after.strip_prefix(':') {
-                    Some(p) => p,
-                    None if after.is_empty() => "",
-                    None => return Err(syntax(origin, "unexpected text after [IPv6 address]")),
-                };
-                // libpq percent-decodes the whole host list, bracketed addresses too.
-                (percent_decode(h, origin)?, port)
-            } else {
-                match spec.split_once(':') {
-                    Some((h, p)) => (percent_decode(h, origin)?, p),
-                    None => (percent_decode(spec, origin)?, ""),
-                }
-            };
-            hosts.push(host);
-            ports.push(percent_decode(port, origin)?);
+    // The host list, scanned as libpq scans it: a bracketed host runs to its `]` whatever it
+    // holds (`[/run/postgresql]` is a socket directory), any other to `:`, `/`, `?` or `,`,
+    // and a port to `/`, `?` or `,`.
+    let (mut hosts, mut ports) = (Vec::new(), Vec::new());
+    let mut rest = rest;
+    loop {
+        let (host, after) = if let Some(inner) = rest.strip_prefix('[') {
+            let (h, after) = inner
+                .split_once(']')
+                .ok_or_else(|| syntax(origin, "unterminated [IPv6 address]"))?;
+            // As libpq: `[]` is refused, not an empty host that PGHOST would fill.
+            if h.is_empty() {
+                return Err(syntax(origin, "IPv6 host address may not be empty"));
+            }
+            if !after.is_empty() && !after.starts_with([':', '/', '?', ',']) {
+                return Err(syntax(origin, "unexpected text after [IPv6 address]"));
+            }
+            (h, after)
+        } else {
+            rest.split_at(rest.find([':', '/', '?', ',']).unwrap_or(rest.len()))
+        };
+        // libpq percent-decodes the whole host list, bracketed addresses too.
+        hosts.push(percent_decode(host, origin)?);
+        rest = after;
+        match rest.strip_prefix(':') {
+            Some(p) => {
+                let (port, after) = p.split_at(p.find(['/', '?', ',']).unwrap_or(p.len()));
+                ports.push(percent_decode(port, origin)?);
+                rest = after;
+            }
+            None => ports.push(String::new()),
         }
-        if hosts.iter().any(|h| !h.is_empty()) {
-            out.push(("host".into(), hosts.join(",")));
+        match rest.strip_prefix(',') {
+            Some(next) => rest = next,
+            None => break,
         }
-        if ports.iter().any(|p| !p.is_empty()) {
-            out.push(("port".into(), ports.join(",")));
-        }
+    }
+    // As libpq: a list is set when its text is not empty, so `h1,` is two hosts (the second
+    // the default socket) and `h1:5433,h2:` two ports (the second 5432), and neither PGHOST
+    // nor PGPORT fills them.
+    let (hosts, ports) = (hosts.join(","), ports.join(","));
+    if !hosts.is_empty() {
+        out.push(("host".into(), hosts));
+    }
+    if !ports.is_empty() {
+        out.push(("port".into(), ports));
     }
     let (path, query) = if let Some(r) = rest.strip_prefix('/') {
         match r.split_once('?') {

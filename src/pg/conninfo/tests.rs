@@ -130,11 +130,16 @@ fn defaults_like_psql() {
     assert_eq!(c.tls.mode, SslMode::Prefer);
     let c = resolve_with(Some("host=h user=u application_name=mine"), &[]).unwrap();
     assert_eq!(c.config.get_application_name(), Some("mine"));
-    // Empty is a name too, from the DSN or PGAPPNAME, as psql sends it.
+    // Empty, from the DSN or PGAPPNAME, is set (no fallback, no default) and not sent, as
+    // libpq sends none.
     let c = resolve_with(Some("host=h user=u application_name=''"), &[]).unwrap();
-    assert_eq!(c.config.get_application_name(), Some(""));
-    let c = resolve_with(Some("host=h user=u"), &[("PGAPPNAME", "")]).unwrap();
-    assert_eq!(c.config.get_application_name(), Some(""));
+    assert_eq!(c.config.get_application_name(), None);
+    let c = resolve_with(
+        Some("host=h user=u fallback_application_name=fb"),
+        &[("PGAPPNAME", "")],
+    )
+    .unwrap();
+    assert_eq!(c.config.get_application_name(), None);
 }
 
 #[test]
