@@ -336,11 +336,16 @@ impl Cli {
             return Err(crate::pg::conninfo::ConnInfoError::NoDatabase);
         }
         if resolved.password_from.as_deref() == Some("--dsn") {
-            tracing::warn!(
-                "the password is written into --dsn, so every user of this machine can read it \
-                 in ps; pass it in PGPASSWORD or ~/.pgpass (or the whole DSN in LEADERRUN_DSN) \
-                 instead"
-            );
+            const SAID: &str = "the password is written into --dsn, so every user of this \
+                 machine can read it in ps; pass it in PGPASSWORD or ~/.pgpass (or the whole DSN \
+                 in LEADERRUN_DSN) instead";
+            // A one-shot at its default level prints nothing when refused and only what is
+            // wrong with its run when it ran (cron mails nothing): there it is said at -v.
+            if self.once || self.wait.is_some() {
+                tracing::info!("{SAID}");
+            } else {
+                tracing::warn!("{SAID}");
+            }
         }
         Ok(Settings {
             database_from: resolved.database_from,
