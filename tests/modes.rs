@@ -67,16 +67,16 @@ fn cron_on_two_hosts_two_seconds_apart_runs_the_job_once() {
 
 /// A leaderrun started by COMMAND of a leaderrun that holds the same lock (the key set by the
 /// environment both read, as in a container's) can never lead while the outer one does: its
-/// one-shot skips, and used to do so in silence, exit 0, the inner job never run. It now says
-/// why at start (a WARN, shown at a one-shot's default level). On a key of its own it says
-/// nothing and runs.
+/// one-shot skips with exit 0, the inner job never run, and nothing said why even at `-v`. It
+/// now says why at start: an INFO in a one-shot (which prints nothing at its default level
+/// when refused), a WARN in the other modes. On a key of its own it says nothing and runs.
 #[test]
 fn a_leaderrun_inside_one_that_holds_its_lock_says_it_cannot_lead() {
     let cluster = Cluster::shared();
     let id = unique_lock_id().to_string();
     let inner = |flags: &str| {
         format!(
-            "{} --once {flags} -- echo inner-ran",
+            "{} --once -v {flags} -- echo inner-ran",
             env!("CARGO_BIN_EXE_leaderrun")
         )
     };
@@ -99,13 +99,30 @@ fn a_leaderrun_inside_one_that_holds_its_lock_says_it_cannot_lead() {
     assert_eq!(
         stderr
             .matches(&format!(
-                "WARN the leaderrun that started this one holds this lock \
+                "INFO the leaderrun that started this one holds this lock \
                  (LEADERRUN_LOCK={CLASS}:{id} in the environment)"
             ))
             .count(),
         1,
         "{stderr}"
     );
+    // The default mode, a standby for good: a WARN.
+    let mut cmd = leaderrun();
+    cmd.env("LEADERRUN_DSN", cluster.dsn())
+        .env("LEADERRUN_LOCK_ID", &id)
+        .args(["--check-interval", INTERVAL, "--", "sh", "-c"])
+        .arg(format!("{} -- true", env!("CARGO_BIN_EXE_leaderrun")));
+    let mut outer = Replica::spawn(cmd);
+    outer.wait_log(
+        &format!(
+            "WARN the leaderrun that started this one holds this lock \
+             (LEADERRUN_LOCK={CLASS}:{id} in the environment)"
+        ),
+        1,
+        secs(10.0),
+    );
+    outer.signal(Signal::SIGTERM);
+    outer.wait_exit(secs(10.0));
 }
 
 #[test]

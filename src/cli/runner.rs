@@ -503,21 +503,28 @@ fn log_settings(settings: &Settings, command: &Command) {
 /// A WARN when leaderrun runs as (part of) COMMAND of a leaderrun that holds the same lock
 /// (`lock`: its `LEADERRUN_LOCK`, `class:id`), and has no other slot to lead: a job script that starts another leaderrun
 /// on the key its environment configures (`LEADERRUN_LOCK_NAME` in a container's environment,
-/// the default key) can never lead while the outer one does, and a one-shot then skips,
-/// silently at its default level, with the conflict code (0 by default): the inner job never
-/// ran, and nothing said so.
+/// the default key) can never lead while the outer one does: a standby for good, or a
+/// one-shot that skips with the conflict code (0 by default), the inner job never run. A WARN,
+/// but an INFO (shown at `-v`) in a one-shot, which prints nothing at its default level when
+/// refused.
 fn warn_if_parent_holds(settings: &Settings, lock: Option<&std::ffi::OsStr>) {
     let Some(held) = lock.and_then(|l| l.to_str()) else {
         return;
     };
     // With more slots than one, another slot may be free for it.
     if settings.slots <= 1 && settings.lock.to_string() == held {
-        warn!(
-            lock = %settings.lock,
+        let said = format!(
             "the leaderrun that started this one holds this lock (LEADERRUN_LOCK={held} in the \
              environment): this one cannot lead while that one does; give it a lock of its own \
              (--lock-id, --lock-name)"
         );
+        // A one-shot that is refused prints nothing at its default level (cron mails
+        // nothing): there it is said at -v.
+        if matches!(settings.mode, Mode::OneShot { .. }) {
+            info!(lock = %settings.lock, "{said}");
+        } else {
+            warn!(lock = %settings.lock, "{said}");
+        }
     }
 }
 
