@@ -925,3 +925,67 @@ fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
     pane.wait_screen("child-got:hello", 1);
     pane.wait_screen("rc=0", 1);
 }
+
+/// `leaderrun -- report | less &`, then `fg` while the child runs: the pager keeps the
+/// terminal. Before, a child started in the background was taken for no pipeline's (the pipe
+/// was looked at only in the foreground), so within a second of `fg` the reaper's poll handed
+/// it the terminal, and the pager stopped on SIGTTIN for good.
+#[test]
+fn in_a_pipeline_started_in_the_background_fg_leaves_the_pager_the_terminal() {
+    let scratch = Scratch::new();
+    let child = scratch.child_script("child.sh", "echo line\nexec sleep 600");
+    let go = scratch.file("go");
+    let pager = scratch.file("pager.sh");
+    std::fs::write(
+        &pager,
+        format!(
+            "until [ -e {} ]; do sleep 0.02; done\nread -r key < /dev/tty\n\
+             echo \"pager-got:$key\" > /dev/tty\ncat > /dev/null\n",
+            go.display()
+        ),
+    )
+    .unwrap();
+    let pane = Pane::start(&scratch);
+    // A longer interval: nothing here waits on a term's end.
+    let line = leaderrun_line(&format!("-- {}", child.display())).replacen(
+        "--check-interval 200ms",
+        "--check-interval 2s",
+        1,
+    );
+    pane.type_line(&format!("{line} | sh {} &", pager.display()));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (_, job) = foreground_and_group(start.ppid).unwrap();
+    let pager_pid = wait_for("the pager in leaderrun's group", secs(5.0), || {
+        std::fs::read_dir("/proc")
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find(|&pid| {
+                pid != start.ppid && foreground_and_group(pid).is_some_and(|(_, g)| g == job)
+            })
+    });
+    pane.type_line("fg");
+    wait_for("leaderrun's job to have the terminal", secs(5.0), || {
+        foreground_and_group(start.ppid)
+            .filter(|&(fg, _)| fg == job)
+            .map(|_| ())
+    });
+    // The reaper looks at the terminal once a second: over three of its looks, the child must
+    // not be handed it. (Without the fix it is, within a second; a slower machine could only
+    // make this pass wrongly, never fail wrongly.)
+    let until = std::time::Instant::now() + secs(3.0);
+    while std::time::Instant::now() < until {
+        let (foreground, _) = foreground_and_group(start.ppid).unwrap();
+        assert_eq!(foreground, job, "the child was handed the pager's terminal");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The terminal keeps the line until the pager reads it.
+    std::fs::write(&go, "").unwrap();
+    pane.type_line("hello");
+    pane.wait_screen("pager-got:hello", 1);
+    pane.key("C-c");
+    wait_for("the job to end", secs(10.0), || {
+        (!alive(start.ppid) && !alive(pager_pid) && !alive(start.pid)).then_some(())
+    });
+}

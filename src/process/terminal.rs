@@ -103,12 +103,14 @@ impl Terminal {
     pub fn for_new_child(&self) -> Option<RawFd> {
         use std::sync::atomic::Ordering::Relaxed;
         self.child_asked.store(false, Relaxed);
-        if !self.owns_foreground() {
-            return None;
-        }
+        let owns = self.owns_foreground();
+        // Looked at in the background too: `fg` of `leaderrun … | less &` hands the running
+        // child the terminal (the reaper's poll, a resume) unless it is in a pipeline, and a
+        // child started in the background was taken for none, which left the pager stopped
+        // on SIGTTIN for good.
         let pipeline = stdout_read_by_own_group();
         self.pipeline.store(pipeline, Relaxed);
-        (!pipeline).then(|| self.tty.as_raw_fd())
+        (owns && !pipeline).then(|| self.tty.as_raw_fd())
     }
 
     /// Whether the current child is to have the foreground whenever leaderrun's group has it
@@ -263,8 +265,8 @@ impl Terminal {
 /// Whether stdout is a pipe that another process of leaderrun's own group holds open: the
 /// command after leaderrun in a shell's pipeline, which reads it. Any of its descriptors, not
 /// only its stdin: `read < /dev/tty` in a shell moves stdin aside for the read. A scan of every
-/// process (and the descriptors of the group's): called only at a spawn while leaderrun's group
-/// has the terminal.
+/// process (and the descriptors of the group's): called only at a spawn, with a terminal and
+/// stdout a pipe.
 fn stdout_read_by_own_group() -> bool {
     let Ok(ours) = std::fs::read_link("/proc/self/fd/1") else {
         return false;
