@@ -39,6 +39,7 @@ fn the_gauge_flips_on_failover_across_two_replicas() {
     for name in [
         "leaderrun_terms_started_total",
         "leaderrun_child_starts_total",
+        "leaderrun_child_start_failures_total",
         "leaderrun_seconds_since_last_successful_check",
         "leaderrun_last_run_start_timestamp_seconds",
         "leaderrun_last_success_timestamp_seconds",

@@ -522,10 +522,25 @@ fn under_restart_a_start_that_fails_is_tried_again_after_the_back_off() {
             cluster,
             unique_lock_id(),
             INTERVAL,
-            &["--restart", restart, "--", job],
+            &[
+                "--restart",
+                restart,
+                "--http-addr",
+                "127.0.0.1:0",
+                "--",
+                job,
+            ],
         );
         scratch.wait_starts(1, secs(10.0));
         replica.wait_log("COMMAND could not be started (", 1, secs(5.0));
+        // Counted: the leader goes on, so the failure shows on /metrics, not as an exit.
+        let metrics =
+            crate::support::http(crate::support::probe_addr(&replica), "GET", "/metrics").1;
+        assert!(
+            crate::support::sample(&metrics, "leaderrun_child_start_failures_total")
+                .is_some_and(|n| n >= 1.0),
+            "{metrics}"
+        );
         // The deploy ends: the file is back, and a later try runs it, in the same term.
         std::fs::rename(format!("{job}.away"), job).unwrap();
         let starts = scratch.wait_starts(2, secs(10.0));

@@ -63,6 +63,7 @@ impl Tick {
 pub struct Metrics {
     registry: Registry,
     child_starts: IntCounter,
+    child_start_failures: IntCounter,
     child_exits: IntCounterVec,
     ticks: IntCounterVec,
     since_success: Gauge,
@@ -82,6 +83,11 @@ impl Metrics {
         let child_starts =
             IntCounter::new("leaderrun_child_starts_total", "Times COMMAND was started.")
                 .expect("valid metric");
+        let child_start_failures = IntCounter::new(
+            "leaderrun_child_start_failures_total",
+            "Times COMMAND could not be started (exec or fork refused), in every mode.",
+        )
+        .expect("valid metric");
         let child_exits = IntCounterVec::new(
             Opts::new(
                 "leaderrun_child_exits_total",
@@ -137,6 +143,7 @@ impl Metrics {
             Box::new(last_run_start.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(last_success.clone()),
             Box::new(child_starts.clone()),
+            Box::new(child_start_failures.clone()),
             Box::new(child_exits.clone()),
             Box::new(ticks.clone()),
             Box::new(since_success.clone()),
@@ -148,6 +155,7 @@ impl Metrics {
         Metrics {
             registry,
             child_starts,
+            child_start_failures,
             child_exits,
             ticks,
             since_success,
@@ -166,6 +174,12 @@ impl Metrics {
     /// COMMAND was started.
     pub fn child_started(&self) {
         self.child_starts.inc();
+    }
+
+    /// COMMAND could not be started (exec or fork refused): under `--restart` the leader goes
+    /// on after the back-off, so the failure shows here and not as an exit.
+    pub fn child_start_failed(&self) {
+        self.child_start_failures.inc();
     }
 
     /// A run of COMMAND started at `at` (`leaderrun_last_run_start_timestamp_seconds`).

@@ -257,6 +257,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             }
             Err(err) => {
                 drop(hold);
+                self.metrics.child_start_failed();
                 self.health
                     .run_failed(term.number(), Chain(&err).to_string());
                 let restarts = match self.plan.mode {
