@@ -160,6 +160,23 @@ pub enum SpawnError {
 }
 
 impl SpawnError {
+    /// Whether a later start may succeed where this one failed with nothing of leaderrun's to
+    /// mend: COMMAND's file (126/127: replaced mid-deploy, its interpreter missing for a
+    /// moment), or the fork refused for want of a process or memory (EAGAIN, ENOMEM). A set-up
+    /// step of leaderrun's own (its cgroup removed, the terminal) or a missing watchdog would
+    /// fail every later start the same way (125). `--restart` starts COMMAND again after the
+    /// first kind only.
+    pub fn may_pass_later(&self) -> bool {
+        match self {
+            SpawnError::Unguarded | SpawnError::ProofLapsed => false,
+            SpawnError::Spawn { source, .. } => {
+                matches!(source.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM))
+                    || self.exit_code() != 125
+            }
+            _ => true,
+        }
+    }
+
     /// The exit status of docs/guarantees.md#exit-codes for this failure: 127, 126, or 125.
     pub fn exit_code(&self) -> u8 {
         match self {

@@ -261,9 +261,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 self.health
                     .run_failed(term.number(), Chain(&err).to_string());
                 let restarts = match self.plan.mode {
-                    Mode::WhileLeader { restart } => {
-                        restart.restarts(None) && !matches!(err, SpawnError::Unguarded)
-                    }
+                    Mode::WhileLeader { restart } => restart.restarts(None) && err.may_pass_later(),
                     _ => false,
                 };
                 if let Mode::Every { .. } | Mode::Schedule { .. } = self.plan.mode {
@@ -278,7 +276,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     // A start that failed is a run that failed at once (the process limit
                     // reached for a moment, COMMAND's file replaced by a deploy): `--restart
                     // on-failure|always` starts it again after the back-off, as a supervisor
-                    // does after an exec failure, instead of ending the leader with 125.
+                    // does after an exec failure, instead of ending the leader. Not when
+                    // leaderrun's own set-up failed: every later start would fail alike.
                     let delay = self.backoff.after_run(Duration::ZERO);
                     warn!(
                         term = term.number(),
