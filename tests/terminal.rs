@@ -989,3 +989,35 @@ fn in_a_pipeline_started_in_the_background_fg_leaves_the_pager_the_terminal() {
         (!alive(start.ppid) && !alive(pager_pid) && !alive(start.pid)).then_some(())
     });
 }
+
+/// Ctrl-C while the child has the terminal reaches only the child's group, not leaderrun: a
+/// child that dies of it is the user's stop, as a shell takes it. Before, `--restart always`
+/// started it again at every Ctrl-C (and `--every` went on ticking), and only a Ctrl-C that
+/// happened to fall in a back-off, or a `kill`, ended leaderrun.
+#[test]
+fn ctrl_c_to_a_child_that_restarts_or_ticks_stops_leaderrun() {
+    for mode in ["--restart always", "--every 1s"] {
+        let scratch = Scratch::new();
+        let script = scratch.child_script("child.sh", "exec sleep 600");
+        let pane = Pane::start(&scratch);
+        pane.type_line(&format!(
+            "{}; echo \"r\"\"c=$?\"",
+            leaderrun_line(&format!("{mode} -- {}", script.display()))
+        ));
+        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+        let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        wait_for("the child to have the terminal", secs(5.0), || {
+            let (foreground, group) = foreground_and_group(start.pid)?;
+            (foreground == group).then_some(())
+        });
+        pane.key("C-c");
+        wait_for("leaderrun to end", secs(10.0), || {
+            (!alive(start.ppid)).then_some(())
+        });
+        // It died of SIGINT, as the child did: the shell ends the typed line there.
+        pane.type_line("echo \"af\"\"ter-$((40+2))\"");
+        let screen = pane.wait_screen("after-42", 1);
+        assert!(!screen.contains("rc="), "{mode}: {screen}");
+        assert_eq!(scratch.starts().len(), 1, "{mode}");
+    }
+}

@@ -220,6 +220,25 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         if why == Why::Shutdown {
             return State::Done(Exit::Child(status));
         }
+        // Ctrl-C on the terminal reached only the child's group, which had the foreground, and
+        // not leaderrun: a child that died of SIGINT there is the user's stop, as a shell takes
+        // it (docs/field-notes.md#exit-statuses-as-a-shell-sees-them), not a failed run to restart or a tick to go on
+        // from. Before, `--restart always` started it again at every Ctrl-C.
+        if why == Why::Exited
+            && status == ExitStatus::Signal(nix::sys::signal::Signal::SIGINT)
+            && !matches!(self.plan.mode, Mode::OneShot { .. })
+            && self
+                .terminal
+                .as_ref()
+                .is_some_and(|t| t.job_in_foreground())
+        {
+            info!(
+                term = term.number(),
+                "COMMAND died of SIGINT with the terminal's foreground (Ctrl-C); stopping, as a \
+                 shell stops"
+            );
+            return State::Done(Exit::Child(status));
+        }
         let leading = |then| State::Leading {
             term: term.clone(),
             until: None,
