@@ -69,6 +69,14 @@ impl Pane {
         self.tmux(&["send-keys", "-t", "t", key]);
     }
 
+    /// Types `line` as an answer to what reads the terminal and waits for each of `shown`.
+    fn answer(&self, line: &str, shown: &[&str]) {
+        self.type_line(line);
+        for needle in shown {
+            self.wait_screen(needle, 1);
+        }
+    }
+
     fn screen(&self) -> String {
         self.tmux(&["capture-pane", "-p", "-J", "-t", "t", "-S", "-1000"])
     }
@@ -181,9 +189,7 @@ fn the_child_reads_the_terminal() {
         leaderrun_line(&format!("-- {}", script.display()))
     ));
     scratch.wait_starts(1, secs(10.0));
-    pane.type_line("hello");
-    pane.wait_screen("got:hello", 1);
-    pane.wait_screen("rc=0", 1);
+    pane.answer("hello", &["got:hello", "rc=0"]);
 }
 
 #[test]
@@ -313,9 +319,7 @@ fn with_stdin_redirected_a_child_that_opens_dev_tty_can_read_it() {
         assert_ne!(s, 'T', "the child stopped on SIGTTIN");
         (s == 'S').then_some(())
     });
-    pane.type_line("hello");
-    pane.wait_screen("got:hello", 1);
-    pane.wait_screen("rc=0", 1);
+    pane.answer("hello", &["got:hello", "rc=0"]);
 }
 
 #[test]
@@ -864,8 +868,7 @@ fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
     // The terminal stays with leaderrun's job, not the child's group.
     let (foreground, _) = foreground_and_group(pager_pid).unwrap();
     assert_eq!(foreground, job);
-    pane.type_line("hello");
-    pane.wait_screen("pager-got:hello", 1);
+    pane.answer("hello", &["pager-got:hello"]);
     pane.key("C-c");
     wait_for("the job to end", secs(10.0), || {
         (!alive(start.ppid) && !alive(pager_pid) && !alive(start.pid)).then_some(())
@@ -897,9 +900,7 @@ fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
         let (foreground, group) = foreground_and_group(start.pid)?;
         (foreground == group && state(start.pid) == Some('S')).then_some(())
     });
-    pane.type_line("hello");
-    pane.wait_screen("child-got:hello", 1);
-    pane.wait_screen("rc=0", 1);
+    pane.answer("hello", &["child-got:hello", "rc=0"]);
 
     // A pipe read by a process outside leaderrun's group (a harness that captures its output;
     // here a coprocess, a job of its own) is no pipeline of the job's: the child gets the
@@ -921,9 +922,7 @@ fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
     let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
     let (foreground, group) = foreground_and_group(start.pid).unwrap();
     assert_eq!(foreground, group, "the child started without the terminal");
-    pane.type_line("hello");
-    pane.wait_screen("child-got:hello", 1);
-    pane.wait_screen("rc=0", 1);
+    pane.answer("hello", &["child-got:hello", "rc=0"]);
 }
 
 /// `leaderrun -- report | less &`, then `fg` while the child runs: the pager keeps the
@@ -982,8 +981,7 @@ fn in_a_pipeline_started_in_the_background_fg_leaves_the_pager_the_terminal() {
     }
     // The terminal keeps the line until the pager reads it.
     std::fs::write(&go, "").unwrap();
-    pane.type_line("hello");
-    pane.wait_screen("pager-got:hello", 1);
+    pane.answer("hello", &["pager-got:hello"]);
     pane.key("C-c");
     wait_for("the job to end", secs(10.0), || {
         (!alive(start.ppid) && !alive(pager_pid) && !alive(start.pid)).then_some(())
