@@ -1019,3 +1019,30 @@ fn ctrl_c_to_a_child_that_restarts_or_ticks_stops_leaderrun() {
         assert_eq!(scratch.starts().len(), 1, "{mode}");
     }
 }
+
+/// `x=$(leaderrun -- COMMAND)` in an interactive shell: leaderrun's stdout is a pipe that its
+/// parent, in leaderrun's own group, reads (as popen(3) or a harness's `subprocess` with a pipe
+/// read it). That parent captures the output and waits on the pipe; it is no pager after
+/// leaderrun. Before, it was taken for one: the child started without the terminal's
+/// foreground, which stayed with leaderrun's group.
+#[test]
+fn a_parent_that_captures_stdout_leaves_the_child_the_terminal() {
+    let scratch = Scratch::new();
+    // It reads only after a pause: had it to ask first, the terminal would be leaderrun's
+    // group's until then.
+    let child = scratch.child_script(
+        "child.sh",
+        "sleep 2\nread -r key < /dev/tty\necho \"child-got:$key\"",
+    );
+    let pane = Pane::start(&scratch);
+    pane.type_line(&format!(
+        "x=$({}); echo \"g\"\"ot:$x\"",
+        leaderrun_line(&format!("-- {}", child.display()))
+    ));
+    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (foreground, group) = foreground_and_group(start.pid).unwrap();
+    assert_eq!(foreground, group, "the child started without the terminal");
+    pane.type_line("hello");
+    pane.wait_screen("got:child-got:hello", 1);
+}

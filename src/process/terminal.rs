@@ -266,7 +266,9 @@ impl Terminal {
 /// command after leaderrun in a shell's pipeline, which reads it. Any of its descriptors, not
 /// only its stdin: `read < /dev/tty` in a shell moves stdin aside for the read. A scan of every
 /// process (and the descriptors of the group's): called only at a spawn, with a terminal and
-/// stdout a pipe.
+/// stdout a pipe. leaderrun's parent is no command after it: a parent that reads leaderrun's
+/// stdout captures it (`x=$(leaderrun …)`, popen(3), a harness's `subprocess` with a pipe) and
+/// waits on the pipe, not on the terminal, so the child gets the foreground as without a pipe.
 fn stdout_read_by_own_group() -> bool {
     let Ok(ours) = std::fs::read_link("/proc/self/fd/1") else {
         return false;
@@ -275,11 +277,15 @@ fn stdout_read_by_own_group() -> bool {
         return false;
     }
     let me = std::process::id() as i32;
+    let parent = std::os::unix::process::parent_id() as i32;
     let group = getpgrp().as_raw();
     all_pids()
-        // leaderrun's own children (the watchdog) are no command of the pipeline.
+        // leaderrun's own children (the watchdog) are no command of the pipeline, nor is the
+        // parent that captures its output.
         .filter(|&pid| {
-            pid != me && parent_and_group(pid).is_some_and(|(p, g)| g == group && p != me)
+            pid != me
+                && pid != parent
+                && parent_and_group(pid).is_some_and(|(p, g)| g == group && p != me)
         })
         .any(|pid| {
             std::fs::read_dir(format!("/proc/{pid}/fd"))
