@@ -234,8 +234,8 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         {
             info!(
                 term = term.number(),
-                "COMMAND died of SIGINT with the terminal's foreground (Ctrl-C); stopping, as a \
-                 shell stops"
+                "COMMAND died of SIGINT while leaderrun's job had the terminal (a Ctrl-C, as \
+                 a shell takes it); stopping"
             );
             return State::Done(Exit::Child(status));
         }
