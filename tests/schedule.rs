@@ -548,9 +548,10 @@ fn a_locked_history_table_leaves_the_job_alone() {
 }
 
 /// A role that may not create the history table (as on PostgreSQL 15 and later, where no
-/// role but the owner may create in schema `public`) gets one WARN that names the README's SQL, and none for the
-/// writes that then fail for the same reason (there was a second WARN, 42P01, right after the
-/// first); once a DBA made the table, the runs are recorded and the log says so.
+/// role but the owner may create in schema `public`) gets one WARN that names the README's
+/// SQL, and none for the writes that then fail for the same reason (there was a second WARN,
+/// 42P01, right after the first); once a DBA made the table, the runs are recorded and the log
+/// says so.
 #[test]
 fn a_table_that_cannot_be_created_is_one_warn_until_a_dba_makes_it() {
     let cluster = Cluster::shared();

@@ -296,7 +296,7 @@ pub async fn run(
     };
     let health = Arc::new(Health::new(&settings.timing));
     log_settings(&settings, &command);
-    warn_if_parent_holds(&settings, std::env::var_os("LEADERRUN_LOCK").as_deref());
+    say_if_parent_holds(&settings, std::env::var_os("LEADERRUN_LOCK").as_deref());
     // Probes come up before the first check, on threads of their own.
     if let Some(addr) = http_addr {
         let observed = Observed {
@@ -500,14 +500,14 @@ fn log_settings(settings: &Settings, command: &Command) {
     );
 }
 
-/// A WARN when leaderrun runs as (part of) COMMAND of a leaderrun that holds the same lock
-/// (`lock`: its `LEADERRUN_LOCK`, `class:id`), and has no other slot to lead: a job script that starts another leaderrun
-/// on the key its environment configures (`LEADERRUN_LOCK_NAME` in a container's environment,
-/// the default key) can never lead while the outer one does: a standby for good, or a
-/// one-shot that skips with the conflict code (0 by default), the inner job never run. A WARN,
-/// but an INFO (shown at `-v`) in a one-shot, which prints nothing at its default level when
-/// refused.
-fn warn_if_parent_holds(settings: &Settings, lock: Option<&std::ffi::OsStr>) {
+/// Says so when leaderrun runs as (part of) COMMAND of a leaderrun that holds the same lock
+/// (`lock`: its `LEADERRUN_LOCK`, `class:id`) and has no other slot to lead: a job script that
+/// starts another leaderrun on the key its environment configures (`LEADERRUN_LOCK_NAME` in a
+/// container's environment, the default key) can never lead while the outer one does: a
+/// standby for good, or a one-shot that skips with the conflict code (0 by default), the inner
+/// job never run. A WARN, but an INFO (shown at `-v`) in a one-shot, which prints nothing at
+/// its default level when refused.
+fn say_if_parent_holds(settings: &Settings, lock: Option<&std::ffi::OsStr>) {
     let Some(held) = lock.and_then(|l| l.to_str()) else {
         return;
     };

@@ -221,9 +221,10 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             return State::Done(Exit::Child(status));
         }
         // Ctrl-C on the terminal reached only the child's group, which had the foreground, and
-        // not leaderrun: a child that died of SIGINT there is the user's stop, as a shell takes
-        // it (docs/field-notes.md#exit-statuses-as-a-shell-sees-them), not a failed run to restart or a tick to go on
-        // from. Before, `--restart always` started it again at every Ctrl-C.
+        // not leaderrun: a child that died of SIGINT there is the user's stop, as a shell
+        // takes it (docs/field-notes.md#exit-statuses-as-a-shell-sees-them), not a failed run
+        // to restart or a tick to go on from. Before, `--restart always` started it again at
+        // every Ctrl-C.
         if why == Why::Exited
             && status == ExitStatus::Signal(nix::sys::signal::Signal::SIGINT)
             && !matches!(self.plan.mode, Mode::OneShot { .. })
