@@ -504,8 +504,8 @@ fn restart_on_failure_ends_after_a_success() {
 
 /// Under `--restart on-failure|always`, a start that fails (COMMAND's file gone for a moment:
 /// a deploy replacing it; the process limit reached) is a run that failed at once: started
-/// again after the back-off, in the same term. Before, the leader ended with 127 (125 for a
-/// failed fork), which `--restart` was given to avoid.
+/// again after the back-off, in the same term, counted and recorded as such. Before, the
+/// leader ended with 127 (125 for a failed fork), which `--restart` was given to avoid.
 #[test]
 fn under_restart_a_start_that_fails_is_tried_again_after_the_back_off() {
     let cluster = Cluster::shared();
@@ -518,15 +518,20 @@ fn under_restart_a_start_that_fails_is_tried_again_after_the_back_off() {
              touch \"$EVENTS.moved\"\nmv \"$0\" \"$0.away\"\nexit 1",
         );
         let job = job.to_str().unwrap();
+        let id = unique_lock_id();
+        let table = format!("runs_failed_start_{id}");
         let mut replica = Replica::start(
             cluster,
-            unique_lock_id(),
+            id,
             INTERVAL,
             &[
                 "--restart",
                 restart,
                 "--http-addr",
                 "127.0.0.1:0",
+                "--history",
+                "--history-table",
+                &table,
                 "--",
                 job,
             ],
@@ -541,6 +546,14 @@ fn under_restart_a_start_that_fails_is_tried_again_after_the_back_off() {
                 .is_some_and(|n| n >= 1.0),
             "{metrics}"
         );
+        // And in the history, as a run that failed at once, with the status a shell gives.
+        wait_for("the failed start's row", secs(10.0), || {
+            (cluster.sql(&format!(
+                "SELECT count(*) FROM {table} WHERE outcome = 'failed' AND exit_code = 127 \
+                 AND started_at = ended_at"
+            )) != ["0"])
+            .then_some(())
+        });
         // The deploy ends: the file is back, and a later try runs it, in the same term.
         std::fs::rename(format!("{job}.away"), job).unwrap();
         let starts = scratch.wait_starts(2, secs(10.0));

@@ -22,6 +22,39 @@ pub fn child_env(term: &Term) -> Vec<(&'static str, String)> {
 }
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
+    /// Counts a start of COMMAND that failed (exec or fork refused, `err`), for the due time
+    /// `due`, as a run that failed at once: `leaderrun_child_start_failures_total`, readiness,
+    /// and a history row (`failed`, with the exit status a shell would give: 127, 126, 125),
+    /// so that a due time that ran nothing shows why.
+    pub(super) fn record_failed_start(
+        &mut self,
+        term: &Term,
+        due: Option<SystemTime>,
+        err: &crate::process::child::SpawnError,
+    ) {
+        self.metrics.child_start_failed();
+        self.health
+            .run_failed(term.number(), crate::Chain(err).to_string());
+        if let (Some(history), Some(lease)) = (&self.history, term.lease()) {
+            let now = SystemTime::now();
+            let run = history.run_started(crate::history::RunStart {
+                slot: lease.slot,
+                term: term.number(),
+                fencing_token: lease.fencing_token,
+                started_at: now,
+                due_at: due,
+            });
+            history.run_ended(
+                run,
+                RunEnd {
+                    ended_at: now,
+                    status: ExitStatus::Code(i32::from(err.exit_code())),
+                    outcome: Outcome::Failed,
+                },
+            );
+        }
+    }
+
     /// Counts a run's end and keeps readiness (the seed's table) up to date.
     pub(super) fn record(&mut self, term: &Term, why: Why, status: ExitStatus) {
         let outcome = match why {

@@ -257,9 +257,7 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             }
             Err(err) => {
                 drop(hold);
-                self.metrics.child_start_failed();
-                self.health
-                    .run_failed(term.number(), Chain(&err).to_string());
+                self.record_failed_start(&term, due, &err);
                 let restarts = match self.plan.mode {
                     Mode::WhileLeader { restart } => restart.restarts(None) && err.may_pass_later(),
                     _ => false,
