@@ -908,7 +908,7 @@ pub fn parse_from(raw: &[OsString]) -> Result<Cli, clap::Error> {
 
 /// The options of a run that `status`, `doctor` and `step-down` do not read from the
 /// environment ([`parse_from`]).
-const RUN_ENVIRONMENT: [&str; 15] = [
+pub(super) const RUN_ENVIRONMENT: [&str; 15] = [
     "once",
     "wait",
     "every",

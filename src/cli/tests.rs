@@ -373,3 +373,53 @@ fn command_after_double_dash_keeps_its_flags() {
     assert!(Cli::try_parse_from(["leaderrun", "--lock-id", "2147483648", "--", "true"]).is_err());
     assert!(Cli::try_parse_from(["leaderrun"]).is_err());
 }
+
+/// `RUN_ENVIRONMENT` (the variables a subcommand leaves unread) and `Cli::validate` (the
+/// options a subcommand refuses typed) name the same options: one added to a run and to only
+/// one of the two would make a subcommand read a run's variable, or refuse it only as one.
+#[test]
+fn the_run_options_a_subcommand_refuses_are_those_whose_variables_it_leaves_unread() {
+    let sample = |arg: &clap::Arg| -> Vec<String> {
+        let long = format!("--{}", arg.get_long().expect("a long name"));
+        if !arg.get_action().takes_values() {
+            return vec![long];
+        }
+        let value = match arg
+            .get_value_names()
+            .and_then(|v| v.first())
+            .map(|v| v.as_str())
+        {
+            Some("DUR") => "1s",
+            Some("ADDR") => "127.0.0.1:1",
+            Some("POLICY") => "always",
+            _ => return Vec::new(),
+        };
+        vec![long, value.to_owned()]
+    };
+    let command = Cli::command();
+    let mut refused = Vec::new();
+    for arg in command.get_arguments().filter(|a| a.get_env().is_some()) {
+        let words = sample(arg);
+        if words.is_empty() {
+            continue;
+        }
+        let mut raw = vec![
+            "leaderrun".to_owned(),
+            "--dsn".into(),
+            "host=h dbname=d".into(),
+        ];
+        raw.extend(words);
+        raw.push("status".into());
+        let raw: Vec<std::ffi::OsString> = raw.into_iter().map(Into::into).collect();
+        if parse_from(&raw).is_err() {
+            refused.push(arg.get_id().as_str().to_owned());
+        }
+    }
+    let mut unread: Vec<String> = args::RUN_ENVIRONMENT
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    refused.sort();
+    unread.sort();
+    assert_eq!(refused, unread);
+}
