@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::support::{alive, secs, unique_lock_id, wait_for, Cluster, Scratch};
+use crate::support::{alive, secs, unique_lock_id, wait_for, Cluster, Scratch, Start};
 
 /// An interactive bash in a detached tmux session of its own (own server socket).
 struct Pane {
@@ -67,6 +67,15 @@ impl Pane {
     /// Presses a key such as `C-c` or `C-z`.
     fn key(&self, key: &str) {
         self.tmux(&["send-keys", "-t", "t", key]);
+    }
+
+    /// Types `line` (leaderrun's, see [`leaderrun_line`]) and waits for its first child, whose
+    /// start it returns with a guard that kills leaderrun and that child when the test ends.
+    fn start_line(&self, scratch: &Scratch, line: impl AsRef<str>) -> (Start, KillOnDrop) {
+        self.type_line(line.as_ref());
+        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
+        let cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        (start, cleanup)
     }
 
     /// Types `line` as an answer to what reads the terminal and waits for each of `shown`.
@@ -265,9 +274,7 @@ fn started_in_the_background_fg_gives_the_child_the_terminal() {
             "--check-interval 2s",
             1,
         );
-        pane.type_line(&format!("{line} &"));
-        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-        let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        let (start, _cleanup) = pane.start_line(&scratch, format!("{line} &"));
         if fg_first {
             pane.type_line("fg");
             wait_for("leaderrun's group to have the terminal", secs(5.0), || {
@@ -443,9 +450,7 @@ fn in_an_orphaned_group_a_child_that_reads_the_terminal_does_not_stop_leaderrun(
     )
     .unwrap();
     let pane = Pane::start(&scratch);
-    pane.type_line(&format!("sh {}", launcher.display()));
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (start, _cleanup) = pane.start_line(&scratch, format!("sh {}", launcher.display()));
     wait_for("the child to stop on SIGTTIN", secs(10.0), || {
         (state(start.pid) == Some('T')).then_some(())
     });
@@ -562,13 +567,14 @@ fn a_terminal_that_hangs_up_leaves_a_nohup_job_running() {
     let log = scratch.file("leaderrun.log");
     let pane = Pane::start(&scratch);
     let line = leaderrun_line("").replacen(" -q ", " ", 1);
-    pane.type_line(&format!(
-        "nohup {line} -- {} >/dev/null 2>{}",
-        child.display(),
-        log.display()
-    ));
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (start, _cleanup) = pane.start_line(
+        &scratch,
+        format!(
+            "nohup {line} -- {} >/dev/null 2>{}",
+            child.display(),
+            log.display()
+        ),
+    );
     drop(pane);
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_for("leaderrun to say it goes on", secs(10.0), || {
@@ -843,13 +849,14 @@ fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
     )
     .unwrap();
     let pane = Pane::start(&scratch);
-    pane.type_line(&format!(
-        "{} | sh {}",
-        leaderrun_line(&format!("-- {}", child.display())),
-        pager.display()
-    ));
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (start, _cleanup) = pane.start_line(
+        &scratch,
+        format!(
+            "{} | sh {}",
+            leaderrun_line(&format!("-- {}", child.display())),
+            pager.display()
+        ),
+    );
     let (_, job) = foreground_and_group(start.ppid).unwrap();
     let pager_pid = wait_for("the pager in leaderrun's group", secs(5.0), || {
         std::fs::read_dir("/proc")
@@ -890,12 +897,13 @@ fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
         "read -r key < /dev/tty\necho \"child-got:$key\"",
     );
     let pane = Pane::start(&scratch);
-    pane.type_line(&format!(
-        "{} | cat; echo \"r\"\"c=$?\"",
-        leaderrun_line(&format!("-- {}", child.display()))
-    ));
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (start, _cleanup) = pane.start_line(
+        &scratch,
+        format!(
+            "{} | cat; echo \"r\"\"c=$?\"",
+            leaderrun_line(&format!("-- {}", child.display()))
+        ),
+    );
     wait_for("the child to have the terminal", secs(5.0), || {
         let (foreground, group) = foreground_and_group(start.pid)?;
         (foreground == group && state(start.pid) == Some('S')).then_some(())
@@ -914,12 +922,13 @@ fn in_a_pipeline_the_pager_keeps_the_terminal_and_a_child_that_asks_gets_it() {
     );
     let pane = Pane::start(&scratch);
     pane.type_line("coproc cat > /dev/null");
-    pane.type_line(&format!(
-        "{} >&${{COPROC[1]}}; echo \"r\"\"c=$?\"",
-        leaderrun_line(&format!("-- {}", child.display()))
-    ));
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (start, _cleanup) = pane.start_line(
+        &scratch,
+        format!(
+            "{} >&${{COPROC[1]}}; echo \"r\"\"c=$?\"",
+            leaderrun_line(&format!("-- {}", child.display()))
+        ),
+    );
     let (foreground, group) = foreground_and_group(start.pid).unwrap();
     assert_eq!(foreground, group, "the child started without the terminal");
     pane.answer("hello", &["child-got:hello", "rc=0"]);
@@ -951,9 +960,7 @@ fn in_a_pipeline_started_in_the_background_fg_leaves_the_pager_the_terminal() {
         "--check-interval 2s",
         1,
     );
-    pane.type_line(&format!("{line} | sh {} &", pager.display()));
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (start, _cleanup) = pane.start_line(&scratch, format!("{line} | sh {} &", pager.display()));
     let (_, job) = foreground_and_group(start.ppid).unwrap();
     let pager_pid = wait_for("the pager in leaderrun's group", secs(5.0), || {
         std::fs::read_dir("/proc")
@@ -998,12 +1005,13 @@ fn ctrl_c_to_a_child_that_restarts_or_ticks_stops_leaderrun() {
         let scratch = Scratch::new();
         let script = scratch.child_script("child.sh", "exec sleep 600");
         let pane = Pane::start(&scratch);
-        pane.type_line(&format!(
-            "{}; echo \"r\"\"c=$?\"",
-            leaderrun_line(&format!("{mode} -- {}", script.display()))
-        ));
-        let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-        let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+        let (start, _cleanup) = pane.start_line(
+            &scratch,
+            format!(
+                "{}; echo \"r\"\"c=$?\"",
+                leaderrun_line(&format!("{mode} -- {}", script.display()))
+            ),
+        );
         wait_for("the child to have the terminal", secs(5.0), || {
             let (foreground, group) = foreground_and_group(start.pid)?;
             (foreground == group).then_some(())
@@ -1035,12 +1043,13 @@ fn a_parent_that_captures_stdout_leaves_the_child_the_terminal() {
         "sleep 2\nread -r key < /dev/tty\necho \"child-got:$key\"",
     );
     let pane = Pane::start(&scratch);
-    pane.type_line(&format!(
-        "x=$({}); echo \"g\"\"ot:$x\"",
-        leaderrun_line(&format!("-- {}", child.display()))
-    ));
-    let start = scratch.wait_starts(1, secs(10.0))[0].clone();
-    let _cleanup = KillOnDrop(vec![start.ppid, start.pid]);
+    let (start, _cleanup) = pane.start_line(
+        &scratch,
+        format!(
+            "x=$({}); echo \"g\"\"ot:$x\"",
+            leaderrun_line(&format!("-- {}", child.display()))
+        ),
+    );
     let (foreground, group) = foreground_and_group(start.pid).unwrap();
     assert_eq!(foreground, group, "the child started without the terminal");
     pane.type_line("hello");
