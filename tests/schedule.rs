@@ -1470,38 +1470,10 @@ fn history_table(cluster: &Cluster, prefix: &str, id: i32) -> String {
 fn a_wall_clock_set_ahead_or_back_neither_floods_nor_stalls_the_schedule() {
     const TEST: &str =
         "schedule::a_wall_clock_set_ahead_or_back_neither_floods_nor_stalls_the_schedule";
-    const SHIM: &str = "#define _GNU_SOURCE\n#include <time.h>\n#include <fcntl.h>\n\
-        #include <stdlib.h>\n#include <unistd.h>\n#include <sys/syscall.h>\n\
-        int clock_gettime(clockid_t c, struct timespec *ts) {\n\
-          long r = syscall(SYS_clock_gettime, c, ts);\n\
-          const char *p;\n\
-          if (r == 0 && (c == CLOCK_REALTIME || c == CLOCK_REALTIME_COARSE)\n\
-              && (p = getenv(\"SHIFT_FILE\")) != 0) {\n\
-            char b[32] = {0};\n\
-            int fd = open(p, O_RDONLY | O_CLOEXEC);\n\
-            if (fd >= 0) {\n\
-              if (read(fd, b, sizeof b - 1) > 0) ts->tv_sec += strtol(b, 0, 10);\n\
-              close(fd);\n\
-            }\n\
-          }\n\
-          return r;\n\
-        }\n";
     let scratch = Scratch::new();
-    let (source, shim, shift) = (
-        scratch.file("shim.c"),
-        scratch.file("shim.so"),
-        scratch.file("shift"),
-    );
-    std::fs::write(&source, SHIM).unwrap();
-    std::fs::write(&shift, "0").unwrap();
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&shim)
-        .arg(&source)
-        .status();
-    if !built.is_ok_and(|s| s.success()) {
+    let Some((shim, shift)) = clock_shim(&scratch) else {
         return crate::support::cluster::skip(TEST, "no C compiler for the clock shim");
-    }
+    };
     let job = scratch
         .child_script(
             "job.sh",
@@ -1555,6 +1527,81 @@ fn a_wall_clock_set_ahead_or_back_neither_floods_nor_stalls_the_schedule() {
         log.contains("due times passed at once") && log.contains("the wall clock was set back"),
         "{log}"
     );
+}
+
+/// A clock set past a due time runs it within a second, whatever the schedule's period. Before,
+/// the timer armed for an hourly due time slept up to a minute before it read the wall clock
+/// again, so the clock an NTP step (or a resume) had set past the due time ran it a minute late.
+/// The clock is set ten hours ahead, to just past a full hour: the due time the timer waits for
+/// and nine more are passed over, and only the latest runs (its WARN, which a real full hour
+/// cannot write, tells the run apart from one the machine's own clock reached meanwhile).
+#[test]
+fn a_clock_set_past_a_due_time_runs_it_within_a_second() {
+    const TEST: &str = "schedule::a_clock_set_past_a_due_time_runs_it_within_a_second";
+    let scratch = Scratch::new();
+    let Some((shim, shift)) = clock_shim(&scratch) else {
+        return crate::support::cluster::skip(TEST, "no C compiler for the clock shim");
+    };
+    let job = scratch.child_script("job.sh", "");
+    let cluster = Cluster::shared();
+    let mut cmd = leaderrun();
+    cmd.env("LD_PRELOAD", &shim)
+        .env("SHIFT_FILE", &shift)
+        .args(["--dsn", &cluster.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", INTERVAL])
+        .args(["--schedule", "0 0 * * * *", "--tz", "UTC", "--"])
+        .arg(&job);
+    let mut replica = Replica::spawn(cmd);
+    replica.wait_log("background leader lock acquired", 1, secs(15.0));
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let ahead = (now / 3600 + 10) * 3600 + 1 - now;
+    std::fs::write(&shift, ahead.to_string()).unwrap();
+    let set = std::time::Instant::now();
+    wait_for("the run of the due time the clock was set past", secs(10.0), || {
+        (!scratch.starts().is_empty()).then_some(())
+    });
+    let took = set.elapsed();
+    replica.signal(Signal::SIGTERM);
+    replica.wait_exit(secs(10.0));
+    let log = replica.log();
+    assert!(log.contains("due times passed at once"), "{log}");
+    assert!(took < secs(5.0), "ran {took:?} after the clock was set\n{log}");
+}
+
+/// An `LD_PRELOAD` shim that adds the seconds the returned file names (0 at first) to
+/// leaderrun's `CLOCK_REALTIME` (the machine's clock is left alone); `None` without a C
+/// compiler.
+fn clock_shim(scratch: &Scratch) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    const SHIM: &str = "#define _GNU_SOURCE\n#include <time.h>\n#include <fcntl.h>\n\
+        #include <stdlib.h>\n#include <unistd.h>\n#include <sys/syscall.h>\n\
+        int clock_gettime(clockid_t c, struct timespec *ts) {\n\
+          long r = syscall(SYS_clock_gettime, c, ts);\n\
+          const char *p;\n\
+          if (r == 0 && (c == CLOCK_REALTIME || c == CLOCK_REALTIME_COARSE)\n\
+              && (p = getenv(\"SHIFT_FILE\")) != 0) {\n\
+            char b[32] = {0};\n\
+            int fd = open(p, O_RDONLY | O_CLOEXEC);\n\
+            if (fd >= 0) {\n\
+              if (read(fd, b, sizeof b - 1) > 0) ts->tv_sec += strtol(b, 0, 10);\n\
+              close(fd);\n\
+            }\n\
+          }\n\
+          return r;\n\
+        }\n";
+    let (source, shim, shift) = (
+        scratch.file("shim.c"),
+        scratch.file("shim.so"),
+        scratch.file("shift"),
+    );
+    std::fs::write(&source, SHIM).unwrap();
+    std::fs::write(&shift, "0").unwrap();
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .status();
+    built.is_ok_and(|s| s.success()).then_some((shim, shift))
 }
 
 /// A role whose transactions are read-only by default (`default_transaction_read_only`, as a

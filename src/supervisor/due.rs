@@ -25,8 +25,12 @@ use crate::cli::metrics;
 use crate::elector::Term;
 use crate::process::child::Spawner;
 
-/// Longest sleep of the due-time timer before the wall clock is read again.
-pub const DUE_RECHECK: Duration = Duration::from_secs(60);
+/// Longest sleep of the due-time timer before the wall clock is read again: how late a clock
+/// that was set (or a suspend the monotonic timer slept through) can be noticed. A second, not
+/// cron's minute: a timer armed for an hourly due time slept up to a minute past a due time
+/// the clock had been set beyond, and a schedule of seconds runs a second apart. One wake-up a
+/// second of a process that has a schedule costs nothing to speak of.
+pub const DUE_RECHECK: Duration = Duration::from_secs(1);
 
 /// How much earlier than its due time a wake-up still counts as the due time (the monotonic
 /// timer and the wall clock tick apart).

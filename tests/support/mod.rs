@@ -600,7 +600,6 @@ impl Replica {
         self.stdout.lock().unwrap().clone()
     }
 
-    /// Waits until the log contains `needle` `count` times.
     /// Waits until `needle` is in the log `count` times; panics with the log at the deadline.
     pub fn wait_log(&self, needle: &str, count: usize, within: Duration) {
         let deadline = Instant::now() + within;
