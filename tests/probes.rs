@@ -206,23 +206,50 @@ fn a_standby_is_not_ready_while_its_checks_fail() {
     });
 }
 
+/// At the default 5 s interval a waiting standby's first check returns only when its wait
+/// times out; it is ready as soon as the wait is queued, for `/readyz` and for systemd's
+/// READY=1 alike (docs/guarantees.md#observing-a-replica). Before, READY=1 came a whole
+/// interval late, so `systemctl start` of every standby took that long (and a unit whose
+/// interval was longer than its start timeout failed to start).
 #[test]
 fn a_standby_waiting_in_the_lock_queue_is_ready_from_its_first_check() {
-    // At the default 5 s interval a waiting standby's first check returns only when its wait
-    // times out; it is ready as soon as the wait is queued
-    // (docs/guarantees.md#observing-a-replica).
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");
     let scratch = &setup.scratch;
     let _leader = setup.replica("5s", &[]);
     scratch.wait_starts(1, secs(10.0));
-    let standby = setup.replica("5s", &["--http-addr", "127.0.0.1:0"]);
-    let addr = probe_addr(&standby);
+    let socket_path = scratch.file("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(secs(3.0))).unwrap();
+    let mut cmd = leaderrun();
+    cmd.env("NOTIFY_SOCKET", &socket_path)
+        .args(["--dsn", &setup.cluster.dsn()])
+        .args(["--lock-id", &setup.id.to_string(), "--check-interval", "5s"])
+        .args(["--http-addr", "127.0.0.1:0", "--", setup.script()]);
+    let standby = Replica::spawn(cmd);
     let started = std::time::Instant::now();
+    let addr = probe_addr(&standby);
     wait_for("the standby to be ready", secs(3.0), || {
         (http(addr, "GET", "/readyz").0 == 200).then_some(())
     });
     assert!(started.elapsed() < secs(3.0));
     assert_eq!(http(addr, "GET", "/readyz").1.trim(), "standby");
+    let mut seen: Vec<String> = Vec::new();
+    while !seen.iter().any(|m| m.contains("READY=1")) {
+        let mut buf = [0u8; 4096];
+        let n = socket.recv(&mut buf).unwrap_or_else(|e| {
+            panic!(
+                "no READY=1 {:?} after the start: {e}; got {seen:?}\n{}",
+                started.elapsed(),
+                standby.log()
+            )
+        });
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(started.elapsed() < secs(3.0), "{seen:?}");
+    assert!(
+        seen.iter().any(|m| m.contains("STATUS=standby")),
+        "{seen:?}"
+    );
 }
 
 #[test]

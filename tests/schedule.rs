@@ -1554,19 +1554,27 @@ fn a_clock_set_past_a_due_time_runs_it_within_a_second() {
         .arg(&job);
     let mut replica = Replica::spawn(cmd);
     replica.wait_log("background leader lock acquired", 1, secs(15.0));
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let ahead = (now / 3600 + 10) * 3600 + 1 - now;
     std::fs::write(&shift, ahead.to_string()).unwrap();
     let set = std::time::Instant::now();
-    wait_for("the run of the due time the clock was set past", secs(10.0), || {
-        (!scratch.starts().is_empty()).then_some(())
-    });
+    wait_for(
+        "the run of the due time the clock was set past",
+        secs(10.0),
+        || (!scratch.starts().is_empty()).then_some(()),
+    );
     let took = set.elapsed();
     replica.signal(Signal::SIGTERM);
     replica.wait_exit(secs(10.0));
     let log = replica.log();
     assert!(log.contains("due times passed at once"), "{log}");
-    assert!(took < secs(5.0), "ran {took:?} after the clock was set\n{log}");
+    assert!(
+        took < secs(5.0),
+        "ran {took:?} after the clock was set\n{log}"
+    );
 }
 
 /// An `LD_PRELOAD` shim that adds the seconds the returned file names (0 at first) to

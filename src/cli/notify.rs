@@ -65,7 +65,7 @@ pub fn status_line(elector: &Elector) -> String {
         format!("leader, term {}", term.number())
     } else if checks.last == Some(CheckOutcome::Failed) {
         format!("no database: {}", checks.last_error.unwrap_or_default())
-    } else if checks.total == 0 {
+    } else if checks.total == 0 && !checks.waiting {
         "starting".to_owned()
     } else {
         "standby".to_owned()
@@ -108,9 +108,11 @@ pub async fn follow(elector: Elector, health: std::sync::Arc<Health>) {
                 continue;
             }
         }
-        // READY=1 after the first check, not the first connect
-        // (docs/guarantees.md#observing-a-replica).
-        if elector.checks().total == 0 {
+        // READY=1 after the first check, not the first connect; a standby's wait queued on
+        // the server is its first check, as for /readyz: that check returns only when the
+        // wait times out, a whole interval later (docs/guarantees.md#observing-a-replica).
+        let checks = elector.checks();
+        if checks.total == 0 && !checks.waiting {
             continue;
         }
         let status = status_line(&elector);
