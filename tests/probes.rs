@@ -175,6 +175,50 @@ fn a_replica_that_cannot_reach_the_server_is_not_ready() {
 
 /// A standby that was ready is not ready while its checks fail to reach the server, and is
 /// ready again once one does.
+/// A check that takes longer than 3 intervals because the database does not answer (each of
+/// four hosts of a list within its turn's bound, the check interval) is the check loop at
+/// work: `/healthz` stays 200 throughout, from the boot on, as it does while the database
+/// refuses (the README: restarting leaderrun would not bring the database back), and
+/// `/readyz` says the database cannot be reached. Before, `/healthz` read 503 for a part of
+/// each such check, so a liveness probe restarted replicas whose only fault was a database
+/// that was down. (One step longer than 3 intervals still reads as a loop that does not run:
+/// `probes_before_the_first_check_and_when_the_loop_is_stuck`.)
+#[test]
+fn a_check_that_outlasts_three_intervals_on_a_silent_database_keeps_the_replica_live() {
+    let proxy = crate::support::proxy::Proxy::start(Cluster::shared().addr());
+    proxy.blackhole();
+    let dsn = format!(
+        "host=127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1 port={} user=postgres dbname=postgres",
+        proxy.port()
+    );
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+        .args(["--", "true"]);
+    let replica = Replica::spawn(cmd);
+    let addr = probe_addr(&replica);
+    // Three whole checks (0.8 s each) with their turns.
+    let until = std::time::Instant::now() + secs(3.0);
+    let mut answers = 0;
+    while std::time::Instant::now() < until {
+        let (code, body) = http(addr, "GET", "/healthz");
+        assert_eq!(
+            code,
+            200,
+            "/healthz {code} {body} after {answers} answers\n{}",
+            replica.log()
+        );
+        answers += 1;
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (code, body) = wait_for("a failed check", secs(5.0), || {
+        let (code, body) = http(addr, "GET", "/readyz");
+        body.starts_with("cannot reach the server")
+            .then_some((code, body))
+    });
+    assert_eq!(code, 503, "{body}");
+}
+
 #[test]
 fn a_standby_is_not_ready_while_its_checks_fail() {
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");

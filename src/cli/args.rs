@@ -587,9 +587,9 @@ pub struct Cli {
     /// never read.
     ///
     /// /healthz is a liveness probe: 200 while leaderrun's check loop runs (within 3 check
-    /// intervals, and the grace while a demoted leader stops COMMAND), also while the database
-    /// is down for many intervals, since restarting
-    /// leaderrun would not bring the database back. To alert on an unreachable database, use
+    /// intervals, and the grace while a demoted leader stops COMMAND; a check that tries host
+    /// after host counts each one), also while the database is down for many intervals, since
+    /// restarting leaderrun would not bring the database back. To alert on an unreachable database, use
     /// the gauge leaderrun_seconds_since_last_successful_check, e.g. a Prometheus rule with
     /// expr: leaderrun_seconds_since_last_successful_check > 60.
     ///

@@ -67,7 +67,12 @@ impl Health {
     /// the first check, and from the end of a wait for a demoted term's tree when that came
     /// later), or, while a demoted term's tree is still being stopped (the loop waits for it
     /// before it checks again, the release only after the tree is dead), within that and the
-    /// grace. `Err` carries the reason for a 503.
+    /// grace. A standby's check that began a step (one host address's connect, the session's
+    /// first statements, a try: [`Elector::stepped_at`]) counts as a check: a list of hosts
+    /// that do not answer makes one check outlast 3 intervals, each host within its bound, and
+    /// a liveness probe must not restart a replica for a database that is down. A single step
+    /// longer than the limit (a `connect_timeout` over 3 intervals that runs out) still reads
+    /// as a loop that does not run. `Err` carries the reason for a 503.
     pub fn liveness(&self, elector: &Elector) -> Result<String, String> {
         let stopping = elector.is_releasing();
         let limit = if stopping {
@@ -81,7 +86,8 @@ impl Health {
             .checks()
             .last_at
             .unwrap_or(self.booted)
-            .max(elector.released_at().unwrap_or(self.booted));
+            .max(elector.released_at().unwrap_or(self.booted))
+            .max(elector.stepped_at().unwrap_or(self.booted));
         let age = since.elapsed();
         if age <= limit {
             Ok("ok".to_owned())

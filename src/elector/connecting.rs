@@ -72,9 +72,25 @@ pub async fn connect(
     target: &str,
     bound: Duration,
 ) -> Result<Connected, Error> {
-    connect_socket(config, tls, target, bound, None)
+    connect_socket(config, tls, target, bound, None, None)
         .await
         .map(|(connected, _)| connected)
+}
+
+/// When the standby check in flight last began a step ([`crate::Elector::stepped_at`]).
+#[derive(Debug, Default)]
+pub(crate) struct Steps(std::sync::Mutex<Option<tokio::time::Instant>>);
+
+impl Steps {
+    /// A step begins now.
+    pub(crate) fn begin(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+    }
+
+    /// When the latest step began.
+    pub(crate) fn last(&self) -> Option<tokio::time::Instant> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A connection to the first host of a plan begun before the elector runs: a one-shot's
@@ -590,13 +606,15 @@ pub(super) enum Attempt {
 
 /// [`connect`], and the connection's [`Link`]: a copy of its socket, the lock session's by
 /// construction, which keeps the socket open until it is dropped too. `early`: a socket begun
-/// before ([`EarlyConnect`]), used by the attempt at its address.
+/// before ([`EarlyConnect`]), used by the attempt at its address. `steps`: told of each
+/// attempt as it begins.
 pub(crate) async fn connect_socket(
     config: &tokio_postgres::Config,
     tls: &TlsSettings,
     target: &str,
     bound: Duration,
     early: Option<&EarlyConnect>,
+    steps: Option<&Steps>,
 ) -> Result<(Connected, Link), Error> {
     let plan = if tls.plan.hosts.is_empty() {
         plan_of(config)
@@ -638,6 +656,7 @@ pub(crate) async fn connect_socket(
                 *wanted,
                 per_host,
                 early,
+                steps,
             )
             .await
             {
@@ -668,7 +687,9 @@ fn is_missing_socket(err: &Error) -> bool {
         if target.starts_with("host=/") && source.kind() == std::io::ErrorKind::NotFound)
 }
 
-/// One host: each of its addresses in turn, each within `per_host`.
+/// One host: each of its addresses in turn, each within `per_host` (each told to `steps` as
+/// it begins).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn attempt(
     config: &tokio_postgres::Config,
     tls: &TlsSettings,
@@ -677,9 +698,17 @@ pub(super) async fn attempt(
     wanted: SessionAttrs,
     per_host: Duration,
     early: Option<&EarlyConnect>,
+    steps: Option<&Steps>,
 ) -> Result<(Connected, Link), Attempt> {
     use tokio_postgres::tls::MakeTlsConnect;
     let target = host_description(config, host);
+    let begin = |deadline: tokio::time::Instant| {
+        if let Some(steps) = steps {
+            steps.begin();
+        }
+        deadline
+    };
+    begin(tokio::time::Instant::now());
     let mut config = config.clone();
     // libpq reads the password file at every connection: a password rotated in it is used
     // from the next connection on. Off the runtime's thread (a file on a hung mount), one
@@ -729,7 +758,7 @@ pub(super) async fn attempt(
     let (name, addrs) = match &host.address {
         Address::Unix(dir) => {
             let path = dir.join(format!(".s.PGSQL.{}", host.port));
-            let deadline = tokio::time::Instant::now() + per_host;
+            let deadline = begin(tokio::time::Instant::now() + per_host);
             let connected = match early.and_then(|e| e.take_unix(&path, &config)) {
                 Some(connected) => Ok(connected),
                 None => tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(&path))
@@ -796,7 +825,7 @@ pub(super) async fn attempt(
     });
     let mut last = None;
     for addr in addrs {
-        let deadline = tokio::time::Instant::now() + per_host;
+        let deadline = begin(tokio::time::Instant::now() + per_host);
         let connected = match early {
             Some(early) => early.take_tcp(addr, &config, deadline).await,
             None => None,
@@ -851,7 +880,7 @@ pub(super) async fn attempt(
                     && over_tls.began()
                     && (source.as_db_error().is_some() || over_tls.failed()) =>
             {
-                let deadline = tokio::time::Instant::now() + per_host;
+                let deadline = begin(tokio::time::Instant::now() + per_host);
                 let stream =
                     match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr))
                         .await

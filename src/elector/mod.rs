@@ -350,6 +350,8 @@ pub(crate) struct Shared {
     pub(crate) releasing: AtomicBool,
     /// When the last such wait ended.
     pub(crate) released_at: std::sync::Mutex<Option<Instant>>,
+    /// When the standby check in flight last began a step ([`Elector::stepped_at`]).
+    pub(crate) steps: connecting::Steps,
     pub(crate) terms: AtomicU64,
     pub(crate) current: watch::Sender<Term>,
     pub(crate) metrics: Option<Arc<Registered>>,
@@ -411,6 +413,7 @@ impl Elector {
                 running: AtomicBool::new(false),
                 releasing: AtomicBool::new(false),
                 released_at: std::sync::Mutex::new(None),
+                steps: connecting::Steps::default(),
                 terms: AtomicU64::new(0),
                 current,
                 metrics,
@@ -455,6 +458,16 @@ impl Elector {
             .released_at
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When a standby's check last began a step (monotonic clock): connecting to one address
+    /// of a host, the session's first statements, a try; `None` before the first check. Each
+    /// step is bounded (`connect_timeout` when set, else the check interval), and a check may
+    /// take several (every host of a list, each address of a name), so one check may outlast
+    /// any fixed multiple of the interval while each of its steps keeps to its bound: a
+    /// liveness rule that counts from the last check counts from here too.
+    pub fn stepped_at(&self) -> Option<Instant> {
+        self.shared.steps.last()
     }
 
     /// The tally of checks so far.

@@ -12,7 +12,7 @@ use tokio::time::timeout;
 use tokio_postgres::{Client, Statement, ToStatement};
 use tracing::warn;
 
-use super::connecting::connect_socket;
+use super::connecting::{connect_socket, Steps};
 use super::Config;
 use crate::error::Error;
 use crate::pg::lock::{can_check, try_sql, wait_sql, LockKey, QUEUE_PLACES};
@@ -280,7 +280,7 @@ impl Session {
     /// Connects, pins the timers and prepares the lock statements, in one round trip after
     /// the startup.
     pub(crate) async fn open(config: &Config, target: &str) -> Result<Session, Error> {
-        let (session, _) = Session::open_with(config, target, false).await?;
+        let (session, _) = Session::open_with(config, target, false, None).await?;
         Ok(session)
     }
 
@@ -289,12 +289,13 @@ impl Session {
     /// The server runs the flight in order, so the try runs under the pinned timers; a session
     /// whose pinning failed is never used, and dropping it frees whatever the try took. Returns
     /// the session and the try's answer (its row, or why it failed: the caller handles that as
-    /// any failed try, on a session it may not reuse).
+    /// any failed try, on a session it may not reuse). `steps` is told of each step.
     pub(crate) async fn open_and_try(
         config: &Config,
         target: &str,
+        steps: &Steps,
     ) -> Result<(Session, Result<tokio_postgres::Row, Error>), Error> {
-        let (session, answer) = Session::open_with(config, target, true).await?;
+        let (session, answer) = Session::open_with(config, target, true, Some(steps)).await?;
         let answer = answer.unwrap_or(Err(Error::SessionClosed(None)));
         Ok((session, answer))
     }
@@ -303,6 +304,7 @@ impl Session {
         config: &Config,
         target: &str,
         try_now: bool,
+        steps: Option<&Steps>,
     ) -> Result<(Session, Option<Result<tokio_postgres::Row, Error>>), Error> {
         let bound = config.io_bound();
         let ((client, closed, task), link) = connect_socket(
@@ -311,8 +313,12 @@ impl Session {
             target,
             bound,
             config.early_connect.as_deref(),
+            steps,
         )
         .await?;
+        if let Some(steps) = steps {
+            steps.begin();
+        }
         let mut session = Session {
             fd: link.fd,
             endpoint: link.endpoint.clone(),

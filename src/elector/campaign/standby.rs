@@ -244,10 +244,12 @@ impl Campaign<'_> {
         let config = &self.shared.config;
         let bound = config.io_bound();
         let slots = config.effective_slots();
+        self.shared.steps.begin();
         // A new session's first try travels with its set-up (Session::open_and_try).
         let mut first = None;
         if let Role::Standby { session: None, .. } = self.role {
-            let (opened, answer) = Session::open_and_try(config, &self.shared.target).await?;
+            let (opened, answer) =
+                Session::open_and_try(config, &self.shared.target, &self.shared.steps).await?;
             if let Role::Standby { session, .. } = &mut self.role {
                 *session = Some(opened);
             }
