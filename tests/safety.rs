@@ -1223,3 +1223,69 @@ fn names_a_roles_search_path_puts_before_pg_catalog_are_never_used() {
     assert!(!all.contains("ERROR"), "{all}");
     assert_eq!(hits(), 0, "a shadow was used:\n{all}");
 }
+
+/// A role that may not read `pg_database` (a DBA's `REVOKE SELECT ON pg_catalog.pg_database
+/// FROM PUBLIC`, a common hardening step) leads as any other: the checks read the session's
+/// database off its own backend entry, not that catalog, and the same holds for a lock table
+/// too full for the catalog's relation lock and for a `VACUUM FULL pg_database` holding it.
+/// Before, every check of a held lock failed: each grant started COMMAND and stopped it at its
+/// first check, 50 ms later, every interval, and a one-shot killed its COMMAND and exited with
+/// the conflict code. `status` reads no `pg_database` of its own either. On a cluster of its
+/// own: the shared catalog's privilege is the whole cluster's.
+#[test]
+fn a_role_that_may_not_read_pg_database_leads_and_keeps_its_term() {
+    let cluster = Cluster::start_private();
+    let id = unique_lock_id();
+    cluster.sql(
+        "CREATE ROLE hardened LOGIN; \
+         REVOKE SELECT ON pg_catalog.pg_database FROM PUBLIC",
+    );
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=hardened dbname=postgres",
+        cluster.addr().port()
+    );
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "sleep 1; echo finished");
+    let once = leaderrun()
+        .args(["--once", "--dsn", &dsn, "--lock-id", &id.to_string()])
+        .args(["--check-interval", "200ms", "-E", "75", "--"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&once.stderr);
+    assert_eq!(once.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&once.stdout),
+        "finished\n",
+        "{stderr}"
+    );
+    // A leader keeps its one term for many checks.
+    let long = scratch.child_script("long.sh", "exec sleep 600");
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+        .args(["--check-interval", "200ms", "--"])
+        .arg(&long);
+    let leader = Replica::spawn(cmd);
+    let first = scratch.wait_starts(2, secs(10.0))[1].clone();
+    let checked = Instant::now();
+    wait_for("ten checks of the term", secs(10.0), || {
+        (checked.elapsed() > secs(2.0)).then_some(())
+    });
+    assert_eq!(scratch.starts().len(), 2, "{}", leader.log());
+    assert!(!leader.log().contains("lock lost"), "{}", leader.log());
+    let status = leaderrun()
+        .args(["status", "--dsn", &dsn, "--lock-id", &id.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        status.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains(&first.backend_pid.to_string()),
+        "{}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+}

@@ -19,7 +19,7 @@ use crate::elector::{connect, LockKey};
 use crate::elector::{standby_comment, CLIENT_CONNECTION_CHECK};
 use crate::error::{Chain, Error};
 use crate::pg::conninfo::describe;
-use crate::pg::lock::MAX_SLOTS;
+use crate::pg::lock::{current_database_oid, MAX_SLOTS};
 use crate::pg::within;
 use crate::process::signals::{is_shutdown, suspend_self, SignalStream};
 use crate::supervisor::Exit;
@@ -198,12 +198,14 @@ pub struct Report {
 
 /// Which slots' keys beyond the ones asked about are held. `$1`: their classes (`oid[]`),
 /// `$2`: the id.
-const MORE_SLOTS_SQL: &str = "SELECT l.classid FROM pg_catalog.pg_locks l \
+const MORE_SLOTS_SQL: &str = concat!(
+    "SELECT l.classid FROM pg_catalog.pg_locks l \
      WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted \
        AND l.objsubid OPERATOR(pg_catalog.=) 2 \
-       AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-       AND l.objid OPERATOR(pg_catalog.=) $2 AND l.classid OPERATOR(pg_catalog.=) ANY ($1)";
+       AND l.database OPERATOR(pg_catalog.=) ",
+    current_database_oid!(),
+    " AND l.objid OPERATOR(pg_catalog.=) $2 AND l.classid OPERATOR(pg_catalog.=) ANY ($1)"
+);
 
 /// The seed's `pg_locks` query for every slot's key and every place in line, joined to
 /// `pg_stat_activity`. `$1`: the slots' classes, `$2`: the places' classes (both `oid[]`, the
@@ -222,9 +224,9 @@ const STATUS_SQL: &str = concat!(
      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a \
        ON a.pid OPERATOR(pg_catalog.=) l.pid \
      WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' \
-       AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-       AND l.objid OPERATOR(pg_catalog.=) $3 \
+       AND l.database OPERATOR(pg_catalog.=) ",
+    current_database_oid!(),
+    " AND l.objid OPERATOR(pg_catalog.=) $3 \
        AND ((l.objsubid OPERATOR(pg_catalog.=) 2 AND l.classid OPERATOR(pg_catalog.=) ANY ($1)) \
          OR (l.objsubid OPERATOR(pg_catalog.=) 1 AND l.classid OPERATOR(pg_catalog.=) ANY ($2))) \
      ORDER BY l.granted DESC, l.pid"

@@ -202,16 +202,18 @@ pub(crate) fn headless_sql(lock: LockKey, slots: u32) -> String {
         })
         .collect();
     format!(
-        "{} {} WITH held AS (SELECT classid::pg_catalog.int8 AS class, objsubid \
-         FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted \
-         AND objid::pg_catalog.int8 OPERATOR(pg_catalog.=) {} \
-         AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())) \
-         SELECT ARRAY(SELECT s.k FROM (VALUES {}) AS s(k, slot_class, place_class) \
-         WHERE EXISTS (SELECT 1 FROM held WHERE class OPERATOR(pg_catalog.=) s.slot_class \
-         AND objsubid OPERATOR(pg_catalog.=) 2) \
-         AND NOT EXISTS (SELECT 1 FROM held WHERE class OPERATOR(pg_catalog.=) s.place_class \
-         AND objsubid OPERATOR(pg_catalog.=) 1) ORDER BY s.k)",
+        concat!(
+            "{} {} WITH held AS (SELECT classid::pg_catalog.int8 AS class, objsubid \
+             FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted \
+             AND objid::pg_catalog.int8 OPERATOR(pg_catalog.=) {} \
+             AND database OPERATOR(pg_catalog.=) ",
+            current_database_oid!(),
+            ") SELECT ARRAY(SELECT s.k FROM (VALUES {}) AS s(k, slot_class, place_class) \
+             WHERE EXISTS (SELECT 1 FROM held WHERE class OPERATOR(pg_catalog.=) s.slot_class \
+             AND objsubid OPERATOR(pg_catalog.=) 2) \
+             AND NOT EXISTS (SELECT 1 FROM held WHERE class OPERATOR(pg_catalog.=) s.place_class \
+             AND objsubid OPERATOR(pg_catalog.=) 1) ORDER BY s.k)"
+        ),
         standby_comment(lock),
         super::holder::identity_comment(),
         lock.id as u32,
@@ -308,6 +310,21 @@ pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT pg_catalog.t
      ELSE pg_catalog.current_setting('synchronous_commit') END, true) AS durable, \
      pg_catalog.pg_logical_emit_message(true, 'leaderrun', 'fencing token') AS logged \
      OFFSET 0) AS g";
+
+/// The oid of the session's database, read off the session's own backend entry
+/// (`pg_stat_get_activity`, executable by every role): the advisory rows of `pg_locks` name
+/// their database by oid. Not from `pg_database`: a shared catalog, read under a relation lock
+/// that takes an entry of the server's lock table (shared relations never take the fast path),
+/// so a full lock table (`out of shared memory`), a `VACUUM FULL pg_database` waiting for or
+/// holding its lock, or a DBA's `REVOKE SELECT ON pg_database FROM PUBLIC` failed every check
+/// of a lock the session held all along: each grant started COMMAND and stopped it at its
+/// first check (docs/field-notes.md#a-lock-the-check-cannot-see).
+macro_rules! current_database_oid {
+    () => {
+        "(SELECT a.datid FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a)"
+    };
+}
+pub(crate) use current_database_oid;
 
 /// Whether the session's role may read what the leader's check reads
 /// (`LOCK_ROW_SQL`, the campaign's): the `pg_locks` view, and the

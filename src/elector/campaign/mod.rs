@@ -14,6 +14,7 @@ use super::term::{Term, TermControl, TermEnd};
 use super::{CheckOutcome, Shared};
 use crate::error::{Chain, Error};
 use crate::pg::holder::activity_bytes;
+use crate::pg::lock::current_database_oid;
 
 mod heads;
 mod leader;
@@ -202,9 +203,9 @@ const HOLDER_SQL: &str = concat!(
     activity_bytes!("a.query"),
     " FROM (SELECT 1) AS one \
      LEFT JOIN pg_catalog.pg_locks l ON l.locktype OPERATOR(pg_catalog.=) 'advisory' \
-       AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-       AND l.classid OPERATOR(pg_catalog.=) ANY ($1) AND l.objid OPERATOR(pg_catalog.=) $2 \
+       AND l.database OPERATOR(pg_catalog.=) ",
+    current_database_oid!(),
+    " AND l.classid OPERATOR(pg_catalog.=) ANY ($1) AND l.objid OPERATOR(pg_catalog.=) $2 \
        AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted \
      LEFT JOIN LATERAL (SELECT * FROM pg_catalog.pg_stat_get_activity(l.pid) \
        WHERE l.pid IS NOT NULL) a ON true \
@@ -214,21 +215,24 @@ const HOLDER_SQL: &str = concat!(
 /// How soon after a grant the term's first check runs (at most a quarter interval).
 const FIRST_CHECK_AFTER_GRANT: Duration = Duration::from_millis(50);
 
-pub(crate) const LOCK_ROW_SQL: &str = "SELECT pg_catalog.pg_backend_pid(), \
+/// The leader's check: its backend, whether that backend holds the slot's key, recovery, and
+/// whether place 1 of the line is held. The database is the session's own, read off its
+/// backend entry ([`current_database_oid!`]), never from `pg_database`.
+pub(crate) const LOCK_ROW_SQL: &str = concat!(
+    "SELECT pg_catalog.pg_backend_pid(), \
      EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
              WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
-               AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-                 WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
                AND classid OPERATOR(pg_catalog.=) $1 AND objid OPERATOR(pg_catalog.=) $2 \
                AND objsubid OPERATOR(pg_catalog.=) 2 \
                AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND granted), \
      pg_catalog.pg_is_in_recovery(), \
      EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
              WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
-               AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-                 WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-               AND classid OPERATOR(pg_catalog.=) $3 AND objid OPERATOR(pg_catalog.=) $2 \
-               AND objsubid OPERATOR(pg_catalog.=) 1 AND granted)";
+               AND database OPERATOR(pg_catalog.=) ",
+    current_database_oid!(),
+    " AND classid OPERATOR(pg_catalog.=) $3 AND objid OPERATOR(pg_catalog.=) $2 \
+               AND objsubid OPERATOR(pg_catalog.=) 1 AND granted)"
+);
 
 impl Campaign<'_> {
     /// The server this replica's session reached (`USER@HOST:PORT/DBNAME`), for a message
