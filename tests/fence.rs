@@ -1543,3 +1543,77 @@ fn a_cgroup_that_cannot_be_joined_fails_the_spawn_as_leaderruns_own_failure() {
         );
     }
 }
+
+/// A watchdog that dies while a tree runs and cannot be replaced (no process or descriptor
+/// left; here `/proc` unmounted in leaderrun's own mount namespace, so the new one's exec of
+/// `/proc/self/exe` fails) leaves no tree unguarded: leaderrun stops the tree and gives the
+/// term up within a second, the lock passes to a standby only once the tree is dead, and the
+/// failed starts say so once, not at every heartbeat. Before, leaderrun led on with no
+/// watchdog (a `kill -9` of it then left the tree's helpers beside the next leader's tree),
+/// and logged a WARN every 25 ms.
+#[test]
+fn a_watchdog_that_cannot_be_replaced_ends_the_term_before_the_tree_runs_unguarded() {
+    const TEST: &str =
+        "fence::a_watchdog_that_cannot_be_replaced_ends_the_term_before_the_tree_runs_unguarded";
+    let setup = Setup::new(Cluster::shared(), TIMED_CHILD);
+    let scratch = &setup.scratch;
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--"])
+        .arg(env!("CARGO_BIN_EXE_leaderrun"))
+        .args([
+            "--dsn",
+            &setup.cluster.dsn(),
+            "--lock-id",
+            &setup.id.to_string(),
+        ])
+        .args(["--check-interval", "200ms", "--", setup.script()]);
+    let mut leader = Replica::spawn(cmd);
+    let first = match wait_for_start_or_exit(scratch, &mut leader) {
+        Some(first) => first,
+        None => return crate::support::cluster::skip(TEST, "no mount namespace here"),
+    };
+    let standby = setup.replica("200ms", &[]);
+    let pid = leader.pid().to_string();
+    let unmounted = std::process::Command::new("nsenter")
+        .args(["-t", &pid, "-m", "--", "umount", "-l", "/proc"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !unmounted {
+        leader.signal(Signal::SIGTERM);
+        leader.wait_exit(secs(10.0));
+        return crate::support::cluster::skip(TEST, "cannot unmount /proc in its namespace");
+    }
+    let watchdog = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
+    kill(Pid::from_raw(watchdog), Signal::SIGKILL).unwrap();
+    leader.wait_log("giving the term up", 1, secs(5.0));
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_ne!(second.ppid, first.ppid);
+    scratch.assert_no_overlap(first.pid, second.pid, &leader.log());
+    // The leader goes on as a standby that cannot start COMMAND; its failed starts are one WARN.
+    let seen = Instant::now();
+    wait_for("a second of heartbeats", secs(5.0), || {
+        (seen.elapsed() > secs(1.0)).then_some(())
+    });
+    let log = leader.log();
+    assert_eq!(log.matches("cannot start the watchdog").count(), 1, "{log}");
+    leader.signal(Signal::SIGTERM);
+    leader.wait_exit(secs(10.0));
+    drop(standby);
+}
+
+/// The first start of COMMAND, or `None` when the leader exited before one (no namespace).
+fn wait_for_start_or_exit(
+    scratch: &Scratch,
+    leader: &mut Replica,
+) -> Option<crate::support::Start> {
+    let deadline = Instant::now() + secs(10.0);
+    loop {
+        if let Some(first) = scratch.starts().first() {
+            return Some(first.clone());
+        }
+        if !leader.running() || Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

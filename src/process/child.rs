@@ -630,6 +630,11 @@ pub struct TreeState {
     /// Whether the watchdog stopped the tree (leaderrun did not answer it in time) while no
     /// stop was asked for: its end is not COMMAND's own, and the term must end for it.
     pub fenced: bool,
+    /// Whether the tree runs with no watchdog, the one it had gone and none could be started
+    /// in its place (no process or descriptor left): a kill of leaderrun now would leave the
+    /// tree's helpers running while the lock passes on, so the term must end and the tree be
+    /// stopped, as a tree is never started unguarded.
+    pub unguarded: bool,
 }
 
 /// COMMAND's process tree as the supervisor drives it: the main child, its process group, and
@@ -1129,6 +1134,7 @@ impl Tree for Child {
                 stopped,
                 empty: true,
                 fenced: false,
+                unguarded: false,
             };
         }
         // Only a stop or a finished main child needs the orphans: avoid reading them otherwise.
@@ -1176,6 +1182,7 @@ impl Tree for Child {
             stopped,
             empty: self.empty,
             fenced: false,
+            unguarded: false,
         }
     }
 }

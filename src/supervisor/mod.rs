@@ -797,6 +797,20 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                     self.stop(Why::Demoted, self.plan.stop_signal);
                     return;
                 }
+                if seen.unguarded {
+                    // Rule 2 holds only while a watchdog would kill the tree if leaderrun
+                    // were killed: without one, the term ends and the tree is stopped before
+                    // the release, as a tree is never started unguarded
+                    // (docs/process-model.md#when-the-watchdog-dies).
+                    warn!(
+                        pid = run.pid(),
+                        term = run.term().number(),
+                        "no watchdog guards COMMAND's tree and none can be started: stopping it and giving the term up"
+                    );
+                    run.term().give_up();
+                    self.stop(Why::Demoted, self.plan.stop_signal);
+                    return;
+                }
                 if let Some(status) = seen.main {
                     info!(pid = run.pid(), status = %status, term = run.term().number(), "child exited");
                     if seen.empty {

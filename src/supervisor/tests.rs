@@ -177,6 +177,7 @@ impl Tree for FakeTree {
             stopped: None,
             empty: p.main.status.is_some() && !helper_alive,
             fenced: false,
+            unguarded: false,
         }
     }
 }

@@ -62,6 +62,9 @@ pub(super) struct Held {
     ending: Option<Ending>,
     /// leaderrun is stopping the reported tree.
     stopping: bool,
+    /// The last start of a watchdog failed: the next failure is not logged again (a start is
+    /// tried at every heartbeat), the next success is.
+    start_failing: bool,
 }
 
 /// A watchdog forked at the very start of leaderrun, before any other thread exists, that runs
@@ -339,11 +342,19 @@ impl Watchdog {
         let link = match self.spawn(held) {
             Ok(link) => link,
             Err(err) => {
-                warn!("cannot start the watchdog: {err}");
+                if !std::mem::replace(&mut held.start_failing, true) {
+                    warn!(
+                        "cannot start the watchdog: {err}; tried again at every heartbeat, \
+                         and a tree it should guard is stopped"
+                    );
+                }
                 self.helper.set(None);
                 return false;
             }
         };
+        if std::mem::replace(&mut held.start_failing, false) {
+            warn!(pid = link.pid, "the watchdog started again");
+        }
         held.link = Some(link);
         held.unanswered = 0;
         self.started.notify_one();
@@ -444,6 +455,16 @@ impl Watchdog {
             }
         }
         stopped
+    }
+
+    /// Whether a watchdog runs now, starting one when none does: false when none could be.
+    fn guarding(&self) -> bool {
+        let mut held = self.lock();
+        if held.link.is_some() {
+            return true;
+        }
+        let beat = held.beat;
+        self.send(&mut held, Message::Beat(beat), None)
     }
 
     /// Whether a tree is reported (it runs, or is being stopped): heartbeats matter only then.
@@ -771,12 +792,19 @@ impl Tree for WatchedTree {
                     stopped: None,
                     empty: false,
                     fenced: true,
+                    unguarded: false,
                 };
             }
         }
         if state.empty && self.reported {
             self.reported = false;
             self.watchdog.tree(None);
+        }
+        if !state.empty && !self.stopping && !self.watchdog.guarding() {
+            return TreeState {
+                unguarded: true,
+                ..state
+            };
         }
         state
     }
