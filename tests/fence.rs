@@ -1617,3 +1617,57 @@ fn wait_for_start_or_exit(
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A descriptor leaderrun was handed without close-on-exec (a parent's `flock`ed file, a pipe
+/// the parent waits to see closed) reaches no watchdog: neither the first (forked with every
+/// other descriptor closed) nor one started after a watchdog died (an exec of leaderrun's
+/// binary). Before, the second held it, and with it the parent's lock or pipe, for its life.
+#[test]
+fn a_descriptor_leaderrun_inherits_reaches_no_watchdog_started_later() {
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (read, write) = nix::unistd::pipe().unwrap();
+    let handed = write.as_raw_fd();
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &setup.cluster.dsn(),
+        "--lock-id",
+        &setup.id.to_string(),
+    ])
+    .args(["--check-interval", "200ms", "--", setup.script()]);
+    // SAFETY: only fcntl between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            nix::libc::fcntl(handed, nix::libc::F_SETFD, 0);
+            Ok(())
+        });
+    }
+    let mut leader = Replica::spawn(cmd);
+    drop(write);
+    setup.scratch.wait_starts(1, secs(10.0));
+    let pipe = std::fs::read_link(format!("/proc/self/fd/{}", read.as_raw_fd())).unwrap();
+    let holds_pipe = |pid: i32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == pipe))
+    };
+    assert!(
+        holds_pipe(leader.pid()),
+        "leaderrun keeps what it was handed"
+    );
+    let first = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
+    assert!(!holds_pipe(first));
+    kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
+    let second = wait_for("a new watchdog", secs(5.0), || {
+        watchdog_of(leader.pid()).filter(|&pid| pid != first)
+    });
+    assert!(
+        !holds_pipe(second),
+        "the new watchdog {second} holds the pipe\n{}",
+        leader.log()
+    );
+    leader.signal(Signal::SIGTERM);
+    leader.wait_exit(secs(10.0));
+    drop(read);
+}

@@ -1465,27 +1465,7 @@ fn prepare_child(pre: &PreExec<'_>) -> std::io::Result<()> {
         // No descriptor of ours survives exec
         // (docs/field-notes.md#no-descriptor-leaks-into-the-child). Mark, don't close: exec
         // closes them once it succeeds (one syscall, whatever the number of descriptors).
-        let marked = libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
-        );
-        if marked != 0 {
-            // Kernels before 5.11: mark each descriptor up to the soft limit.
-            let mut limit: libc::rlimit = std::mem::zeroed();
-            let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-                limit.rlim_cur.min(65_536) as libc::c_int
-            } else {
-                1024
-            };
-            for fd in 3..max {
-                let flags = libc::fcntl(fd, libc::F_GETFD);
-                if flags >= 0 {
-                    libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-                }
-            }
-        }
+        crate::process::descriptors::close_on_exec_from(3);
         // COMMAND gets the descriptor limit leaderrun was started with, when leaderrun raised
         // its own (docs/process-model.md#enough-descriptors). After the marking above, whose
         // fallback reads the soft limit: leaderrun's descriptors may lie above the original.

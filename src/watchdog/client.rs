@@ -297,6 +297,11 @@ impl Watchdog {
                 } else if libc::dup2(theirs_fd, CONTROL_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // Nothing else reaches it, as nothing reaches the first watchdog (forked with
+                // every other descriptor closed): a descriptor leaderrun was handed without
+                // close-on-exec (a parent's `flock`ed file, a pipe it waits to see closed)
+                // would otherwise live on in every watchdog started after one died.
+                crate::process::descriptors::close_on_exec_from(CONTROL_FD + 1);
                 // A session of its own: no terminal signals, no stop of leaderrun's group.
                 libc::setsid();
                 Ok(())
