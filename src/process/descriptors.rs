@@ -205,6 +205,41 @@ pub fn original_soft() -> Option<libc::rlimit> {
     Some(limit)
 }
 
+/// Marks every descriptor from `first` up close-on-exec, so that none of them reaches what the
+/// caller execs: `close_range(CLOSE_RANGE_CLOEXEC)` (Linux 5.11), one call whatever their
+/// number; on older kernels each descriptor below the soft limit (at most 65,536) in turn.
+/// Marked, not closed: exec closes them once it succeeds, and a failed exec leaves the caller's
+/// report descriptor open. Only raw system calls.
+///
+/// # Safety
+/// For a forked child before exec (async-signal-safe); it changes descriptors others may hold.
+pub(crate) unsafe fn close_on_exec_from(first: libc::c_int) {
+    // SAFETY: system calls on descriptor numbers and a local rlimit, nothing more.
+    unsafe {
+        let marked = libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
+        );
+        if marked == 0 {
+            return;
+        }
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur.min(65_536) as libc::c_int
+        } else {
+            1024
+        };
+        for fd in first..max {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,40 +275,5 @@ mod tests {
         let text = short.to_string();
         assert!(text.contains("is 16 (hard 16)"), "{text}");
         assert!(text.contains("at least 67 (ulimit -n)"), "{text}");
-    }
-}
-
-/// Marks every descriptor from `first` up close-on-exec, so that none of them reaches what the
-/// caller execs: `close_range(CLOSE_RANGE_CLOEXEC)` (Linux 5.11), one call whatever their
-/// number; on older kernels each descriptor below the soft limit (at most 65,536) in turn.
-/// Marked, not closed: exec closes them once it succeeds, and a failed exec leaves the caller's
-/// report descriptor open. Only raw system calls.
-///
-/// # Safety
-/// For a forked child before exec (async-signal-safe); it changes descriptors others may hold.
-pub(crate) unsafe fn close_on_exec_from(first: libc::c_int) {
-    // SAFETY: system calls on descriptor numbers and a local rlimit, nothing more.
-    unsafe {
-        let marked = libc::syscall(
-            libc::SYS_close_range,
-            first as libc::c_uint,
-            libc::c_uint::MAX,
-            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
-        );
-        if marked == 0 {
-            return;
-        }
-        let mut limit: libc::rlimit = std::mem::zeroed();
-        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur.min(65_536) as libc::c_int
-        } else {
-            1024
-        };
-        for fd in first..max {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-            }
-        }
     }
 }

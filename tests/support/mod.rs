@@ -374,17 +374,22 @@ pub fn leaderrun() -> Command {
     cmd
 }
 
-/// `cmd`'s output, `cmd` a [`leaderrun_as`] copy: a copy that was just written may be held open
-/// for writing by a fork of another test's thread until that fork's exec, and the kernel
-/// refuses to run it meanwhile (`ETXTBSY`): tried again, for a second at most.
+/// `cmd`'s output, `cmd` a [`leaderrun_as`] copy ([`busy_retried`]).
 pub fn output_of_copy(cmd: &mut Command) -> std::process::Output {
+    busy_retried(|| cmd.output()).expect("run leaderrun")
+}
+
+/// `start` (a spawn), tried again for a second at most while the kernel refuses to run the
+/// binary (`ETXTBSY`): a [`leaderrun_as`] copy that was just written may be held open for
+/// writing by a fork of another test's thread until that fork's exec.
+pub fn busy_retried<T>(mut start: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
-        match cmd.output() {
+        match start() {
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            other => return other.expect("run leaderrun"),
+            other => return other,
         }
     }
 }
@@ -569,12 +574,10 @@ impl Replica {
 
     /// Starts a prepared command with stdin closed and stdout/stderr collected.
     pub fn spawn(mut cmd: Command) -> Replica {
-        let mut child = cmd
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn leaderrun");
+            .stderr(Stdio::piped());
+        let mut child = busy_retried(|| cmd.spawn()).expect("spawn leaderrun");
         let (stderr, err_reader) = collect(child.stderr.take().unwrap());
         let (stdout, out_reader) = collect(child.stdout.take().unwrap());
         Replica {
