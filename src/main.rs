@@ -11,6 +11,12 @@ use leaderrun::supervisor::Exit;
 use leaderrun::Chain;
 
 fn main() -> ExitCode {
+    // First of all: a stack limit too small for start-up overflows it (a parent's `ulimit -s`).
+    let stack = leaderrun::process::stack::reserve();
+    if let leaderrun::process::stack::Reserve::Short { .. } = stack {
+        eprintln!("leaderrun: {stack}");
+        return ExitCode::from(FAILURE);
+    }
     // The same binary is leaderrun's watchdog process, started by leaderrun itself.
     if leaderrun::watchdog::is_watchdog() {
         return leaderrun::watchdog::main();
@@ -60,6 +66,9 @@ fn main() -> ExitCode {
             tracing::debug!("{descriptors}");
         }
         _ => {}
+    }
+    if let leaderrun::process::stack::Reserve::Raised { .. } = stack {
+        tracing::debug!("{stack}");
     }
     // Reading what the settings name can block for good: a stop request meanwhile ends it.
     let watchdog = early

@@ -667,3 +667,55 @@ fn an_environment_that_leaderruns_variables_tip_over_says_so() {
         "{stderr}"
     );
 }
+
+/// A stack limit too small for leaderrun's start-up (a parent's `ulimit -s 64`): raised for
+/// leaderrun where the hard limit allows, COMMAND getting the limit it was started with; where
+/// it does not, exit 125 with the reason, before anything is forked. Before, start-up
+/// overflowed the main thread's stack (exit 134, or a bare SIGSEGV, 139) after the watchdog's
+/// fork, and left it to the parent as a zombie.
+#[test]
+fn a_stack_limit_too_small_is_raised_or_refused_and_commands_is_kept() {
+    let kib = |k: u64| k << 10;
+    let cluster = Cluster::shared();
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &cluster.dsn(),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+    ])
+    .args([
+        "--once",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$(ulimit -s) $(ulimit -Hs)\"",
+    ]);
+    crate::support::limits(&mut cmd, libc::RLIMIT_STACK, kib(64), kib(8192));
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{:?}\n{stderr}", out.status);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "64 8192\n",
+        "{stderr}"
+    );
+    assert_eq!(stderr, "");
+
+    let mut cmd = leaderrun();
+    cmd.args([
+        "--dsn",
+        &cluster.dsn(),
+        "--lock-id",
+        &unique_lock_id().to_string(),
+    ])
+    .args(["--once", "--", "true"]);
+    crate::support::limits(&mut cmd, libc::RLIMIT_STACK, kib(64), kib(128));
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{:?}\n{stderr}", out.status);
+    assert!(
+        stderr.contains("the stack limit (ulimit -s) is 64 KiB, its hard limit 128 KiB"),
+        "{stderr}"
+    );
+}

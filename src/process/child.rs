@@ -929,6 +929,7 @@ impl Child {
             (a.socket.as_raw_fd(), a.datagram)
         });
         let nofile = crate::process::descriptors::original_soft();
+        let stack = crate::process::stack::original();
         let pre_exec = PreExec {
             parent,
             tty,
@@ -936,6 +937,7 @@ impl Child {
             cgroup_procs: procs.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
             ns,
             nofile,
+            stack,
             announce,
             exec_by_ns,
         };
@@ -1373,6 +1375,8 @@ struct PreExec<'a> {
     ns: ChildNamespace,
     /// The descriptor limit to put back.
     nofile: Option<libc::rlimit>,
+    /// The stack limit to put back.
+    stack: Option<libc::rlimit>,
     /// The watchdog's socket and the datagram that announces the tree.
     announce: Option<(RawFd, &'a [u8])>,
     /// The latest moment of exec, CLOCK_BOOTTIME nanoseconds; 0: none.
@@ -1389,6 +1393,7 @@ fn prepare_child(pre: &PreExec<'_>) -> std::io::Result<()> {
         cgroup_procs,
         ns,
         nofile,
+        stack,
         announce,
         exec_by_ns,
     } = *pre;
@@ -1471,6 +1476,13 @@ fn prepare_child(pre: &PreExec<'_>) -> std::io::Result<()> {
         // fallback reads the soft limit: leaderrun's descriptors may lie above the original.
         if let Some(nofile) = nofile {
             if libc::setrlimit(libc::RLIMIT_NOFILE, &nofile) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        // And the stack limit (docs/process-model.md#enough-stack): exec lays out COMMAND's
+        // stack by it.
+        if let Some(stack) = stack {
+            if libc::setrlimit(libc::RLIMIT_STACK, &stack) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
         }

@@ -3,8 +3,8 @@
 //! ([`signals`]), the controlling terminal handed to COMMAND's group ([`terminal`]), COMMAND under an init of its
 //! own PID namespace ([`pidns`], `--pid-namespace`), the vfork-style start of COMMAND
 //! (`spawn`), the
-//! memory settings leaderrun applies to itself ([`memory`]) and its descriptor limit
-//! ([`descriptors`]), the children it was handed at start, which are not COMMAND's
+//! memory settings leaderrun applies to itself ([`memory`]), its descriptor limit
+//! ([`descriptors`]) and stack limit ([`stack`]), the children it was handed at start, which are not COMMAND's
 //! ([`inherited`]). Nothing here knows about the
 //! election: the supervisor and the watchdog tie the two together.
 
@@ -18,4 +18,5 @@ pub mod pidns;
 pub mod procfs;
 pub mod signals;
 pub(crate) mod spawn;
+pub mod stack;
 pub mod terminal;

@@ -350,6 +350,16 @@ pub fn descriptor_limit(cmd: &mut Command, limit: u64) -> &mut Command {
 
 /// Sets the descriptor limit (`RLIMIT_NOFILE`) of the process `cmd` starts: `soft`, `hard`.
 pub fn descriptor_limits(cmd: &mut Command, soft: u64, hard: u64) -> &mut Command {
+    limits(cmd, libc::RLIMIT_NOFILE, soft, hard)
+}
+
+/// `cmd` started with `resource`'s limits `soft` and `hard` (`setrlimit` before exec).
+pub fn limits(
+    cmd: &mut Command,
+    resource: libc::__rlimit_resource_t,
+    soft: u64,
+    hard: u64,
+) -> &mut Command {
     use std::os::unix::process::CommandExt;
     let rlimit = libc::rlimit {
         rlim_cur: soft,
@@ -358,7 +368,7 @@ pub fn descriptor_limits(cmd: &mut Command, soft: u64, hard: u64) -> &mut Comman
     // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) == 0 {
+            if libc::setrlimit(resource, &rlimit) == 0 {
                 Ok(())
             } else {
                 Err(std::io::Error::last_os_error())
