@@ -1671,3 +1671,71 @@ fn a_descriptor_leaderrun_inherits_reaches_no_watchdog_started_later() {
     leader.wait_exit(secs(10.0));
     drop(read);
 }
+
+/// A leaderrun started under a real-time policy (`chrt -f 10`; COMMAND inherits it) has a
+/// watchdog one priority above it, so that a COMMAND spinning at its priority on every CPU it
+/// may use cannot starve the watchdog too; under the normal policy the watchdog is
+/// SCHED_BATCH. Before, it was SCHED_BATCH always, and ran only in the kernel's real-time
+/// throttling gap: with a 200 ms interval the server freed the lock, and a standby's COMMAND
+/// started, about 90 ms before the starved leader's tree was stopped.
+#[test]
+fn a_real_time_leaderruns_watchdog_runs_above_it() {
+    const TEST: &str = "fence::a_real_time_leaderruns_watchdog_runs_above_it";
+    fn fifo(cmd: &mut std::process::Command, priority: i32) -> &mut std::process::Command {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only sched_setscheduler between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let param = libc::sched_param {
+                    sched_priority: priority,
+                };
+                if libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+        }
+    }
+    if !fifo(&mut std::process::Command::new("true"), 10)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        return crate::support::cluster::skip(TEST, "no real-time scheduling here");
+    }
+    let policy = |pid: i32| {
+        let mut param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: reads another process's policy into a local.
+        unsafe {
+            let policy = libc::sched_getscheduler(pid);
+            libc::sched_getparam(pid, &mut param);
+            (policy, param.sched_priority)
+        }
+    };
+    for real_time in [true, false] {
+        let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+        let mut cmd = leaderrun();
+        cmd.args([
+            "--dsn",
+            &setup.cluster.dsn(),
+            "--lock-id",
+            &setup.id.to_string(),
+        ])
+        .args(["--check-interval", "200ms", "--", setup.script()]);
+        if real_time {
+            fifo(&mut cmd, 10);
+        }
+        let mut leader = Replica::spawn(cmd);
+        let child = setup.scratch.wait_starts(1, secs(10.0))[0].pid;
+        let watchdog = wait_for("the watchdog", secs(5.0), || watchdog_of(leader.pid()));
+        if real_time {
+            assert_eq!(policy(leader.pid()), (libc::SCHED_FIFO, 10));
+            assert_eq!(policy(child), (libc::SCHED_FIFO, 10));
+            assert_eq!(policy(watchdog), (libc::SCHED_FIFO, 11));
+        } else {
+            assert_eq!(policy(watchdog), (libc::SCHED_BATCH, 0));
+        }
+        leader.signal(Signal::SIGTERM);
+        leader.wait_exit(secs(10.0));
+    }
+}

@@ -165,14 +165,41 @@ fn become_watchdog() {
     unsafe {
         libc::prctl(libc::PR_SET_NAME, c"lr-watchdog".as_ptr(), 0, 0, 0);
     }
-    // A fair share of the CPU, but no preemption of the process that woke it: every message
-    // leaderrun sends wakes the watchdog, and on a shared core each one took the core from
-    // leaderrun at once (docs/process-model.md#the-watchdog). Best effort: a failure leaves the
-    // normal policy.
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sets this process's own policy from a valid sched_param.
+    set_policy();
+}
+
+/// The watchdog's scheduling. Under the normal policy, SCHED_BATCH: a fair share of the CPU,
+/// but no preemption of the process that woke it (every message leaderrun sends wakes the
+/// watchdog, and on a shared core each one took the core from leaderrun at once). Under a
+/// real-time policy (`chrt -f`), which COMMAND inherits too, one priority above leaderrun's:
+/// a COMMAND that spins at that priority on every CPU it may use starves leaderrun's checks,
+/// and a watchdog of a lower policy with them (a SCHED_BATCH one ran only in the kernel's
+/// real-time throttling gap, 50 ms a second, after the server had freed the lock); above it,
+/// the watchdog still stops the tree when the proof runs out
+/// (docs/process-model.md#the-watchdog). Best effort: a failure leaves the policy as it is.
+fn set_policy() {
+    // SAFETY: reads and sets this process's own policy with valid sched_params.
     unsafe {
-        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
+        let policy = libc::sched_getscheduler(0);
+        if policy < 0 {
+            return;
+        }
+        match policy & !libc::SCHED_RESET_ON_FORK {
+            libc::SCHED_OTHER => {
+                let param = libc::sched_param { sched_priority: 0 };
+                libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
+            }
+            rt @ (libc::SCHED_FIFO | libc::SCHED_RR) => {
+                let mut param = libc::sched_param { sched_priority: 0 };
+                if libc::sched_getparam(0, &mut param) == 0
+                    && param.sched_priority < libc::sched_get_priority_max(rt)
+                {
+                    param.sched_priority += 1;
+                    libc::sched_setscheduler(0, policy, &param);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
