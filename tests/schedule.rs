@@ -1661,3 +1661,55 @@ fn a_read_only_role_is_told_why_the_history_is_not_written() {
     assert!(log.contains(hint), "{log}");
     assert_eq!(cluster.sql(&format!("SELECT count(*) FROM {table}")), ["0"]);
 }
+
+/// An unqualified history table that the role's own schema holds (the default `search_path`
+/// begins with `"$user"`: PostgreSQL's pattern of a schema per user) is said with a WARN that
+/// names the schema to give: replicas that log in as other roles would each write a table of
+/// their own, and `--catch-up` ran a due time once per role. A name with its schema, or a table
+/// outside the role's schema, is not.
+#[test]
+fn a_history_table_in_the_roles_own_schema_is_warned_of() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let role = format!("history_own_{}", id.unsigned_abs());
+    cluster.sql(&format!(
+        "CREATE ROLE {role} LOGIN; CREATE SCHEMA {role} AUTHORIZATION {role}"
+    ));
+    let dsn = format!(
+        "host=127.0.0.1 port={} user={role} dbname=postgres",
+        cluster.addr().port()
+    );
+    let once = |table: &str| {
+        let out = leaderrun()
+            .args(["--dsn", &dsn, "--lock-id", &id.to_string()])
+            .args([
+                "--once",
+                "--history",
+                "--history-table",
+                table,
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let table = format!("runs_own_{}", id.unsigned_abs());
+    let log = once(&table);
+    assert!(
+        log.contains("history: the table is found in the role's own schema")
+            && log.contains(&format!("--history-table {role}.{table}")),
+        "{log}"
+    );
+    assert_eq!(
+        cluster.sql(&format!(
+            "SELECT count(*) FROM {role}.{table} WHERE outcome = 'ok'"
+        )),
+        ["1"]
+    );
+    // Found there the next time: said again, by each process.
+    assert!(once(&table).contains("role's own schema"));
+    let log = once(&format!("{role}.{table}"));
+    assert!(!log.contains("WARN"), "{log}");
+}

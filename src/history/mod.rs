@@ -150,6 +150,12 @@ impl TableName {
         }
     }
 
+    /// Whether the name carries its schema (`schema.table`); an unqualified one is found, and
+    /// created, through the session's `search_path`.
+    pub fn is_qualified(&self) -> bool {
+        self.schema.is_some()
+    }
+
     /// The statements that create the table and its index, as leaderrun runs them and the
     /// README gives them to a DBA.
     pub fn create_sql(&self) -> String {

@@ -31,6 +31,15 @@ pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// Rows one statement of the pruning deletes at most.
 const PRUNE_BATCH: i64 = 1000;
 
+/// Where the history table is: its schema, and whether that schema is named as the session's
+/// role (`"$user"` of the `search_path`); no row when it does not exist. `$1`: the table's
+/// name as SQL text (`TableName`'s display).
+const WHERE_SQL: &str = "SELECT n.nspname::pg_catalog.text, \
+     n.nspname OPERATOR(pg_catalog.=) CURRENT_USER \
+     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n \
+       ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+     WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)";
+
 /// After a failed connect, writes are dropped without a new attempt for this long, so a
 /// database that is down costs one attempt per second, not one per queued write.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
@@ -644,21 +653,19 @@ impl Writer {
     }
 
     /// Creates the table when it does not exist; without the right to, one WARN that names
-    /// the README's SQL (a DBA's table is used as soon as it is there).
+    /// the README's SQL (a DBA's table is used as soon as it is there). An unqualified name
+    /// that resolves to the role's own schema gets a WARN of its own ([`own_schema_warning`]).
     async fn ensure_table(&mut self, client: &Client) {
         let bound = self.settings.bound;
-        let exists = within(
+        let found = within(
             "history: look for the table",
             bound,
-            client.query_one(
-                "SELECT pg_catalog.to_regclass($1) IS NOT NULL",
-                &[&self.table],
-            ),
+            client.query_opt(WHERE_SQL, &[&self.table]),
         )
-        .await
-        .map(|row| row.get::<_, bool>(0));
-        if let Ok(true) = exists {
+        .await;
+        if let Ok(Some(row)) = &found {
             self.ensured = true;
+            self.own_schema_warning(row.get(0), row.get(1));
             return;
         }
         let create = self.settings.table.create_sql();
@@ -670,8 +677,21 @@ impl Writer {
         .await
         {
             Ok(()) => {
-                info!(table = %self.settings.table, "history: created the table");
                 self.ensured = true;
+                let created = within(
+                    "history: look for the table",
+                    bound,
+                    client.query_opt(WHERE_SQL, &[&self.table]),
+                )
+                .await;
+                match created {
+                    Ok(Some(row)) => {
+                        let schema: String = row.get(0);
+                        info!(table = %self.settings.table, schema = %schema, "history: created the table");
+                        self.own_schema_warning(schema, row.get(1));
+                    }
+                    _ => info!(table = %self.settings.table, "history: created the table"),
+                }
             }
             Err(err) => {
                 // A DBA's table helps only when the refusal was the right to create it: a
@@ -696,6 +716,24 @@ impl Writer {
                 self.ensured = true;
                 self.failing = true;
             }
+        }
+    }
+
+    /// An unqualified table name that resolves to a schema named as the session's role (the
+    /// default `search_path` begins with `"$user"`, the manual's secure pattern of a schema per
+    /// user): replicas that log in as other roles resolve it to their own schemas, and their
+    /// histories never meet, so `--catch-up` and the due times' look-ups miss each other's
+    /// runs (a due time ran twice) and `status` shows one role's runs. Said once.
+    fn own_schema_warning(&self, schema: String, own: bool) {
+        if own && !self.settings.table.is_qualified() {
+            warn!(
+                table = %self.settings.table,
+                schema = %schema,
+                "history: the table is found in the role's own schema (search_path's \"$user\"): \
+                 replicas that log in as other roles would each use a table of their own; name \
+                 the schema every replica uses (--history-table {schema}.{})",
+                self.settings.table
+            );
         }
     }
 
