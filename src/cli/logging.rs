@@ -145,51 +145,13 @@ fn pending() -> u64 {
 /// A stderr left in non-blocking mode by the parent (`O_NONBLOCK` on a description it shares,
 /// as a Node.js or Go parent leaves a pipe) fails a write that finds it full with EAGAIN; the
 /// writer thread then waits until it takes bytes again and goes on, as a blocking stderr
-/// would have it. This thread is the one place that may wait on stderr: lines queue behind it
-/// and are dropped only when the queue is full, as with a blocking stderr. Dropped at EAGAIN,
-/// every line of a burst past the pipe's room was lost though the reader was only a moment
-/// behind, and a line taken in part ran into the next one.
-fn write_all_fd2(mut buf: &[u8]) -> bool {
-    while !buf.is_empty() {
-        // SAFETY: write(2) from a live buffer of the given length.
-        let n = unsafe { libc::write(2, buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            if err.kind() == std::io::ErrorKind::WouldBlock && wait_writable_fd2() {
-                continue;
-            }
-            return false;
-        }
-        if n == 0 {
-            return false;
-        }
-        buf = &buf[n as usize..];
-    }
-    true
-}
-
-/// Waits until descriptor 2 takes bytes again (the writer thread only, which may wait on
-/// stderr); false when it never will (an error or a hang-up on it).
-fn wait_writable_fd2() -> bool {
-    loop {
-        let mut fd = libc::pollfd {
-            fd: 2,
-            events: libc::POLLOUT,
-            revents: 0,
-        };
-        // SAFETY: one pollfd, valid for the call.
-        let ready = unsafe { libc::poll(&mut fd, 1, -1) };
-        if ready < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return false;
-        }
-        return fd.revents & libc::POLLOUT != 0;
-    }
+/// would have it ([`super::output::write_all`], the one way leaderrun writes its output).
+/// This thread is the one place that may wait on stderr: lines queue behind it and are
+/// dropped only when the queue is full, as with a blocking stderr. Dropped at EAGAIN, every
+/// line of a burst past the pipe's room was lost though the reader was only a moment behind,
+/// and a line taken in part ran into the next one.
+fn write_all_fd2(buf: &[u8]) -> bool {
+    super::output::write_all(libc::STDERR_FILENO, buf).is_ok()
 }
 
 /// The queue, started by the first line that needs it: the bounded queue and the thread that
@@ -735,11 +697,7 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
             .with_current_span(false)
             .try_init()
     } else {
-        let ansi = colours(
-            std::io::stderr().is_terminal(),
-            std::env::var_os("NO_COLOR").as_deref(),
-            std::env::var_os("TERM").as_deref(),
-        );
+        let ansi = colours_here(std::io::stderr().is_terminal());
         builder
             .with_writer(Escaping {
                 style: Style::Text { ansi },
@@ -747,6 +705,17 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
             .with_ansi(ansi)
             .try_init()
     };
+}
+
+/// Whether output to a descriptor that is a `terminal` or not carries colour sequences
+/// ([`colours`], with this process's `NO_COLOR` and `TERM`): the log's text lines, and
+/// `--help` and usage errors.
+pub fn colours_here(terminal: bool) -> bool {
+    colours(
+        terminal,
+        std::env::var_os("NO_COLOR").as_deref(),
+        std::env::var_os("TERM").as_deref(),
+    )
 }
 
 /// Whether text lines carry colour sequences: on a terminal, unless `NO_COLOR` is set to

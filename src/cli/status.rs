@@ -752,17 +752,13 @@ impl Report {
     }
 }
 
-/// Writes to stdout, never panicking. A reader that went away (`EPIPE`: `| head`, `grep -q`)
+/// Writes to stdout ([`super::output::stdout`]: whole, a stdout left non-blocking waited for
+/// as a blocking one), never panicking. A reader that went away (`EPIPE`: `| head`, `grep -q`)
 /// is no failure: it read what it wanted. Any other error (a full disk, `EIO`) is remembered
 /// for [`output_lost`]: the subcommands' exit codes say something, and 0 must not stand for
 /// output that was lost.
 pub(super) fn out(text: &str) {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    if let Err(err) = stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
+    if let Err(err) = super::output::stdout(text) {
         if err.kind() != std::io::ErrorKind::BrokenPipe {
             let _ = OUTPUT_LOST.set(err.to_string());
         }
