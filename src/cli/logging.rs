@@ -300,6 +300,26 @@ pub fn must_escape(c: char) -> bool {
         )
 }
 
+/// `text` as the text format writes it inside a record: every character of [`must_escape`]'s
+/// as `char::escape_debug` writes it (`\n`, `\t`, `\u{1b}`, `\u{202e}`), the rest as it is
+/// (backslashes not doubled). For outside text that leaderrun prints elsewhere than in the
+/// log (`status`'s table: a host, an `application_name`, a history row), so that it neither
+/// splits nor forges a line, nor drives the terminal, nor shows as other than it is.
+pub fn escape_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(must_escape) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if must_escape(c) {
+            escaped.extend(c.escape_debug());
+        } else {
+            escaped.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
+}
+
 /// The format a [`Record`] is written in.
 #[derive(Clone, Copy)]
 enum Style {
@@ -854,6 +874,24 @@ mod tests {
             .filter_map(char::from_u32)
             .filter(|c| c.is_control())
             .all(must_escape));
+    }
+
+    /// Outside text printed elsewhere (`status`'s table) is escaped as a text record is.
+    #[test]
+    fn escape_text_escapes_as_a_text_record_does() {
+        let text = "evil\nleader         X\u{1b}[31m\t\u{202e}\u{2028}é\\";
+        assert_eq!(
+            escape_text(text),
+            "evil\\nleader         X\\u{1b}[31m\\t\\u{202e}\\u{2028}é\\"
+        );
+        assert_eq!(
+            escaped(&format!("{text}\n"), false),
+            format!("{}\n", escape_text(text))
+        );
+        assert!(matches!(
+            escape_text("web-1, pid 7"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]
