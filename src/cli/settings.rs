@@ -160,6 +160,12 @@ impl Cli {
     /// `LEADERRUN_TZ`), and `status` reads `LEADERRUN_HISTORY_TABLE`. `typed` says whether an
     /// option (by its id) was given on the command line.
     ///
+    /// `status`, `doctor` and `step-down` read `--history-table` alone (`status` shows the
+    /// runs) and refuse `--history-keep` as a run's ([`Cli::validate`]), but `--tz` only
+    /// applies with `--schedule` there too: `status` reads the zone only for the next due time
+    /// of its `--schedule` (a stored schedule is read in the zone it was stored with), so a
+    /// `--tz` typed alone, valid or not, would be taken and do nothing.
+    ///
     /// # Errors
     /// A clap error (exit 125) that names the option it needs.
     pub(super) fn check_typed_modifiers(
@@ -167,9 +173,7 @@ impl Cli {
         typed: impl Fn(&str) -> bool,
     ) -> Result<(), clap::Error> {
         use clap::CommandFactory;
-        if self.action.is_some() {
-            return Ok(());
-        }
+        let applies = |id: &str| self.action.is_none() || id == "tz";
         let needs = [
             ("tz", "--tz", self.schedule.is_some(), "--schedule"),
             ("history_keep", "--history-keep", self.history, "--history"),
@@ -180,7 +184,10 @@ impl Cli {
                 "--history",
             ),
         ];
-        match needs.iter().find(|(id, _, given, _)| typed(id) && !given) {
+        match needs
+            .iter()
+            .find(|(id, _, given, _)| applies(id) && typed(id) && !given)
+        {
             Some((_, flag, _, needed)) => Err(Cli::command().error(
                 clap::error::ErrorKind::MissingRequiredArgument,
                 format!("{flag} only applies with {needed}"),
