@@ -404,7 +404,10 @@ pub struct Cli {
 
     /// The time zone --schedule is read in [default: TZ, else /etc/localtime]
     ///
-    /// An IANA name (Europe/Berlin, UTC), also with a leading colon as TZ takes it.
+    /// Any form TZ takes: an IANA name (Europe/Berlin, UTC), a POSIX TZ rule
+    /// (EST5EDT,M3.2.0,M11.1.0, '<+14>-14'), or the path of a zone file
+    /// (/usr/share/zoneinfo/Europe/Berlin, a regular file of at most 1 MiB); each also after a
+    /// leading colon. Typed without --schedule it is refused (125), by status too.
     ///
     /// Example: --tz Europe/Berlin
     #[arg(
