@@ -301,11 +301,13 @@ impl Cli {
         }
     }
 
-    /// [`Cli::settings`] from this process's environment.
+    /// [`Cli::settings_with_paths`] from this process's environment: the variables that name
+    /// a file or a directory ([`crate::pg::conninfo::PATH_VARIABLES`]: `HOME`, `PGPASSFILE`, …)
+    /// as bytes, as libpq reads them, the others as text.
     ///
     /// # Errors
-    /// As [`Cli::settings`], and [`ConnInfoError::NotUnicode`] for a variable it reads that
-    /// is set to bytes that are not UTF-8 (taken as unset, it would connect elsewhere).
+    /// As [`Cli::settings`], and [`ConnInfoError::NotUnicode`] for a variable it reads as text
+    /// that is set to bytes that are not UTF-8 (taken as unset, it would connect elsewhere).
     ///
     /// [`ConnInfoError::NotUnicode`]: crate::pg::conninfo::ConnInfoError::NotUnicode
     pub fn settings_from_env(&self) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
@@ -320,14 +322,15 @@ impl Cli {
                 None
             }
         };
-        let settings = self.settings(&env);
+        let settings = self.settings_with_paths(&env, &|name| std::env::var_os(name));
         match not_unicode.into_inner() {
             Some(name) => Err(crate::pg::conninfo::ConnInfoError::NotUnicode { name }),
             None => settings,
         }
     }
 
-    /// Checks the options and resolves the connection settings.
+    /// Checks the options and resolves the connection settings, every variable looked up by
+    /// `env` ([`Cli::settings_with_paths`]).
     ///
     /// # Errors
     /// [`crate::pg::conninfo::ConnInfoError`] for a DSN that does not parse.
@@ -335,7 +338,21 @@ impl Cli {
         &self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
-        let resolved = crate::pg::conninfo::resolve(self.dsn.as_deref(), env)?;
+        self.settings_with_paths(env, &|name| env(name).map(OsString::from))
+    }
+
+    /// Checks the options and resolves the connection settings: `env` looks up a variable as
+    /// text, `paths` one that names a file or a directory as bytes
+    /// ([`crate::pg::conninfo::resolve_with_paths`]).
+    ///
+    /// # Errors
+    /// [`crate::pg::conninfo::ConnInfoError`] for a DSN that does not parse.
+    pub fn settings_with_paths(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+        paths: &dyn Fn(&str) -> Option<OsString>,
+    ) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
+        let resolved = crate::pg::conninfo::resolve_with_paths(self.dsn.as_deref(), env, paths)?;
         // `doctor` diagnoses it instead (a finding).
         if resolved.database_from == "default"
             && !matches!(self.action, Some(Action::Doctor { .. }))
