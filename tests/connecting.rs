@@ -863,6 +863,66 @@ fn a_password_rotated_in_the_password_file_is_used_at_the_next_connection() {
     );
 }
 
+/// `HOME` and `PGPASSFILE` name files, which libpq takes as bytes: one that is not UTF-8 is
+/// used as it is (its `.pgpass`, the password file it names), as psql uses it. Before, either
+/// was refused with exit 125 ("HOME is set, but not to valid UTF-8 text"), even on a trust
+/// server that needs no file at all.
+#[test]
+fn a_home_or_pgpassfile_that_is_not_utf8_is_a_path_as_for_libpq() {
+    use std::os::unix::ffi::OsStrExt;
+    let cluster = Cluster::shared();
+    cluster.require_password("bytehome", "byte-home-pw");
+    let port = cluster.addr().port();
+    let scratch = Scratch::new();
+    let home = scratch
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"home-\xff"));
+    std::fs::create_dir(&home).unwrap();
+    let passfile = |path: &std::path::Path| {
+        std::fs::write(path, format!("127.0.0.1:{port}:*:bytehome:byte-home-pw\n")).unwrap();
+        let mut perms = std::fs::metadata(path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o600);
+        std::fs::set_permissions(path, perms).unwrap();
+    };
+    passfile(&home.join(".pgpass"));
+    let elsewhere = scratch
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"pgpass-\xfe"));
+    passfile(&elsewhere);
+    let password_dsn = format!("host=127.0.0.1 port={port} user=bytehome dbname=postgres");
+    // No password file anywhere but where PGPASSFILE points.
+    let no_home = scratch.file("empty-home");
+    std::fs::create_dir(&no_home).unwrap();
+    for (what, dsn, env) in [
+        (
+            "trust, HOME not UTF-8",
+            cluster.dsn(),
+            vec![("HOME", home.as_os_str())],
+        ),
+        (
+            "HOME's .pgpass",
+            password_dsn.clone(),
+            vec![("HOME", home.as_os_str())],
+        ),
+        (
+            "PGPASSFILE not UTF-8",
+            password_dsn.clone(),
+            vec![
+                ("HOME", no_home.as_os_str()),
+                ("PGPASSFILE", elsewhere.as_os_str()),
+            ],
+        ),
+    ] {
+        let out = leaderrun()
+            .envs(env)
+            .args(["--dsn", &dsn, "--lock-id", &unique_lock_id().to_string()])
+            .args(["--once", "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", text(&out));
+    }
+}
+
 /// A TLS file that blocks when read (a FIFO nobody writes to, as a hung NFS mount would
 /// block) fails each attempt within its bound, and holds two threads at most, not one per check: the
 /// campaign goes on failing its checks, a WARN each, instead of waiting for good without a

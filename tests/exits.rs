@@ -307,6 +307,66 @@ fn a_modifier_typed_without_what_it_modifies_is_refused() {
     assert_eq!(code, Some(0), "{stderr}");
 }
 
+/// `status` takes `--tz` as a run takes it: only with `--schedule` (it reads the next due time
+/// of that schedule in the zone; a stored schedule is read in the zone it was stored with),
+/// and a zone it cannot load is the run's usage error, word for word. Before, `status --tz
+/// Mars/X` without `--schedule` was taken and did nothing: no message, and the exit status of
+/// what it found (1: no leader). Set by its variable, `--tz` is left alone, as in a run.
+#[test]
+fn status_takes_tz_as_a_run_does() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let out = leaderrun()
+            .envs(env.iter().copied())
+            .args(["--dsn", &cluster.dsn(), "--lock-id", &id])
+            .args(args)
+            .output()
+            .expect("run leaderrun");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let first_line = |text: &str| text.lines().next().unwrap_or("").to_owned();
+    for tz in ["Mars/X", "UTC"] {
+        let (code, _, refused) = run(&[], &["--once", "--tz", tz, "--", "true"]);
+        assert_eq!(code, Some(125), "{refused}");
+        assert!(
+            refused.starts_with("error: --tz only applies with --schedule"),
+            "{refused}"
+        );
+        for args in [&["status", "--tz", tz][..], &["--tz", tz, "status"]] {
+            let (code, _, stderr) = run(&[], args);
+            assert_eq!(code, Some(125), "{args:?}: {stderr}");
+            assert_eq!(first_line(&stderr), first_line(&refused), "{args:?}");
+        }
+    }
+    let (code, _, refused) = run(
+        &[],
+        &["--schedule", "@daily", "--tz", "Mars/X", "--", "true"],
+    );
+    assert_eq!(code, Some(125), "{refused}");
+    assert!(
+        refused.starts_with("error: unknown time zone \"Mars/X\" (--tz)"),
+        "{refused}"
+    );
+    let (code, _, stderr) = run(&[], &["status", "--schedule", "@daily", "--tz", "Mars/X"]);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert_eq!(first_line(&stderr), first_line(&refused));
+    // With --schedule, in any form TZ takes; by its variable alone, left alone.
+    let rule = "EST5EDT,M3.2.0,M11.1.0";
+    let (code, table, stderr) = run(&[], &["status", "--schedule", "@daily", "--tz", rule]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        table.contains(&format!("schedule       @daily ({rule})")),
+        "{table}"
+    );
+    let (code, _, stderr) = run(&[("LEADERRUN_TZ", "Mars/X")], &["status"]);
+    assert_eq!(code, Some(1), "{stderr}");
+}
+
 /// An option typed on the command line wins over a variable of an option it excludes, as it
 /// wins over its own variable (`LEADERRUN_ONCE=1` in a unit's environment, `--wait 5s` typed
 /// for one run): before, the two were refused as a conflict (125) naming a flag the user never

@@ -1171,6 +1171,54 @@ fn status_reads_a_history_whose_times_rfc3339_cannot_spell() {
     );
 }
 
+/// Text `status`'s table shows from the history (a host, a signal, the schedule and its zone:
+/// whoever may write the table writes them) is escaped as the log escapes it. Before, a host
+/// with a newline forged a line of the table (`leader         FAKEHOST`, read by eye or by a
+/// script that greps the table) and an escape sequence drove the terminal of whoever ran
+/// `status`. `--json` was escaped by JSON already.
+#[test]
+fn status_escapes_the_text_of_the_history_it_shows() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let table = history_table(cluster, "runs_forged", id);
+    cluster.sql(&format!(
+        "INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, started_at, \
+           ended_at, signal, outcome, schedule, tz) \
+         VALUES ({class}, {id}, E'evil\\nleader         FAKEHOST\\u001b[31m', 1, 1, 1, \
+                 now() - interval '1 minute', now(), E'SIGTERM\\r\\u202e', 'failed', \
+                 E'@daily\\nleader         FAKESCHEDULE', E'UTC\\u001b]0;title\\u0007')",
+        class = crate::support::CLASS
+    ));
+    let out = status_with(cluster, id, false, &["--history-table", &table]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}{stderr}");
+    assert!(
+        !text
+            .chars()
+            .any(|c| c != '\n' && leaderrun::cli::logging::must_escape(c)),
+        "a raw control character in {text:?}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("leader         FAKE")),
+        "a forged line in:\n{text}"
+    );
+    for shown in [
+        r"run            ",
+        r" evil\nleader         FAKEHOST\u{1b}[31m, pid 1, term 1, ",
+        r", SIGTERM\r\u{202e}, failed",
+        r"schedule       @daily\nleader         FAKESCHEDULE (UTC\u{1b}]0;title\u{7})",
+    ] {
+        assert!(text.contains(shown), "{shown:?} not in:\n{text}");
+    }
+    // The JSON keeps the values as they are.
+    let json = status_json(cluster, id, &["--history-table", &table]);
+    assert_eq!(
+        json["runs"][0]["host"],
+        "evil\nleader         FAKEHOST\u{1b}[31m"
+    );
+}
+
 #[test]
 fn status_warns_of_a_history_table_with_nulls_the_readme_forbids() {
     // A DBA's table without the README's NOT NULL: `status` says it cannot read the history

@@ -1327,6 +1327,106 @@ fn output_that_cannot_be_written_is_a_failure_but_a_reader_gone_is_not() {
     assert!(stderr.contains("cannot write to stdout"), "{stderr}");
 }
 
+/// A stdout its parent left non-blocking (`O_NONBLOCK` on a pipe, as Node.js and Go parents
+/// leave one) that is full when leaderrun writes is waited for as a blocking one: the output
+/// arrives whole once the reader drains the pipe, and the exit status is the command's.
+/// Before, the write failed with EAGAIN, and `status`, `doctor`, `--help` and `--version`
+/// exited 125 ("cannot write to stdout: Resource temporarily unavailable") with their output
+/// lost; `step-down` said so too.
+#[test]
+fn a_full_non_blocking_stdout_is_waited_for_as_a_blocking_one() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let dsn = cluster.dsn();
+    for args in [
+        &["status", "--dsn", &dsn, "--lock-id", &id][..],
+        &["status", "--json", "--dsn", &dsn, "--lock-id", &id],
+        &["doctor", "--dsn", &dsn, "--lock-id", &id],
+        &["step-down", "--dsn", &dsn, "--lock-id", &id],
+        &["--help"],
+        &["--version"],
+    ] {
+        // What a blocking stdout gets.
+        let want = leaderrun().args(args).output().unwrap();
+        assert!(want.stdout.ends_with(b"\n"), "{args:?}: {want:?}");
+        // A pipe whose write end is non-blocking, filled to the brim. Close-on-exec: a
+        // concurrent test's child must not hold it open.
+        let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        nix::fcntl::fcntl(
+            &write_end,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .unwrap();
+        let mut filled = 0;
+        for chunk in [&[b'x'; 4096][..], b"x"] {
+            while let Ok(n) = nix::unistd::write(&write_end, chunk) {
+                filled += n;
+            }
+        }
+        let mut child = leaderrun()
+            .args(args)
+            .stdout(Stdio::from(write_end))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // Until it met the full pipe: exited (EAGAIN taken for an error) or waiting for the
+        // pipe to take bytes (an untimed poll of one descriptor).
+        wait_for(
+            &format!("{args:?} to meet the full pipe"),
+            secs(10.0),
+            || (waits_in_untimed_poll(pid) || child.try_wait().unwrap().is_some()).then_some(()),
+        );
+        let mut got = Vec::new();
+        std::fs::File::from(read_end).read_to_end(&mut got).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), want.status.code(), "{args:?}: {stderr}");
+        assert!(!stderr.contains("cannot write"), "{args:?}: {stderr}");
+        assert!(got[..filled].iter().all(|&b| b == b'x'));
+        let got = String::from_utf8_lossy(&got[filled..]).into_owned();
+        let want_text = String::from_utf8_lossy(&want.stdout);
+        if args[0].starts_with("--") {
+            assert_eq!(got, want_text, "{args:?}");
+        } else {
+            // The same report (a leader's timings aside: there is none), whole.
+            assert_eq!(got.lines().count(), want_text.lines().count(), "{got}");
+            assert!(got.ends_with('\n'), "{args:?}: {got:?}");
+        }
+    }
+}
+
+/// Whether `pid`'s main thread waits in `poll` (or `ppoll`) on one descriptor without a
+/// timeout, as leaderrun waits for a full stdout to take bytes again (`/proc/PID/syscall`:
+/// the call's number, then its arguments).
+fn waits_in_untimed_poll(pid: i32) -> bool {
+    let Ok(syscall) = std::fs::read_to_string(format!("/proc/{pid}/syscall")) else {
+        return false;
+    };
+    let fields: Vec<u64> = syscall
+        .split_whitespace()
+        .map(|f| match f.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => f.parse(),
+        })
+        .map_while(Result::ok)
+        .collect();
+    let [number, _, descriptors, timeout, ..] = fields[..] else {
+        return false;
+    };
+    if descriptors != 1 {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if number == libc::SYS_poll as u64 {
+        return timeout as u32 as i32 == -1;
+    }
+    // ppoll's timeout is a pointer: none is no timeout.
+    number == libc::SYS_ppoll as u64 && timeout == 0
+}
+
 /// `status`, `doctor` and `step-down` typed into the environment of a job configured by its
 /// variables (`docker exec`, `kubectl exec`, a unit's `Environment=`) work: the run's settings
 /// there (`LEADERRUN_EVERY`, `LEADERRUN_HISTORY`, …) are not theirs and are left aside, where

@@ -404,7 +404,10 @@ pub struct Cli {
 
     /// The time zone --schedule is read in [default: TZ, else /etc/localtime]
     ///
-    /// An IANA name (Europe/Berlin, UTC), also with a leading colon as TZ takes it.
+    /// Any form TZ takes: an IANA name (Europe/Berlin, UTC), a POSIX TZ rule
+    /// (EST5EDT,M3.2.0,M11.1.0, '<+14>-14'), or the path of a zone file
+    /// (/usr/share/zoneinfo/Europe/Berlin, a regular file of at most 1 MiB); each also after a
+    /// leading colon. Typed without --schedule it is refused (125), by status too.
     ///
     /// Example: --tz Europe/Berlin
     #[arg(
@@ -1058,31 +1061,39 @@ fn not_utf8(raw: &[OsString]) -> Option<clap::Error> {
 pub fn parse() -> Result<Cli, u8> {
     let raw: Vec<OsString> = std::env::args_os().collect();
     parse_from(&raw).map_err(|err| {
+        use std::io::IsTerminal;
+        // Rendered here and written by leaderrun's one way to its output (clap's own `print`
+        // goes through std's stdout, which fails on a stdout left non-blocking and full),
+        // coloured as the log is: on a terminal, unless NO_COLOR or TERM=dumb says otherwise.
+        let to_stderr = err.use_stderr();
+        let terminal = if to_stderr {
+            std::io::stderr().is_terminal()
+        } else {
+            std::io::stdout().is_terminal()
+        };
+        let styled = err.render();
+        let text = if super::logging::colours_here(terminal) {
+            styled.ansi().to_string()
+        } else {
+            styled.to_string()
+        };
+        // (A usage error's message goes to stderr: when that fails nothing can be said.)
+        if to_stderr {
+            let mut text = text;
+            for note in environment_notes(&err.to_string(), &raw) {
+                text.push_str(&format!("note: {note}\n"));
+            }
+            let _ = super::output::stderr(&text);
+            return EXIT_FAILURE;
+        }
         // `--help` and `--version` exit 0 only when their text was written (or its reader
         // went away, `| head`): a full disk or a broken terminal is a failure.
-        let written = err.print().and_then(|()| {
-            use std::io::Write;
-            std::io::stdout().flush()
-        });
-        // (A usage error's message goes to stderr: when that fails nothing can be said.)
-        if err.use_stderr() {
-            use std::io::Write;
-            for note in environment_notes(&err.to_string(), &raw) {
-                let _ = writeln!(std::io::stderr(), "note: {note}");
+        match super::output::stdout(&text) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                let _ = super::output::stderr(&format!("leaderrun: cannot write to stdout: {e}\n"));
+                EXIT_FAILURE
             }
-        }
-        let lost = match written {
-            Err(e) if !err.use_stderr() && e.kind() != std::io::ErrorKind::BrokenPipe => {
-                use std::io::Write;
-                let _ = writeln!(std::io::stderr(), "leaderrun: cannot write to stdout: {e}");
-                true
-            }
-            _ => false,
-        };
-        if err.use_stderr() || lost {
-            EXIT_FAILURE
-        } else {
-            0
+            _ => 0,
         }
     })
 }

@@ -15,7 +15,7 @@ use crate::pg::conninfo::describe;
 use crate::pg::lock::{unlock_sql, DURABLE_TOKEN, DURABLE_TOKEN_GRANT, SYNC_STANDBYS};
 use crate::pg::within;
 
-use super::status::{out, output_lost, report, runtime, until_interrupted};
+use super::status::{line, out, output_lost, report, runtime, until_interrupted};
 use crate::process::signals::SignalStream;
 use crate::supervisor::Exit;
 
@@ -558,12 +558,15 @@ pub fn doctor_main(
                     (true, Some(_)) => "warn",
                     (true, None) => "ok",
                 };
-                out(&format!(
-                    "{:<4}  {:<CHECK_WIDTH$}  {}\n",
+                out(&line(&format!(
+                    "{:<4}  {:<CHECK_WIDTH$}  {}",
                     label, f.check, f.detail
-                ));
+                )));
                 if let Some(hint) = &f.hint {
-                    out(&format!("{:<4}  {:<CHECK_WIDTH$}  hint: {hint}\n", "", ""));
+                    out(&line(&format!(
+                        "{:<4}  {:<CHECK_WIDTH$}  hint: {hint}",
+                        "", ""
+                    )));
                 }
             }
             if output_lost() {
@@ -572,16 +575,16 @@ pub fn doctor_main(
             u8::from(findings.iter().any(|f| !f.ok))
         }
         Err(err) => {
-            out(&format!(
-                "FAIL  {:<CHECK_WIDTH$}  {}\n",
+            out(&line(&format!(
+                "FAIL  {:<CHECK_WIDTH$}  {}",
                 "connect",
                 Chain(&err)
-            ));
-            out(&format!(
-                "      {:<CHECK_WIDTH$}  hint: {}; leaderrun connects exactly like this\n",
+            )));
+            out(&line(&format!(
+                "      {:<CHECK_WIDTH$}  hint: {}; leaderrun connects exactly like this",
                 "",
                 connect_hint(&err)
-            ));
+            )));
             EXIT_FAILURE
         }
     })

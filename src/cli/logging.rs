@@ -145,51 +145,13 @@ fn pending() -> u64 {
 /// A stderr left in non-blocking mode by the parent (`O_NONBLOCK` on a description it shares,
 /// as a Node.js or Go parent leaves a pipe) fails a write that finds it full with EAGAIN; the
 /// writer thread then waits until it takes bytes again and goes on, as a blocking stderr
-/// would have it. This thread is the one place that may wait on stderr: lines queue behind it
-/// and are dropped only when the queue is full, as with a blocking stderr. Dropped at EAGAIN,
-/// every line of a burst past the pipe's room was lost though the reader was only a moment
-/// behind, and a line taken in part ran into the next one.
-fn write_all_fd2(mut buf: &[u8]) -> bool {
-    while !buf.is_empty() {
-        // SAFETY: write(2) from a live buffer of the given length.
-        let n = unsafe { libc::write(2, buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            if err.kind() == std::io::ErrorKind::WouldBlock && wait_writable_fd2() {
-                continue;
-            }
-            return false;
-        }
-        if n == 0 {
-            return false;
-        }
-        buf = &buf[n as usize..];
-    }
-    true
-}
-
-/// Waits until descriptor 2 takes bytes again (the writer thread only, which may wait on
-/// stderr); false when it never will (an error or a hang-up on it).
-fn wait_writable_fd2() -> bool {
-    loop {
-        let mut fd = libc::pollfd {
-            fd: 2,
-            events: libc::POLLOUT,
-            revents: 0,
-        };
-        // SAFETY: one pollfd, valid for the call.
-        let ready = unsafe { libc::poll(&mut fd, 1, -1) };
-        if ready < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return false;
-        }
-        return fd.revents & libc::POLLOUT != 0;
-    }
+/// would have it ([`super::output::write_all`], the one way leaderrun writes its output).
+/// This thread is the one place that may wait on stderr: lines queue behind it and are
+/// dropped only when the queue is full, as with a blocking stderr. Dropped at EAGAIN, every
+/// line of a burst past the pipe's room was lost though the reader was only a moment behind,
+/// and a line taken in part ran into the next one.
+fn write_all_fd2(buf: &[u8]) -> bool {
+    super::output::write_all(libc::STDERR_FILENO, buf).is_ok()
 }
 
 /// The queue, started by the first line that needs it: the bounded queue and the thread that
@@ -336,6 +298,26 @@ pub fn must_escape(c: char) -> bool {
                 | '\u{202a}'..='\u{202e}'
                 | '\u{2066}'..='\u{2069}'
         )
+}
+
+/// `text` as the text format writes it inside a record: every character of [`must_escape`]'s
+/// as `char::escape_debug` writes it (`\n`, `\t`, `\u{1b}`, `\u{202e}`), the rest as it is
+/// (backslashes not doubled). For outside text that leaderrun prints elsewhere than in the
+/// log (`status`'s table: a host, an `application_name`, a history row), so that it neither
+/// splits nor forges a line, nor drives the terminal, nor shows as other than it is.
+pub fn escape_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(must_escape) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if must_escape(c) {
+            escaped.extend(c.escape_debug());
+        } else {
+            escaped.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
 }
 
 /// The format a [`Record`] is written in.
@@ -735,11 +717,7 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
             .with_current_span(false)
             .try_init()
     } else {
-        let ansi = colours(
-            std::io::stderr().is_terminal(),
-            std::env::var_os("NO_COLOR").as_deref(),
-            std::env::var_os("TERM").as_deref(),
-        );
+        let ansi = colours_here(std::io::stderr().is_terminal());
         builder
             .with_writer(Escaping {
                 style: Style::Text { ansi },
@@ -747,6 +725,17 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
             .with_ansi(ansi)
             .try_init()
     };
+}
+
+/// Whether output to a descriptor that is a `terminal` or not carries colour sequences
+/// ([`colours`], with this process's `NO_COLOR` and `TERM`): the log's text lines, and
+/// `--help` and usage errors.
+pub fn colours_here(terminal: bool) -> bool {
+    colours(
+        terminal,
+        std::env::var_os("NO_COLOR").as_deref(),
+        std::env::var_os("TERM").as_deref(),
+    )
 }
 
 /// Whether text lines carry colour sequences: on a terminal, unless `NO_COLOR` is set to
@@ -885,6 +874,24 @@ mod tests {
             .filter_map(char::from_u32)
             .filter(|c| c.is_control())
             .all(must_escape));
+    }
+
+    /// Outside text printed elsewhere (`status`'s table) is escaped as a text record is.
+    #[test]
+    fn escape_text_escapes_as_a_text_record_does() {
+        let text = "evil\nleader         X\u{1b}[31m\t\u{202e}\u{2028}é\\";
+        assert_eq!(
+            escape_text(text),
+            "evil\\nleader         X\\u{1b}[31m\\t\\u{202e}\\u{2028}é\\"
+        );
+        assert_eq!(
+            escaped(&format!("{text}\n"), false),
+            format!("{}\n", escape_text(text))
+        );
+        assert!(matches!(
+            escape_text("web-1, pid 7"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]

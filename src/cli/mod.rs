@@ -7,8 +7,9 @@
 //! Beside it: [`runner`] builds the real parts of a run (elector, watchdog, supervisor) and
 //! runs it; [`status`] (`status`, `step-down`) and [`doctor`] are the operator's subcommands;
 //! [`http`] with [`health`] and [`metrics`] serves the endpoints, [`notify`] tells systemd,
-//! [`logging`] sets up the log, [`docs`] generates the man page and completions, and
-//! [`exit_codes`] names the statuses.
+//! [`logging`] sets up the log, [`output`] writes stdout and stderr (waiting for a
+//! non-blocking one), [`docs`] generates the man page and completions, and [`exit_codes`]
+//! names the statuses.
 
 pub mod docs;
 pub mod doctor;
@@ -18,6 +19,7 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod output;
 pub mod runner;
 pub mod status;
 

@@ -160,6 +160,12 @@ impl Cli {
     /// `LEADERRUN_TZ`), and `status` reads `LEADERRUN_HISTORY_TABLE`. `typed` says whether an
     /// option (by its id) was given on the command line.
     ///
+    /// `status`, `doctor` and `step-down` read `--history-table` alone (`status` shows the
+    /// runs) and refuse `--history-keep` as a run's ([`Cli::validate`]), but `--tz` only
+    /// applies with `--schedule` there too: `status` reads the zone only for the next due time
+    /// of its `--schedule` (a stored schedule is read in the zone it was stored with), so a
+    /// `--tz` typed alone, valid or not, would be taken and do nothing.
+    ///
     /// # Errors
     /// A clap error (exit 125) that names the option it needs.
     pub(super) fn check_typed_modifiers(
@@ -167,9 +173,7 @@ impl Cli {
         typed: impl Fn(&str) -> bool,
     ) -> Result<(), clap::Error> {
         use clap::CommandFactory;
-        if self.action.is_some() {
-            return Ok(());
-        }
+        let applies = |id: &str| self.action.is_none() || id == "tz";
         let needs = [
             ("tz", "--tz", self.schedule.is_some(), "--schedule"),
             ("history_keep", "--history-keep", self.history, "--history"),
@@ -180,7 +184,10 @@ impl Cli {
                 "--history",
             ),
         ];
-        match needs.iter().find(|(id, _, given, _)| typed(id) && !given) {
+        match needs
+            .iter()
+            .find(|(id, _, given, _)| applies(id) && typed(id) && !given)
+        {
             Some((_, flag, _, needed)) => Err(Cli::command().error(
                 clap::error::ErrorKind::MissingRequiredArgument,
                 format!("{flag} only applies with {needed}"),
@@ -294,11 +301,13 @@ impl Cli {
         }
     }
 
-    /// [`Cli::settings`] from this process's environment.
+    /// [`Cli::settings_with_paths`] from this process's environment: the variables that name
+    /// a file or a directory ([`crate::pg::conninfo::PATH_VARIABLES`]: `HOME`, `PGPASSFILE`, …)
+    /// as bytes, as libpq reads them, the others as text.
     ///
     /// # Errors
-    /// As [`Cli::settings`], and [`ConnInfoError::NotUnicode`] for a variable it reads that
-    /// is set to bytes that are not UTF-8 (taken as unset, it would connect elsewhere).
+    /// As [`Cli::settings`], and [`ConnInfoError::NotUnicode`] for a variable it reads as text
+    /// that is set to bytes that are not UTF-8 (taken as unset, it would connect elsewhere).
     ///
     /// [`ConnInfoError::NotUnicode`]: crate::pg::conninfo::ConnInfoError::NotUnicode
     pub fn settings_from_env(&self) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
@@ -313,14 +322,15 @@ impl Cli {
                 None
             }
         };
-        let settings = self.settings(&env);
+        let settings = self.settings_with_paths(&env, &|name| std::env::var_os(name));
         match not_unicode.into_inner() {
             Some(name) => Err(crate::pg::conninfo::ConnInfoError::NotUnicode { name }),
             None => settings,
         }
     }
 
-    /// Checks the options and resolves the connection settings.
+    /// Checks the options and resolves the connection settings, every variable looked up by
+    /// `env` ([`Cli::settings_with_paths`]).
     ///
     /// # Errors
     /// [`crate::pg::conninfo::ConnInfoError`] for a DSN that does not parse.
@@ -328,7 +338,21 @@ impl Cli {
         &self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
-        let resolved = crate::pg::conninfo::resolve(self.dsn.as_deref(), env)?;
+        self.settings_with_paths(env, &|name| env(name).map(OsString::from))
+    }
+
+    /// Checks the options and resolves the connection settings: `env` looks up a variable as
+    /// text, `paths` one that names a file or a directory as bytes
+    /// ([`crate::pg::conninfo::resolve_with_paths`]).
+    ///
+    /// # Errors
+    /// [`crate::pg::conninfo::ConnInfoError`] for a DSN that does not parse.
+    pub fn settings_with_paths(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+        paths: &dyn Fn(&str) -> Option<OsString>,
+    ) -> Result<Settings, crate::pg::conninfo::ConnInfoError> {
+        let resolved = crate::pg::conninfo::resolve_with_paths(self.dsn.as_deref(), env, paths)?;
         // `doctor` diagnoses it instead (a finding).
         if resolved.database_from == "default"
             && !matches!(self.action, Some(Action::Doctor { .. }))

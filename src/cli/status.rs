@@ -15,6 +15,7 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
+use crate::cli::logging::escape_text;
 use crate::elector::{connect, LockKey};
 use crate::elector::{standby_comment, CLIENT_CONNECTION_CHECK};
 use crate::error::{Chain, Error};
@@ -577,27 +578,30 @@ impl Leader {
 
     /// The leader's lines of the table.
     fn lines(&self, out: &mut String) {
-        out.push_str(&format!("leader         {}\n", self.who()));
-        out.push_str(&format!("leader pid     {} (backend)\n", self.pid));
+        out.push_str(&line(&format!("leader         {}", self.who())));
+        out.push_str(&line(&format!("leader pid     {} (backend)", self.pid)));
         if !self.activity_tracked {
             // Said, or the unknowns below would look like a leader before its first check.
-            out.push_str(
+            out.push_str(&line(
                 "activity       not tracked: track_activities is off for the leader's session \
                  (server, role or database setting), so pg_stat_activity shows none of its \
-                 statements, and its term, since and fencing token are unknown\n",
-            );
+                 statements, and its term, since and fencing token are unknown",
+            ));
         }
-        out.push_str(&format!(
-            "application    {}\n",
+        out.push_str(&line(&format!(
+            "application    {}",
             show(&self.application_name)
-        ));
+        )));
         let client = match (&self.client_addr, self.client_port) {
             (Some(addr), Some(port)) if port > 0 => format!("{addr}:{port}"),
             (Some(addr), _) => addr.clone(),
             (None, _) => "local socket or not visible".to_owned(),
         };
-        out.push_str(&format!("client         {client}\n"));
-        out.push_str(&format!("backend start  {}\n", show(&self.backend_start)));
+        out.push_str(&line(&format!("client         {client}")));
+        out.push_str(&line(&format!(
+            "backend start  {}",
+            show(&self.backend_start)
+        )));
         let led = match (&self.since, self.leading_seconds) {
             (Some(since), Some(secs)) => format!(
                 "{since} ({})",
@@ -606,30 +610,33 @@ impl Leader {
             (Some(since), None) => since.clone(),
             _ => "unknown".to_owned(),
         };
-        out.push_str(&format!("leading since  {led}\n"));
-        out.push_str(&format!(
-            "term           {} (terms of this leader process)\n",
+        out.push_str(&line(&format!("leading since  {led}")));
+        out.push_str(&line(&format!(
+            "term           {} (terms of this leader process)",
             show(&self.term)
-        ));
-        out.push_str(&format!(
-            "fencing token  {} (grows across all replicas)\n",
+        )));
+        out.push_str(&line(&format!(
+            "fencing token  {} (grows across all replicas)",
             show(&self.fencing_token)
-        ));
+        )));
     }
 }
 
 impl Report {
     /// The human table.
+    ///
+    /// Every line goes through `line`: what it shows of the database (a database's name, a
+    /// host or `application_name` a session chose, a history row, a schedule) is escaped.
     pub fn table(&self) -> String {
-        let mut out = format!(
-            "lock           {} (database {}, {})\n",
+        let mut out = line(&format!(
+            "lock           {} (database {}, {})",
             self.lock, self.database, self.server
-        );
+        ));
         if self.in_recovery {
-            out.push_str(
+            out.push_str(&line(
                 "server         a hot standby (in recovery): no replica leads here, and these \
-                 are its own locks; ask the primary\n",
-            );
+                 are its own locks; ask the primary",
+            ));
         }
         if self.slots > 1 {
             let held = self
@@ -637,20 +644,23 @@ impl Report {
                 .iter()
                 .filter(|s| s.leader.is_some())
                 .count();
-            out.push_str(&format!("slots          {held} of {} held\n", self.slots));
+            out.push_str(&line(&format!(
+                "slots          {held} of {} held",
+                self.slots
+            )));
             for slot in &self.slot_leaders {
-                out.push_str(&format!(
-                    "slot           {} (lock {})\n",
+                out.push_str(&line(&format!(
+                    "slot           {} (lock {})",
                     slot.slot, slot.lock
-                ));
+                )));
                 match &slot.leader {
-                    None => out.push_str("leader         none\n"),
+                    None => out.push_str(&line("leader         none")),
                     Some(l) => l.lines(&mut out),
                 }
             }
         } else {
             match &self.leader {
-                None => out.push_str("leader         none\n"),
+                None => out.push_str(&line("leader         none")),
                 Some(l) => l.lines(&mut out),
             }
         }
@@ -663,25 +673,25 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        out.push_str(&format!("waiters        {waiters}\n"));
+        out.push_str(&line(&format!("waiters        {waiters}")));
         if self.untracked_sessions > 0 {
             let (sessions, have) = match self.untracked_sessions {
                 1 => ("session", "has"),
                 _ => ("sessions", "have"),
             };
-            out.push_str(&format!(
+            out.push_str(&line(&format!(
                 "untracked      {} other {sessions} of this database {have} track_activities \
-                 off: a standby among them that is not in line is not listed\n",
+                 off: a standby among them that is not in line is not listed",
                 self.untracked_sessions
-            ));
+            )));
         }
         if let Some(&last) = self.more_slots_held.last() {
             let held: Vec<String> = self.more_slots_held.iter().map(u32::to_string).collect();
-            out.push_str(&format!(
-                "more slots     {} held too: give --slots {} (or more) to see them\n",
+            out.push_str(&line(&format!(
+                "more slots     {} held too: give --slots {} (or more) to see them",
                 held.join(", "),
                 last + 1
-            ));
+            )));
         }
         for w in &self.standbys {
             let who = match (&w.host, w.leaderrun_pid) {
@@ -692,7 +702,7 @@ impl Report {
                 }
                 .to_string(),
             };
-            let line = match (w.place, w.slot) {
+            let place = match (w.place, w.slot) {
                 (Some(1), Some(slot)) if self.slots > 1 => format!(", queue head of slot {slot}"),
                 (Some(1), _) => ", queue head".to_owned(),
                 (Some(place), Some(slot)) if self.slots > 1 => {
@@ -714,10 +724,10 @@ impl Report {
                 .as_deref()
                 .map(|s| format!(", waiting since {s}"))
                 .unwrap_or_default();
-            out.push_str(&format!(
-                "standby        {who} (backend {}){line}{since}\n",
+            out.push_str(&line(&format!(
+                "standby        {who} (backend {}){place}{since}",
                 w.backend_pid
-            ));
+            )));
         }
         if let (Some(schedule), Some(tz)) = (&self.schedule, &self.tz) {
             let next = match (&self.next_due_at, &self.next_due_unknown) {
@@ -727,8 +737,8 @@ impl Report {
                 }
                 (None, None) => "none",
             };
-            out.push_str(&format!("schedule       {schedule} ({tz})\n"));
-            out.push_str(&format!("next due       {next}\n"));
+            out.push_str(&line(&format!("schedule       {schedule} ({tz})")));
+            out.push_str(&line(&format!("next due       {next}")));
         }
         for run in &self.runs {
             let lasted = match run.duration() {
@@ -741,30 +751,39 @@ impl Report {
                 (None, Some(sig)) => sig.clone(),
                 (None, None) => "-".to_owned(),
             };
-            out.push_str(&format!(
-                "run            {} {}, pid {}, term {}, {lasted}, {how}, {}\n",
+            out.push_str(&line(&format!(
+                "run            {} {}, pid {}, term {}, {lasted}, {how}, {}",
                 run.started_at,
                 run.host,
                 run.pid,
                 run.term,
                 run.outcome.as_str()
-            ));
+            )));
         }
         out
     }
 }
 
-/// Writes to stdout, never panicking. A reader that went away (`EPIPE`: `| head`, `grep -q`)
+/// `text` as one line of the text output (`status`'s table, `step-down`'s and `doctor`'s
+/// lines), newline added: every character the log escapes ([`escape_text`]) escaped the same
+/// way. The values a line shows come from the database (a host or `application_name` any
+/// session may set, a history row anyone may write, a server's error): one that holds a
+/// newline or an escape sequence must neither forge a line nor drive the terminal.
+/// leaderrun's own words hold no such character, so escaping the whole line escapes those
+/// values and nothing else.
+pub(super) fn line(text: &str) -> String {
+    let mut line = escape_text(text).into_owned();
+    line.push('\n');
+    line
+}
+
+/// Writes to stdout ([`super::output::stdout`]: whole, a stdout left non-blocking waited for
+/// as a blocking one), never panicking. A reader that went away (`EPIPE`: `| head`, `grep -q`)
 /// is no failure: it read what it wanted. Any other error (a full disk, `EIO`) is remembered
 /// for [`output_lost`]: the subcommands' exit codes say something, and 0 must not stand for
 /// output that was lost.
 pub(super) fn out(text: &str) {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    if let Err(err) = stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
+    if let Err(err) = super::output::stdout(text) {
         if err.kind() != std::io::ErrorKind::BrokenPipe {
             let _ = OUTPUT_LOST.set(err.to_string());
         }
@@ -946,16 +965,16 @@ pub fn step_down_main(
             before = report(&client, &server, lock, slots, bound).await?;
         }
         if before.in_recovery {
-            out(
+            out(&line(
                 "the server is a hot standby (in recovery): no replica leads there; point the \
-                 DSN at the primary\n",
-            );
+                 DSN at the primary",
+            ));
             return Ok(1);
         }
         // Nobody could take over: asking would only stop COMMAND and start it again.
         let no_standby = !any_standby(&before);
         let Some(old) = leader_of(before) else {
-            out("no leader holds the lock; nothing to step down\n");
+            out(&line("no leader holds the lock; nothing to step down"));
             return Ok(1);
         };
         if !old.leaderrun {
@@ -964,19 +983,21 @@ pub fn step_down_main(
                 .as_deref()
                 .unwrap_or("no application_name");
             // Untracked, a renamed leaderrun shows none of the statements that say so.
-            out(&if old.activity_tracked {
-                format!("the holder is not leaderrun ({name}); it cannot be asked to step down\n")
+            out(&line(&if old.activity_tracked {
+                format!("the holder is not leaderrun ({name}); it cannot be asked to step down")
             } else {
                 format!(
                     "whether the holder is leaderrun cannot be told ({name}, and \
                      track_activities is off for its session, so its statements are not \
-                     shown); it was not asked to step down\n"
+                     shown); it was not asked to step down"
                 )
-            });
+            }));
             return Ok(1);
         }
         if no_standby {
-            out("no standby is there to take over; the leader was not asked\n");
+            out(&line(
+                "no standby is there to take over; the leader was not asked",
+            ));
             return Ok(1);
         }
         let request = lock.slot(slot).step_down_request();
@@ -1023,15 +1044,15 @@ pub fn step_down_main(
         .await?;
         Ok(match outcome {
             Some(new) => {
-                out(&format!(
-                    "stepped down: the new leader is {} (backend {})\n",
+                out(&line(&format!(
+                    "stepped down: the new leader is {} (backend {})",
                     new.who(),
                     new.pid
-                ));
+                )));
                 0
             }
             None => {
-                out("the leader did not hand over to another replica\n");
+                out(&line("the leader did not hand over to another replica"));
                 1
             }
         })

@@ -423,3 +423,40 @@ fn the_run_options_a_subcommand_refuses_are_those_whose_variables_it_leaves_unre
     unread.sort();
     assert_eq!(refused, unread);
 }
+
+/// `--tz`'s help names each form a zone may take, as `TZ` takes it, and each example it gives
+/// loads, after a colon too. It named IANA names only, while POSIX rules and zone files were
+/// taken as well.
+#[test]
+fn the_tz_help_names_every_form_it_takes() {
+    use crate::supervisor::schedule::named_zone;
+    let command = Cli::command();
+    let tz = command
+        .get_arguments()
+        .find(|arg| arg.get_id() == "tz")
+        .unwrap();
+    let help = tz.get_long_help().unwrap().to_string();
+    for form in [
+        "an IANA name",
+        "a POSIX TZ rule",
+        "the path of a zone file",
+        "leading colon",
+    ] {
+        assert!(help.contains(form), "{form:?} not in {help}");
+    }
+    for example in [
+        "Europe/Berlin",
+        "UTC",
+        "EST5EDT,M3.2.0,M11.1.0",
+        "<+14>-14",
+        "/usr/share/zoneinfo/Europe/Berlin",
+    ] {
+        assert!(help.contains(example), "{example:?} not in {help}");
+        if example.starts_with('/') && !std::path::Path::new(example).exists() {
+            continue;
+        }
+        for zone in [example.to_owned(), format!(":{example}")] {
+            assert!(named_zone(&zone, "--tz").is_ok(), "{zone}");
+        }
+    }
+}

@@ -42,7 +42,10 @@ pub enum ScheduleError {
         reason: String,
     },
     /// The zone is not known.
-    #[error("unknown time zone {zone:?} ({from}): {reason}; give an IANA name such as Europe/Berlin or UTC")]
+    #[error(
+        "unknown time zone {zone:?} ({from}): {reason}; give an IANA name such as Europe/Berlin \
+         or UTC, a POSIX TZ rule such as EST5EDT,M3.2.0,M11.1.0, or a zone file's path"
+    )]
     Zone {
         /// The zone as given.
         zone: String,

@@ -1,13 +1,17 @@
 //! The files libpq reads: the connection service file (`pg_service.conf`, a section of
 //! keyword/value lines) and the password file (`.pgpass`, `host:port:database:user:password`).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::syntax::syntax;
 use super::{default_socket_dir, ConnInfoError};
 
-pub(super) fn home(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    env("HOME")
+/// The home directory, as libpq finds it: `HOME` (its bytes, whatever they are: a path is no
+/// text), else the effective uid's password entry. `paths` looks up a variable that names a
+/// file or a directory.
+pub(super) fn home(paths: &dyn Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    paths("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
@@ -32,22 +36,23 @@ const SERVICE_LINE_MAX: usize = 1023;
 /// libpq reads `service=''`.
 pub(super) fn service_section(
     name: &str,
-    env: &dyn Fn(&str) -> Option<String>,
+    paths: &dyn Fn(&str) -> Option<OsString>,
 ) -> Result<Vec<(String, String)>, ConnInfoError> {
     let mut files = Vec::new();
-    if let Some(file) = env("PGSERVICEFILE") {
+    if let Some(file) = paths("PGSERVICEFILE") {
         let file = PathBuf::from(file);
         if !file.exists() {
             return Err(ConnInfoError::ServiceFile { path: file });
         }
         files.push(file);
-    } else if let Some(home) = home(env) {
+    } else if let Some(home) = home(paths) {
         files.push(home.join(".pg_service.conf"));
     }
     // Joined as libpq joins it (`"%s/pg_service.conf"`): an empty PGSYSCONFDIR is the root
     // directory's file, not one in the working directory.
-    let sysconf = env("PGSYSCONFDIR").unwrap_or_else(|| "/etc/postgresql-common".to_owned());
-    files.push(PathBuf::from(format!("{sysconf}/pg_service.conf")));
+    let mut sysconf = paths("PGSYSCONFDIR").unwrap_or_else(|| "/etc/postgresql-common".into());
+    sysconf.push("/pg_service.conf");
+    files.push(PathBuf::from(sysconf));
     for file in files {
         // As libpq (parseServiceOrFile): a file that is not there (its `stat` fails) is
         // passed over; one that is there but cannot be opened (no read permission, a socket)

@@ -35,6 +35,7 @@
 //! * `files`: the service file and the password file ([`pgpass_lookup`]).
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -480,17 +481,36 @@ fn insert_all(
     Ok(())
 }
 
-/// Resolves the connection settings (module docs for the order).
-///
-/// `dsn` is `--dsn` or `LEADERRUN_DSN`; `env` looks up an environment variable (injected so
-/// tests need not touch the process environment). An empty DSN variable is no DSN; a `PG*`
-/// variable set to the empty string is set, as libpq reads it (`PGSSLMODE=` is invalid).
+/// The variables that name a file or a directory: [`resolve_with_paths`] reads them as bytes,
+/// never as text, since libpq takes a path's bytes as they are (psql connects with a `HOME`
+/// that is not UTF-8, and so must leaderrun, though it needs no file there).
+pub const PATH_VARIABLES: [&str; 4] = ["HOME", "PGPASSFILE", "PGSERVICEFILE", "PGSYSCONFDIR"];
+
+/// Resolves the connection settings (module docs for the order): [`resolve_with_paths`] with
+/// the [`PATH_VARIABLES`] looked up by `env` too.
 ///
 /// # Errors
-/// [`ConnInfoError`] when the DSN, the service or a setting cannot be used.
+/// As [`resolve_with_paths`].
 pub fn resolve(
     dsn: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ConnSettings, ConnInfoError> {
+    resolve_with_paths(dsn, env, &|name| env(name).map(OsString::from))
+}
+
+/// Resolves the connection settings (module docs for the order).
+///
+/// `dsn` is `--dsn` or `LEADERRUN_DSN`; `env` looks up an environment variable as text, and
+/// `paths` one of the [`PATH_VARIABLES`] as bytes (both injected so tests need not touch the
+/// process environment); `env` is never asked for those. An empty DSN variable is no DSN; a
+/// `PG*` variable set to the empty string is set, as libpq reads it (`PGSSLMODE=` is invalid).
+///
+/// # Errors
+/// [`ConnInfoError`] when the DSN, the service or a setting cannot be used.
+pub fn resolve_with_paths(
+    dsn: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+    paths: &dyn Fn(&str) -> Option<OsString>,
 ) -> Result<ConnSettings, ConnInfoError> {
     let get = |name: &str| env(name).filter(|v| !v.is_empty());
     let (dsn, origin) = match dsn.filter(|d| !d.is_empty()) {
@@ -532,7 +552,7 @@ pub fn resolve(
         None => env("PGSERVICE"),
     };
     if let Some(name) = service {
-        let pairs = service_section(&name, env)?;
+        let pairs = service_section(&name, paths)?;
         let shown = !pairs.iter().any(|(k, _)| k == "password");
         insert_all(&mut params, pairs, &format!("service {name}"), true, shown)?;
     }
@@ -547,7 +567,8 @@ pub fn resolve(
         }
     }
     for (key, var) in KEYWORDS {
-        if let Some(var) = var {
+        // `PGPASSFILE` is a path: `build` reads it as bytes.
+        if let Some(var) = var.filter(|var| !PATH_VARIABLES.contains(var)) {
             if !params.contains_key(key) {
                 if let Some(value) = env(var) {
                     params.insert(key.to_owned(), (value, var.to_owned()));
@@ -555,7 +576,7 @@ pub fn resolve(
             }
         }
     }
-    let mut settings = build(params, env, shown)?;
+    let mut settings = build(params, paths, shown)?;
     settings.dsn_from = dsn.is_some().then_some(origin);
     Ok(settings)
 }
@@ -582,7 +603,7 @@ fn int_value(text: &str) -> Option<i64> {
 
 fn build(
     mut params: Params,
-    env: &dyn Fn(&str) -> Option<String>,
+    paths: &dyn Fn(&str) -> Option<OsString>,
     shown: bool,
 ) -> Result<ConnSettings, ConnInfoError> {
     let value_err = |key: &str, params: &Params, reason: String| ConnInfoError::Value {
@@ -885,7 +906,7 @@ fn build(
     let tls_file = |params: &mut Params, key: &str, default: &str| -> Option<PathBuf> {
         match params.remove(key).filter(|(v, _)| !v.is_empty()) {
             Some((v, _)) => Some(PathBuf::from(v)),
-            None => home(env)
+            None => home(paths)
                 .map(|h| h.join(".postgresql").join(default))
                 .filter(|p| p.is_file()),
         }
@@ -946,15 +967,20 @@ fn build(
     let client_key = match params.remove("sslkey").filter(|(v, _)| !v.is_empty()) {
         _ if client_cert.is_none() => None,
         Some((v, _)) => Some(PathBuf::from(v)),
-        None => home(env).map(|h| h.join(".postgresql").join("postgresql.key")),
+        None => home(paths).map(|h| h.join(".postgresql").join("postgresql.key")),
     };
 
     // Passwords, per host: the explicit one, else each host's own line of the password file.
     let mut password_from = None;
     let explicit = nonempty(&params, "password");
-    let passfile = nonempty(&params, "passfile")
-        .map(PathBuf::from)
-        .or_else(|| home(env).map(|h| h.join(".pgpass")));
+    // `passfile=` of the DSN or the service, else `PGPASSFILE` (a path, bytes as they are), else
+    // `~/.pgpass`; an empty one is the default, and a `passfile=''` given hides `PGPASSFILE`.
+    let passfile = match params.get("passfile") {
+        Some((file, _)) => Some(PathBuf::from(file)),
+        None => paths("PGPASSFILE").map(PathBuf::from),
+    }
+    .filter(|file| !file.as_os_str().is_empty())
+    .or_else(|| home(paths).map(|h| h.join(".pgpass")));
     let mut hosts = Vec::new();
     for (mut target, key, raw_port) in targets {
         if let Some(password) = &explicit {

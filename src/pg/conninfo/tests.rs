@@ -341,6 +341,47 @@ fn pgpass_rules() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `HOME` and `PGPASSFILE` are paths, read as bytes (`resolve_with_paths`): one that is not
+/// UTF-8 names the password file, as libpq takes it; the text lookup is never asked for them.
+#[test]
+fn path_variables_are_bytes() {
+    use std::os::unix::ffi::OsStrExt;
+    let home = std::ffi::OsStr::from_bytes(b"/home/caf\xe9");
+    let passfile = std::ffi::OsStr::from_bytes(b"/run/secrets/pg\xff");
+    let text = env(&no_home());
+    let asked = std::cell::RefCell::new(Vec::new());
+    let env = |name: &str| {
+        asked.borrow_mut().push(name.to_owned());
+        text(name)
+    };
+    let file = |given: &[(&str, &std::ffi::OsStr)]| {
+        let c = resolve_with_paths(Some("host=db user=u dbname=app"), &env, &|name| {
+            given
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_os_string())
+                .or_else(|| text(name).map(Into::into))
+        })
+        .unwrap();
+        c.tls.plan.hosts[0].passfile.as_ref().unwrap().file.clone()
+    };
+    assert_eq!(
+        file(&[("HOME", home)]),
+        std::path::Path::new(home).join(".pgpass")
+    );
+    assert_eq!(
+        file(&[("HOME", home), ("PGPASSFILE", passfile)]),
+        std::path::Path::new(passfile)
+    );
+    assert!(
+        !asked
+            .borrow()
+            .iter()
+            .any(|n| PATH_VARIABLES.contains(&n.as_str())),
+        "{asked:?}"
+    );
+}
+
 #[test]
 fn errors_never_echo_the_dsn() {
     for bad in [
