@@ -737,14 +737,8 @@ fn an_environment_that_leaderruns_variables_tip_over_says_so() {
 fn a_stack_limit_too_small_is_raised_or_refused_and_commands_is_kept() {
     let kib = |k: u64| k << 10;
     let cluster = Cluster::shared();
-    let mut cmd = leaderrun();
+    let mut cmd = crate::support::leaderrun_on(cluster, unique_lock_id(), INTERVAL);
     cmd.args([
-        "--dsn",
-        &cluster.dsn(),
-        "--lock-id",
-        &unique_lock_id().to_string(),
-    ])
-    .args([
         "--once",
         "--",
         "sh",
@@ -762,14 +756,8 @@ fn a_stack_limit_too_small_is_raised_or_refused_and_commands_is_kept() {
     );
     assert_eq!(stderr, "");
 
-    let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        &cluster.dsn(),
-        "--lock-id",
-        &unique_lock_id().to_string(),
-    ])
-    .args(["--once", "--", "true"]);
+    let mut cmd = crate::support::leaderrun_on(cluster, unique_lock_id(), INTERVAL);
+    cmd.args(["--once", "--", "true"]);
     crate::support::limits(&mut cmd, libc::RLIMIT_STACK, kib(64), kib(128));
     let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

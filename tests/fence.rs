@@ -1557,16 +1557,18 @@ fn a_watchdog_that_cannot_be_replaced_ends_the_term_before_the_tree_runs_unguard
         "fence::a_watchdog_that_cannot_be_replaced_ends_the_term_before_the_tree_runs_unguarded";
     let setup = Setup::new(Cluster::shared(), TIMED_CHILD);
     let scratch = &setup.scratch;
+    // The replica's own command, run by unshare in a mount namespace of its own.
+    let inner = setup.command("200ms", &[]);
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "--"])
-        .arg(env!("CARGO_BIN_EXE_leaderrun"))
-        .args([
-            "--dsn",
-            &setup.cluster.dsn(),
-            "--lock-id",
-            &setup.id.to_string(),
-        ])
-        .args(["--check-interval", "200ms", "--", setup.script()]);
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
     let mut leader = Replica::spawn(cmd);
     let first = match wait_for_start_or_exit(scratch, &mut leader) {
         Some(first) => first,
@@ -1627,14 +1629,7 @@ fn a_descriptor_leaderrun_inherits_reaches_no_watchdog_started_later() {
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");
     let (read, write) = nix::unistd::pipe().unwrap();
     let handed = write.as_raw_fd();
-    let mut cmd = leaderrun();
-    cmd.args([
-        "--dsn",
-        &setup.cluster.dsn(),
-        "--lock-id",
-        &setup.id.to_string(),
-    ])
-    .args(["--check-interval", "200ms", "--", setup.script()]);
+    let mut cmd = setup.command("200ms", &[]);
     // SAFETY: only fcntl between fork and exec.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
@@ -1714,14 +1709,7 @@ fn a_real_time_leaderruns_watchdog_runs_above_it() {
     };
     for real_time in [true, false] {
         let setup = Setup::new(Cluster::shared(), "exec sleep 600");
-        let mut cmd = leaderrun();
-        cmd.args([
-            "--dsn",
-            &setup.cluster.dsn(),
-            "--lock-id",
-            &setup.id.to_string(),
-        ])
-        .args(["--check-interval", "200ms", "--", setup.script()]);
+        let mut cmd = setup.command("200ms", &[]);
         if real_time {
             fifo(&mut cmd, 10);
         }

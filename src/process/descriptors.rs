@@ -10,6 +10,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+
 /// The descriptors leaderrun keeps free for itself below its soft limit. With every option a
 /// leader holds about 25 (the lock session and the watchdog's copy of it, the pair to the
 /// watchdog and pidfds, the runtime's, the history's session, the cgroup's, the init's pipe,
@@ -84,15 +86,9 @@ impl std::fmt::Display for Reserve {
 /// Raised no further than needed: the user's low limit is kept as far as leaderrun can run
 /// with it (the probe port's share of connections follows the soft limit).
 pub fn reserve() -> Reserve {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given, nothing else.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return Reserve::Unknown;
-    }
-    let (soft, hard) = (limit.rlim_cur, limit.rlim_max);
+    };
     // Descriptors are handed out lowest number first: what counts is the free numbers below
     // the limit, not how many are open (one inherited above the limit takes no room).
     let Some(needed) = lowest_limit_leaving(NEEDED) else {
@@ -109,12 +105,7 @@ pub fn reserve() -> Reserve {
             needed,
         };
     }
-    let raised = libc::rlimit {
-        rlim_cur: needed,
-        rlim_max: hard,
-    };
-    // SAFETY: setrlimit reads the struct it is given.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+    if setrlimit(Resource::RLIMIT_NOFILE, needed, hard).is_err() {
         return Reserve::Short {
             soft,
             hard,
@@ -193,16 +184,11 @@ pub fn original_soft() -> Option<libc::rlimit> {
     if soft == u64::MAX {
         return None;
     }
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given, nothing else.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return None;
-    }
-    limit.rlim_cur = soft.min(limit.rlim_max);
-    Some(limit)
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    Some(libc::rlimit {
+        rlim_cur: soft.min(hard),
+        rlim_max: hard,
+    })
 }
 
 /// Marks every descriptor from `first` up close-on-exec, so that none of them reaches what the

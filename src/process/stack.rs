@@ -10,14 +10,17 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+
 /// The stack leaderrun's main thread is given room to grow to when the limit is lower and may
 /// be raised: start-up needs about a tenth of it (1 MiB; a thread's default stack is 2 MiB, the
 /// main thread's usual limit 8 MiB).
 pub const NEEDED: u64 = 1 << 20;
 
-/// Below this, and not to be raised, leaderrun refuses to start (125): it ran with 108 KiB on
-/// every path tried, so this leaves it more than twice that.
-pub const MINIMUM: u64 = 256 << 10;
+/// Below this, and not to be raised, leaderrun refuses to start (125): the release build ran
+/// with 108 KiB on every path tried, a debug build needs about 450 KiB for a one-shot, so this
+/// leaves room for paths not tried (a TLS handshake runs on the main thread too).
+pub const MINIMUM: u64 = 512 << 10;
 
 /// `u64::MAX`: not raised; otherwise the soft limit leaderrun started with.
 static ORIGINAL_SOFT: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -74,54 +77,32 @@ impl std::fmt::Display for Reserve {
 /// more ([`Reserve::Enough`]), else [`Reserve::Short`]. Call first thing in `main`, before any
 /// fork.
 pub fn reserve() -> Reserve {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given, nothing else.
-    if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut limit) } != 0 {
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_STACK) else {
         return Reserve::Unknown;
-    }
-    let (soft, hard) = (limit.rlim_cur, limit.rlim_max);
-    if soft == libc::RLIM_INFINITY || soft >= NEEDED {
+    };
+    if soft == RLIM_INFINITY || soft >= NEEDED {
         return Reserve::Enough;
     }
-    let raised = libc::rlimit {
-        rlim_cur: NEEDED,
-        rlim_max: if hard == libc::RLIM_INFINITY {
-            hard
-        } else {
-            hard.max(NEEDED)
-        },
-    };
-    // SAFETY: setrlimit reads the struct it is given.
-    if unsafe { libc::setrlimit(libc::RLIMIT_STACK, &raised) } != 0 {
-        // Not the hard limit, then: the soft one as far as it goes.
-        let within = libc::rlimit {
-            rlim_cur: hard.min(NEEDED),
-            rlim_max: hard,
-        };
-        // SAFETY: as above.
-        if within.rlim_cur <= soft || unsafe { libc::setrlimit(libc::RLIMIT_STACK, &within) } != 0 {
-            return if soft >= MINIMUM {
-                Reserve::Enough
-            } else {
-                Reserve::Short { soft, hard }
-            };
+    // The hard limit with it where leaderrun may; else the soft one as far as the hard goes.
+    let raised = [(NEEDED, hard.max(NEEDED)), (hard.min(NEEDED), hard)]
+        .into_iter()
+        .find(|&(to, max)| to > soft && setrlimit(Resource::RLIMIT_STACK, to, max).is_ok());
+    match raised {
+        Some((to, max)) if to >= MINIMUM => {
+            ORIGINAL_SOFT.store(soft, Ordering::Release);
+            if max != hard {
+                ORIGINAL_HARD.store(hard, Ordering::Release);
+            }
+            Reserve::Raised { from: soft }
         }
-        if within.rlim_cur < MINIMUM {
-            // SAFETY: as above: the limit put back as it was.
-            unsafe { libc::setrlimit(libc::RLIMIT_STACK, &limit) };
-            return Reserve::Short { soft, hard };
+        Some(_) => {
+            // Still too small: put back as it was, and refused.
+            let _ = setrlimit(Resource::RLIMIT_STACK, soft, hard);
+            Reserve::Short { soft, hard }
         }
-        ORIGINAL_SOFT.store(soft, Ordering::Release);
-        return Reserve::Raised { from: soft };
+        None if soft >= MINIMUM => Reserve::Enough,
+        None => Reserve::Short { soft, hard },
     }
-    ORIGINAL_SOFT.store(soft, Ordering::Release);
-    if raised.rlim_max != hard {
-        ORIGINAL_HARD.store(hard, Ordering::Release);
-    }
-    Reserve::Raised { from: soft }
 }
 
 /// The stack limit COMMAND starts with when [`reserve`] raised leaderrun's; `None` when it was
@@ -131,18 +112,13 @@ pub fn original() -> Option<libc::rlimit> {
     if soft == u64::MAX {
         return None;
     }
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let (_, now) = getrlimit(Resource::RLIMIT_STACK).ok()?;
+    let hard = match ORIGINAL_HARD.load(Ordering::Acquire) {
+        u64::MAX => now,
+        hard => hard,
     };
-    // SAFETY: getrlimit writes the struct it is given, nothing else.
-    if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut limit) } != 0 {
-        return None;
-    }
-    let hard = ORIGINAL_HARD.load(Ordering::Acquire);
-    if hard != u64::MAX {
-        limit.rlim_max = hard;
-    }
-    limit.rlim_cur = soft.min(limit.rlim_max);
-    Some(limit)
+    Some(libc::rlimit {
+        rlim_cur: soft.min(hard),
+        rlim_max: hard,
+    })
 }

@@ -281,9 +281,14 @@ impl<'c> Setup<'c> {
 
     /// Starts `leaderrun --dsn … --lock-id ID --check-interval INTERVAL OPTIONS... -- SCRIPT`.
     pub fn replica(&self, interval: &str, options: &[&str]) -> Replica {
-        let mut args = options.to_vec();
-        args.extend(["--", self.script()]);
-        Replica::start(self.cluster, self.id, interval, &args)
+        Replica::spawn(self.command(interval, options))
+    }
+
+    /// The command [`Setup::replica`] starts, for a test to change before it starts it.
+    pub fn command(&self, interval: &str, options: &[&str]) -> Command {
+        let mut cmd = leaderrun_on(self.cluster, self.id, interval);
+        cmd.args(options).args(["--", self.script()]);
+        cmd
     }
 
     /// `n` replicas of [`Setup::replica`], started one after the other.
@@ -375,6 +380,14 @@ pub fn limits(
             }
         })
     }
+}
+
+/// `leaderrun --dsn CLUSTER --lock-id ID --check-interval INTERVAL`, to be given the rest.
+pub fn leaderrun_on(cluster: &Cluster, lock_id: i32, interval: &str) -> Command {
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &lock_id.to_string()])
+        .args(["--check-interval", interval]);
+    cmd
 }
 
 pub fn leaderrun() -> Command {
@@ -575,10 +588,8 @@ pub fn wait_status_waiters(cluster: &Cluster, lock_id: i32, waiters: &[i32], wit
 impl Replica {
     /// Starts `leaderrun --dsn DSN --lock-id ID --check-interval INTERVAL ARGS...`.
     pub fn start(cluster: &Cluster, lock_id: i32, interval: &str, args: &[&str]) -> Replica {
-        let mut cmd = leaderrun();
-        cmd.args(["--dsn", &cluster.dsn(), "--lock-id", &lock_id.to_string()])
-            .args(["--check-interval", interval])
-            .args(args);
+        let mut cmd = leaderrun_on(cluster, lock_id, interval);
+        cmd.args(args);
         Replica::spawn(cmd)
     }
 
