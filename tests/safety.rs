@@ -1225,8 +1225,8 @@ fn names_a_roles_search_path_puts_before_pg_catalog_are_never_used() {
 }
 
 /// A role that may not read `pg_database` (a DBA's `REVOKE SELECT ON pg_catalog.pg_database
-/// FROM PUBLIC`, a common hardening step) leads as any other: the checks read the session's
-/// database off its own backend entry, not that catalog, and the same holds for a lock table
+/// FROM PUBLIC`, a common hardening step) leads as any other: the leader's check takes the
+/// database from its own lock row, not from that catalog (nor from a function a DBA may take), and the same holds for a lock table
 /// too full for the catalog's relation lock and for a `VACUUM FULL pg_database` holding it.
 /// Before, every check of a held lock failed: each grant started COMMAND and stopped it at its
 /// first check, 50 ms later, every interval, and a one-shot killed its COMMAND and exited with
@@ -1288,4 +1288,12 @@ fn a_role_that_may_not_read_pg_database_leads_and_keeps_its_term() {
         "{}",
         String::from_utf8_lossy(&status.stdout)
     );
+    // Nor does the check call a function a DBA may take: it reads the database off its own row.
+    cluster.sql("REVOKE EXECUTE ON FUNCTION pg_catalog.pg_stat_get_activity(integer) FROM PUBLIC");
+    let revoked = Instant::now();
+    wait_for("ten more checks of the term", secs(10.0), || {
+        (revoked.elapsed() > secs(2.0)).then_some(())
+    });
+    assert_eq!(scratch.starts().len(), 2, "{}", leader.log());
+    assert!(!leader.log().contains("lock lost"), "{}", leader.log());
 }

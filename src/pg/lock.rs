@@ -312,13 +312,13 @@ pub(crate) const DURABLE_TOKEN: &str = "SELECT g.token FROM (SELECT pg_catalog.t
      OFFSET 0) AS g";
 
 /// The oid of the session's database, read off the session's own backend entry
-/// (`pg_stat_get_activity`, executable by every role): the advisory rows of `pg_locks` name
-/// their database by oid. Not from `pg_database`: a shared catalog, read under a relation lock
-/// that takes an entry of the server's lock table (shared relations never take the fast path),
-/// so a full lock table (`out of shared memory`), a `VACUUM FULL pg_database` waiting for or
-/// holding its lock, or a DBA's `REVOKE SELECT ON pg_database FROM PUBLIC` failed every check
-/// of a lock the session held all along: each grant started COMMAND and stopped it at its
-/// first check (docs/field-notes.md#a-lock-the-check-cannot-see).
+/// (`pg_stat_get_activity`, executable by every role), for the statements that look at other
+/// backends' advisory rows: `pg_locks` names their database by oid. Not from `pg_database`, a
+/// shared catalog read under a relation lock that takes an entry of the server's lock table
+/// (shared relations never take the fast path), which a full lock table (`out of shared
+/// memory`), a `VACUUM FULL pg_database` or a DBA's `REVOKE SELECT ON pg_database FROM
+/// PUBLIC` refuses (docs/field-notes.md#a-lock-the-check-cannot-see). The leader's check needs
+/// neither: it takes the database from its own lock row.
 macro_rules! current_database_oid {
     () => {
         "(SELECT a.datid FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a)"

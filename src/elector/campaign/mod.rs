@@ -216,23 +216,23 @@ const HOLDER_SQL: &str = concat!(
 const FIRST_CHECK_AFTER_GRANT: Duration = Duration::from_millis(50);
 
 /// The leader's check: its backend, whether that backend holds the slot's key, recovery, and
-/// whether place 1 of the line is held. The database is the session's own, read off its
-/// backend entry ([`current_database_oid!`]), never from `pg_database`.
-pub(crate) const LOCK_ROW_SQL: &str = concat!(
-    "SELECT pg_catalog.pg_backend_pid(), \
-     EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+/// whether place 1 of the line is held in the same database. The database is the one of the
+/// backend's own row (a backend's advisory locks carry its database), so the check reads no
+/// catalog and calls no function a role may be refused (`pg_database` was one: a revoked,
+/// locked or lock-table-starved catalog failed every check of a held lock); without its own
+/// row it is no leader, and place 1 does not matter.
+pub(crate) const LOCK_ROW_SQL: &str = "WITH own AS (SELECT database FROM pg_catalog.pg_locks \
              WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
                AND classid OPERATOR(pg_catalog.=) $1 AND objid OPERATOR(pg_catalog.=) $2 \
                AND objsubid OPERATOR(pg_catalog.=) 2 \
-               AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND granted), \
+               AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND granted) \
+     SELECT pg_catalog.pg_backend_pid(), EXISTS (SELECT 1 FROM own), \
      pg_catalog.pg_is_in_recovery(), \
-     EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
-             WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
-               AND database OPERATOR(pg_catalog.=) ",
-    current_database_oid!(),
-    " AND classid OPERATOR(pg_catalog.=) $3 AND objid OPERATOR(pg_catalog.=) $2 \
-               AND objsubid OPERATOR(pg_catalog.=) 1 AND granted)"
-);
+     EXISTS (SELECT 1 FROM pg_catalog.pg_locks l JOIN own \
+               ON l.database OPERATOR(pg_catalog.=) own.database \
+             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' \
+               AND l.classid OPERATOR(pg_catalog.=) $3 AND l.objid OPERATOR(pg_catalog.=) $2 \
+               AND l.objsubid OPERATOR(pg_catalog.=) 1 AND l.granted)";
 
 impl Campaign<'_> {
     /// The server this replica's session reached (`USER@HOST:PORT/DBNAME`), for a message
