@@ -13,10 +13,6 @@ use leaderrun::Chain;
 fn main() -> ExitCode {
     // First of all: a stack limit too small for start-up overflows it (a parent's `ulimit -s`).
     let stack = leaderrun::process::stack::reserve();
-    if let leaderrun::process::stack::Reserve::Short { .. } = stack {
-        eprintln!("leaderrun: {stack}");
-        return ExitCode::from(FAILURE);
-    }
     // The same binary is leaderrun's watchdog process, started by leaderrun itself.
     if leaderrun::watchdog::is_watchdog() {
         return leaderrun::watchdog::main();
@@ -24,6 +20,12 @@ fn main() -> ExitCode {
     // And the init of COMMAND's PID namespace (`--pid-namespace`).
     if leaderrun::process::pidns::is_init() {
         return leaderrun::process::pidns::init_main();
+    }
+    // Refused for leaderrun's own run only: the processes it starts itself go on with what
+    // they have (leaderrun, with the same limits, was not refused).
+    if let leaderrun::process::stack::Reserve::Short { .. } = stack {
+        let _ = leaderrun::cli::output::stderr(&format!("leaderrun: {stack}\n"));
+        return ExitCode::from(FAILURE);
     }
     // Signals wait (blocked) until the handlers exist: a signal that arrives during start-up
     // is delivered to them, then waits in the stream.

@@ -737,24 +737,28 @@ fn an_environment_that_leaderruns_variables_tip_over_says_so() {
 fn a_stack_limit_too_small_is_raised_or_refused_and_commands_is_kept() {
     let kib = |k: u64| k << 10;
     let cluster = Cluster::shared();
-    let mut cmd = crate::support::leaderrun_on(cluster, unique_lock_id(), INTERVAL);
-    cmd.args([
-        "--once",
-        "--",
-        "sh",
-        "-c",
-        "echo \"$(ulimit -s) $(ulimit -Hs)\"",
-    ]);
-    crate::support::limits(&mut cmd, libc::RLIMIT_STACK, kib(64), kib(8192));
-    let out = cmd.output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{:?}\n{stderr}", out.status);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "64 8192\n",
-        "{stderr}"
-    );
-    assert_eq!(stderr, "");
+    // COMMAND of leaderrun, and of the init of its own PID namespace.
+    let namespaced = leaderrun::process::pidns::PidNamespace::new().is_ok();
+    for extra in [&[][..], &["--pid-namespace"][..]] {
+        if !extra.is_empty() && !namespaced {
+            continue;
+        }
+        let mut cmd = crate::support::leaderrun_on(cluster, unique_lock_id(), INTERVAL);
+        cmd.args(extra).args(["--once", "--", "sh", "-c"]);
+        cmd.arg("echo \"$(ulimit -s) $(ulimit -Hs)\"");
+        crate::support::limits(&mut cmd, libc::RLIMIT_STACK, kib(64), kib(8192));
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{extra:?} {:?}\n{stderr}",
+            out.status
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout, "64 8192\n", "{extra:?} {stderr}");
+        assert_eq!(stderr, "", "{extra:?}");
+    }
 
     let mut cmd = crate::support::leaderrun_on(cluster, unique_lock_id(), INTERVAL);
     cmd.args(["--once", "--", "true"]);

@@ -313,11 +313,19 @@ pub fn init_main() -> ExitCode {
     let pipe_ignored = crate::process::signals::sigpipe_ignored_at_exec();
     // SAFETY: plain signal(2) on this single-threaded process.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+    // The stack limit leaderrun was given, which this init raised for itself as leaderrun did
+    // (docs/process-model.md#enough-stack).
+    let stack = crate::process::stack::original();
     let mut cmd = std::process::Command::new(&program);
     cmd.arg0(&argv0).args(&rest);
     // SAFETY: raw syscalls only between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(stack) = stack {
+                if libc::setrlimit(libc::RLIMIT_STACK, &stack) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             if chld_ignored {
                 libc::signal(libc::SIGCHLD, libc::SIG_IGN);
             }

@@ -18,9 +18,13 @@ use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
 pub const NEEDED: u64 = 1 << 20;
 
 /// Below this, and not to be raised, leaderrun refuses to start (125): the release build ran
-/// with 108 KiB on every path tried, a debug build needs about 450 KiB for a one-shot, so this
-/// leaves room for paths not tried (a TLS handshake runs on the main thread too).
-pub const MINIMUM: u64 = 512 << 10;
+/// with 108 KiB on every path tried, so 256 KiB leaves room for paths not tried (a TLS
+/// handshake runs on the main thread too); a debug build needs about 450 KiB for a one-shot.
+pub const MINIMUM: u64 = if cfg!(debug_assertions) {
+    512 << 10
+} else {
+    256 << 10
+};
 
 /// `u64::MAX`: not raised; otherwise the soft limit leaderrun started with.
 static ORIGINAL_SOFT: AtomicU64 = AtomicU64::new(u64::MAX);
