@@ -62,9 +62,11 @@ pub(super) struct Held {
     ending: Option<Ending>,
     /// leaderrun is stopping the reported tree.
     stopping: bool,
-    /// The last start of a watchdog failed: the next failure is not logged again (a start is
-    /// tried at every heartbeat), the next success is.
-    start_failing: bool,
+    /// Since when every start of a watchdog failed: the streak's first failure is logged, and
+    /// its end.
+    start_failing: Option<std::time::Instant>,
+    /// When the latest start failed: the next is tried [`START_RETRY`] later.
+    last_failed_start: Option<std::time::Instant>,
 }
 
 /// A watchdog forked at the very start of leaderrun, before any other thread exists, that runs
@@ -344,20 +346,34 @@ impl Watchdog {
         if held.closed {
             return false;
         }
+        // After a failed start, the next waits [`START_RETRY`]: every message would try one,
+        // and a fork of leaderrun at each heartbeat and each check took the runtime's thread
+        // from the checks themselves.
+        if held
+            .last_failed_start
+            .is_some_and(|at| at.elapsed() < START_RETRY)
+        {
+            return false;
+        }
         let link = match self.spawn(held) {
             Ok(link) => link,
             Err(err) => {
-                if !std::mem::replace(&mut held.start_failing, true) {
+                let now = std::time::Instant::now();
+                held.last_failed_start = Some(now);
+                if held.start_failing.is_none() {
+                    held.start_failing = Some(now);
                     warn!(
-                        "cannot start the watchdog: {err}; tried again at every heartbeat, \
-                         and a tree it should guard is stopped"
+                        "cannot start the watchdog: {err}; tried again every {}, and a tree \
+                         it should guard is stopped",
+                        humantime::format_duration(START_RETRY)
                     );
                 }
                 self.helper.set(None);
                 return false;
             }
         };
-        if std::mem::replace(&mut held.start_failing, false) {
+        held.last_failed_start = None;
+        if held.start_failing.take().is_some() {
             warn!(pid = link.pid, "the watchdog started again");
         }
         held.link = Some(link);
@@ -400,11 +416,13 @@ impl Watchdog {
         self.lock().link.as_ref()?.fd.try_clone().ok()
     }
 
-    /// A duplicate of the current watchdog's pidfd (`None` while none runs, or without pidfds):
-    /// readable once it has exited, so its death is noticed at once.
-    pub fn pidfd(&self) -> Option<OwnedFd> {
+    /// A duplicate of the current watchdog's pidfd (readable once it has exited, so its death
+    /// is noticed at once) with its pid, read together; `None` while none runs, or without
+    /// pidfds.
+    fn exit_of_current(&self) -> Option<(OwnedFd, u32)> {
         let held = self.lock();
-        held.link.as_ref()?.pidfd.as_ref()?.try_clone().ok()
+        let link = held.link.as_ref()?;
+        Some((link.pidfd.as_ref()?.try_clone().ok()?, link.pid))
     }
 
     /// Notices the watchdog's death the moment it happens (its pidfd becomes readable) and
@@ -419,7 +437,7 @@ impl Watchdog {
             if self.lock().closed {
                 return;
             }
-            let Some(pidfd) = self.pidfd() else {
+            let Some((pidfd, watched)) = self.exit_of_current() else {
                 // None runs yet (it starts beside the first connect), or it could not start.
                 started.await;
                 continue;
@@ -436,6 +454,12 @@ impl Watchdog {
             let mut held = self.lock();
             if held.closed {
                 return;
+            }
+            // A message that found the pair broken first has replaced it already: the link
+            // is another watchdog's now, which must not be dropped (its end of the pair would
+            // close, and it would kill the tree it guards).
+            if held.link.as_ref().map(|l| l.pid) != Some(watched) {
+                continue;
             }
             let pid = held.link.take().map(|l| l.pid);
             warn!(pid, "the watchdog is gone; starting a new one");
@@ -462,14 +486,20 @@ impl Watchdog {
         stopped
     }
 
-    /// Whether a watchdog runs now, starting one when none does: false when none could be.
-    fn guarding(&self) -> bool {
+    /// Whether no watchdog has run for [`UNGUARDED_AFTER`] or longer: the last one is gone
+    /// and every start since failed, this one too (one is tried first). A start that fails for
+    /// a moment (a fork's EAGAIN at a `pids.max` spike) is not yet that.
+    fn unguarded(&self) -> bool {
         let mut held = self.lock();
         if held.link.is_some() {
-            return true;
+            return false;
         }
         let beat = held.beat;
-        self.send(&mut held, Message::Beat(beat), None)
+        if self.send(&mut held, Message::Beat(beat), None) {
+            return false;
+        }
+        held.start_failing
+            .is_some_and(|since| since.elapsed() >= UNGUARDED_AFTER)
     }
 
     /// Whether a tree is reported (it runs, or is being stopped): heartbeats matter only then.
@@ -757,6 +787,13 @@ pub(super) struct WatchedTree {
 /// end that caused it.
 pub(super) const HOLD_BACK: Duration = Duration::from_secs(5);
 
+/// How long a tree may run with no watchdog, every start of a new one failing, before its term
+/// is ended ([`TreeState::unguarded`]): starts are tried every [`START_RETRY`] meanwhile.
+pub(super) const UNGUARDED_AFTER: Duration = Duration::from_millis(500);
+
+/// How soon after a failed start of a watchdog the next is tried.
+pub(super) const START_RETRY: Duration = Duration::from_millis(100);
+
 impl Tree for WatchedTree {
     fn pid(&self) -> u32 {
         self.inner.pid()
@@ -805,7 +842,8 @@ impl Tree for WatchedTree {
             self.reported = false;
             self.watchdog.tree(None);
         }
-        if !state.empty && !self.stopping && !self.watchdog.guarding() {
+        // A main child that exited leaves its helpers to the stop that follows anyway.
+        if !state.empty && state.main.is_none() && !self.stopping && self.watchdog.unguarded() {
             return TreeState {
                 unguarded: true,
                 ..state
