@@ -173,8 +173,6 @@ fn a_replica_that_cannot_reach_the_server_is_not_ready() {
     }
 }
 
-/// A standby that was ready is not ready while its checks fail to reach the server, and is
-/// ready again once one does.
 /// A check that takes longer than 3 intervals because the database does not answer (each of
 /// four hosts of a list within its turn's bound, the check interval) is the check loop at
 /// work: `/healthz` stays 200 throughout, from the boot on, as it does while the database
@@ -219,6 +217,8 @@ fn a_check_that_outlasts_three_intervals_on_a_silent_database_keeps_the_replica_
     assert_eq!(code, 503, "{body}");
 }
 
+/// A standby that was ready is not ready while its checks fail to reach the server, and is
+/// ready again once one does.
 #[test]
 fn a_standby_is_not_ready_while_its_checks_fail() {
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");

@@ -407,7 +407,7 @@ pub struct Cli {
     /// Any form TZ takes: an IANA name (Europe/Berlin, UTC), a POSIX TZ rule
     /// (EST5EDT,M3.2.0,M11.1.0, '<+14>-14'), or the path of a zone file
     /// (/usr/share/zoneinfo/Europe/Berlin, a regular file of at most 1 MiB); each also after a
-    /// leading colon. Typed without --schedule it is refused (125), by status too.
+    /// leading colon. Typed without --schedule it is refused (125), by the subcommands too.
     ///
     /// Example: --tz Europe/Berlin
     #[arg(

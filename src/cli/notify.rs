@@ -61,11 +61,14 @@ fn send(states: &[NotifyState]) -> bool {
 pub fn status_line(elector: &Elector) -> String {
     let checks = elector.checks();
     let term = elector.term();
+    // A wait queued on the server reached it, whatever the check before said: as /readyz.
     if !term.is_ended() {
         format!("leader, term {}", term.number())
+    } else if checks.waiting {
+        "standby".to_owned()
     } else if checks.last == Some(CheckOutcome::Failed) {
         format!("no database: {}", checks.last_error.unwrap_or_default())
-    } else if checks.total == 0 && !checks.waiting {
+    } else if checks.total == 0 {
         "starting".to_owned()
     } else {
         "standby".to_owned()

@@ -723,18 +723,27 @@ impl Writer {
     /// default `search_path` begins with `"$user"`, the manual's secure pattern of a schema per
     /// user): replicas that log in as other roles resolve it to their own schemas, and their
     /// histories never meet, so `--catch-up` and the due times' look-ups miss each other's
-    /// runs (a due time ran twice) and `status` shows one role's runs. Said once.
+    /// runs (a due time ran twice) and `status` shows one role's runs. Said once per process,
+    /// at INFO: one role for every replica is the usual case (and on PostgreSQL 15 and later,
+    /// where `public` is not every role's to create in, the common one), and a one-shot's cron
+    /// must mail nothing for it.
     fn own_schema_warning(&self, schema: String, own: bool) {
-        if own && !self.settings.table.is_qualified() {
-            warn!(
-                table = %self.settings.table,
-                schema = %schema,
-                "history: the table is found in the role's own schema (search_path's \"$user\"): \
-                 replicas that log in as other roles would each use a table of their own; name \
-                 the schema every replica uses (--history-table {schema}.{})",
-                self.settings.table
-            );
+        if !own || self.settings.table.is_qualified() {
+            return;
         }
+        // The option to give, when the schema's name is one `--history-table` takes as it is.
+        let qualified = format!("{schema}.{}", self.settings.table);
+        let hint = match qualified.parse::<super::TableName>() {
+            Ok(name) if name.to_string() == qualified => format!("--history-table {qualified}"),
+            _ => "--history-table SCHEMA.TABLE, a schema every replica shares".to_owned(),
+        };
+        info!(
+            table = %self.settings.table,
+            schema = %schema,
+            "history: the table is found in the role's own schema (search_path's \"$user\"): \
+             replicas that log in as other roles would each use a table of their own; if they \
+             do, name the schema every replica uses ({hint})"
+        );
     }
 
     fn succeeded(&mut self) {
