@@ -122,6 +122,23 @@ fn client_certificate_authentication() {
     assert_eq!(code, Some(0), "{stderr}");
     let (code, stderr) = once(&dsn(""));
     assert_eq!(code, Some(125), "without a certificate: {stderr}");
+    // A key of this user's that others may read is refused, as psql refuses it (before, it
+    // was used). libpq looks at the mode of a key owned by the current user or root only.
+    let key = certs.file("client.key");
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&key).unwrap());
+    let me = nix::unistd::geteuid().as_raw();
+    let mode = |uid: u32, m: u32| {
+        std::os::unix::fs::chown(&key, Some(uid), None).unwrap();
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
+    };
+    mode(me, 0o644);
+    let (code, stderr) = once(&with_cert);
+    mode(owner, 0o600);
+    assert_eq!(code, Some(125), "a key readable by all: {stderr}");
+    assert!(
+        stderr.contains("has group or world access (mode 0644)"),
+        "{stderr}"
+    );
     // And a leader over TLS shows up encrypted in pg_stat_ssl.
     let status = leaderrun()
         .args(["doctor", "--dsn", &with_cert])

@@ -225,6 +225,7 @@ impl TlsSettings {
         let config = match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => {
                 let chain = read_pem_certs("sslcert", cert)?;
+                key_access_as_libpq(key)?;
                 let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::File {
                     what: "sslkey",
                     path: key.clone(),
@@ -240,6 +241,40 @@ impl TlsSettings {
             config: Arc::new(config),
         })
     }
+}
+
+/// libpq's rule for the client's private key (`initialize_SSL`, PostgreSQL 14 and later): a
+/// regular file, with no group or world access when it is the current user's, and at most
+/// `u=rw,g=r` when it is root's. psql refuses a key anyone else may read, and so must the
+/// session that is to lead with it ("mean what they mean to libpq").
+fn key_access_as_libpq(key: &std::path::Path) -> Result<(), TlsError> {
+    use std::os::unix::fs::MetadataExt;
+    let refused = |why: String| TlsError::File {
+        what: "sslkey",
+        path: key.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::PermissionDenied, why),
+    };
+    let meta = std::fs::metadata(key).map_err(|source| TlsError::File {
+        what: "sslkey",
+        path: key.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(refused(
+            "the private key file is not a regular file".to_owned(),
+        ));
+    }
+    let mode = meta.mode();
+    let mine = meta.uid() == nix::unistd::geteuid().as_raw();
+    if (mine && mode & 0o077 != 0) || (meta.uid() == 0 && mode & 0o037 != 0) {
+        return Err(refused(format!(
+            "the private key file has group or world access (mode {:04o}); file must have \
+             permissions u=rw (0600) or less if owned by the current user, or permissions \
+             u=rw,g=r (0640) or less if owned by root, as libpq requires",
+            mode & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
