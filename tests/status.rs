@@ -856,6 +856,7 @@ fn doctor_says_which_database_the_lock_lives_in() {
         "database",
         "version",
         "primary",
+        "server",
         "exclusion",
         "check",
         "fencing token",
@@ -1644,5 +1645,70 @@ fn status_says_when_the_leaders_activity_is_not_tracked() {
             "whether the holder is leaderrun cannot be told (nightly, and track_activities is off"
         ),
         "{said}"
+    );
+}
+
+/// `doctor` whose two sessions reach two servers (a host list of separate servers with
+/// `load_balance_hosts=random`, or a first host that comes and goes) fails its `server`
+/// finding: replicas with such settings may each lead on a server of their own, and the
+/// exclusion finding then passed or failed by chance (blaming a pooler when it failed). Here a
+/// relay sends the first connection to one cluster and every later one to another.
+#[test]
+fn doctor_fails_when_its_two_sessions_reach_two_servers() {
+    let (first, second) = (Cluster::shared(), Cluster::start_private());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let targets = [first.addr(), second.addr()];
+    std::thread::spawn(move || {
+        for (n, client) in listener.incoming().enumerate() {
+            let Ok(client) = client else { return };
+            let Ok(server) = std::net::TcpStream::connect(targets[n.min(1)]) else {
+                return;
+            };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    let dsn = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let out = leaderrun()
+        .args([
+            "doctor",
+            "--dsn",
+            &dsn,
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("FAIL  server") && l.contains("reached different servers")),
+        "{text}"
+    );
+    // Both sessions on one server: the finding passes.
+    let out = leaderrun()
+        .args([
+            "doctor",
+            "--dsn",
+            &first.dsn(),
+            "--lock-id",
+            &unique_lock_id().to_string(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("ok    server") && l.contains("same server")),
+        "{text}"
     );
 }

@@ -270,6 +270,37 @@ pub async fn findings(
         Err(err) => out.push(Finding::fail("primary", Chain(&err).to_string(), permission_hint(&err))),
     }
 
+    // Both sessions on one server: a host list whose hosts are separate servers (with
+    // `load_balance_hosts=random`, or hosts that come and go) sends each replica to a server
+    // of its own, where each takes the lock, and the exclusion below then passes or fails by
+    // chance. A server is told by when its postmaster started (every role may ask).
+    let started = "SELECT pg_catalog.pg_postmaster_start_time()::pg_catalog.text";
+    match (
+        one::<String>(a, started, bound).await,
+        one::<String>(b, started, bound).await,
+    ) {
+        (Ok(first), Ok(second)) if first == second => out.push(Finding::pass(
+            "server",
+            format!("both sessions reached the same server (up since {first})"),
+        )),
+        (Ok(first), Ok(second)) => out.push(Finding::fail(
+            "server",
+            format!(
+                "the two sessions reached different servers (one up since {first}, the other \
+                 since {second}): replicas with these settings may each take the lock on a \
+                 server of their own and lead at once"
+            ),
+            "name one server, or a list of a primary and its standbys with \
+             target_session_attrs=read-write (and no load_balance_hosts=random over separate \
+             servers)",
+        )),
+        (Err(err), _) | (_, Err(err)) => out.push(Finding::fail(
+            "server",
+            Chain(&err).to_string(),
+            permission_hint(&err),
+        )),
+    }
+
     // Exclusion on a scratch id: a takes it, b must be refused, then b gets it once a lets go.
     let key = LockKey {
         class: lock.class,
