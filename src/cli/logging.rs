@@ -728,7 +728,7 @@ pub fn init(level: tracing::Level, explicit: bool, json: bool) {
 }
 
 /// Whether output to a descriptor that is a `terminal` or not carries colour sequences
-/// ([`colours`], with this process's `NO_COLOR` and `TERM`): the log's text lines, and
+/// (`colours`, with this process's `NO_COLOR` and `TERM`): the log's text lines, and
 /// `--help` and usage errors.
 pub fn colours_here(terminal: bool) -> bool {
     colours(
