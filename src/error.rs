@@ -221,6 +221,22 @@ pub enum Error {
     )]
     GrantMoved,
 
+    /// An earlier check of this elector found a pooler that moves sessions between server
+    /// backends or shares them between clients ([`Error::BackendChanged`],
+    /// [`Error::SharedBackend`], [`Error::BackendHeldByAnother`], [`Error::GrantMoved`]), and
+    /// this session is not direct either: nothing is tried on it, since every count a pooled
+    /// backend was granted and could not give back would keep every replica out, the direct
+    /// ones too (docs/field-notes.md#transaction-mode-poolers-move-the-session). The elector
+    /// stays a standby and keeps checking; a direct session is tried as any.
+    #[error(
+        "an earlier check found that this replica's sessions reach the server through a \
+         transaction-mode connection pooler (e.g. PgBouncer pool_mode=transaction), which \
+         cannot carry a session advisory lock: nothing is tried through it any more (a lock \
+         left on a pooled server connection would keep every replica out); connect directly \
+         or through a session-mode pooler"
+    )]
+    PoolerFound,
+
     /// The run history's session (`--history`) reached a hot standby, whose tables cannot be
     /// written (a host list can land it on another server than the lock session's): said as
     /// such, rather than as each write's read-only error.

@@ -353,6 +353,10 @@ pub(crate) struct Shared {
     /// When the standby check in flight last began a step ([`Elector::stepped_at`]).
     pub(crate) steps: connecting::Steps,
     pub(crate) terms: AtomicU64,
+    /// A check found a pooler that moves sessions between server backends or shares them
+    /// between clients: this elector tries nothing more on a session that is not direct
+    /// ([`Error::PoolerFound`]).
+    pub(crate) pooler_found: AtomicBool,
     pub(crate) current: watch::Sender<Term>,
     pub(crate) metrics: Option<Arc<Registered>>,
 }
@@ -415,6 +419,7 @@ impl Elector {
                 released_at: std::sync::Mutex::new(None),
                 steps: connecting::Steps::default(),
                 terms: AtomicU64::new(0),
+                pooler_found: AtomicBool::new(false),
                 current,
                 metrics,
             }),

@@ -15,7 +15,7 @@ use tracing::warn;
 use super::connecting::{connect_socket, Steps};
 use super::Config;
 use crate::error::Error;
-use crate::pg::lock::{can_check, try_sql, wait_sql, LockKey, QUEUE_PLACES};
+use crate::pg::lock::{can_check, give_back_sql, try_sql, wait_sql, Guard, LockKey, QUEUE_PLACES};
 use crate::pg::within;
 
 /// Client-side TCP timers (docs/field-notes.md#half-open-connections-and-pinned-timers): keepalives
@@ -169,6 +169,10 @@ pub(crate) fn sync_standbys(names: &str, commit: &str) -> Option<String> {
         .then(|| names.to_owned())
 }
 
+/// How many extra sessions [`Session::give_back`] opens at most to reach the backend of a
+/// grant behind a pooler: one per server connection the pooler may hand out before it.
+const GIVE_BACK_WALK: usize = 16;
+
 /// The last statement of the pin's round trip: the backend's pid and, over TCP, the client's
 /// address and port and the server's port as the backend sees them (NULL over a Unix socket),
 /// which tell whether the session is direct (no pooler between), then [`can_check!`](crate::pg::lock::can_check).
@@ -287,17 +291,102 @@ impl Session {
     /// [`Session::open`] with the standby's first try ([`try_sql`], unprepared) in the same
     /// flight, after the timers: a new session's first check costs no round trip of its own.
     /// The server runs the flight in order, so the try runs under the pinned timers; a session
-    /// whose pinning failed is never used, and dropping it frees whatever the try took. Returns
-    /// the session and the try's answer (its row, or why it failed: the caller handles that as
-    /// any failed try, on a session it may not reuse). `steps` is told of each step.
+    /// whose pinning failed is never used, and dropping it frees whatever the try took. The
+    /// try is sent before the pin's answer tells whether the session is direct, so it takes
+    /// something only where the server sees our socket's ends ([`Guard::Direct`]; `r` is
+    /// [`NOT_DIRECT`](crate::pg::lock::NOT_DIRECT) elsewhere); over a Unix socket it is sent only when the
+    /// listener is PostgreSQL's ([`listener_is_postgres`]). Returns the session and the try's
+    /// answer (its row, or why it failed: the caller handles that as any failed try, on a
+    /// session it may not reuse; `None` when no try was sent). `steps` is told of each step.
     pub(crate) async fn open_and_try(
         config: &Config,
         target: &str,
         steps: &Steps,
-    ) -> Result<(Session, Result<tokio_postgres::Row, Error>), Error> {
-        let (session, answer) = Session::open_with(config, target, true, Some(steps)).await?;
-        let answer = answer.unwrap_or(Err(Error::SessionClosed(None)));
-        Ok((session, answer))
+    ) -> Result<(Session, Option<Result<tokio_postgres::Row, Error>>), Error> {
+        Session::open_with(config, target, true, Some(steps)).await
+    }
+
+    /// What this session's tries and waits have the server check ([`Guard`]): nothing on a
+    /// direct session, the pinned backend and its locks on any other.
+    pub(crate) fn guard(&self) -> Guard {
+        if self.direct {
+            Guard::None
+        } else {
+            Guard::Shared {
+                backend_pid: self.backend_pid,
+            }
+        }
+    }
+
+    /// Gives slot key `key` back, the grant being on this session's pinned backend. A direct
+    /// session sends one unlock. On one that is not direct the unlock runs only on that
+    /// backend ([`give_back_sql`]): behind a transaction-mode pooler a statement may land on
+    /// another, and a count left on a pooled backend keeps every replica out for as long as
+    /// the pooler keeps that server connection (docs/field-notes.md#transaction-mode-poolers-move-the-session).
+    /// So it is sent, each time inside a transaction that keeps the server connection it
+    /// landed on from the pooler, on this session and then on new sessions of `config` to
+    /// `target` (each lands on a server connection the ones before do not hold, whatever
+    /// order the pooler hands them out in), until the grant's backend answers or `bound`
+    /// passes. Returns whether the grant's backend ran the unlock; a WARN names the backend
+    /// when it did not.
+    pub(crate) async fn give_back(
+        &self,
+        config: &Config,
+        target: &str,
+        key: LockKey,
+        bound: Duration,
+    ) -> bool {
+        use tokio_postgres::SimpleQueryMessage;
+        let Some(client) = self.client.as_ref() else {
+            return false;
+        };
+        if self.direct {
+            return within(
+                "unlock",
+                bound,
+                client.simple_query(&crate::pg::lock::unlock_sql(key)),
+            )
+            .await
+            .is_ok();
+        }
+        let deadline = tokio::time::Instant::now() + bound;
+        let sql = format!("BEGIN; {}", give_back_sql(key, self.backend_pid));
+        // The grant's backend answered (true or false); `None`: another one did, or it failed.
+        let landed = |messages: Vec<SimpleQueryMessage>| {
+            messages
+                .iter()
+                .any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0).is_some()))
+        };
+        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+        if let Ok(messages) = within("unlock", left(), client.simple_query(&sql)).await {
+            if landed(messages) {
+                return true;
+            }
+        }
+        // The sessions that hold a server connection each, until the walk ends.
+        let mut held = Vec::new();
+        while held.len() < GIVE_BACK_WALK && !left().is_zero() {
+            let Ok((client, _closed, task)) =
+                super::connecting::connect(&config.connect, &config.tls, target, left()).await
+            else {
+                break;
+            };
+            let answer = within("unlock", left(), client.simple_query(&sql)).await;
+            held.push((client, task));
+            if answer.is_ok_and(landed) {
+                return true;
+            }
+        }
+        warn!(
+            target: "leaderrun::elector",
+            lock = %key,
+            "leader: cannot give the lock back on server backend {}, which a transaction-mode \
+             pooler hands to other clients: it stays held there until the pooler closes that \
+             server connection (SELECT pg_terminate_backend({}) frees it at once)",
+            self.backend_pid,
+            self.backend_pid
+        );
+        false
     }
 
     async fn open_with(
@@ -341,9 +430,20 @@ impl Session {
         // requests that are in flight together; the server answers them in order).
         let slots = config.effective_slots();
         // Whether the session is direct is known only from the pin's answer: the flight's
-        // statements are unguarded, and a session found not to be direct prepares guarded ones
-        // when it first needs them.
-        let try_sql = try_sql(config.lock, slots, config.wait_for_release, false);
+        // try takes something only where the server sees our socket's ends, and a session
+        // found not to be direct prepares guarded statements when it first needs them.
+        let first_guard = if try_now {
+            first_try_guard(session.fd.as_fd())
+        } else {
+            None
+        };
+        let try_now = first_guard.is_some();
+        let try_sql = try_sql(
+            config.lock,
+            slots,
+            config.wait_for_release,
+            first_guard.as_ref().unwrap_or(&Guard::None),
+        );
         let places: Vec<(u32, u32)> = if config.wait_for_release && slots == 1 {
             (1..=QUEUE_PLACES).map(|place| (0, place)).collect()
         } else {
@@ -355,7 +455,7 @@ impl Session {
         let prepared = async {
             let texts: Vec<String> = places
                 .iter()
-                .map(|&(slot, place)| wait_sql(config.lock, slots, slot, place, false))
+                .map(|&(slot, place)| wait_sql(config.lock, slots, slot, place, &Guard::None))
                 .collect();
             // The try is prepared only when it does not run in this flight: a session whose
             // first try runs here (a one-shot's only one) prepares it at its second
@@ -415,6 +515,7 @@ impl Session {
             session.backend_pid,
         );
         let (try_lock, waits) = prepared?;
+        // Prepared unguarded: a direct session's only.
         if session.direct {
             session.try_lock = try_lock;
             session.waits = waits;
@@ -681,6 +782,53 @@ pub(crate) struct Seen {
     pub(crate) server_port: i32,
 }
 
+/// The guard of a session's first try, sent before the pin's answer tells whether the
+/// session is direct ([`Guard::Direct`]): over TCP the server compares our socket's ends with
+/// the ones it sees, as [`is_direct`] does afterwards; over a Unix socket, where the server
+/// sees no address, no try is sent (`None`) unless the listener is PostgreSQL's
+/// ([`listener_is_postgres`]), and [`is_direct`] still decides after the pin.
+pub(crate) fn first_try_guard(fd: BorrowedFd<'_>) -> Option<Guard> {
+    use nix::sys::socket::{getpeername, getsockname, SockaddrStorage};
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let local = getsockname::<SockaddrStorage>(raw).ok()?;
+    if local.as_unix_addr().is_some() {
+        return listener_is_postgres(fd).then_some(Guard::None);
+    }
+    let local = inet(Some(local))?;
+    let peer = inet(getpeername::<SockaddrStorage>(raw).ok())?;
+    Some(Guard::Direct {
+        client_addr: local.ip(),
+        client_port: local.port(),
+        server_port: peer.port(),
+    })
+}
+
+/// A socket address as an IP one, when it is.
+fn inet(address: Option<nix::sys::socket::SockaddrStorage>) -> Option<std::net::SocketAddr> {
+    address.and_then(|a| {
+        a.as_sockaddr_in()
+            .map(|v4| std::net::SocketAddr::V4((*v4).into()))
+            .or_else(|| {
+                a.as_sockaddr_in6()
+                    .map(|v6| std::net::SocketAddr::V6((*v6).into()))
+            })
+    })
+}
+
+/// Whether the process listening behind the Unix socket `fd` (`SO_PEERCRED`, unix(7)) is
+/// named `postgres` in this machine's `/proc` (its `comm`, which PostgreSQL's postmaster keeps;
+/// a pooler's is its own). Read before the session's first try, whose grant on a pooled
+/// backend could not be given back for sure: [`unix_listener_is_parent_of`] is the proof, once
+/// the pin has named the backend.
+fn listener_is_postgres(fd: BorrowedFd<'_>) -> bool {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    getsockopt(&fd, PeerCredentials).is_ok_and(|peer| {
+        peer.pid() > 0
+            && std::fs::read(format!("/proc/{}/comm", peer.pid()))
+                .is_ok_and(|comm| comm == b"postgres\n")
+    })
+}
+
 /// Whether no pooler can sit between the session's socket `fd` and its server backend
 /// (docs/field-notes.md#transaction-mode-poolers-move-the-session), given how the server sees
 /// the session (`None` over a Unix socket) and the backend that answers on it
@@ -694,16 +842,6 @@ pub(crate) struct Seen {
 pub(crate) fn is_direct(fd: BorrowedFd<'_>, seen: Option<&Seen>, backend_pid: i32) -> bool {
     use nix::sys::socket::{getpeername, getsockname, SockaddrStorage};
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let inet = |address: Option<SockaddrStorage>| {
-        address.and_then(|a| {
-            a.as_sockaddr_in()
-                .map(|v4| std::net::SocketAddr::V4((*v4).into()))
-                .or_else(|| {
-                    a.as_sockaddr_in6()
-                        .map(|v6| std::net::SocketAddr::V6((*v6).into()))
-                })
-        })
-    };
     let local = getsockname::<SockaddrStorage>(raw).ok();
     let unix = local.as_ref().is_some_and(|a| a.as_unix_addr().is_some());
     match (inet(local), seen) {
@@ -787,6 +925,29 @@ mod tests {
         assert!(!is_direct(fd, Some(&seen(other_address, server_port)), 0));
         // Nothing seen (the server reports no TCP client): not direct.
         assert!(!is_direct(fd, None, 0));
+    }
+
+    /// A first try's guard names our socket's own ends, the ones [`is_direct`] compares after
+    /// the pin; a Unix socket whose listener is not named `postgres` sends no first try.
+    #[test]
+    fn a_first_try_is_guarded_by_the_ends_of_its_own_socket() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let local = stream.local_addr().unwrap();
+        assert_eq!(
+            first_try_guard(stream.as_fd()),
+            Some(Guard::Direct {
+                client_addr: local.ip(),
+                client_port: local.port(),
+                server_port: listener.local_addr().unwrap().port(),
+            })
+        );
+        // This test process listens: its name is not postgres.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let _unix = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let client = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        assert_eq!(first_try_guard(client.as_fd()), None);
     }
 
     #[test]

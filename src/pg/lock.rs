@@ -117,11 +117,9 @@ pub fn lock_id_for_name(name: &str) -> i32 {
 /// −1: refused; NULL: in recovery), the fencing token (int8, `txid_current()` taken after the
 /// grant, in the same statement, and flushed to the WAL before the answer ([`DURABLE_TOKEN`]);
 /// NULL unless a slot was granted), `current_database()`. The leading comment is how
-/// `leaderrun status` finds standbys in `pg_stat_activity`. `guarded`: the session is not
-/// direct, so its server backend may be shared, and the statement refuses a backend that
-/// already holds a slot (`r` = [`SHARED_BACKEND`]); its row has a fourth column,
-/// `pg_backend_pid()`.
-pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, guarded: bool) -> String {
+/// `leaderrun status` finds standbys in `pg_stat_activity`. `guard`: what the server checks
+/// before anything is tried ([`Guard`]).
+pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, guard: &Guard) -> String {
     let mut cases = String::new();
     for slot in 0..slots {
         cases.push_str(&try_case(lock.slot(slot), slot));
@@ -137,7 +135,7 @@ pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, guarded: bool) -> S
             }
         }
     }
-    statement(lock, slots, &cases, "-1", guarded)
+    statement(lock, slots, &cases, "-1", guard)
 }
 
 /// Text of the wait of the standby at place `place` in the line of slot `slot`: it waits in
@@ -146,8 +144,8 @@ pub(crate) fn try_sql(lock: LockKey, slots: u32, line: bool, guarded: bool) -> S
 /// or for the place ahead of it, so a release, or the holder's session dying, reaches it at
 /// once. Once granted, the same statement gives its old place back, so the one behind moves
 /// up at once too. The row is [`try_sql`]'s, with `r` the slot granted or the new code of
-/// this session (place − 1); `guarded` as there.
-pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32, guarded: bool) -> String {
+/// this session (place − 1); `guard` as there.
+pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32, guard: &Guard) -> String {
     let key = lock.slot(slot);
     let mut cases = String::new();
     let target = if place <= 1 {
@@ -180,7 +178,7 @@ pub(crate) fn wait_sql(lock: LockKey, slots: u32, slot: u32, place: u32, guarded
          IS NOT NULL) END",
         key.queue_key(place)
     );
-    statement(lock, slots, &cases, &wait, guarded)
+    statement(lock, slots, &cases, &wait, guard)
 }
 
 /// Text of a queue head's look for slots with no head, for a lock of `slots` slots (N > 1;
@@ -241,12 +239,53 @@ fn try_case(key: LockKey, code: u32) -> String {
     )
 }
 
+/// What a try or wait has the server check before it takes anything, for a session that may
+/// not be direct (docs/field-notes.md#transaction-mode-poolers-move-the-session): behind a
+/// transaction-mode pooler a client's statements run on server backends other clients use
+/// too, and a lock taken there may never be given back (the give-back can land on another
+/// backend). So nothing is taken where that can happen, and the row says why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Guard {
+    /// None: the session is direct ([`is_direct`](crate::elector::session::is_direct)), its
+    /// backend is nobody else's.
+    None,
+    /// A session's first try, sent with its set-up before the server's answer tells whether
+    /// it is direct: it takes something only where the server sees the client's address and
+    /// port as our socket's own and took the connection on the port our socket reached (the
+    /// test `is_direct` makes, made by the server); elsewhere `r` is [`NOT_DIRECT`].
+    Direct {
+        /// Our socket's local address, as `host(inet_client_addr())` shows it.
+        client_addr: std::net::IpAddr,
+        /// Our socket's local port.
+        client_port: u16,
+        /// The port our socket reached.
+        server_port: u16,
+    },
+    /// A session that is not direct: the statement refuses a backend other than the one its
+    /// timers were pinned on (`r` = [`MOVED_BACKEND`]) and one that already holds a slot
+    /// (`r` = [`SHARED_BACKEND`]); its row has a fourth column, `pg_backend_pid()`.
+    Shared {
+        /// `pg_backend_pid()` of the pin.
+        backend_pid: i32,
+    },
+}
+
 /// `r` of a guarded try or wait whose server backend held a slot of the lock before it asked:
 /// another client's session shares the backend (a transaction-mode pooler), and a grant there
 /// would only count that client's lock up once more (PostgreSQL grants a session lock again
 /// to the backend that holds it: the manual, "Advisory Locks"). Nothing is taken, and nothing
 /// may be given back: the lock is the other client's.
 pub(crate) const SHARED_BACKEND: i32 = -1000;
+
+/// `r` of a first try ([`Guard::Direct`]) on a session the server does not see as ours: a
+/// pooler or a port forward sits between. Nothing is taken; the session tries again guarded
+/// ([`Guard::Shared`]) once its pin has said which backend it is on.
+pub(crate) const NOT_DIRECT: i32 = -1001;
+
+/// `r` of a guarded try or wait ([`Guard::Shared`]) that ran on another server backend than
+/// the one the session's timers were pinned on: the session moves between backends (a
+/// transaction-mode pooler). Nothing is taken.
+pub(crate) const MOVED_BACKEND: i32 = -1002;
 
 /// The guard of [`SHARED_BACKEND`]: whether this backend holds a slot's key already, read from
 /// `pg_locks` before anything is tried. Only sessions that are not direct carry it
@@ -269,15 +308,36 @@ fn shared_backend_case(lock: LockKey, slots: u32) -> String {
     )
 }
 
-fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str, guarded: bool) -> String {
-    let guard = if guarded {
-        shared_backend_case(lock, slots)
-    } else {
-        String::new()
-    };
+/// The `CASE` branches that come before any try for `guard`.
+fn guard_cases(lock: LockKey, slots: u32, guard: &Guard) -> String {
+    match guard {
+        Guard::None => String::new(),
+        Guard::Direct {
+            client_addr,
+            client_port,
+            server_port,
+        } => format!(
+            // An address is digits, dots, colons and hex: nothing to quote. `IS NOT TRUE`:
+            // NULL (the server sees a Unix socket's client) is not direct either.
+            " WHEN (pg_catalog.inet_client_port() OPERATOR(pg_catalog.=) {client_port} \
+             AND pg_catalog.inet_server_port() OPERATOR(pg_catalog.=) {server_port} \
+             AND pg_catalog.host(pg_catalog.inet_client_addr()) OPERATOR(pg_catalog.=) \
+             '{}'::pg_catalog.text) IS NOT TRUE THEN {NOT_DIRECT}",
+            client_addr.to_canonical()
+        ),
+        Guard::Shared { backend_pid } => format!(
+            " WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) {backend_pid} \
+             THEN {MOVED_BACKEND}{}",
+            shared_backend_case(lock, slots)
+        ),
+    }
+}
+
+fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str, guard: &Guard) -> String {
+    let guards = guard_cases(lock, slots, guard);
     // A guarded statement also says which backend answered it: a grant there is the
     // session's only when its backend is the one its timers were pinned on.
-    let backend = if guarded {
+    let backend = if matches!(guard, Guard::Shared { .. }) {
         ", pg_catalog.pg_backend_pid()"
     } else {
         ""
@@ -286,7 +346,7 @@ fn statement(lock: LockKey, slots: u32, cases: &str, otherwise: &str, guarded: b
         "{} {} SELECT t.r, CASE WHEN t.r OPERATOR(pg_catalog.>=) 0 \
          AND t.r OPERATOR(pg_catalog.<=) {} THEN ({DURABLE_TOKEN}) END, \
          pg_catalog.current_database(){backend} FROM (SELECT CASE WHEN \
-         pg_catalog.pg_is_in_recovery() THEN NULL{guard}{cases} ELSE {otherwise} END AS r \
+         pg_catalog.pg_is_in_recovery() THEN NULL{guards}{cases} ELSE {otherwise} END AS r \
          OFFSET 0) AS t",
         standby_comment(lock),
         super::holder::identity_comment(),
@@ -351,6 +411,36 @@ pub(crate) fn unlock_sql(key: LockKey) -> String {
     format!(
         "SELECT pg_catalog.pg_advisory_unlock(({})::pg_catalog.int4, ({})::pg_catalog.int4)",
         key.class, key.id
+    )
+}
+
+/// The give-back of slot key `key` on a session that is not direct, whose grant is on server
+/// backend `backend_pid` (docs/field-notes.md#transaction-mode-poolers-move-the-session): the
+/// unlock runs only there. Behind a transaction-mode pooler the statement may land on another
+/// backend, where an unlock would free another client's count of the lock or find nothing;
+/// there it answers NULL and the caller sends it again. One row: `true` given back, `false`
+/// that backend did not hold it, NULL another backend answered.
+pub(crate) fn give_back_sql(key: LockKey, backend_pid: i32) -> String {
+    format!(
+        "SELECT CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) {backend_pid} \
+         THEN pg_catalog.pg_advisory_unlock(({})::pg_catalog.int4, ({})::pg_catalog.int4) END",
+        key.class, key.id
+    )
+}
+
+/// The second session's test of a grant on a session that is not direct, whose grant is on
+/// server backend `backend_pid`: `true` when this session shares that backend, or was granted
+/// `key` (a backend that holds it for someone else, or none does), which is then given back
+/// in the same statement (the unlock's `true` is the answer). One statement is one transaction, so a pooler cannot move the
+/// give-back to another backend than the grant's.
+pub(crate) fn probe_sql(key: LockKey, backend_pid: i32) -> String {
+    format!(
+        "SELECT CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) {backend_pid} \
+         THEN true WHEN pg_catalog.pg_try_advisory_lock(({c})::pg_catalog.int4, \
+         ({i})::pg_catalog.int4) THEN pg_catalog.pg_advisory_unlock(({c})::pg_catalog.int4, \
+         ({i})::pg_catalog.int4) ELSE false END",
+        c = key.class,
+        i = key.id
     )
 }
 
@@ -465,10 +555,14 @@ mod tests {
     #[test]
     fn only_a_guarded_statement_reads_pg_locks_and_it_reads_them_before_any_try() {
         let lock = LockKey { class: 7, id: -2 };
+        let shared = Guard::Shared { backend_pid: 4242 };
         // A direct session's statements: no pg_locks for a fresh backend to parse and plan.
-        assert!(!try_sql(lock, 2, true, false).contains("pg_locks"));
-        assert!(!wait_sql(lock, 2, 0, 1, false).contains("pg_locks"));
-        for sql in [try_sql(lock, 2, true, true), wait_sql(lock, 2, 1, 1, true)] {
+        assert!(!try_sql(lock, 2, true, &Guard::None).contains("pg_locks"));
+        assert!(!wait_sql(lock, 2, 0, 1, &Guard::None).contains("pg_locks"));
+        for sql in [
+            try_sql(lock, 2, true, &shared),
+            wait_sql(lock, 2, 1, 1, &shared),
+        ] {
             // Every slot's key, unsigned as pg_locks shows it, held by this very backend.
             let guard = sql
                 .find(&format!(
@@ -480,8 +574,16 @@ mod tests {
                     -2i32 as u32
                 ))
                 .unwrap_or_else(|| panic!("{sql}"));
+            // Another backend than the pin's is refused first: its locks are another client's.
+            let moved = sql
+                .find(&format!(
+                    "WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) 4242 \
+                     THEN {MOVED_BACKEND}"
+                ))
+                .unwrap_or_else(|| panic!("{sql}"));
             // After the recovery check, before anything is taken or waited for.
-            assert!(sql.find("pg_is_in_recovery").unwrap() < guard, "{sql}");
+            assert!(sql.find("pg_is_in_recovery").unwrap() < moved, "{sql}");
+            assert!(moved < guard, "{sql}");
             assert!(guard < sql.find("pg_try_advisory_lock").unwrap(), "{sql}");
             assert!(
                 guard < sql.find("pg_advisory_lock(").unwrap_or(usize::MAX),
@@ -493,7 +595,38 @@ mod tests {
                 "{sql}"
             );
         }
-        assert!(!try_sql(lock, 1, false, false).contains("pg_backend_pid() FROM"));
+        assert!(!try_sql(lock, 1, false, &Guard::None).contains("pg_backend_pid() FROM"));
+    }
+
+    /// A session's first try, sent before its pin has told whether it is direct, takes
+    /// nothing unless the server sees both of our socket's ends: the test comes before every
+    /// try, and reads no catalog view.
+    #[test]
+    fn a_first_try_takes_nothing_where_the_server_does_not_see_our_socket() {
+        let lock = LockKey { class: 7, id: -2 };
+        for (address, shown) in [
+            ("127.0.0.1", "127.0.0.1"),
+            ("::1", "::1"),
+            ("::ffff:10.0.0.1", "10.0.0.1"),
+        ] {
+            let guard = Guard::Direct {
+                client_addr: address.parse().unwrap(),
+                client_port: 40001,
+                server_port: 5432,
+            };
+            let sql = try_sql(lock, 1, true, &guard);
+            let test = sql
+                .find(&format!(
+                    "WHEN (pg_catalog.inet_client_port() OPERATOR(pg_catalog.=) 40001 \
+                     AND pg_catalog.inet_server_port() OPERATOR(pg_catalog.=) 5432 \
+                     AND pg_catalog.host(pg_catalog.inet_client_addr()) OPERATOR(pg_catalog.=) \
+                     '{shown}'::pg_catalog.text) IS NOT TRUE THEN {NOT_DIRECT}"
+                ))
+                .unwrap_or_else(|| panic!("{sql}"));
+            assert!(test < sql.find("pg_try_advisory_lock").unwrap(), "{sql}");
+            assert!(!sql.contains("pg_locks"), "{sql}");
+            assert!(!sql.contains("pg_backend_pid() FROM"), "{sql}");
+        }
     }
 
     #[test]
@@ -503,16 +636,27 @@ mod tests {
             headless_sql(lock, 3),
             head_sql(lock, 1),
             unlock_sql(lock),
+            give_back_sql(lock, 4242),
+            probe_sql(lock, 4242),
             DURABLE_TOKEN.to_owned(),
         ];
         #[cfg(feature = "cli")]
         all.push(SYNC_STANDBYS.to_owned());
-        for guarded in [false, true] {
+        let guards = [
+            Guard::None,
+            Guard::Direct {
+                client_addr: "::1".parse().unwrap(),
+                client_port: 1,
+                server_port: 2,
+            },
+            Guard::Shared { backend_pid: 3 },
+        ];
+        for guard in &guards {
             for slots in [1, 2] {
-                all.push(try_sql(lock, slots, true, guarded));
-                all.push(try_sql(lock, slots, false, guarded));
+                all.push(try_sql(lock, slots, true, guard));
+                all.push(try_sql(lock, slots, false, guard));
                 for place in 0..3 {
-                    all.push(wait_sql(lock, slots, slots - 1, place, guarded));
+                    all.push(wait_sql(lock, slots, slots - 1, place, guard));
                 }
             }
         }

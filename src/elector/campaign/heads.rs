@@ -246,7 +246,7 @@ async fn open_head(shared: &Shared, slot: u32) -> Result<Session, Option<Error>>
         config.effective_slots(),
         slot,
         1,
-        !session.direct,
+        &session.guard(),
     );
     let take = head_sql(config.lock, slot);
     let (taken, prepared) = tokio::join!(

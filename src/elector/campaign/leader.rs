@@ -58,21 +58,6 @@ impl Campaign<'_> {
         }
         // Found direct or not when the session's timers were pinned (`Session::direct`).
         let direct = self.role.session().is_some_and(|s| s.direct);
-        // A session that is not direct was granted by a guarded statement, which names its
-        // backend: another backend than the pin's means the session moves between backends
-        // (a transaction-mode pooler), whatever the second session below would find.
-        if let Some(session) = self.role.session().filter(|s| !s.direct) {
-            let now = row
-                .columns()
-                .get(3)
-                .and_then(|_| row.get::<_, Option<i32>>(3));
-            if let Some(now) = now.filter(|&pid| pid != session.backend_pid) {
-                return Err(Error::BackendChanged {
-                    granted_to: session.backend_pid,
-                    now,
-                });
-            }
-        }
         // Behind a transaction-mode pooler two client sessions can share one server backend,
         // and a session lock then excludes nothing
         // (docs/field-notes.md#transaction-mode-poolers-move-the-session). A direct TCP connection,
@@ -85,7 +70,8 @@ impl Campaign<'_> {
                 target: "leaderrun::elector",
                 "leader: a second session proves that no transaction-mode pooler sits between"
             );
-            match self.probe_exclusion(key).await {
+            let backend_pid = self.role.session().map_or(0, |s| s.backend_pid);
+            match self.probe_exclusion(key, backend_pid).await {
                 Err(err @ Error::SharedBackend) => return Err(err),
                 Err(err) => warn!(
                     target: "leaderrun::elector",
@@ -268,6 +254,7 @@ impl Campaign<'_> {
                 Ok(())
             }
             Err(err) => {
+                self.found_pooler(&err);
                 if matches!(err, Error::BackendChanged { .. } | Error::InRecovery { .. }) {
                     error!(target: "leaderrun::elector", "leader: {}", Chain(&err));
                 }
@@ -316,6 +303,21 @@ impl Campaign<'_> {
         self.release_after_holds(&control, self.role.session().is_some())
             .await;
         let session = self.role.take_standby_session();
+        // A direct session's close frees the lock; a pooled server session outlives its
+        // client's close, so a session that is not direct gives the lock back first, on the
+        // backend that was granted it (the work is stopped by now), when it still answers: a
+        // session cut off would only spend the bound before the next check.
+        let answers = matches!(
+            cause,
+            Error::BackendChanged { .. } | Error::StepDownRequested | Error::GivenUp
+        );
+        if let Some(session) = session.as_ref().filter(|s| !s.direct && answers) {
+            let lock = session.granted.unwrap_or(self.shared.config.lock);
+            let shared = self.shared;
+            session
+                .give_back(&shared.config, &shared.target, lock, UNLOCK_BOUND)
+                .await;
+        }
         self.drop_session(session);
     }
 
@@ -401,29 +403,46 @@ impl Campaign<'_> {
         if let Some(control) = control {
             let term = control.term();
             let lock = session.granted.unwrap_or(self.shared.config.lock);
-            // One round trip: the simple protocol, with the key written out.
-            let unlock = crate::pg::lock::unlock_sql(lock);
-            let result = match session.client.as_ref() {
-                Some(client) => within("unlock", UNLOCK_BOUND, client.simple_query(&unlock))
-                    .await
-                    .map(|_| ()),
-                None => Err(Error::SessionClosed(None)),
-            };
-            unlock_failed = result.is_err();
-            unlocked = result.is_ok();
-            match result {
-                Ok(_) => info!(
-                    target: "leaderrun::elector",
-                    term = term.number(),
-                    lock = %lock,
-                    "background leader lock released"
-                ),
-                Err(err) => warn!(
-                    target: "leaderrun::elector",
-                    term = term.number(),
-                    "leader: unlock failed; the server frees the lock when the session closes: {}",
-                    Chain(&err)
-                ),
+            // A session that is not direct gives it back on the backend that was granted it,
+            // and says so itself when it cannot (closing it frees nothing there).
+            if !session.direct {
+                let shared = self.shared;
+                unlocked = session
+                    .give_back(&shared.config, &shared.target, lock, UNLOCK_BOUND)
+                    .await;
+                if unlocked {
+                    info!(
+                        target: "leaderrun::elector",
+                        term = term.number(),
+                        lock = %lock,
+                        "background leader lock released"
+                    );
+                }
+            } else {
+                // One round trip: the simple protocol, with the key written out.
+                let unlock = crate::pg::lock::unlock_sql(lock);
+                let result = match session.client.as_ref() {
+                    Some(client) => within("unlock", UNLOCK_BOUND, client.simple_query(&unlock))
+                        .await
+                        .map(|_| ()),
+                    None => Err(Error::SessionClosed(None)),
+                };
+                unlock_failed = result.is_err();
+                unlocked = result.is_ok();
+                match result {
+                    Ok(_) => info!(
+                        target: "leaderrun::elector",
+                        term = term.number(),
+                        lock = %lock,
+                        "background leader lock released"
+                    ),
+                    Err(err) => warn!(
+                        target: "leaderrun::elector",
+                        term = term.number(),
+                        "leader: unlock failed; the server frees the lock when the session closes: {}",
+                        Chain(&err)
+                    ),
+                }
             }
         }
         // After an unlock the server took, the lock is free and the close ends the session by

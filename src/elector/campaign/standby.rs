@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::time::{timeout, Instant};
+use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::{is_transient, Campaign, Role, HOLDER_SQL};
@@ -12,7 +12,10 @@ use crate::elector::connecting::connect;
 use crate::elector::session::{boottime, Session};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
-use crate::pg::lock::{standby_comment, try_sql, unlock_sql, wait_sql, LockKey};
+use crate::pg::lock::{
+    probe_sql, standby_comment, try_sql, unlock_sql, wait_sql, Guard, LockKey, MOVED_BACKEND,
+    NOT_DIRECT,
+};
 use crate::pg::within;
 
 /// A wait's answer: the row when it was granted, `None` when it timed out on the server
@@ -62,29 +65,32 @@ impl Campaign<'_> {
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
-            Err(err @ (Error::BackendHeldByAnother | Error::GrantMoved)) => {
+            Err(
+                err @ (Error::BackendHeldByAnother
+                | Error::GrantMoved
+                | Error::BackendChanged { .. }
+                | Error::PoolerFound),
+            ) => {
+                self.found_pooler(&err);
                 self.say_refusal(&err);
-                // Where a lock of this session's may be is unknown (its backends are shared):
-                // nothing is given back, and the session is dropped.
+                // Nothing of this check's is held (a guarded statement takes nothing on
+                // another backend than the pin's or on one that holds the lock; a grant that
+                // moved was given back where it could be): the session is dropped.
                 let session = self.role.take_standby_session();
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
-            Err(
-                err @ (Error::SharedBackend
-                | Error::BackendChanged { .. }
-                | Error::Keeper(_)
-                | Error::CannotCheck { .. }),
-            ) => {
+            Err(err @ (Error::SharedBackend | Error::Keeper(_) | Error::CannotCheck { .. })) => {
+                self.found_pooler(&err);
                 self.say_refusal(&err);
                 // A grant no term begins on. Closing the client does not end a pooled server
-                // session: give the lock back first.
+                // session: give the lock back first, on the backend that granted it.
                 if let Some(session) = self.role.take_standby_session() {
                     let lock = session.granted.unwrap_or(self.shared.config.lock);
-                    if let Some(client) = session.client.as_ref() {
-                        let unlock = unlock_sql(lock);
-                        let _ = within("unlock", UNLOCK_BOUND, client.simple_query(&unlock)).await;
-                    }
+                    let shared = self.shared;
+                    session
+                        .give_back(&shared.config, &shared.target, lock, UNLOCK_BOUND)
+                        .await;
                     self.drop_session(Some(session));
                 }
                 self.record(CheckOutcome::Failed, started, Some(&err));
@@ -110,6 +116,24 @@ impl Campaign<'_> {
                     .checks
                     .send_modify(|c| c.last_transient = transient);
             }
+        }
+    }
+
+    /// Notes that `err` shows a pooler that moves sessions between server backends or shares
+    /// them between clients (docs/field-notes.md#transaction-mode-poolers-move-the-session):
+    /// from then on this elector tries nothing on a session that is not direct
+    /// ([`Error::PoolerFound`]), where each grant could leave a count on a pooled backend.
+    pub(crate) fn found_pooler(&self, err: &Error) {
+        if matches!(
+            err,
+            Error::BackendHeldByAnother
+                | Error::GrantMoved
+                | Error::BackendChanged { .. }
+                | Error::SharedBackend
+        ) {
+            self.shared
+                .pooler_found
+                .store(true, std::sync::atomic::Ordering::Release);
         }
     }
 
@@ -254,23 +278,42 @@ impl Campaign<'_> {
                 *session = Some(opened);
             }
             self.shared.checks.send_modify(|c| c.sessions_opened += 1);
-            first = Some(answer);
+            first = answer;
         }
-        let Some(session) = self.role.session() else {
-            return Ok(CheckOutcome::Failed);
-        };
-        let mut row = match (first, session.place) {
-            // A grant of the flight's unguarded try on a session that is not direct may be
-            // the holder's lock counted up on a shared backend: given back, tried again guarded.
-            (Some(answer), _) => {
+        // The flight's try: a grant on a session that is not direct (a Unix socket whose
+        // listener looked like PostgreSQL's and is no backend's parent) may be the holder's
+        // lock counted up on a shared backend, and is given back; nothing was taken where the
+        // server did not see our socket (NOT_DIRECT). Either way the lock is tried again below
+        // with the session's own guard.
+        let first = match first {
+            Some(answer) => {
                 let answer = answer?;
+                let direct = self.role.session().is_some_and(|s| s.direct);
                 match answer.get::<_, Option<i32>>(0) {
-                    Some(code) if !session.direct && code >= 0 && (code as u32) < slots => {
-                        Some(self.try_again_guarded(code as u32).await?)
+                    Some(code) if !direct && code >= 0 && (code as u32) < slots => {
+                        self.give_back_first_grant(code as u32).await?;
+                        None
                     }
+                    Some(NOT_DIRECT) => None,
                     _ => Some(answer),
                 }
             }
+            None => None,
+        };
+        let Some(session) = self.role.session() else {
+            return Ok(CheckOutcome::Failed);
+        };
+        if first.is_none()
+            && !session.direct
+            && self
+                .shared
+                .pooler_found
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(Error::PoolerFound);
+        }
+        let mut row = match (first, session.place) {
+            (Some(answer), _) => Some(answer),
             (None, Some(place)) => self.wait_in_place(place).await?,
             (None, None) => match session.try_lock.as_ref() {
                 Some(statement) => Some(
@@ -278,10 +321,26 @@ impl Campaign<'_> {
                         .bounded("try advisory lock", bound, statement, &[])
                         .await?,
                 ),
+                None if !session.direct => {
+                    // Never prepared on a session that is not direct: behind a transaction-mode
+                    // pooler a named statement stays on the shared server connection, and the
+                    // next client that prepares one of the same name fails.
+                    let sql = try_sql(
+                        config.lock,
+                        slots,
+                        config.wait_for_release,
+                        &session.guard(),
+                    );
+                    Some(
+                        session
+                            .bounded_typed("try advisory lock", bound, &sql, &[])
+                            .await?,
+                    )
+                }
                 None => {
                     // The session's first try went unprepared in its set-up flight; its second
                     // prepares the statement in the same flight as it runs it unprepared.
-                    let sql = try_sql(config.lock, slots, config.wait_for_release, !session.direct);
+                    let sql = try_sql(config.lock, slots, config.wait_for_release, &Guard::None);
                     let (prepared, row) = tokio::join!(
                         session.prepare("prepare the lock statements", bound, &sql),
                         session.bounded_typed("try advisory lock", bound, &sql, &[])
@@ -308,6 +367,12 @@ impl Campaign<'_> {
                     })
                 }
                 Some(crate::pg::lock::SHARED_BACKEND) => return Err(Error::BackendHeldByAnother),
+                Some(MOVED_BACKEND) => {
+                    return Err(Error::BackendChanged {
+                        granted_to: self.role.session().map_or(0, |s| s.backend_pid),
+                        now: answer.get::<_, Option<i32>>(3).unwrap_or_default(),
+                    })
+                }
                 Some(code) if code < 0 => {
                     debug!(target: "leaderrun::elector", lock = %self.shared.config.lock, "lock held by another session; standing by");
                     return Ok(CheckOutcome::Refused);
@@ -339,73 +404,29 @@ impl Campaign<'_> {
         }
     }
 
-    /// The session is not direct, and its flight's try, which was unguarded, was granted slot
-    /// `slot`: on a server backend shared with other clients that may be the holder's lock
-    /// granted once more (docs/field-notes.md#transaction-mode-poolers-move-the-session). The
-    /// grant is given back and the lock tried again guarded
-    /// ([`SHARED_BACKEND`](crate::pg::lock::SHARED_BACKEND)), in one flight. Returns the
-    /// guarded try's row; [`Error::GrantMoved`] when the unlock
-    /// found nothing to give back (the session moved between backends). A direct session never
-    /// comes here: its flight's try is its grant, and costs no guard.
-    async fn try_again_guarded(&mut self, slot: u32) -> Result<tokio_postgres::Row, Error> {
+    /// The session is not direct, and its flight's try, sent before that was known, was
+    /// granted slot `slot`: on a server backend shared with other clients that may be the
+    /// holder's lock granted once more (docs/field-notes.md#transaction-mode-poolers-move-the-session).
+    /// Only a Unix socket whose listener is named `postgres` and is no backend's parent comes
+    /// here (over TCP the try took nothing where the server did not see our socket). The
+    /// grant is given back; [`Error::GrantMoved`] when the unlock found nothing to give back
+    /// (the session moved between backends).
+    async fn give_back_first_grant(&mut self, slot: u32) -> Result<(), Error> {
         let config = &self.shared.config;
-        let bound = config.io_bound();
         let Some(session) = self.role.session() else {
             return Err(Error::SessionClosed(None));
         };
         let key = config.lock.slot(slot);
-        // The key written out: the unnamed statement, no round trip of its own.
-        let unlock = unlock_sql(key);
-        let sql = try_sql(
-            config.lock,
-            config.effective_slots(),
-            config.wait_for_release,
-            true,
-        );
         debug!(target: "leaderrun::elector", lock = %key, "granted on a session that is not direct: giving it back and trying again guarded");
-        // join! sends in the order written: the unlock, then the try. Neither is prepared: a
-        // named statement would outlive a one-shot on a pooler's shared server connection, and
-        // the next client there that prepares one of the same name would fail; a standby
-        // prepares the guarded try at its next check.
-        let (unlocked, row) = tokio::join!(
-            session.bounded_typed("unlock", bound, &unlock, &[]),
-            session.bounded_typed("try advisory lock", bound, &sql, &[])
-        );
-        // The give-back decides: false means the session moved between backends, whatever the
-        // try answered; and a grant of the guarded try is not kept on a session that is about
-        // to be thrown away for an error (behind a pooler its client's end is not its server
-        // session's).
-        let moved = match &unlocked {
-            Ok(answer) => !answer.get::<_, bool>(0),
-            Err(_) => false,
-        };
-        if moved || unlocked.is_err() {
-            if let Some(code) = row
-                .as_ref()
-                .ok()
-                .and_then(|row| row.get::<_, Option<i32>>(0))
-                .filter(|&r| r >= 0)
-            {
-                let code = code as u32;
-                let slots = config.effective_slots();
-                let (slot, place) = (code % slots, code / slots);
-                let undo = match place {
-                    0 => unlock_sql(config.lock.slot(slot)),
-                    place => format!(
-                        "SELECT pg_catalog.pg_advisory_unlock(({})::pg_catalog.int8)",
-                        config.lock.slot(slot).queue_key(place)
-                    ),
-                };
-                let _ = session
-                    .bounded_typed("unlock", UNLOCK_BOUND, &undo, &[])
-                    .await;
-            }
-            return Err(match unlocked {
-                Err(err) => err,
-                Ok(_) => Error::GrantMoved,
-            });
+        // Not prepared: a named statement would outlive a one-shot on a pooler's shared server
+        // connection, and the next client there that prepares one of the same name would fail.
+        let unlocked = session
+            .bounded_typed("unlock", config.io_bound(), &unlock_sql(key), &[])
+            .await?;
+        if !unlocked.get::<_, bool>(0) {
+            return Err(Error::GrantMoved);
         }
-        row
+        Ok(())
     }
 
     /// The wait of this check at `place` (slot, place) in the line: a queue head of a lock
@@ -441,7 +462,7 @@ impl Campaign<'_> {
             config.effective_slots(),
             place.0,
             place.1,
-            !session.direct,
+            &session.guard(),
         );
         let statement = session
             .prepare("prepare the wait in line", bound, &sql)
@@ -459,24 +480,43 @@ impl Campaign<'_> {
         &mut self,
         place: (u32, u32),
     ) -> Result<Option<tokio_postgres::Row>, Error> {
-        let statement = self.prepared_wait(place).await?;
+        // Unprepared on a session that is not direct, as its try is.
+        let direct = self.role.session().is_some_and(|s| s.direct);
+        let statement = match direct {
+            true => Some(self.prepared_wait(place).await?),
+            false => None,
+        };
         let config = &self.shared.config;
-        let bound = config.io_bound();
         let Some(session) = self.role.session() else {
             return Err(Error::SessionClosed(None));
+        };
+        let bound = config.effective_check_interval() + config.io_bound();
+        let wait = async {
+            match &statement {
+                Some(statement) => {
+                    session
+                        .bounded("wait for the advisory lock", bound, statement, &[])
+                        .await
+                }
+                None => {
+                    let sql = wait_sql(
+                        config.lock,
+                        config.effective_slots(),
+                        place.0,
+                        place.1,
+                        &session.guard(),
+                    );
+                    session
+                        .bounded_typed("wait for the advisory lock", bound, &sql, &[])
+                        .await
+                }
+            }
         };
         // The wait is queued on the server as soon as it is sent: a standby is ready from
         // then on (docs/guarantees.md#observing-a-replica), not only once its wait times out.
         self.shared.checks.send_modify(|c| c.waiting = true);
         let wait_started = Instant::now();
-        let result = session
-            .bounded(
-                "wait for the advisory lock",
-                config.effective_check_interval() + bound,
-                &statement,
-                &[],
-            )
-            .await;
+        let result = wait.await;
         // `waiting` stays set until this check's outcome is recorded ([`Self::record`] clears
         // both at once): clearing it here would show a queued standby as "no check yet" for
         // the moment between the wait's end and its record.
@@ -488,28 +528,33 @@ impl Campaign<'_> {
         lock_timeout_is_refusal(result)
     }
 
-    /// Opens a second session and tries the lock this session was just granted: it must be
-    /// refused. Granted means both sessions reached one server backend (a transaction-mode
-    /// pooler); the probe's extra hold is released again.
-    pub(crate) async fn probe_exclusion(&self, lock: LockKey) -> Result<(), Error> {
+    /// Opens a second session and tests the lock this session was just granted, on server
+    /// backend `backend_pid`: the second session must reach another backend and be refused
+    /// the lock there ([`probe_sql`], which gives back in the same statement whatever it was
+    /// granted, so that no pooler can move the give-back away from the grant). Either failing
+    /// means both sessions reached one server backend (a transaction-mode pooler):
+    /// [`Error::SharedBackend`].
+    pub(crate) async fn probe_exclusion(
+        &self,
+        lock: LockKey,
+        backend_pid: i32,
+    ) -> Result<(), Error> {
         let config = &self.shared.config;
         let bound = config.io_bound();
         let (client, _closed, _task) =
             connect(&config.connect, &config.tls, &self.shared.target, bound).await?;
-        // The simple protocol: no named prepared statement that a pooler could mix up; the
-        // key is two integers.
-        let try_sql = format!(
-            "SELECT pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int4, ({})::pg_catalog.int4)",
-            lock.class, lock.id
-        );
-        let granted = within("probe exclusion", bound, client.simple_query(&try_sql))
-            .await?
-            .iter()
-            .any(|m| {
-                matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
-            });
-        if granted {
-            let _ = timeout(bound, client.simple_query(&unlock_sql(lock))).await;
+        // The simple protocol: no named prepared statement that a pooler could mix up.
+        let shared = within(
+            "probe exclusion",
+            bound,
+            client.simple_query(&probe_sql(lock, backend_pid)),
+        )
+        .await?
+        .iter()
+        .any(|m| {
+            matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
+        });
+        if shared {
             return Err(Error::SharedBackend);
         }
         Ok(())
