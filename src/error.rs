@@ -186,13 +186,14 @@ pub enum Error {
     #[error("the term was given up by its holder: its work was ended by something it cannot take back (the watchdog stopped COMMAND's tree)")]
     GivenUp,
 
-    /// A second session was granted the lock this session holds: both reached one server
-    /// backend, as behind a transaction-mode pooler
-    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session).
+    /// A second session reached the server backend that was granted this session's lock, or
+    /// was granted the lock itself: both reached one server backend, as behind a
+    /// transaction-mode pooler (docs/field-notes.md#transaction-mode-poolers-move-the-session).
     #[error(
-        "a second session was granted the lock this session holds, so both share one server \
-         backend: a transaction-mode connection pooler (e.g. PgBouncer pool_mode=transaction) \
-         cannot carry a session advisory lock; connect directly or through a session-mode pooler"
+        "a second session reached the server backend that holds this session's lock (or was \
+         granted the lock), so both share one server backend: a transaction-mode connection \
+         pooler (e.g. PgBouncer pool_mode=transaction) cannot carry a session advisory lock; \
+         connect directly or through a session-mode pooler"
     )]
     SharedBackend,
 
@@ -221,21 +222,26 @@ pub enum Error {
     )]
     GrantMoved,
 
-    /// An earlier check of this elector found a pooler that moves sessions between server
+    /// A recent check of this elector found a pooler that moves sessions between server
     /// backends or shares them between clients ([`Error::BackendChanged`],
     /// [`Error::SharedBackend`], [`Error::BackendHeldByAnother`], [`Error::GrantMoved`]), and
-    /// this session is not direct either: nothing is tried on it, since every count a pooled
-    /// backend was granted and could not give back would keep every replica out, the direct
-    /// ones too (docs/field-notes.md#transaction-mode-poolers-move-the-session). The elector
-    /// stays a standby and keeps checking; a direct session is tried as any.
+    /// this session is not direct either: nothing is tried on it for a minute (or 12 check
+    /// intervals) after each finding, since a count a pooled backend was granted and could not
+    /// give back would keep every replica out, the direct ones too
+    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session). The elector stays a
+    /// standby and keeps checking; a direct session is tried as any.
     #[error(
-        "an earlier check found that this replica's sessions reach the server through a \
+        "a recent check found that this replica's sessions reach the server through a \
          transaction-mode connection pooler (e.g. PgBouncer pool_mode=transaction), which \
-         cannot carry a session advisory lock: nothing is tried through it any more (a lock \
-         left on a pooled server connection would keep every replica out); connect directly \
-         or through a session-mode pooler"
+         cannot carry a session advisory lock: nothing is tried through it for another {} \
+         (a lock left on a pooled server connection would keep every replica out); connect \
+         directly or through a session-mode pooler",
+        humantime::format_duration(Duration::from_secs(again_in.as_secs().max(1)))
     )]
-    PoolerFound,
+    PoolerFound {
+        /// Time until a session that is not direct is tried again.
+        again_in: Duration,
+    },
 
     /// The run history's session (`--history`) reached a hot standby, whose tables cannot be
     /// written (a host list can land it on another server than the lock session's): said as

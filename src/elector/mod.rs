@@ -87,6 +87,16 @@ use session::pin_client_timers;
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// Bound on the `pg_advisory_unlock` that runs after cancellation (the seed's 2-second context).
 pub const UNLOCK_BOUND: Duration = Duration::from_secs(2);
+
+/// How long after a check found a transaction-mode pooler an elector tries nothing on a session
+/// that is not direct ([`Error::PoolerFound`]): a minute, or 12 check intervals when that is
+/// longer. Each grant through such a pooler could leave a count on a pooled backend that keeps
+/// every replica out (docs/field-notes.md#transaction-mode-poolers-move-the-session); a finding
+/// that came from a passing fault (a session-mode pooler's leftover lock, a second session
+/// that reached a hot standby) is tried again after it.
+pub(crate) fn pooler_backoff(check_interval: Duration) -> Duration {
+    (check_interval * 12).max(Duration::from_secs(60))
+}
 /// Name of the leadership gauge, from the seed's Metric table.
 pub const GAUGE_NAME: &str = "plexsphere_background_leader";
 
@@ -353,10 +363,10 @@ pub(crate) struct Shared {
     /// When the standby check in flight last began a step ([`Elector::stepped_at`]).
     pub(crate) steps: connecting::Steps,
     pub(crate) terms: AtomicU64,
-    /// A check found a pooler that moves sessions between server backends or shares them
-    /// between clients: this elector tries nothing more on a session that is not direct
-    /// ([`Error::PoolerFound`]).
-    pub(crate) pooler_found: AtomicBool,
+    /// When a check last found a pooler that moves sessions between server backends or
+    /// shares them between clients: for [`pooler_backoff`] from then on this elector tries
+    /// nothing on a session that is not direct ([`Error::PoolerFound`]).
+    pub(crate) pooler_found: std::sync::Mutex<Option<Instant>>,
     pub(crate) current: watch::Sender<Term>,
     pub(crate) metrics: Option<Arc<Registered>>,
 }
@@ -419,7 +429,7 @@ impl Elector {
                 released_at: std::sync::Mutex::new(None),
                 steps: connecting::Steps::default(),
                 terms: AtomicU64::new(0),
-                pooler_found: AtomicBool::new(false),
+                pooler_found: std::sync::Mutex::new(None),
                 current,
                 metrics,
             }),

@@ -169,9 +169,10 @@ pub(crate) fn sync_standbys(names: &str, commit: &str) -> Option<String> {
         .then(|| names.to_owned())
 }
 
-/// How many extra sessions [`Session::give_back`] opens at most to reach the backend of a
-/// grant behind a pooler: one per server connection the pooler may hand out before it.
-const GIVE_BACK_WALK: usize = 16;
+/// The pause between two sends of a give-back that landed on another server backend than the
+/// grant's ([`Session::give_back`]): a round trip through a pooler is about a millisecond, and
+/// a pooler under load hands its connections on within a few.
+pub(crate) const GIVE_BACK_PAUSE: Duration = Duration::from_millis(10);
 
 /// The last statement of the pin's round trip: the backend's pid and, over TCP, the client's
 /// address and port and the server's port as the backend sees them (NULL over a Unix socket),
@@ -318,71 +319,52 @@ impl Session {
         }
     }
 
-    /// Gives slot key `key` back, the grant being on this session's pinned backend. A direct
+    /// Gives key `key` back, the grant being on this session's pinned backend. A direct
     /// session sends one unlock. On one that is not direct the unlock runs only on that
     /// backend ([`give_back_sql`]): behind a transaction-mode pooler a statement may land on
-    /// another, and a count left on a pooled backend keeps every replica out for as long as
-    /// the pooler keeps that server connection (docs/field-notes.md#transaction-mode-poolers-move-the-session).
-    /// So it is sent, each time inside a transaction that keeps the server connection it
-    /// landed on from the pooler, on this session and then on new sessions of `config` to
-    /// `target` (each lands on a server connection the ones before do not hold, whatever
-    /// order the pooler hands them out in), until the grant's backend answers or `bound`
-    /// passes. Returns whether the grant's backend ran the unlock; a WARN names the backend
-    /// when it did not.
-    pub(crate) async fn give_back(
-        &self,
-        config: &Config,
-        target: &str,
-        key: LockKey,
-        bound: Duration,
-    ) -> bool {
+    /// another, and a count left on a pooled backend keeps every replica out for as long as the
+    /// pooler keeps that server connection (docs/field-notes.md#transaction-mode-poolers-move-the-session).
+    /// So it is sent again, [`GIVE_BACK_PAUSE`] apart, until the grant's backend answers or
+    /// `bound` passes: a pooler that hands out its server connections in turn reaches that
+    /// one within a round of them. Nothing is left open (no transaction, no other session) for
+    /// the pooler to hand on. Returns whether the grant's backend ran the unlock; a WARN names
+    /// the backend when it did not.
+    pub(crate) async fn give_back(&self, key: LockKey, bound: Duration) -> bool {
         use tokio_postgres::SimpleQueryMessage;
         let Some(client) = self.client.as_ref() else {
             return false;
         };
         if self.direct {
-            return within(
-                "unlock",
-                bound,
-                client.simple_query(&crate::pg::lock::unlock_sql(key)),
-            )
-            .await
-            .is_ok();
+            let unlock = crate::pg::lock::unlock_sql(key);
+            return within("unlock", bound, client.simple_query(&unlock))
+                .await
+                .is_ok();
         }
         let deadline = tokio::time::Instant::now() + bound;
-        let sql = format!("BEGIN; {}", give_back_sql(key, self.backend_pid));
-        // The grant's backend answered (true or false); `None`: another one did, or it failed.
-        let landed = |messages: Vec<SimpleQueryMessage>| {
-            messages
-                .iter()
-                .any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0).is_some()))
-        };
-        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
-        if let Ok(messages) = within("unlock", left(), client.simple_query(&sql)).await {
-            if landed(messages) {
-                return true;
-            }
-        }
-        // The sessions that hold a server connection each, until the walk ends.
-        let mut held = Vec::new();
-        while held.len() < GIVE_BACK_WALK && !left().is_zero() {
-            let Ok((client, _closed, task)) =
-                super::connecting::connect(&config.connect, &config.tls, target, left()).await
-            else {
-                break;
-            };
-            let answer = within("unlock", left(), client.simple_query(&sql)).await;
-            held.push((client, task));
-            if answer.is_ok_and(landed) {
-                return true;
+        let sql = give_back_sql(key, self.backend_pid);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match within("unlock", left, client.simple_query(&sql)).await {
+                // The grant's backend answered (true, or false when it held nothing).
+                Ok(messages)
+                    if messages.iter().any(
+                        |m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0).is_some()),
+                    ) =>
+                {
+                    return true
+                }
+                // Another backend answered: NULL.
+                Ok(_) if left > GIVE_BACK_PAUSE => tokio::time::sleep(GIVE_BACK_PAUSE).await,
+                _ => break,
             }
         }
         warn!(
             target: "leaderrun::elector",
             lock = %key,
-            "leader: cannot give the lock back on server backend {}, which a transaction-mode \
-             pooler hands to other clients: it stays held there until the pooler closes that \
-             server connection (SELECT pg_terminate_backend({}) frees it at once)",
+            "leader: cannot give the lock back on server backend {}: this session's statements \
+             ran on other backends (a transaction-mode pooler) or failed; it stays held there \
+             until the pooler closes that server connection (SELECT pg_terminate_backend({}) \
+             frees it at once)",
             self.backend_pid,
             self.backend_pid
         );
@@ -430,8 +412,9 @@ impl Session {
         // requests that are in flight together; the server answers them in order).
         let slots = config.effective_slots();
         // Whether the session is direct is known only from the pin's answer: the flight's
-        // try takes something only where the server sees our socket's ends, and a session
-        // found not to be direct prepares guarded statements when it first needs them.
+        // try takes something only where the server sees our socket's ends, what it prepares
+        // is kept only by a direct session, and one that is not direct sends its guarded
+        // statements unprepared.
         let first_guard = if try_now {
             first_try_guard(session.fd.as_fd())
         } else {

@@ -234,19 +234,27 @@ async fn extra_head(shared: &Shared, cell: &OnceCell<Session>, slot: u32) -> Wai
 
 /// Opens an extra head's session as every session is opened (timers pinned, statements
 /// prepared; counted in `sessions_opened`) and takes place 1 in `slot`'s line with it
-/// ([`head_sql`]), its wait prepared in the same flight. `Err(None)`: another standby heads
+/// ([`head_sql`]), its wait prepared in the same flight. `Err(None)`: the session is not
+/// direct, or another standby heads
 /// that line now, and the session is closed.
 async fn open_head(shared: &Shared, slot: u32) -> Result<Session, Option<Error>> {
     let config = &shared.config;
     let bound = config.io_bound();
     let mut session = Session::open(config, &shared.target).await?;
     shared.checks.send_modify(|c| c.sessions_opened += 1);
+    // A place is taken only on a direct session, as by the lock session: one left on a
+    // pooled backend would hold up every standby behind it
+    // (docs/field-notes.md#transaction-mode-poolers-move-the-session).
+    if !session.direct {
+        debug!(target: "leaderrun::elector", lock = %config.lock.slot(slot), "an extra head's session is not direct: not heading that line");
+        return Err(None);
+    }
     let wait = wait_sql(
         config.lock,
         config.effective_slots(),
         slot,
         1,
-        &session.guard(),
+        &crate::pg::lock::Guard::None,
     );
     let take = head_sql(config.lock, slot);
     let (taken, prepared) = tokio::join!(

@@ -305,18 +305,19 @@ impl Campaign<'_> {
         let session = self.role.take_standby_session();
         // A direct session's close frees the lock; a pooled server session outlives its
         // client's close, so a session that is not direct gives the lock back first, on the
-        // backend that was granted it (the work is stopped by now), when it still answers: a
-        // session cut off would only spend the bound before the next check.
-        let answers = matches!(
+        // backend that was granted it (the work is stopped by now), unless it was cut off
+        // (no answer, or its connection ended): sent there, the give-back would only spend its
+        // bound before the next check.
+        let cut_off = matches!(
             cause,
-            Error::BackendChanged { .. } | Error::StepDownRequested | Error::GivenUp
+            Error::SafeWindowPassed { .. }
+                | Error::Timeout { .. }
+                | Error::SessionClosed(_)
+                | Error::LockNotHeld { .. }
         );
-        if let Some(session) = session.as_ref().filter(|s| !s.direct && answers) {
+        if let Some(session) = session.as_ref().filter(|s| !s.direct && !cut_off) {
             let lock = session.granted.unwrap_or(self.shared.config.lock);
-            let shared = self.shared;
-            session
-                .give_back(&shared.config, &shared.target, lock, UNLOCK_BOUND)
-                .await;
+            session.give_back(lock, UNLOCK_BOUND).await;
         }
         self.drop_session(session);
     }
@@ -406,10 +407,8 @@ impl Campaign<'_> {
             // A session that is not direct gives it back on the backend that was granted it,
             // and says so itself when it cannot (closing it frees nothing there).
             if !session.direct {
-                let shared = self.shared;
-                unlocked = session
-                    .give_back(&shared.config, &shared.target, lock, UNLOCK_BOUND)
-                    .await;
+                unlocked = session.give_back(lock, UNLOCK_BOUND).await;
+                unlock_failed = !unlocked;
                 if unlocked {
                     info!(
                         target: "leaderrun::elector",

@@ -69,13 +69,14 @@ impl Campaign<'_> {
                 err @ (Error::BackendHeldByAnother
                 | Error::GrantMoved
                 | Error::BackendChanged { .. }
-                | Error::PoolerFound),
+                | Error::PoolerFound { .. }),
             ) => {
                 self.found_pooler(&err);
                 self.say_refusal(&err);
-                // Nothing of this check's is held (a guarded statement takes nothing on
-                // another backend than the pin's or on one that holds the lock; a grant that
-                // moved was given back where it could be): the session is dropped.
+                // Nothing of this session's is held: a guarded statement takes nothing on
+                // another backend than the pin's or on one that holds the lock, a session that
+                // is not direct takes no place in the line, and a first grant that moved was
+                // given back where it could be. The session is dropped.
                 let session = self.role.take_standby_session();
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
@@ -87,10 +88,7 @@ impl Campaign<'_> {
                 // session: give the lock back first, on the backend that granted it.
                 if let Some(session) = self.role.take_standby_session() {
                     let lock = session.granted.unwrap_or(self.shared.config.lock);
-                    let shared = self.shared;
-                    session
-                        .give_back(&shared.config, &shared.target, lock, UNLOCK_BOUND)
-                        .await;
+                    session.give_back(lock, UNLOCK_BOUND).await;
                     self.drop_session(Some(session));
                 }
                 self.record(CheckOutcome::Failed, started, Some(&err));
@@ -121,7 +119,7 @@ impl Campaign<'_> {
 
     /// Notes that `err` shows a pooler that moves sessions between server backends or shares
     /// them between clients (docs/field-notes.md#transaction-mode-poolers-move-the-session):
-    /// from then on this elector tries nothing on a session that is not direct
+    /// for a while this elector tries nothing on a session that is not direct
     /// ([`Error::PoolerFound`]), where each grant could leave a count on a pooled backend.
     pub(crate) fn found_pooler(&self, err: &Error) {
         if matches!(
@@ -131,9 +129,11 @@ impl Campaign<'_> {
                 | Error::BackendChanged { .. }
                 | Error::SharedBackend
         ) {
-            self.shared
+            *self
+                .shared
                 .pooler_found
-                .store(true, std::sync::atomic::Ordering::Release);
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         }
     }
 
@@ -290,7 +290,7 @@ impl Campaign<'_> {
                 let answer = answer?;
                 let direct = self.role.session().is_some_and(|s| s.direct);
                 match answer.get::<_, Option<i32>>(0) {
-                    Some(code) if !direct && code >= 0 && (code as u32) < slots => {
+                    Some(code) if !direct && code >= 0 => {
                         self.give_back_first_grant(code as u32).await?;
                         None
                     }
@@ -303,14 +303,16 @@ impl Campaign<'_> {
         let Some(session) = self.role.session() else {
             return Ok(CheckOutcome::Failed);
         };
-        if first.is_none()
-            && !session.direct
-            && self
+        if first.is_none() && !session.direct {
+            let backoff = crate::elector::pooler_backoff(config.effective_check_interval());
+            let found = *self
                 .shared
                 .pooler_found
-                .load(std::sync::atomic::Ordering::Acquire)
-        {
-            return Err(Error::PoolerFound);
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(again_in) = found.and_then(|at| backoff.checked_sub(at.elapsed())) {
+                return Err(Error::PoolerFound { again_in });
+            }
         }
         let mut row = match (first, session.place) {
             (Some(answer), _) => Some(answer),
@@ -325,12 +327,9 @@ impl Campaign<'_> {
                     // Never prepared on a session that is not direct: behind a transaction-mode
                     // pooler a named statement stays on the shared server connection, and the
                     // next client that prepares one of the same name fails.
-                    let sql = try_sql(
-                        config.lock,
-                        slots,
-                        config.wait_for_release,
-                        &session.guard(),
-                    );
+                    // Nor does it take a place in the line: a place left on a pooled backend
+                    // would hold up every standby behind it, the direct ones too.
+                    let sql = try_sql(config.lock, slots, false, &session.guard());
                     Some(
                         session
                             .bounded_typed("try advisory lock", bound, &sql, &[])
@@ -405,23 +404,32 @@ impl Campaign<'_> {
     }
 
     /// The session is not direct, and its flight's try, sent before that was known, was
-    /// granted slot `slot`: on a server backend shared with other clients that may be the
-    /// holder's lock granted once more (docs/field-notes.md#transaction-mode-poolers-move-the-session).
-    /// Only a Unix socket whose listener is named `postgres` and is no backend's parent comes
-    /// here (over TCP the try took nothing where the server did not see our socket). The
-    /// grant is given back; [`Error::GrantMoved`] when the unlock found nothing to give back
-    /// (the session moved between backends).
-    async fn give_back_first_grant(&mut self, slot: u32) -> Result<(), Error> {
+    /// granted `code` (a slot, or a place in the line: [`try_sql`]): on a server backend
+    /// shared with other clients that may be the holder's lock granted once more
+    /// (docs/field-notes.md#transaction-mode-poolers-move-the-session). Only a Unix socket whose
+    /// listener is named `postgres` and is no backend's parent comes here (over TCP the try
+    /// took nothing where the server did not see our socket). The grant is given back;
+    /// [`Error::GrantMoved`] when the unlock found nothing to give back (the session moved
+    /// between backends).
+    async fn give_back_first_grant(&mut self, code: u32) -> Result<(), Error> {
         let config = &self.shared.config;
         let Some(session) = self.role.session() else {
             return Err(Error::SessionClosed(None));
         };
-        let key = config.lock.slot(slot);
+        let slots = config.effective_slots();
+        let key = config.lock.slot(code % slots);
+        let unlock = match code / slots {
+            0 => unlock_sql(key),
+            place => format!(
+                "SELECT pg_catalog.pg_advisory_unlock(({})::pg_catalog.int8)",
+                key.queue_key(place)
+            ),
+        };
         debug!(target: "leaderrun::elector", lock = %key, "granted on a session that is not direct: giving it back and trying again guarded");
         // Not prepared: a named statement would outlive a one-shot on a pooler's shared server
         // connection, and the next client there that prepares one of the same name would fail.
         let unlocked = session
-            .bounded_typed("unlock", config.io_bound(), &unlock_sql(key), &[])
+            .bounded_typed("unlock", config.io_bound(), &unlock, &[])
             .await?;
         if !unlocked.get::<_, bool>(0) {
             return Err(Error::GrantMoved);
