@@ -400,9 +400,9 @@ fn a_one_shot_tries_in_the_set_up_flight() {
     let _ = std::fs::remove_file(&marker);
     // Startup, set-up with the try, unlock, Terminate. Through a proxy the server sees
     // another address than the socket's, so the session is not direct
-    // (docs/field-notes.md#transaction-mode-poolers-move-the-session): its grant is given back
-    // and tried again guarded (one flight more), and proven with a second session (the pooler
-    // probe: startup, try, Terminate). The last flights may reach the proxy after leaderrun
+    // (docs/field-notes.md#transaction-mode-poolers-move-the-session): its first try takes
+    // nothing there, the lock is tried again guarded (one flight more), and the grant is proven
+    // with a second session (the pooler probe: startup, its one statement, Terminate). The last flights may reach the proxy after leaderrun
     // exited: the counts are read until they are the expected ones or 5 s passed.
     let deadline = Instant::now() + Duration::from_secs(5);
     let flights = loop {

@@ -969,6 +969,54 @@ fn a_transaction_pooler_under_load_never_runs_two_trees_nor_keeps_a_direct_repli
     );
 }
 
+/// A standby behind a transaction-mode pooler can take a place in the line of standbys on the
+/// backend its session was pinned on, and find at a later check that its session moved. The
+/// place stayed on that pooled backend before: the standbys behind it (direct ones too) waited
+/// for it, and a standby at place 2 or later never tries the lock itself. Now the place is
+/// given back on its backend when the session is dropped. PgBouncer here hands out its two
+/// server connections in turn, so a session's statements alternate between them.
+#[test]
+fn a_place_in_line_taken_through_a_transaction_pooler_is_given_back() {
+    use crate::support::pooler::Bouncer;
+    let cluster = Cluster::start_private();
+    let bouncer = Bouncer::start_with(
+        &cluster,
+        "transaction",
+        2,
+        "server_round_robin = 1\nmin_pool_size = 2\n",
+    );
+    let scratch = Scratch::new();
+    let script = scratch.child_script("child.sh", "exec sleep 600");
+    let id = unique_lock_id();
+    let leader = Replica::start(&cluster, id, "200ms", &["--", script.to_str().unwrap()]);
+    scratch.wait_starts(1, secs(10.0));
+    let held = || {
+        cluster.sql(&format!(
+            "SELECT classid || ':' || objsubid FROM pg_locks WHERE locktype = 'advisory' \
+             AND granted AND objid = ({id}::bigint & 4294967295)::text::oid ORDER BY 1"
+        ))
+    };
+    let key = format!("{}:2", crate::support::CLASS);
+    assert_eq!(held(), vec![key.clone()]);
+    let mut cmd = leaderrun();
+    cmd.args(["-vv", "--dsn", &bouncer.dsn(), "--lock-id", &id.to_string()])
+        .args(["--check-interval", "200ms", "--", script.to_str().unwrap()]);
+    let pooled = Replica::spawn(cmd);
+    pooled.wait_log("nothing is tried through it for another", 1, secs(20.0));
+    assert!(
+        pooled.log().contains("in line: waiting"),
+        "{}",
+        pooled.log()
+    );
+    crate::support::wait_for(
+        "only the leader's key held once the pooled standby found the pooler",
+        secs(5.0),
+        || (held() == vec![key.clone()]).then_some(()),
+    );
+    drop(pooled);
+    drop(leader);
+}
+
 /// Over a Unix socket the server cannot show leaderrun's address, so what proves that no
 /// pooler sits between is the socket's listener: on PostgreSQL's own socket the postmaster, the
 /// backend's parent. A one-shot there needs no second session (a whole connect); a

@@ -217,6 +217,16 @@ pub fn man_page() -> Vec<u8> {
          holds leaderrun up: lines stderr does not take are dropped and counted \
          (leaderrun_log_lines_dropped_total).",
     );
+    paragraph(
+        &mut roff,
+        "A transaction-mode connection pooler (PgBouncer pool_mode=transaction) cannot carry a \
+         session advisory lock: a session that is not a direct connection takes nothing on a \
+         server backend other than its own or on one that holds the lock already, every grant on \
+         it is proven with a second session, and each finding of such a pooler is an ERROR line; \
+         for a minute after one (or 12 check intervals) nothing is tried through it, and nothing \
+         is ever left held on a pooled backend where leaderrun can give it back, so replicas \
+         connected directly are not kept out. Session-mode pooling works.",
+    );
 
     section(&mut roff, "LOCKS");
     paragraph(

@@ -15,7 +15,9 @@ use tracing::warn;
 use super::connecting::{connect_socket, Steps};
 use super::Config;
 use crate::error::Error;
-use crate::pg::lock::{can_check, give_back_sql, try_sql, wait_sql, Guard, LockKey, QUEUE_PLACES};
+use crate::pg::lock::{
+    can_check, give_back_sql, try_sql, wait_sql, Guard, Held, LockKey, QUEUE_PLACES,
+};
 use crate::pg::within;
 
 /// Client-side TCP timers (docs/field-notes.md#half-open-connections-and-pinned-timers): keepalives
@@ -319,7 +321,7 @@ impl Session {
         }
     }
 
-    /// Gives key `key` back, the grant being on this session's pinned backend. A direct
+    /// Gives `held` back, the grant being on this session's pinned backend. A direct
     /// session sends one unlock. On one that is not direct the unlock runs only on that
     /// backend ([`give_back_sql`]): behind a transaction-mode pooler a statement may land on
     /// another, and a count left on a pooled backend keeps every replica out for as long as the
@@ -329,19 +331,19 @@ impl Session {
     /// one within a round of them. Nothing is left open (no transaction, no other session) for
     /// the pooler to hand on. Returns whether the grant's backend ran the unlock; a WARN names
     /// the backend when it did not.
-    pub(crate) async fn give_back(&self, key: LockKey, bound: Duration) -> bool {
+    pub(crate) async fn give_back(&self, held: Held, bound: Duration) -> bool {
         use tokio_postgres::SimpleQueryMessage;
         let Some(client) = self.client.as_ref() else {
             return false;
         };
         if self.direct {
-            let unlock = crate::pg::lock::unlock_sql(key);
+            let unlock = format!("SELECT {}", held.unlock_call());
             return within("unlock", bound, client.simple_query(&unlock))
                 .await
                 .is_ok();
         }
         let deadline = tokio::time::Instant::now() + bound;
-        let sql = give_back_sql(key, self.backend_pid);
+        let sql = give_back_sql(held, self.backend_pid);
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match within("unlock", left, client.simple_query(&sql)).await {
@@ -360,7 +362,7 @@ impl Session {
         }
         warn!(
             target: "leaderrun::elector",
-            lock = %key,
+            lock = %held,
             "leader: cannot give the lock back on server backend {}: this session's statements \
              ran on other backends (a transaction-mode pooler) or failed; it stays held there \
              until the pooler closes that server connection (SELECT pg_terminate_backend({}) \

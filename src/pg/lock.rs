@@ -414,17 +414,52 @@ pub(crate) fn unlock_sql(key: LockKey) -> String {
     )
 }
 
-/// The give-back of slot key `key` on a session that is not direct, whose grant is on server
-/// backend `backend_pid` (docs/field-notes.md#transaction-mode-poolers-move-the-session): the
-/// unlock runs only there. Behind a transaction-mode pooler the statement may land on another
+/// What a session gives back: a slot's key, or its place in that slot's line of standbys
+/// ([`LockKey::queue_key`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// The slot's key (`pg_advisory_lock(int4, int4)`).
+    Key(LockKey),
+    /// Place `place` (≥ 1) in the line of the slot `key` (`pg_advisory_lock(int8)`).
+    Place(LockKey, u32),
+}
+
+impl Held {
+    /// The unlock call of what is held, every value written out.
+    pub(crate) fn unlock_call(self) -> String {
+        match self {
+            Held::Key(key) => format!(
+                "pg_catalog.pg_advisory_unlock(({})::pg_catalog.int4, ({})::pg_catalog.int4)",
+                key.class, key.id
+            ),
+            Held::Place(key, place) => format!(
+                "pg_catalog.pg_advisory_unlock(({})::pg_catalog.int8)",
+                key.queue_key(place)
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Held::Key(key) => write!(f, "{key}"),
+            Held::Place(key, place) => write!(f, "{key}, place {place} in line"),
+        }
+    }
+}
+
+/// The give-back of `held` on a session that is not direct, whose grant is on server backend
+/// `backend_pid` (docs/field-notes.md#transaction-mode-poolers-move-the-session): the unlock
+/// runs only there. Behind a transaction-mode pooler the statement may land on another
 /// backend, where an unlock would free another client's count of the lock or find nothing;
 /// there it answers NULL and the caller sends it again. One row: `true` given back, `false`
 /// that backend did not hold it, NULL another backend answered.
-pub(crate) fn give_back_sql(key: LockKey, backend_pid: i32) -> String {
+pub(crate) fn give_back_sql(held: Held, backend_pid: i32) -> String {
     format!(
         "SELECT CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) {backend_pid} \
-         THEN pg_catalog.pg_advisory_unlock(({})::pg_catalog.int4, ({})::pg_catalog.int4) END",
-        key.class, key.id
+         THEN {} END",
+        held.unlock_call()
     )
 }
 
@@ -636,7 +671,8 @@ mod tests {
             headless_sql(lock, 3),
             head_sql(lock, 1),
             unlock_sql(lock),
-            give_back_sql(lock, 4242),
+            give_back_sql(Held::Key(lock), 4242),
+            give_back_sql(Held::Place(lock, 2), 4242),
             probe_sql(lock, 4242),
             DURABLE_TOKEN.to_owned(),
         ];

@@ -15,7 +15,7 @@ use crate::elector::session::{boottime, session_closed, Session};
 use crate::elector::term::{Lease, Term, TermControl, TermEnd};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
-use crate::pg::lock::CAN_CHECK_SQL;
+use crate::pg::lock::{Held, CAN_CHECK_SQL};
 use crate::pg::within;
 
 impl Campaign<'_> {
@@ -317,7 +317,7 @@ impl Campaign<'_> {
         );
         if let Some(session) = session.as_ref().filter(|s| !s.direct && !cut_off) {
             let lock = session.granted.unwrap_or(self.shared.config.lock);
-            session.give_back(lock, UNLOCK_BOUND).await;
+            session.give_back(Held::Key(lock), UNLOCK_BOUND).await;
         }
         self.drop_session(session);
     }
@@ -407,7 +407,7 @@ impl Campaign<'_> {
             // A session that is not direct gives it back on the backend that was granted it,
             // and says so itself when it cannot (closing it frees nothing there).
             if !session.direct {
-                unlocked = session.give_back(lock, UNLOCK_BOUND).await;
+                unlocked = session.give_back(Held::Key(lock), UNLOCK_BOUND).await;
                 unlock_failed = !unlocked;
                 if unlocked {
                     info!(

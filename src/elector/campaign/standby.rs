@@ -13,7 +13,7 @@ use crate::elector::session::{boottime, Session};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
 use crate::pg::lock::{
-    probe_sql, standby_comment, try_sql, unlock_sql, wait_sql, Guard, LockKey, MOVED_BACKEND,
+    probe_sql, standby_comment, try_sql, unlock_sql, wait_sql, Guard, Held, LockKey, MOVED_BACKEND,
     NOT_DIRECT,
 };
 use crate::pg::within;
@@ -73,11 +73,22 @@ impl Campaign<'_> {
             ) => {
                 self.found_pooler(&err);
                 self.say_refusal(&err);
-                // Nothing of this session's is held: a guarded statement takes nothing on
-                // another backend than the pin's or on one that holds the lock, a session that
-                // is not direct takes no place in the line, and a first grant that moved was
-                // given back where it could be. The session is dropped.
+                // Nothing of this check's is held: a guarded statement takes nothing on another
+                // backend than the pin's or on one that holds the lock, and a first grant that
+                // moved was given back where it could be. A place in the line an earlier check
+                // took is given back on its backend (closing the client would not free it
+                // behind a pooler, and it would hold up every standby behind it); then the
+                // session is dropped.
                 let session = self.role.take_standby_session();
+                if let Some((session, (slot, place))) = session
+                    .as_ref()
+                    .and_then(|s| s.place.filter(|_| !s.direct).map(|p| (s, p)))
+                {
+                    let key = self.shared.config.lock.slot(slot);
+                    session
+                        .give_back(Held::Place(key, place), UNLOCK_BOUND)
+                        .await;
+                }
                 self.drop_session(session);
                 self.record(CheckOutcome::Failed, started, Some(&err));
             }
@@ -88,7 +99,7 @@ impl Campaign<'_> {
                 // session: give the lock back first, on the backend that granted it.
                 if let Some(session) = self.role.take_standby_session() {
                     let lock = session.granted.unwrap_or(self.shared.config.lock);
-                    session.give_back(lock, UNLOCK_BOUND).await;
+                    session.give_back(Held::Key(lock), UNLOCK_BOUND).await;
                     self.drop_session(Some(session));
                 }
                 self.record(CheckOutcome::Failed, started, Some(&err));
@@ -327,9 +338,12 @@ impl Campaign<'_> {
                     // Never prepared on a session that is not direct: behind a transaction-mode
                     // pooler a named statement stays on the shared server connection, and the
                     // next client that prepares one of the same name fails.
-                    // Nor does it take a place in the line: a place left on a pooled backend
-                    // would hold up every standby behind it, the direct ones too.
-                    let sql = try_sql(config.lock, slots, false, &session.guard());
+                    let sql = try_sql(
+                        config.lock,
+                        slots,
+                        config.wait_for_release,
+                        &session.guard(),
+                    );
                     Some(
                         session
                             .bounded_typed("try advisory lock", bound, &sql, &[])
