@@ -321,6 +321,18 @@ impl Session {
         }
     }
 
+    /// This session's wait at `place` (slot, place) in the line ([`wait_sql`], with its
+    /// [`Session::guard`]).
+    pub(crate) fn wait_text(&self, config: &Config, place: (u32, u32)) -> String {
+        wait_sql(
+            config.lock,
+            config.effective_slots(),
+            place.0,
+            place.1,
+            &self.guard(),
+        )
+    }
+
     /// Gives `held` back, the grant being on this session's pinned backend. A direct
     /// session sends one unlock. On one that is not direct the unlock runs only on that
     /// backend ([`give_back_sql`]): behind a transaction-mode pooler a statement may land on

@@ -13,7 +13,7 @@ use crate::elector::session::{boottime, Session};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
 use crate::pg::lock::{
-    probe_sql, standby_comment, try_sql, unlock_sql, wait_sql, Guard, Held, LockKey, MOVED_BACKEND,
+    probe_sql, standby_comment, try_sql, unlock_sql, Guard, Held, LockKey, MOVED_BACKEND,
     NOT_DIRECT,
 };
 use crate::pg::within;
@@ -465,7 +465,7 @@ impl Campaign<'_> {
         }
     }
 
-    /// The prepared wait of `place` (slot, place) on the session ([`wait_sql`]), prepared
+    /// The prepared wait of `place` (slot, place) on the session ([`wait_sql`](crate::pg::lock::wait_sql)), prepared
     /// the first time this session holds that place.
     pub(crate) async fn prepared_wait(
         &mut self,
@@ -479,13 +479,7 @@ impl Campaign<'_> {
         if let Some((_, statement)) = session.waits.iter().find(|(p, _)| *p == place) {
             return Ok(statement.clone());
         }
-        let sql = wait_sql(
-            config.lock,
-            config.effective_slots(),
-            place.0,
-            place.1,
-            &session.guard(),
-        );
+        let sql = session.wait_text(config, place);
         let statement = session
             .prepare("prepare the wait in line", bound, &sql)
             .await?;
@@ -493,7 +487,7 @@ impl Campaign<'_> {
         Ok(statement)
     }
 
-    /// The wait of the standby at `place` (slot, place) in the line ([`wait_sql`]), bounded
+    /// The wait of the standby at `place` (slot, place) in the line ([`wait_sql`](crate::pg::lock::wait_sql)), bounded
     /// on the server by `lock_timeout` (one interval); only a client-side timeout means
     /// "unknown outcome" (docs/field-notes.md#a-timed-out-try-may-have-been-granted). `None` when
     /// the wait timed out on the server: what is ahead is still held, and this session keeps its
@@ -521,13 +515,7 @@ impl Campaign<'_> {
                         .await
                 }
                 None => {
-                    let sql = wait_sql(
-                        config.lock,
-                        config.effective_slots(),
-                        place.0,
-                        place.1,
-                        &session.guard(),
-                    );
+                    let sql = session.wait_text(config, place);
                     session
                         .bounded_typed("wait for the advisory lock", bound, &sql, &[])
                         .await
