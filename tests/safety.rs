@@ -864,6 +864,14 @@ fn a_try_on_a_backend_that_holds_the_lock_for_another_client_takes_nothing() {
     standby.wait_log("already holds the lock for another client", 1, secs(10.0));
     standby.wait_log("nothing is tried through it for another", 3, secs(10.0));
     assert!(scratch.starts().is_empty(), "{}", standby.log());
+    // Nothing it prepared stays on the pooler's server connection, where statements would
+    // pile up check after check and collide with the next client's of the same name.
+    assert_eq!(
+        psql(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%leaderrun%'".into()
+        ),
+        "0"
+    );
     drop(standby);
     assert_eq!(
         psql(format!("SELECT pg_advisory_unlock({class}, {id})")),

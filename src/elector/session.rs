@@ -426,22 +426,22 @@ impl Session {
         // requests that are in flight together; the server answers them in order).
         let slots = config.effective_slots();
         // Whether the session is direct is known only from the pin's answer: the flight's
-        // try takes something only where the server sees our socket's ends, what it prepares
-        // is kept only by a direct session, and one that is not direct sends its guarded
-        // statements unprepared.
-        let first_guard = if try_now {
-            first_try_guard(session.fd.as_fd())
-        } else {
-            None
-        };
-        let try_now = first_guard.is_some();
+        // try takes something only where the server sees our socket's ends, and one that is
+        // not direct sends its guarded statements unprepared. The flight prepares only on
+        // PostgreSQL's own Unix socket: behind a transaction-mode pooler a named statement
+        // stays on the shared server connection, where it piles up check after check and
+        // collides with the next client's of the same name; over TCP a direct session
+        // prepares each statement when it first needs it.
+        let flight_guard = first_try_guard(session.fd.as_fd());
+        let prepare_now = flight_guard == Some(Guard::None);
+        let try_now = try_now && flight_guard.is_some();
         let try_sql = try_sql(
             config.lock,
             slots,
             config.wait_for_release,
-            first_guard.as_ref().unwrap_or(&Guard::None),
+            flight_guard.as_ref().unwrap_or(&Guard::None),
         );
-        let places: Vec<(u32, u32)> = if config.wait_for_release && slots == 1 {
+        let places: Vec<(u32, u32)> = if config.wait_for_release && slots == 1 && prepare_now {
             (1..=QUEUE_PLACES).map(|place| (0, place)).collect()
         } else {
             Vec::new()
@@ -459,7 +459,7 @@ impl Session {
             // (`try_acquire_inner`), and a fresh backend's parse of it is not paid twice.
             let (try_lock, waits) = tokio::join!(
                 async {
-                    if try_now {
+                    if try_now || !prepare_now {
                         Ok(None)
                     } else {
                         client.prepare(&try_sql).await.map(Some)
