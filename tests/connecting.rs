@@ -401,18 +401,19 @@ fn a_one_shot_tries_in_the_set_up_flight() {
     // Startup, set-up with the try, unlock, Terminate. Through a proxy the server sees
     // another address than the socket's, so the session is not direct
     // (docs/field-notes.md#transaction-mode-poolers-move-the-session): its first try takes
-    // nothing there, the lock is tried again guarded (one flight more), and the grant is proven
-    // with a second session (the pooler probe: startup, its one statement, Terminate). The last flights may reach the proxy after leaderrun
+    // nothing there, the lock is tried again guarded (one flight more), and the grant is tested
+    // with a second session three times, each right after a statement of the lock session
+    // (three flights more on each: startup, three tests and Terminate on the second). The last flights may reach the proxy after leaderrun
     // exited: the counts are read until they are the expected ones or 5 s passed.
     let deadline = Instant::now() + Duration::from_secs(5);
     let flights = loop {
         let flights = proxy.client_flights();
-        if flights == [5, 3] || Instant::now() > deadline {
+        if flights == [8, 5] || Instant::now() > deadline {
             break flights;
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    assert_eq!(flights, [5, 3], "client flights per connection");
+    assert_eq!(flights, [8, 5], "client flights per connection");
 }
 
 /// A host list whose primary is down leads nowhere on the standby that answers, and once the

@@ -222,10 +222,11 @@ pub fn man_page() -> Vec<u8> {
         "A transaction-mode connection pooler (PgBouncer pool_mode=transaction) cannot carry a \
          session advisory lock: a session that is not a direct connection takes nothing on a \
          server backend other than its own or on one that holds the lock already, every grant on \
-         it is proven with a second session, and each finding of such a pooler is an ERROR line; \
-         for a minute after one (or 12 check intervals) nothing is tried through it, and nothing \
-         is ever left held on a pooled backend where leaderrun can give it back, so replicas \
-         connected directly are not kept out. Session-mode pooling works.",
+         it is tested with a second session, and each finding of such a pooler is an ERROR line; \
+         for a minute after one (or 12 check intervals) nothing is tried through it, and what it \
+         took is given back on the backend that holds it, so replicas connected directly are not \
+         kept out. These are tests, not a proof: do not run leaderrun through such a pooler \
+         (doctor fails it). Session-mode pooling works.",
     );
 
     section(&mut roff, "LOCKS");

@@ -72,7 +72,9 @@ impl Campaign<'_> {
             );
             let backend_pid = self.role.session().map_or(0, |s| s.backend_pid);
             match self.probe_exclusion(key, backend_pid).await {
-                Err(err @ Error::SharedBackend) => return Err(err),
+                Err(err @ (Error::SharedBackend | Error::BackendChanged { .. })) => {
+                    return Err(err)
+                }
                 Err(err) => warn!(
                     target: "leaderrun::elector",
                     "leader: cannot open a second session to rule out a transaction-mode \

@@ -69,37 +69,30 @@ impl Campaign<'_> {
                 err @ (Error::BackendHeldByAnother
                 | Error::GrantMoved
                 | Error::BackendChanged { .. }
-                | Error::PoolerFound { .. }),
+                | Error::PoolerFound { .. }
+                | Error::SharedBackend
+                | Error::Keeper(_)
+                | Error::CannotCheck { .. }),
             ) => {
                 self.found_pooler(&err);
                 self.say_refusal(&err);
-                // Nothing of this check's is held: a guarded statement takes nothing on another
-                // backend than the pin's or on one that holds the lock, and a first grant that
-                // moved was given back where it could be. A place in the line an earlier check
-                // took is given back on its backend (closing the client would not free it
-                // behind a pooler, and it would hold up every standby behind it); then the
-                // session is dropped.
-                let session = self.role.take_standby_session();
-                if let Some((session, (slot, place))) = session
-                    .as_ref()
-                    .and_then(|s| s.place.filter(|_| !s.direct).map(|p| (s, p)))
-                {
-                    let key = self.shared.config.lock.slot(slot);
-                    session
-                        .give_back(Held::Place(key, place), UNLOCK_BOUND)
-                        .await;
-                }
-                self.drop_session(session);
-                self.record(CheckOutcome::Failed, started, Some(&err));
-            }
-            Err(err @ (Error::SharedBackend | Error::Keeper(_) | Error::CannotCheck { .. })) => {
-                self.found_pooler(&err);
-                self.say_refusal(&err);
-                // A grant no term begins on. Closing the client does not end a pooled server
-                // session: give the lock back first, on the backend that granted it.
+                // Closing the client does not end a pooled server session: what the session
+                // holds is given back first, on its backend. A grant no term begins on (a
+                // pooler found at the grant, the watchdog, a check it could not make); a place
+                // in the line an earlier check took on a session that is not direct (it would
+                // hold up every standby behind it; a direct session's close frees it). A
+                // guarded statement that was refused took nothing, and a first grant that
+                // moved was given back where it could be.
                 if let Some(session) = self.role.take_standby_session() {
-                    let lock = session.granted.unwrap_or(self.shared.config.lock);
-                    session.give_back(Held::Key(lock), UNLOCK_BOUND).await;
+                    if let Some(key) = session.granted {
+                        session.give_back(Held::Key(key), UNLOCK_BOUND).await;
+                    }
+                    if let Some((slot, place)) = session.place.filter(|_| !session.direct) {
+                        let key = self.shared.config.lock.slot(slot);
+                        session
+                            .give_back(Held::Place(key, place), UNLOCK_BOUND)
+                            .await;
+                    }
                     self.drop_session(Some(session));
                 }
                 self.record(CheckOutcome::Failed, started, Some(&err));
@@ -543,30 +536,64 @@ impl Campaign<'_> {
     /// the lock there ([`probe_sql`], which gives back in the same statement whatever it was
     /// granted, so that no pooler can move the give-back away from the grant). Either failing
     /// means both sessions reached one server backend (a transaction-mode pooler):
-    /// [`Error::SharedBackend`].
+    /// [`Error::SharedBackend`]. The test runs [`PROBE_ROUNDS`] times, each right after a
+    /// statement of the lock session that must still answer from `backend_pid` (else
+    /// [`Error::BackendChanged`]): a pooler that hands out the server connection its clients
+    /// used last (PgBouncer's default) gives the second session the grant's backend right
+    /// after the lock session has let it go, unless another client took it in between, which
+    /// a single test, behind a new connection's start-up, often met.
     pub(crate) async fn probe_exclusion(
         &self,
         lock: LockKey,
         backend_pid: i32,
     ) -> Result<(), Error> {
+        use tokio_postgres::SimpleQueryMessage;
         let config = &self.shared.config;
         let bound = config.io_bound();
         let (client, _closed, _task) =
             connect(&config.connect, &config.tls, &self.shared.target, bound).await?;
+        let Some(session) = self.role.session() else {
+            return Err(Error::SessionClosed(None));
+        };
+        let Some(ours) = session.client.as_ref() else {
+            return Err(Error::SessionClosed(None));
+        };
         // The simple protocol: no named prepared statement that a pooler could mix up.
-        let shared = within(
-            "probe exclusion",
-            bound,
-            client.simple_query(&probe_sql(lock, backend_pid)),
-        )
-        .await?
-        .iter()
-        .any(|m| {
-            matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
-        });
-        if shared {
-            return Err(Error::SharedBackend);
+        let probe = probe_sql(lock, backend_pid);
+        let first = |messages: Vec<SimpleQueryMessage>| {
+            messages.into_iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                _ => None,
+            })
+        };
+        for _ in 0..PROBE_ROUNDS {
+            {
+                let now = within(
+                    "probe exclusion",
+                    bound,
+                    ours.simple_query("SELECT pg_catalog.pg_backend_pid()"),
+                )
+                .await
+                .map(first)?
+                .and_then(|pid| pid.parse::<i32>().ok());
+                if let Some(now) = now.filter(|&now| now != backend_pid) {
+                    return Err(Error::BackendChanged {
+                        granted_to: backend_pid,
+                        now,
+                    });
+                }
+            }
+            let shared = within("probe exclusion", bound, client.simple_query(&probe))
+                .await
+                .map(first)?;
+            if shared.as_deref() == Some("t") {
+                return Err(Error::SharedBackend);
+            }
         }
         Ok(())
     }
 }
+
+/// How many times [`Campaign::probe_exclusion`] tests a grant on a session that is not direct
+/// (a few round trips of the grant's, on such a session only).
+const PROBE_ROUNDS: usize = 3;
