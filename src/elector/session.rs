@@ -284,8 +284,9 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Connects, pins the timers and prepares the lock statements, in one round trip after
-    /// the startup.
+    /// Connects and pins the timers, in one round trip after the startup (on PostgreSQL's own
+    /// Unix socket the lock statements are prepared in the same flight; elsewhere each is
+    /// prepared when first needed, on a direct session only).
     pub(crate) async fn open(config: &Config, target: &str) -> Result<Session, Error> {
         let (session, _) = Session::open_with(config, target, false, None).await?;
         Ok(session)

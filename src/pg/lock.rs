@@ -408,10 +408,7 @@ pub(crate) const CAN_CHECK_SQL: &str = concat!("SELECT ", can_check!());
 /// The unlock of slot key `key`, the key written out: sent as the unnamed statement, it needs
 /// no round trip of its own.
 pub(crate) fn unlock_sql(key: LockKey) -> String {
-    format!(
-        "SELECT pg_catalog.pg_advisory_unlock(({})::pg_catalog.int4, ({})::pg_catalog.int4)",
-        key.class, key.id
-    )
+    format!("SELECT {}", Held::Key(key).unlock_call())
 }
 
 /// What a session gives back: a slot's key, or its place in that slot's line of standbys

@@ -13,8 +13,7 @@ use crate::elector::session::{boottime, Session};
 use crate::elector::{CheckOutcome, UNLOCK_BOUND};
 use crate::error::{Chain, Error};
 use crate::pg::lock::{
-    probe_sql, standby_comment, try_sql, unlock_sql, Guard, Held, LockKey, MOVED_BACKEND,
-    NOT_DIRECT,
+    probe_sql, standby_comment, try_sql, Guard, Held, LockKey, MOVED_BACKEND, NOT_DIRECT,
 };
 use crate::pg::within;
 
@@ -425,13 +424,11 @@ impl Campaign<'_> {
         };
         let slots = config.effective_slots();
         let key = config.lock.slot(code % slots);
-        let unlock = match code / slots {
-            0 => unlock_sql(key),
-            place => format!(
-                "SELECT pg_catalog.pg_advisory_unlock(({})::pg_catalog.int8)",
-                key.queue_key(place)
-            ),
+        let held = match code / slots {
+            0 => Held::Key(key),
+            place => Held::Place(key, place),
         };
+        let unlock = format!("SELECT {}", held.unlock_call());
         debug!(target: "leaderrun::elector", lock = %key, "granted on a session that is not direct: giving it back and trying again guarded");
         // Not prepared: a named statement would outlive a one-shot on a pooler's shared server
         // connection, and the next client there that prepares one of the same name would fail.
