@@ -186,6 +186,57 @@ const BACKEND_SQL: &str = concat!(
     can_check!()
 );
 
+/// What [`BACKEND_SQL`]'s row says, from the messages of the simple query that ran it: the
+/// backend's pid, how the server sees a TCP session (`None` over a Unix socket), and whether
+/// the role may read what the leader's check reads (only a clear "no" counts: a replica never
+/// refuses to lead on an unread answer).
+fn identity(messages: &[tokio_postgres::SimpleQueryMessage]) -> (Option<i32>, Option<Seen>, bool) {
+    use tokio_postgres::SimpleQueryMessage;
+    let last = messages.iter().rev().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) if row.len() == 5 => Some(row),
+        _ => None,
+    });
+    let backend_pid = last.and_then(|row| row.get(0)?.parse::<i32>().ok());
+    let seen = last.and_then(|row| {
+        Some(Seen {
+            client: (row.get(1)?.to_owned(), row.get(2)?.parse::<i32>().ok()?),
+            server_port: row.get(3)?.parse::<i32>().ok()?,
+        })
+    });
+    let can_check = last.and_then(|row| row.get(4)) != Some("f");
+    (backend_pid, seen, can_check)
+}
+
+/// Whether a new session of `config` to `target` is direct ([`is_direct`]), asked with
+/// [`BACKEND_SQL`] alone: no `SET`, which behind a transaction-mode pooler would stay on a
+/// server connection other clients use next (a `statement_timeout` of ours cancelling their
+/// statements). The check of a replica that found such a pooler a moment ago asks this first
+/// ([`crate::elector::pooler_backoff`]). The session is closed again.
+pub(crate) async fn is_direct_session(
+    config: &Config,
+    target: &str,
+    steps: &Steps,
+) -> Result<bool, Error> {
+    let bound = config.io_bound();
+    let ((client, _closed, _task), link) = connect_socket(
+        &config.connect,
+        &config.tls,
+        target,
+        bound,
+        config.early_connect.as_deref(),
+        Some(steps),
+    )
+    .await?;
+    steps.begin();
+    let messages = within("who answers", bound, client.simple_query(BACKEND_SQL)).await?;
+    let (backend_pid, seen, _) = identity(&messages);
+    Ok(is_direct(
+        link.fd.as_fd(),
+        seen.as_ref(),
+        backend_pid.unwrap_or_default(),
+    ))
+}
+
 /// Says, once per process, that the server has no `idle_session_timeout` (PostgreSQL 13):
 /// at WARN for the long-running modes, at DEBUG when [`Config::warn_weaker_server`] is off.
 fn weaker_server(config: &Config) {
@@ -345,7 +396,6 @@ impl Session {
     /// the pooler to hand on. Returns whether the grant's backend ran the unlock; a WARN names
     /// the backend when it did not.
     pub(crate) async fn give_back(&self, held: Held, bound: Duration) -> bool {
-        use tokio_postgres::SimpleQueryMessage;
         let Some(client) = self.client.as_ref() else {
             return false;
         };
@@ -355,23 +405,11 @@ impl Session {
                 .await
                 .is_ok();
         }
-        let deadline = tokio::time::Instant::now() + bound;
-        let sql = give_back_sql(held, self.backend_pid);
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match within("unlock", left, client.simple_query(&sql)).await {
-                // The grant's backend answered (true, or false when it held nothing).
-                Ok(messages)
-                    if messages.iter().any(
-                        |m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0).is_some()),
-                    ) =>
-                {
-                    return true
-                }
-                // Another backend answered: NULL.
-                Ok(_) if left > GIVE_BACK_PAUSE => tokio::time::sleep(GIVE_BACK_PAUSE).await,
-                _ => break,
-            }
+        if self
+            .on_own_backend(give_back_sql(held, self.backend_pid), bound)
+            .await
+        {
+            return true;
         }
         warn!(
             target: "leaderrun::elector",
@@ -384,6 +422,38 @@ impl Session {
             self.backend_pid
         );
         false
+    }
+
+    /// Sends `sql` (a `CASE` that runs only on this session's pinned backend and answers NULL
+    /// elsewhere) again, [`GIVE_BACK_PAUSE`] apart, until a row that is not NULL comes back or
+    /// `bound` passes; whether it did.
+    async fn on_own_backend(&self, sql: String, bound: Duration) -> bool {
+        use tokio_postgres::SimpleQueryMessage;
+        let Some(client) = self.client.as_ref() else {
+            return false;
+        };
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match within(
+                "statement on the session's backend",
+                left,
+                client.simple_query(&sql),
+            )
+            .await
+            {
+                Ok(messages)
+                    if messages.iter().any(
+                        |m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0).is_some()),
+                    ) =>
+                {
+                    return true
+                }
+                // Another backend answered: NULL.
+                Ok(_) if left > GIVE_BACK_PAUSE => tokio::time::sleep(GIVE_BACK_PAUSE).await,
+                _ => return false,
+            }
+        }
     }
 
     async fn open_with(
@@ -600,20 +670,7 @@ impl Session {
             value("synchronous_standby_names").unwrap_or_default(),
             value("synchronous_commit").unwrap_or_default(),
         );
-        let last = messages.iter().rev().find_map(|m| match m {
-            SimpleQueryMessage::Row(row) if row.len() == 5 => Some(row),
-            _ => None,
-        });
-        let backend_pid = last.and_then(|row| row.get(0)?.parse::<i32>().ok());
-        // NULL over a Unix socket.
-        let seen = last.and_then(|row| {
-            Some(Seen {
-                client: (row.get(1)?.to_owned(), row.get(2)?.parse::<i32>().ok()?),
-                server_port: row.get(3)?.parse::<i32>().ok()?,
-            })
-        });
-        // Only a clear "no" counts: a replica never refuses to lead on an unread answer.
-        let can_check = last.and_then(|row| row.get(4)) != Some("f");
+        let (backend_pid, seen, can_check) = identity(&messages);
         match backend_pid {
             Some(backend_pid) => Ok(Pinned {
                 backend_pid,

@@ -140,6 +140,18 @@ impl Campaign<'_> {
         }
     }
 
+    /// Time left of the back-off after this elector last found a pooler ([`found_pooler`](Self::found_pooler),
+    /// [`pooler_backoff`](crate::elector::pooler_backoff)); `None` when it is over or none was found.
+    fn pooler_backoff_left(&self) -> Option<Duration> {
+        let backoff = crate::elector::pooler_backoff(self.shared.config.effective_check_interval());
+        let found = *self
+            .shared
+            .pooler_found
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        found.and_then(|at| backoff.checked_sub(at.elapsed()))
+    }
+
     /// Says why this replica refuses to lead on the server it reached (in recovery, a pooler):
     /// an ERROR, or DEBUG for a caller that reports the failure itself
     /// ([`Config::warn_failed_tries`](crate::Config::warn_failed_tries), `leaderrun --once`),
@@ -275,6 +287,20 @@ impl Campaign<'_> {
         // A new session's first try travels with its set-up (Session::open_and_try).
         let mut first = None;
         if let Role::Standby { session: None, .. } = self.role {
+            // A replica that found a transaction-mode pooler a moment ago sets nothing on a
+            // session that is not direct: its timers would stay on a server connection that
+            // other clients of the pooler use next.
+            if let Some(again_in) = self.pooler_backoff_left() {
+                let direct = crate::elector::session::is_direct_session(
+                    config,
+                    &self.shared.target,
+                    &self.shared.steps,
+                )
+                .await?;
+                if !direct {
+                    return Err(Error::PoolerFound { again_in });
+                }
+            }
             let (opened, answer) =
                 Session::open_and_try(config, &self.shared.target, &self.shared.steps).await?;
             if let Role::Standby { session, .. } = &mut self.role {
@@ -307,13 +333,7 @@ impl Campaign<'_> {
             return Ok(CheckOutcome::Failed);
         };
         if first.is_none() && !session.direct {
-            let backoff = crate::elector::pooler_backoff(config.effective_check_interval());
-            let found = *self
-                .shared
-                .pooler_found
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if let Some(again_in) = found.and_then(|at| backoff.checked_sub(at.elapsed())) {
+            if let Some(again_in) = self.pooler_backoff_left() {
                 return Err(Error::PoolerFound { again_in });
             }
         }
