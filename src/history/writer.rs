@@ -28,8 +28,13 @@ pub const QUEUE: usize = 256;
 /// the start of every term).
 pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
-/// Rows one statement of the pruning deletes at most.
+/// Rows one statement of the pruning deletes at most, at first: a batch that runs past the
+/// session's `statement_timeout` (a slow or busy server, a short check interval) is cut to a
+/// quarter for the next, down to [`PRUNE_BATCH_MIN`], so that a backlog still shrinks.
 const PRUNE_BATCH: i64 = 1000;
+
+/// The smallest batch of the pruning ([`PRUNE_BATCH`]).
+const PRUNE_BATCH_MIN: i64 = 10;
 
 /// Where the history table is: its schema, and whether that schema is named as the session's
 /// role (`"$user"` of the `search_path`); no row when it does not exist. `$1`: the table's
@@ -266,6 +271,8 @@ struct Writer {
     failing: bool,
     reconnect_after: Option<Instant>,
     last_prune: Option<Instant>,
+    /// Rows the next statement of the pruning deletes at most ([`PRUNE_BATCH`]).
+    prune_batch: i64,
 }
 
 impl Writer {
@@ -285,6 +292,7 @@ impl Writer {
             failing: false,
             reconnect_after: None,
             last_prune: None,
+            prune_batch: PRUNE_BATCH,
         }
     }
 
@@ -489,7 +497,8 @@ impl Writer {
     }
 
     /// Deletes the key's rows older than `--history-keep`, at most once per [`PRUNE_EVERY`].
-    /// In batches of [`PRUNE_BATCH`] rows, each a statement of its own, for at most one bound:
+    /// In batches of [`PRUNE_BATCH`] rows (fewer after one was cancelled), each a statement of
+    /// its own, for at most one bound:
     /// a backlog (a `--history-keep` made shorter, a table of millions of rows) is deleted a
     /// part at a time, on the next writes, instead of by one statement that the
     /// `statement_timeout` cancels every time.
@@ -514,14 +523,29 @@ impl Writer {
         let began = Instant::now();
         let mut deleted = 0;
         loop {
-            let batch = within(
+            let limit = self.prune_batch;
+            let batch = match within(
                 "history: delete old runs",
                 bound,
-                client.execute(&sql, &[&class, &lock_id, &keep, &PRUNE_BATCH]),
+                client.execute(&sql, &[&class, &lock_id, &keep, &limit]),
             )
-            .await?;
+            .await
+            {
+                Ok(batch) => batch,
+                Err(err) => {
+                    // Cancelled by the statement_timeout (or the client's bound): a smaller
+                    // batch next time, or the same one would be cancelled at every write.
+                    let cancelled = matches!(&err, Error::Timeout { .. })
+                        || matches!(&err, Error::Query { source, .. }
+                            if source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED));
+                    if cancelled {
+                        self.prune_batch = (limit / 4).max(PRUNE_BATCH_MIN);
+                    }
+                    return Err(err);
+                }
+            };
             deleted += batch;
-            if batch < PRUNE_BATCH as u64 {
+            if batch < limit as u64 {
                 self.last_prune = Some(Instant::now());
                 break;
             }
