@@ -533,13 +533,20 @@ impl Writer {
             {
                 Ok(batch) => batch,
                 Err(err) => {
-                    // Cancelled by the statement_timeout (or the client's bound): a smaller
-                    // batch next time, or the same one would be cancelled at every write.
-                    let cancelled = matches!(&err, Error::Timeout { .. })
-                        || matches!(&err, Error::Query { source, .. }
-                            if source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED));
-                    if cancelled {
+                    // Cancelled by the statement_timeout (or past the client's bound, whose
+                    // session is not reused): a smaller batch next time, or the same one would
+                    // be cancelled at every write.
+                    let cancelled = matches!(&err, Error::Query { source, .. }
+                        if source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED));
+                    if matches!(&err, Error::Timeout { .. }) {
                         self.prune_batch = (limit / 4).max(PRUNE_BATCH_MIN);
+                    }
+                    if cancelled && limit > PRUNE_BATCH_MIN {
+                        // Housekeeping, not a failed write: the run's row is written all the
+                        // same, and the next write deletes on with the smaller batch.
+                        self.prune_batch = (limit / 4).max(PRUNE_BATCH_MIN);
+                        tracing::debug!(target: "leaderrun::history", batch = self.prune_batch, "history: a batch of old runs took longer than the statement timeout; deleting fewer at a time");
+                        return Ok(());
                     }
                     return Err(err);
                 }
