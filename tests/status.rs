@@ -1048,8 +1048,9 @@ fn doctor_and_a_one_shot_say_when_a_synchronous_standby_holds_every_grant() {
 
 /// `status`, `step-down` and `doctor` bound their own statements on the server, as the replicas
 /// pin their timers: a role whose defaults are a `statement_timeout` and a `lock_timeout` of
-/// 1 ms and an `idle_session_timeout` of 300 ms fails none of them (before, each failed on its
-/// first query while the replicas led).
+/// 1 ms and an `idle_session_timeout`, an `idle_in_transaction_session_timeout` and a
+/// `transaction_timeout` of 300 ms fails none of them (before, each failed on its first query
+/// while the replicas led).
 #[test]
 fn status_step_down_and_doctor_outlast_a_role_default_of_one_millisecond() {
     let cluster = Cluster::start_private();
@@ -1061,6 +1062,12 @@ fn status_step_down_and_doctor_outlast_a_role_default_of_one_millisecond() {
     // standbys twice, 0.75 s apart.
     if crate::support::cluster::server_major() >= 14 {
         cluster.sql("ALTER ROLE hasty SET idle_session_timeout = 300");
+    }
+    // `status` and `step-down` run in a transaction (its timers `LOCAL`, so that none stays
+    // on a pooler's server connection): one idle in it, or older, for 300 ms would end too.
+    cluster.sql("ALTER ROLE hasty SET idle_in_transaction_session_timeout = 300");
+    if crate::support::cluster::server_major() >= 17 {
+        cluster.sql("ALTER ROLE hasty SET transaction_timeout = 300");
     }
     let dsn = format!(
         "host=127.0.0.1 port={} user=hasty dbname=postgres",
@@ -1711,4 +1718,72 @@ fn doctor_fails_when_its_two_sessions_reach_two_servers() {
             .any(|l| l.starts_with("ok    server") && l.contains("same server")),
         "{text}"
     );
+}
+
+/// `status`, `doctor` and `step-down` through a transaction-mode pooler (PgBouncer with one
+/// server connection, which it hands every client in turn) leave that connection as they found
+/// it for its next client. Before, each left its timers there (`statement_timeout` and
+/// `lock_timeout` of its bound, which then cancelled another application's statements), every
+/// statement prepared under a name (which another client's statement of that name then met),
+/// and `doctor` its scratch key, granted twice on the one backend and given back once. Each
+/// now runs in transactions of its own, with `LOCAL` timers and unnamed statements; a grant is
+/// given back on the backend it was granted on; and the pooler keeps its connection (nothing
+/// left in a transaction for it to close).
+#[test]
+fn status_doctor_and_step_down_through_a_transaction_pooler_leave_its_connection_as_found() {
+    use crate::support::pooler::Bouncer;
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let _leader = setup.replica("300ms", &[]);
+    scratch.wait_starts(1, secs(10.0));
+    let standby = setup.replica("300ms", &[]);
+    wait_for("the standby in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    let bouncer = Bouncer::start(cluster, "transaction", 1);
+    let pooled = |sql: &str| {
+        let out = std::process::Command::new(cluster.psql_path())
+            .args(["-X", "-q", "-A", "-t", "-d", &bouncer.dsn(), "-c", sql])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let state = || {
+        pooled(
+            "SELECT pg_backend_pid(), current_setting('statement_timeout'), \
+             current_setting('lock_timeout'), current_setting('jit'), \
+             current_setting('exit_on_error'), current_setting('default_transaction_deferrable'), \
+             (SELECT count(*) FROM pg_prepared_statements)",
+        )
+    };
+    let before = state();
+    let backend: i32 = before.split('|').next().unwrap().parse().unwrap();
+    assert!(before.ends_with("|0"), "{before}");
+    let held_by_pooler = || {
+        cluster.sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = {backend}"
+        ))
+    };
+    let tool = |args: &[&str]| crate::support::run_tool(&bouncer.dsn(), &id.to_string(), args);
+
+    let (code, text) = tool(&["status"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(state(), before, "after status: {text}");
+
+    // Both of doctor's sessions reach the one backend: its exclusion check says so.
+    let (code, text) = tool(&["doctor"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("FAIL  exclusion"), "{text}");
+    assert!(text.contains("transaction-mode"), "{text}");
+    assert_eq!(state(), before, "after doctor: {text}");
+    assert_eq!(held_by_pooler(), vec!["0"], "after doctor: {text}");
+
+    let (code, text) = tool(&["step-down"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("stepped down"), "{text}");
+    let second = scratch.wait_starts(2, secs(10.0))[1].clone();
+    assert_eq!(second.ppid, standby.pid());
+    assert_eq!(state(), before, "after step-down: {text}");
+    assert_eq!(held_by_pooler(), vec!["0"], "after step-down: {text}");
 }

@@ -12,7 +12,9 @@ use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
 use crate::elector::{connect, LockKey};
 use crate::error::{Chain, Error};
 use crate::pg::conninfo::describe;
-use crate::pg::lock::{unlock_sql, DURABLE_TOKEN, DURABLE_TOKEN_GRANT, SYNC_STANDBYS};
+use crate::pg::lock::{
+    give_back_sql, on_backend, Held, DURABLE_TOKEN, DURABLE_TOKEN_GRANT, SYNC_STANDBYS,
+};
 use crate::pg::within;
 
 use super::status::{line, out, output_lost, report, runtime, until_interrupted};
@@ -56,13 +58,47 @@ impl Finding {
     }
 }
 
+/// The one value of `sql` on `client`, asked in a transaction of its own whose timers are
+/// `bound` ([`crate::pg::begin_bounded`]'s, `LOCAL` to it): through a transaction-mode pooler
+/// nothing doctor sets stays on a server connection that other clients are handed next, and
+/// between two statements the session is as free to move as a replica's (what the `session`
+/// and `exclusion` checks look for). One flight: the transaction's start, the statement
+/// (typed, so the unnamed statement: nothing stays prepared) and `COMMIT`; when the role's
+/// own `statement_timeout` cancels the start, the flight is sent again, up to
+/// [`crate::pg::BOUND_SESSION_TRIES`] times.
 async fn one<T>(client: &Client, sql: &str, bound: Duration) -> Result<T, Error>
 where
     T: for<'a> tokio_postgres::types::FromSql<'a>,
 {
-    Ok(within("doctor query", bound, client.query_one(sql, &[]))
-        .await?
-        .get(0))
+    let begin = crate::pg::begin_bounded_sql(bound);
+    let mut tries = 1;
+    loop {
+        // `biased`: sent in this order, the statement between its transaction's ends.
+        let (begun, rows, _) = tokio::join!(
+            biased;
+            within("doctor query", bound, client.batch_execute(&begin)),
+            within("doctor query", bound, client.query_typed(sql, &[])),
+            within("doctor query", bound, client.batch_execute("COMMIT")),
+        );
+        match begun {
+            Err(Error::Query { source, .. })
+                if tries < crate::pg::BOUND_SESSION_TRIES
+                    && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
+            {
+                tries += 1;
+                continue;
+            }
+            begun => begun?,
+        }
+        let rows = rows?;
+        return match rows.as_slice() {
+            [row] => Ok(row.get(0)),
+            _ => Err(Error::UnexpectedRows {
+                what: "doctor query",
+                rows: rows.len(),
+            }),
+        };
+    }
 }
 
 /// What to check when `doctor` cannot connect, by the kind of failure (as psql would say it):
@@ -120,6 +156,32 @@ fn permission_hint(err: &Error) -> String {
 const STREAMING_SYNC_STANDBYS_SQL: &str = "SELECT pg_catalog.count(*) \
      FROM pg_catalog.pg_stat_replication WHERE sync_state IS NULL \
      OR NOT (sync_state OPERATOR(pg_catalog.=) ANY (ARRAY['async', 'potential']))";
+
+/// Gives back the grant of `key` on server backend `pid` through `client`
+/// ([`crate::pg::lock::give_back_sql`], sent again until it lands there, within
+/// [`crate::elector::UNLOCK_BOUND`]) and drops it from `granted`; whether it was given back.
+async fn give_back(
+    client: &Client,
+    key: LockKey,
+    pid: i32,
+    granted: &mut Vec<(&Client, i32)>,
+) -> bool {
+    let sql = give_back_sql(Held::Key(key), pid);
+    let given = on_backend(crate::elector::UNLOCK_BOUND, |left| {
+        let sql = &sql;
+        async move { Ok(one::<Option<bool>>(client, sql, left).await?.is_some()) }
+    })
+    .await;
+    if given {
+        if let Some(at) = granted
+            .iter()
+            .rposition(|&(c, p)| std::ptr::eq(c, client) && p == pid)
+        {
+            granted.remove(at);
+        }
+    }
+    given
+}
 
 /// `doctor`'s finding on the grant's fencing token ([`DURABLE_TOKEN`]): asked on `a` whether
 /// commits here wait for a synchronous standby and whether one streams, then taken on `b`.
@@ -306,22 +368,53 @@ pub async fn findings(
         class: lock.class,
         id: scratch,
     };
+    // A grant answers the backend it was granted on, and is given back there only
+    // (give_back_sql): a session that moved between statements (a transaction-mode pooler)
+    // would otherwise leave the scratch key counted on a backend the pooler hands to others.
     let try_sql = format!(
-        "SELECT pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int4, ({})::pg_catalog.int4)",
+        "SELECT CASE WHEN pg_catalog.pg_try_advisory_lock(({})::pg_catalog.int4, \
+         ({})::pg_catalog.int4) THEN pg_catalog.pg_backend_pid() END",
         key.class, key.id
     );
-    let unlock_sql = unlock_sql(key);
+    let mut granted: Vec<(&Client, i32)> = Vec::new();
     let exclusion = async {
-        let first: bool = one(a, &try_sql, bound).await?;
-        let second: bool = one(b, &try_sql, bound).await?;
-        let _: bool = one(a, &unlock_sql, bound).await?;
-        let after_release: bool = one(b, &try_sql, bound).await?;
-        if after_release {
-            let _: bool = one(b, &unlock_sql, bound).await?;
+        let first: Option<i32> = one(a, &try_sql, bound).await?;
+        granted.extend(first.map(|pid| (a, pid)));
+        let second: Option<i32> = one(b, &try_sql, bound).await?;
+        granted.extend(second.map(|pid| (b, pid)));
+        if let Some(pid) = first {
+            give_back(a, key, pid, &mut granted).await;
         }
-        Ok::<_, Error>((first, second, after_release))
+        let after_release: Option<i32> = one(b, &try_sql, bound).await?;
+        granted.extend(after_release.map(|pid| (b, pid)));
+        Ok::<_, Error>((first.is_some(), second.is_some(), after_release.is_some()))
     };
-    match exclusion.await {
+    let exclusion = exclusion.await;
+    // Every grant left, a failed check's included.
+    while let Some(&(client, pid)) = granted.last() {
+        if !give_back(client, key, pid, &mut granted).await {
+            break;
+        }
+    }
+    let stranded: Vec<i32> = granted.iter().map(|&(_, pid)| pid).collect();
+    if !stranded.is_empty() {
+        out.push(Finding::fail(
+            "exclusion",
+            format!(
+                "the scratch key {}:{scratch} could not be given back on server backend(s) \
+                 {stranded:?}, where it was granted: the session's statements ran on other \
+                 backends",
+                lock.class
+            ),
+            format!(
+                "a transaction-mode pooler moves the session between statements; the key \
+                 stays held until it closes that server connection (SELECT \
+                 pg_catalog.pg_terminate_backend({}) frees it now)",
+                stranded[0]
+            ),
+        ));
+    }
+    match exclusion {
         Ok((true, false, true)) => out.push(Finding::pass(
             "exclusion",
             format!(
@@ -419,7 +512,8 @@ pub async fn findings(
 
     match one::<String>(
         a,
-        "SELECT pg_catalog.set_config('idle_session_timeout', '60000', false)",
+        // `true`: set for its transaction only, whose end takes it back.
+        "SELECT pg_catalog.set_config('idle_session_timeout', '60000', true)",
         bound,
     )
     .await
@@ -472,7 +566,14 @@ pub async fn findings(
         )),
     }
 
-    match report(a, server, lock, slots, bound).await {
+    // The report's statements in one bounded transaction, as `status` sends them.
+    let leader = async {
+        crate::pg::begin_bounded("session settings", a, bound).await?;
+        let r = report(a, server, lock, slots, bound).await;
+        let _ = crate::pg::end_bounded(a, bound).await;
+        r
+    };
+    match leader.await {
         Ok(r) => out.push(Finding::pass(
             "leader",
             match &r.leader {
@@ -566,13 +667,27 @@ pub fn doctor_main(
         // Each session is bound as soon as it is ready, and both connect at once: one that
         // waited idle for the other's connect (a hung first host of a list costs a whole
         // `connect_timeout`) would meet a role's `idle_session_timeout` first.
+        // Both connect at once, and the first there waits for the other in a transaction of
+        // bounded statements, where no `idle_session_timeout` counts
+        // (crate::pg::begin_bounded), ended once both are there: every check asks in a
+        // transaction of its own (`one`). Only the first: through a transaction-mode pooler
+        // of one server connection, a transaction of each would wait for the other's end.
+        let first_there = std::cell::Cell::new(false);
         let open = || async {
             let (client, closed, task) = connect(connect_config, tls, &server, bound).await?;
-            crate::pg::bound_session("session settings", &client, bound).await?;
-            Ok::<_, Error>((client, closed, task))
+            let waits = !first_there.replace(true);
+            if waits {
+                crate::pg::begin_bounded("session settings", &client, bound).await?;
+            }
+            Ok::<_, Error>((client, waits, closed, task))
         };
         let (a, b) = tokio::join!(open(), open());
-        let ((a, _ca, _ta), (b, _cb, _tb)) = (a?, b?);
+        let ((a, a_waited, _ca, _ta), (b, b_waited, _cb, _tb)) = (a?, b?);
+        for (client, waited) in [(&a, a_waited), (&b, b_waited)] {
+            if waited {
+                crate::pg::end_bounded(client, bound).await?;
+            }
+        }
         Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, bound).await)
     };
     let result = match until_interrupted(rt, &mut signals, "doctor", work) {

@@ -299,31 +299,49 @@ pub async fn report(
     }
     let id = lock.id as u32;
     let comment = standby_comment(lock);
-    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-        [&slot_classes, &place_classes, &id];
+    use tokio_postgres::types::{ToSql, Type};
+    // Typed, so sent as the unnamed statement: nothing stays prepared on a server connection
+    // a pooler hands to other clients next.
+    let lock_params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&slot_classes, Type::OID_ARRAY),
+        (&place_classes, Type::OID_ARRAY),
+        (&id, Type::OID),
+    ];
     let asked_classes: Vec<u32> = slot_classes.iter().chain(&place_classes).copied().collect();
-    let comment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-        [&comment, &id, &asked_classes];
+    let comment_params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&comment, Type::TEXT),
+        (&id, Type::OID),
+        (&asked_classes, Type::OID_ARRAY),
+    ];
     let more_classes: Vec<u32> = (slots..MAX_SLOTS)
         .map(|k| lock.slot(k).class as u32)
         .collect();
-    let more_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&more_classes, &id];
+    let more_params: [(&(dyn ToSql + Sync), Type); 2] =
+        [(&more_classes, Type::OID_ARRAY), (&id, Type::OID)];
+    // Inside a transaction (`status`, `step-down`: crate::pg::begin_bounded) the server keeps
+    // what pg_stat_activity showed first for the rest of it: a later look must see now's.
+    within(
+        "activity snapshot",
+        bound,
+        client.query_typed("SELECT pg_catalog.pg_stat_clear_snapshot()", &[]),
+    )
+    .await?;
     // All in one flight.
     let (rows, between, more, recovery, untracked) = tokio::join!(
         within(
             "status query",
             bound,
-            client.query(STATUS_SQL, &lock_params),
+            client.query_typed(STATUS_SQL, &lock_params),
         ),
         within(
             "standbys query",
             bound,
-            client.query(STANDBYS_SQL, &comment_params),
+            client.query_typed(STANDBYS_SQL, &comment_params),
         ),
         within(
             "other slots query",
             bound,
-            client.query(MORE_SLOTS_SQL, &more_params),
+            client.query_typed(MORE_SLOTS_SQL, &more_params),
         ),
         within(
             "recovery query",
@@ -333,7 +351,7 @@ pub async fn report(
         within(
             "untracked sessions query",
             bound,
-            client.query(UNTRACKED_SQL, &[]),
+            client.query_typed(UNTRACKED_SQL, &[]),
         )
     );
     let (rows, between, more, untracked) = (rows?, between?, more?, untracked?);
@@ -347,9 +365,11 @@ pub async fn report(
         Some(row) => row.get(7),
         None => {
             let row = client
-                .query_one("SELECT pg_catalog.current_database()", &[])
+                .query_typed("SELECT pg_catalog.current_database()", &[])
                 .await;
-            row.map(|r| r.get(0)).unwrap_or_default()
+            row.ok()
+                .and_then(|rows| rows.first().map(|r| r.get(0)))
+                .unwrap_or_default()
         }
     };
     let mut slot_leaders: Vec<Slot> = (0..slots)
@@ -482,13 +502,13 @@ pub async fn add_history(
     let exists = within(
         "history table lookup",
         bound,
-        client.query_one(
+        client.query_typed(
             "SELECT pg_catalog.to_regclass($1) IS NOT NULL",
-            &[&table.sql()],
+            &[(&table.sql(), tokio_postgres::types::Type::TEXT)],
         ),
     )
     .await
-    .map(|row| row.get::<_, bool>(0));
+    .map(|rows| rows.first().is_some_and(|row| row.get::<_, bool>(0)));
     let mut stored = None;
     match exists {
         Ok(true) => {
@@ -877,9 +897,11 @@ pub fn status_main(
     let server = describe(connect_config);
     let work = async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
-        crate::pg::bound_session("session settings", &client, bound).await?;
+        crate::pg::begin_bounded("session settings", &client, bound).await?;
         let mut report = report(&client, &server, lock, slots, bound).await?;
         add_history(&mut report, &client, history.0, lock, history.1, bound).await;
+        // Nothing was written: a failed end changes no finding.
+        let _ = crate::pg::end_bounded(&client, bound).await;
         Ok::<_, Error>(report)
     };
     let result = match until_interrupted(rt, &mut signals, "status", work) {
@@ -903,6 +925,127 @@ pub fn status_main(
         Err(err) => {
             tracing::error!("status: {}", Chain(&err));
             EXIT_FAILURE
+        }
+    })
+}
+
+/// `step-down`'s steps on `client` (in [`crate::pg::begin_bounded`]'s transaction) once it is
+/// connected: the exit status of [`step_down_main`]. `asked` is set as the request is sent.
+#[allow(clippy::too_many_arguments)]
+async fn ask_to_step_down(
+    client: &tokio_postgres::Client,
+    server: &str,
+    lock: LockKey,
+    slots: u32,
+    slot: u32,
+    bound: Duration,
+    asked: &std::cell::Cell<bool>,
+) -> Result<u8, Error> {
+    let leader_of = |r: Report| {
+        r.slot_leaders
+            .into_iter()
+            .nth(slot as usize)
+            .and_then(|s| s.leader)
+    };
+    let mut before = report(client, server, lock, slots, bound).await?;
+    let any_standby = |r: &Report| !r.standbys.is_empty() || !r.waiters.is_empty();
+    if any_standby(&before) {
+        // Only a live standby counts: a waiter whose process just exited stays queued on
+        // the server until the server notices (client_connection_check_interval on
+        // PostgreSQL 14 and later; its wait's timeout before), so look again after that.
+        tokio::time::sleep(CLIENT_CONNECTION_CHECK * 3).await;
+        before = report(client, server, lock, slots, bound).await?;
+    }
+    if before.in_recovery {
+        out(&line(
+            "the server is a hot standby (in recovery): no replica leads there; point the \
+             DSN at the primary",
+        ));
+        return Ok(1);
+    }
+    // Nobody could take over: asking would only stop COMMAND and start it again.
+    let no_standby = !any_standby(&before);
+    let Some(old) = leader_of(before) else {
+        out(&line("no leader holds the lock; nothing to step down"));
+        return Ok(1);
+    };
+    if !old.leaderrun {
+        let name = old
+            .application_name
+            .as_deref()
+            .unwrap_or("no application_name");
+        // Untracked, a renamed leaderrun shows none of the statements that say so.
+        out(&line(&if old.activity_tracked {
+            format!("the holder is not leaderrun ({name}); it cannot be asked to step down")
+        } else {
+            format!(
+                "whether the holder is leaderrun cannot be told ({name}, and \
+                 track_activities is off for its session, so its statements are not \
+                 shown); it was not asked to step down"
+            )
+        }));
+        return Ok(1);
+    }
+    if no_standby {
+        out(&line(
+            "no standby is there to take over; the leader was not asked",
+        ));
+        return Ok(1);
+    }
+    let request = lock.slot(slot).step_down_request();
+    let take = format!("SELECT pg_catalog.pg_advisory_lock(({request})::pg_catalog.int8)");
+    asked.set(true);
+    within(
+        "take the step-down request",
+        bound,
+        client.simple_query(&take),
+    )
+    .await?;
+    let deadline = tokio::time::Instant::now() + STEP_DOWN_WAIT;
+    let mut released = false;
+    let outcome = loop {
+        let now = report(client, server, lock, slots, bound).await?;
+        match &leader_of(now) {
+            // Another replica: by leaderrun's identity when both are known (their
+            // application names may be alike, e.g. from PGAPPNAME), else by name.
+            Some(l)
+                if match (l.leaderrun_pid, old.leaderrun_pid) {
+                    (Some(_), Some(_)) => {
+                        (&l.host, l.leaderrun_pid) != (&old.host, old.leaderrun_pid)
+                    }
+                    _ => l.application_name != old.application_name,
+                } =>
+            {
+                break Some(l.clone())
+            }
+            Some(_) if released => break None,
+            Some(_) => {}
+            None => released = true,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let release = format!("SELECT pg_catalog.pg_advisory_unlock(({request})::pg_catalog.int8)");
+    within(
+        "release the step-down request",
+        bound,
+        client.simple_query(&release),
+    )
+    .await?;
+    Ok(match outcome {
+        Some(new) => {
+            out(&line(&format!(
+                "stepped down: the new leader is {} (backend {})",
+                new.who(),
+                new.pid
+            )));
+            0
+        }
+        None => {
+            out(&line("the leader did not hand over to another replica"));
+            1
         }
     })
 }
@@ -948,114 +1091,14 @@ pub fn step_down_main(
     let asked = std::cell::Cell::new(false);
     let work = async {
         let (client, _closed, _task) = connect(connect_config, tls, &server, bound).await?;
-        crate::pg::bound_session("session settings", &client, bound).await?;
-        let leader_of = |r: Report| {
-            r.slot_leaders
-                .into_iter()
-                .nth(slot as usize)
-                .and_then(|s| s.leader)
-        };
-        let mut before = report(&client, &server, lock, slots, bound).await?;
-        let any_standby = |r: &Report| !r.standbys.is_empty() || !r.waiters.is_empty();
-        if any_standby(&before) {
-            // Only a live standby counts: a waiter whose process just exited stays queued on
-            // the server until the server notices (client_connection_check_interval on
-            // PostgreSQL 14 and later; its wait's timeout before), so look again after that.
-            tokio::time::sleep(CLIENT_CONNECTION_CHECK * 3).await;
-            before = report(&client, &server, lock, slots, bound).await?;
-        }
-        if before.in_recovery {
-            out(&line(
-                "the server is a hot standby (in recovery): no replica leads there; point the \
-                 DSN at the primary",
-            ));
-            return Ok(1);
-        }
-        // Nobody could take over: asking would only stop COMMAND and start it again.
-        let no_standby = !any_standby(&before);
-        let Some(old) = leader_of(before) else {
-            out(&line("no leader holds the lock; nothing to step down"));
-            return Ok(1);
-        };
-        if !old.leaderrun {
-            let name = old
-                .application_name
-                .as_deref()
-                .unwrap_or("no application_name");
-            // Untracked, a renamed leaderrun shows none of the statements that say so.
-            out(&line(&if old.activity_tracked {
-                format!("the holder is not leaderrun ({name}); it cannot be asked to step down")
-            } else {
-                format!(
-                    "whether the holder is leaderrun cannot be told ({name}, and \
-                     track_activities is off for its session, so its statements are not \
-                     shown); it was not asked to step down"
-                )
-            }));
-            return Ok(1);
-        }
-        if no_standby {
-            out(&line(
-                "no standby is there to take over; the leader was not asked",
-            ));
-            return Ok(1);
-        }
-        let request = lock.slot(slot).step_down_request();
-        let take = format!("SELECT pg_catalog.pg_advisory_lock(({request})::pg_catalog.int8)");
-        asked.set(true);
-        within(
-            "take the step-down request",
-            bound,
-            client.simple_query(&take),
-        )
-        .await?;
-        let deadline = tokio::time::Instant::now() + STEP_DOWN_WAIT;
-        let mut released = false;
-        let outcome = loop {
-            let now = report(&client, &server, lock, slots, bound).await?;
-            match &leader_of(now) {
-                // Another replica: by leaderrun's identity when both are known (their
-                // application names may be alike, e.g. from PGAPPNAME), else by name.
-                Some(l)
-                    if match (l.leaderrun_pid, old.leaderrun_pid) {
-                        (Some(_), Some(_)) => {
-                            (&l.host, l.leaderrun_pid) != (&old.host, old.leaderrun_pid)
-                        }
-                        _ => l.application_name != old.application_name,
-                    } =>
-                {
-                    break Some(l.clone())
-                }
-                Some(_) if released => break None,
-                Some(_) => {}
-                None => released = true,
-            }
-            if tokio::time::Instant::now() >= deadline {
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let release = format!("SELECT pg_catalog.pg_advisory_unlock(({request})::pg_catalog.int8)");
-        within(
-            "release the step-down request",
-            bound,
-            client.simple_query(&release),
-        )
-        .await?;
-        Ok(match outcome {
-            Some(new) => {
-                out(&line(&format!(
-                    "stepped down: the new leader is {} (backend {})",
-                    new.who(),
-                    new.pid
-                )));
-                0
-            }
-            None => {
-                out(&line("the leader did not hand over to another replica"));
-                1
-            }
-        })
+        // One transaction from here to the release: through a transaction-mode pooler the
+        // request stays on the backend it was taken on, and ends with this process.
+        crate::pg::begin_bounded("session settings", &client, bound).await?;
+        let outcome = ask_to_step_down(&client, &server, lock, slots, slot, bound, &asked).await;
+        // Nothing was written, and the request (if taken) is released: a failed end changes
+        // no outcome.
+        let _ = crate::pg::end_bounded(&client, bound).await;
+        outcome
     };
     let result: Result<u8, Error> = match until_interrupted(rt, &mut signals, "step-down", work) {
         Ok(result) => result,

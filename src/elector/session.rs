@@ -16,7 +16,7 @@ use super::connecting::{connect_socket, Steps};
 use super::Config;
 use crate::error::Error;
 use crate::pg::lock::{
-    can_check, give_back_sql, try_sql, wait_sql, Guard, Held, LockKey, QUEUE_PLACES,
+    can_check, give_back_sql, on_backend, try_sql, wait_sql, Guard, Held, LockKey, QUEUE_PLACES,
 };
 use crate::pg::within;
 
@@ -170,11 +170,6 @@ pub(crate) fn sync_standbys(names: &str, commit: &str) -> Option<String> {
     (!names.is_empty() && matches!(commit, "on" | "remote_write" | "remote_apply"))
         .then(|| names.to_owned())
 }
-
-/// The pause between two sends of a give-back that landed on another server backend than the
-/// grant's ([`Session::give_back`]): a round trip through a pooler is about a millisecond, and
-/// a pooler under load hands its connections on within a few.
-pub(crate) const GIVE_BACK_PAUSE: Duration = Duration::from_millis(10);
 
 /// The last statement of the pin's round trip: the backend's pid and, over TCP, the client's
 /// address and port and the server's port as the backend sees them (NULL over a Unix socket),
@@ -390,7 +385,7 @@ impl Session {
     /// backend ([`give_back_sql`]): behind a transaction-mode pooler a statement may land on
     /// another, and a count left on a pooled backend keeps every replica out for as long as the
     /// pooler keeps that server connection (docs/field-notes.md#transaction-mode-poolers-move-the-session).
-    /// So it is sent again, [`GIVE_BACK_PAUSE`] apart, until the grant's backend answers or
+    /// So it is sent again, [`crate::pg::lock::GIVE_BACK_PAUSE`] apart, until the grant's backend answers or
     /// `bound` passes: a pooler that hands out its server connections in turn reaches that
     /// one within a round of them. Nothing is left open (no transaction, no other session) for
     /// the pooler to hand on. Returns whether the grant's backend ran the unlock; a WARN names
@@ -405,10 +400,21 @@ impl Session {
                 .await
                 .is_ok();
         }
-        if self
-            .on_own_backend(give_back_sql(held, self.backend_pid), bound)
-            .await
-        {
+        let sql = give_back_sql(held, self.backend_pid);
+        let sql = &sql;
+        let landed = on_backend(bound, |left| async move {
+            let messages = within(
+                "give-back on the grant's backend",
+                left,
+                client.simple_query(sql),
+            )
+            .await?;
+            Ok(messages.iter().any(
+                |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0).is_some()),
+            ))
+        })
+        .await;
+        if landed {
             return true;
         }
         warn!(
@@ -422,38 +428,6 @@ impl Session {
             self.backend_pid
         );
         false
-    }
-
-    /// Sends `sql` (a `CASE` that runs only on this session's pinned backend and answers NULL
-    /// elsewhere) again, [`GIVE_BACK_PAUSE`] apart, until a row that is not NULL comes back or
-    /// `bound` passes; whether it did.
-    async fn on_own_backend(&self, sql: String, bound: Duration) -> bool {
-        use tokio_postgres::SimpleQueryMessage;
-        let Some(client) = self.client.as_ref() else {
-            return false;
-        };
-        let deadline = tokio::time::Instant::now() + bound;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match within(
-                "statement on the session's backend",
-                left,
-                client.simple_query(&sql),
-            )
-            .await
-            {
-                Ok(messages)
-                    if messages.iter().any(
-                        |m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0).is_some()),
-                    ) =>
-                {
-                    return true
-                }
-                // Another backend answered: NULL.
-                Ok(_) if left > GIVE_BACK_PAUSE => tokio::time::sleep(GIVE_BACK_PAUSE).await,
-                _ => return false,
-            }
-        }
     }
 
     async fn open_with(

@@ -286,7 +286,15 @@ pub async fn recent(
     let rows = within(
         "history query",
         bound,
-        client.query(&sql, &[&lock.class, &lock.id, &limit]),
+        // Typed, so sent as the unnamed statement: `status` may read through a pooler.
+        client.query_typed(
+            &sql,
+            &[
+                (&lock.class, tokio_postgres::types::Type::INT4),
+                (&lock.id, tokio_postgres::types::Type::INT4),
+                (&limit, tokio_postgres::types::Type::INT8),
+            ],
+        ),
     )
     .await?;
     let mut recent = Recent::default();

@@ -460,6 +460,32 @@ pub(crate) fn give_back_sql(held: Held, backend_pid: i32) -> String {
     )
 }
 
+/// The pause between two sends of a give-back that landed on another server backend than the
+/// grant's ([`on_backend`]): a round trip through a pooler is about a millisecond, and a
+/// pooler under load hands its connections on within a few.
+pub(crate) const GIVE_BACK_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Sends a statement that runs only on one server backend and answers NULL elsewhere (a
+/// `CASE` as [`give_back_sql`]'s) again, [`GIVE_BACK_PAUSE`] apart, until it lands there or
+/// `bound` passes; whether it landed. `send(left)` sends it once, bounded by `left`, and says
+/// whether a row that is not NULL came back; a statement that fails ends it.
+pub(crate) async fn on_backend<F, Fut>(bound: std::time::Duration, mut send: F) -> bool
+where
+    F: FnMut(std::time::Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<bool, crate::error::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match send(left).await {
+            Ok(true) => return true,
+            // Another backend answered: NULL.
+            Ok(false) if left > GIVE_BACK_PAUSE => tokio::time::sleep(GIVE_BACK_PAUSE).await,
+            _ => return false,
+        }
+    }
+}
+
 /// The second session's test of a grant on a session that is not direct, whose grant is on
 /// server backend `backend_pid`: `true` when this session shares that backend, or was granted
 /// `key` (a backend that holds it for someone else, or none does), which is then given back

@@ -32,19 +32,21 @@ pub async fn within<T>(
     }
 }
 
-/// Bounds every statement of a session that takes no part in the election (`leaderrun status`,
-/// `step-down` and `doctor`'s, the history's) on the server as well: `statement_timeout` =
-/// `bound`, `lock_timeout` = half of it (at least 1 ms), no `idle_session_timeout`
-/// (PostgreSQL 14 and later: the history's session idles between runs, `step-down`'s between
-/// its looks), no `transaction_timeout` (17 and later, whose end is the session's) and no
-/// deferrable transactions (which wait for a safe snapshot while any serializable writer is
-/// open), no JIT compilation and no `exit_on_error` (which ends the session at any failed
-/// statement: a history table not yet there, a privilege missing), whatever the role's or the
-/// database's defaults. A default of a few
-/// milliseconds would otherwise fail these statements, or end the session, while the
-/// replicas, which pin their own timers (docs/guarantees.md#session-timers), lead. One round
-/// trip, or up to [`BOUND_SESSION_TRIES`] when the role's own default cancels it; `what`
-/// names it in an error.
+/// Bounds every statement of a session that takes no part in the election (`doctor`'s, the
+/// history's) on the server as well: `statement_timeout` = `bound`, `lock_timeout` = half of
+/// it (at least 1 ms), no `idle_session_timeout` (PostgreSQL 14 and later: the history's
+/// session idles between runs, `doctor`'s first session while its second connects), no
+/// `transaction_timeout` (17 and later, whose end is the session's) and no deferrable
+/// transactions (which wait for a safe snapshot while any serializable writer is open), no JIT
+/// compilation and no `exit_on_error` (which ends the session at any failed statement: a
+/// history table not yet there, a privilege missing), whatever the role's or the database's
+/// defaults. A default of a few milliseconds would otherwise fail these statements, or end
+/// the session, while the replicas, which pin their own timers
+/// (docs/guarantees.md#session-timers), lead. One round trip, or up to [`BOUND_SESSION_TRIES`]
+/// when the role's own default cancels it; `what` names it in an error.
+///
+/// The settings stay on the server connection: behind a transaction-mode pooler, on one that
+/// other clients are handed next. `status` and `step-down` use [`begin_bounded`] instead.
 ///
 /// # Errors
 /// [`Error::Query`] when the server refuses a setting; [`Error::Timeout`] after `bound`.
@@ -53,26 +55,100 @@ pub async fn bound_session(
     client: &tokio_postgres::Client,
     bound: Duration,
 ) -> Result<(), Error> {
-    // Numbers we formatted, in the settings' base unit (ms): nothing to quote.
-    // `idle_session_timeout` and `transaction_timeout` through pg_settings: a server before
-    // 14 (17) has none, and a `SET` of it would fail there.
     let sql = format!(
-        "SET exit_on_error = off; SET statement_timeout = {}; SET lock_timeout = {}; \
-         SET transaction_deferrable = off; SET default_transaction_deferrable = off; \
-         SET jit = off; \
-         SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
+        "SET exit_on_error = off; {}; SET transaction_deferrable = off; \
+         SET default_transaction_deferrable = off",
+        bound_settings(bound, Scope::Session)
+    );
+    send_settings(what, client, bound, &sql, false).await
+}
+
+/// Opens a transaction on `client` whose statements are bounded on the server as
+/// [`bound_session`] bounds a session's, every setting `LOCAL` to the transaction (and
+/// `idle_in_transaction_session_timeout` off, as `idle_session_timeout` is there): `status`
+/// and `step-down` run in one, committed at their end. A transaction-mode pooler hands a
+/// server connection to one client per transaction (docs/field-notes.md#transaction-mode-poolers-move-the-session),
+/// so through one nothing they set or take outlives them on a connection that other clients
+/// are handed next: the timers end with the transaction, `step-down`'s request stays on the
+/// backend it was taken on until it is released there, and a run that ends before (INT, TERM,
+/// a kill) leaves the transaction open, which PgBouncer answers by closing that server
+/// connection, and the server by freeing the request. `READ COMMITTED`: each statement sees
+/// the locks of its moment (`pg_stat_activity` is kept for the transaction:
+/// [`crate::cli::status::report`] clears it first). One round trip, or up to
+/// [`BOUND_SESSION_TRIES`] when the role's own default cancels it; `what` names it in an error.
+///
+/// # Errors
+/// [`Error::Query`] when the server refuses a setting; [`Error::Timeout`] after `bound`.
+pub async fn begin_bounded(
+    what: &'static str,
+    client: &tokio_postgres::Client,
+    bound: Duration,
+) -> Result<(), Error> {
+    send_settings(what, client, bound, &begin_bounded_sql(bound), true).await
+}
+
+/// [`begin_bounded`]'s statements, to send in a flight of one's own (`doctor` sends each of its
+/// statements between them and a `COMMIT`). `exit_on_error` first: a cancel of a later setting
+/// must not end the session. `BEGIN` sets the transaction's isolation level itself, so the
+/// deferrable defaults (which only a serializable transaction would wait for) need no setting.
+pub(crate) fn begin_bounded_sql(bound: Duration) -> String {
+    format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL exit_on_error = off; \
+         SET LOCAL idle_in_transaction_session_timeout = 0; {}",
+        bound_settings(bound, Scope::Transaction)
+    )
+}
+
+/// Where [`bound_settings`]' settings last.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Session,
+    Transaction,
+}
+
+/// The timers [`bound_session`] and [`begin_bounded`] set, in `scope`. Numbers we formatted,
+/// in the settings' base unit (ms): nothing to quote. `idle_session_timeout` and
+/// `transaction_timeout` through `pg_settings`: a server before 14 (17) has none, and a `SET`
+/// of it would fail there. A `transaction_timeout` set inside its transaction stops its timer
+/// (PostgreSQL's `assign_transaction_timeout`).
+fn bound_settings(bound: Duration, scope: Scope) -> String {
+    let (set, local) = match scope {
+        Scope::Session => ("SET", "false"),
+        Scope::Transaction => ("SET LOCAL", "true"),
+    };
+    format!(
+        "{set} statement_timeout = {}; {set} lock_timeout = {}; {set} jit = off; \
+         SELECT pg_catalog.set_config(name, '0', {local}) FROM pg_catalog.pg_settings \
          WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout' \
          OR name OPERATOR(pg_catalog.=) 'transaction_timeout'",
         bound.as_millis().clamp(1, i32::MAX as u128),
         (bound / 2).as_millis().clamp(1, i32::MAX as u128)
-    );
+    )
+}
+
+/// Sends `sql` (settings, the first of which may run under the role's own timers) until the
+/// server does not cancel it, at most [`BOUND_SESSION_TRIES`] times. `in_transaction`: `sql`
+/// opens a transaction, which a cancel leaves failed, so a try after one rolls it back first.
+async fn send_settings(
+    what: &'static str,
+    client: &tokio_postgres::Client,
+    bound: Duration,
+    sql: &str,
+    in_transaction: bool,
+) -> Result<(), Error> {
     // The first `SET` runs under the role's own `statement_timeout`: a default of a
     // millisecond can cancel it on a busy machine, or, when the timer fires just as a
     // statement ends, the next one ("due to user request"; seen in CI). Every try that gets
     // further has set more of the bound, and the settings are the same each time.
+    let again = format!("ROLLBACK; {sql}");
     let mut tries = 1;
     loop {
-        match within(what, bound, client.batch_execute(&sql)).await {
+        let text = if tries > 1 && in_transaction {
+            &again
+        } else {
+            sql
+        };
+        match within(what, bound, client.batch_execute(text)).await {
             Err(Error::Query { source, .. })
                 if tries < BOUND_SESSION_TRIES
                     && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
@@ -82,6 +158,20 @@ pub async fn bound_session(
             other => return other,
         }
     }
+}
+
+/// Ends the transaction [`begin_bounded`] opened: `COMMIT`, bounded by `bound`. Nothing it
+/// holds is written; a transaction that failed is rolled back by it.
+///
+/// # Errors
+/// [`Error::Query`] when the server refuses it; [`Error::Timeout`] after `bound`.
+pub async fn end_bounded(client: &tokio_postgres::Client, bound: Duration) -> Result<(), Error> {
+    within(
+        "end of the transaction",
+        bound,
+        client.batch_execute("COMMIT"),
+    )
+    .await
 }
 
 /// How often [`bound_session`] sends its settings when the server cancels them.
