@@ -226,7 +226,9 @@ pub fn man_page() -> Vec<u8> {
          for a minute after one (or 12 check intervals) nothing is tried through it, and what it \
          took is given back on the backend that holds it, so replicas connected directly are not \
          kept out. These are tests, not a proof: do not run leaderrun through such a pooler \
-         (doctor fails it). Session-mode pooling works.",
+         (doctor fails it). Session-mode pooling works. status, step-down and doctor may \
+         be pointed at such a pooler: they leave no timer, prepared statement or lock on its \
+         server connections.",
     );
 
     section(&mut roff, "LOCKS");
