@@ -277,6 +277,27 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the server answered and what it answered rules leading out through these
+    /// settings, however often it is asked: a pooler that moves or shares sessions, a hot
+    /// standby, a role that may not read what the leader's check reads, or a statement the
+    /// server refused for want of a privilege (SQLSTATE 42501). `/readyz` says so instead of
+    /// "cannot reach the server".
+    pub fn rules_out_leading(&self) -> bool {
+        match self {
+            Error::BackendChanged { .. }
+            | Error::SharedBackend
+            | Error::BackendHeldByAnother
+            | Error::GrantMoved
+            | Error::PoolerFound { .. }
+            | Error::InRecovery { .. }
+            | Error::CannotCheck { .. } => true,
+            Error::Query { source, .. } => {
+                source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether this error means the server ended the session (as opposed to a slow or
     /// failing statement on a live session).
     pub fn is_closed(&self) -> bool {

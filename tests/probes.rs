@@ -173,6 +173,32 @@ fn a_replica_that_cannot_reach_the_server_is_not_ready() {
     }
 }
 
+/// A replica whose checks reach the server but can never lead there (here through a
+/// transaction-mode pooler) is not ready either, and `/readyz` says what rules leading out
+/// rather than that the server cannot be reached (which it said before, sending an operator
+/// to look at the network).
+#[test]
+fn a_replica_that_reaches_a_server_it_cannot_lead_through_says_so() {
+    use crate::support::pooler::Bouncer;
+    let bouncer = Bouncer::start(Cluster::shared(), "transaction", 1);
+    let mut cmd = leaderrun();
+    cmd.args(["--dsn", &bouncer.dsn()])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .args(["--check-interval", INTERVAL, "--http-addr", "127.0.0.1:0"])
+        .args(["--", "true"]);
+    let replica = Replica::spawn(cmd);
+    let addr = probe_addr(&replica);
+    replica.wait_log("nothing is tried through it for another", 2, secs(10.0));
+    let (code, body) = http(addr, "GET", "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.starts_with("cannot lead through this server: "),
+        "{body}"
+    );
+    assert!(body.contains("pooler"), "{body}");
+    assert_eq!(http(addr, "GET", "/healthz"), (200, "ok\n".to_owned()));
+}
+
 /// A check that takes longer than 3 intervals because the database does not answer (each of
 /// four hosts of a list within its turn's bound, the check interval) is the check loop at
 /// work: `/healthz` stays 200 throughout, from the boot on, as it does while the database

@@ -16,7 +16,9 @@
 //!
 //! A replica that cannot reach the server (a wrong password, a missing role or database, a
 //! port where nothing listens) is therefore never ready: a rollout with a bad secret stops at
-//! its first pod instead of turning every pod Ready while nobody can lead.
+//! its first pod instead of turning every pod Ready while nobody can lead. Nor is one whose
+//! checks reach a server it can never lead through (a transaction-mode pooler, a hot standby, a
+//! privilege missing: [`crate::Error::rules_out_leading`]), which `/readyz` says as such.
 //!
 //! A failure belongs to the term it happened in, so a demoted leader's failure no longer
 //! counts once it is a standby, nor in a later term.
@@ -127,8 +129,15 @@ fn standby_readiness(checks: &Checks) -> Result<String, String> {
         // A leader's check that got no answer in time demoted it: no check has reached the
         // server since, as with a standby's failed one.
         Some(CheckOutcome::Failed) | Some(CheckOutcome::Lost) if !checks.last_reached => {
+            // The server's own answer (a pooler, a hot standby, a privilege) is no network
+            // fault: said as what it is, still not ready, since no replica could lead so.
+            let what = if checks.last_ruled_out {
+                "cannot lead through this server"
+            } else {
+                "cannot reach the server"
+            };
             Err(format!(
-                "cannot reach the server: {}",
+                "{what}: {}",
                 checks.last_error.as_deref().unwrap_or("unknown error")
             ))
         }

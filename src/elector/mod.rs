@@ -336,6 +336,10 @@ pub struct Checks {
     /// whose answer came after its safe window (a lost lock the server reported, or a session
     /// it closed, reached it).
     pub last_reached: bool,
+    /// Whether the latest failure was the server's answer that rules leading out through
+    /// these settings ([`Error::rules_out_leading`]: a pooler, a hot standby, a privilege),
+    /// rather than a failure to reach it.
+    pub last_ruled_out: bool,
     /// Sessions opened so far: non-zero once the server has been reached at all.
     pub sessions_opened: u64,
     /// A standby's wait is queued in the server's lock queue right now (cleared when the check

@@ -459,6 +459,7 @@ impl Campaign<'_> {
                 ),
                 _ => true,
             };
+            checks.last_ruled_out = error.is_some_and(Error::rules_out_leading);
             if let Some(err) = error {
                 checks.last_error = Some(Chain(err).to_string());
             }
