@@ -56,9 +56,12 @@ pub async fn bound_session(
     bound: Duration,
 ) -> Result<(), Error> {
     let sql = format!(
-        "SET exit_on_error = off; {}; SET transaction_deferrable = off; \
-         SET default_transaction_deferrable = off",
-        bound_settings(bound, Scope::Session)
+        "SET exit_on_error = off; {}",
+        bound_settings(
+            bound,
+            Scope::Session,
+            "SET transaction_deferrable = off; SET default_transaction_deferrable = off;"
+        )
     );
     send_settings(what, client, bound, &sql, false).await
 }
@@ -95,7 +98,7 @@ pub(crate) fn begin_bounded_sql(bound: Duration) -> String {
     format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL exit_on_error = off; \
          SET LOCAL idle_in_transaction_session_timeout = 0; {}",
-        bound_settings(bound, Scope::Transaction)
+        bound_settings(bound, Scope::Transaction, "")
     )
 }
 
@@ -106,18 +109,20 @@ enum Scope {
     Transaction,
 }
 
-/// The timers [`bound_session`] and [`begin_bounded`] set, in `scope`. Numbers we formatted,
+/// The timers [`bound_session`] and [`begin_bounded`] set, in `scope`, with `more` (`SET`s,
+/// each ended by `;`) before the last statement, a `SELECT`: a `SET TRANSACTION` after it would
+/// fail (a snapshot was taken). Numbers we formatted,
 /// in the settings' base unit (ms): nothing to quote. `idle_session_timeout` and
 /// `transaction_timeout` through `pg_settings`: a server before 14 (17) has none, and a `SET`
 /// of it would fail there. A `transaction_timeout` set inside its transaction stops its timer
 /// (PostgreSQL's `assign_transaction_timeout`).
-fn bound_settings(bound: Duration, scope: Scope) -> String {
+fn bound_settings(bound: Duration, scope: Scope, more: &str) -> String {
     let (set, local) = match scope {
         Scope::Session => ("SET", "false"),
         Scope::Transaction => ("SET LOCAL", "true"),
     };
     format!(
-        "{set} statement_timeout = {}; {set} lock_timeout = {}; {set} jit = off; \
+        "{set} statement_timeout = {}; {set} lock_timeout = {}; {set} jit = off; {more} \
          SELECT pg_catalog.set_config(name, '0', {local}) FROM pg_catalog.pg_settings \
          WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout' \
          OR name OPERATOR(pg_catalog.=) 'transaction_timeout'",
