@@ -1787,3 +1787,85 @@ fn status_doctor_and_step_down_through_a_transaction_pooler_leave_its_connection
     assert_eq!(state(), before, "after step-down: {text}");
     assert_eq!(held_by_pooler(), vec!["0"], "after step-down: {text}");
 }
+
+/// A `step-down` through a transaction-mode pooler whose statement fails after it took the
+/// request (here each is cancelled, as a canceller of long transactions would) must not leave
+/// the request held. Before, it ended its transaction with `COMMIT` and closed cleanly: the
+/// pooler kept the server connection, request and all, and every leader stepped down again
+/// at its next check until a DBA terminated that backend (a tester's find). Now an error
+/// leaves the transaction to the connection's close, on which PgBouncer closes that server
+/// connection.
+#[test]
+fn a_step_down_that_fails_through_a_transaction_pooler_leaves_no_request_held() {
+    use crate::support::pooler::Bouncer;
+    let setup = Setup::new(Cluster::shared(), "exec sleep 600");
+    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    // Long intervals: the leader looks at the request seconds later, and step-down waits.
+    let _leader = setup.replica("5s", &[]);
+    scratch.wait_starts(1, secs(10.0));
+    let _standby = setup.replica("5s", &[]);
+    wait_for("the standby in the lock queue", secs(15.0), || {
+        (cluster.waiters(id) == 1).then_some(())
+    });
+    let bouncer = Bouncer::start(cluster, "transaction", 1);
+    // The pool's one server connection, which step-down is handed.
+    let pooled = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-A", "-t", "-d", &bouncer.dsn()])
+        .args(["-c", "SELECT pg_backend_pid()"])
+        .output()
+        .unwrap();
+    let pooled: i32 = String::from_utf8_lossy(&pooled.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let mut step_down = leaderrun()
+        .args([
+            "--dsn",
+            &bouncer.dsn(),
+            "--lock-id",
+            &id.to_string(),
+            "step-down",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The request: a lock of one int8 key (objsubid 1) on that backend.
+    let requests = || {
+        cluster.sql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND granted AND pid = {pooled}"
+        ))
+    };
+    wait_for("step-down to take the request", secs(10.0), || {
+        (requests() == ["1"]).then_some(())
+    });
+    // Its statements are cancelled as they run, until it gives up.
+    let mut canceller = std::process::Command::new(cluster.psql_path())
+        .args(["-X", "-q", "-d", &cluster.dsn(), "-c"])
+        .arg(format!(
+            "SET statement_timeout = '20s'; DO $$ BEGIN LOOP \
+             PERFORM pg_cancel_backend(pid) FROM pg_stat_activity \
+             WHERE pid = {pooled} AND state = 'active'; \
+             PERFORM pg_stat_clear_snapshot(); END LOOP; END $$"
+        ))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = wait_for("step-down to give up", secs(15.0), || {
+        step_down.try_wait().unwrap()
+    });
+    let _ = canceller.kill();
+    let _ = canceller.wait();
+    let out = step_down.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(status.code(), Some(125), "{said}");
+    assert!(said.contains("due to user request"), "{said}");
+    wait_for("the request to be freed", secs(10.0), || {
+        (requests() == ["0"]).then_some(())
+    });
+}

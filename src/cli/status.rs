@@ -996,7 +996,7 @@ async fn ask_to_step_down(
     let take = format!("SELECT pg_catalog.pg_advisory_lock(({request})::pg_catalog.int8)");
     asked.set(true);
     within(
-        "take the step-down request",
+        "take the step-down request (another step-down holds it while it asks)",
         bound,
         client.simple_query(&take),
     )
@@ -1096,8 +1096,14 @@ pub fn step_down_main(
         crate::pg::begin_bounded("session settings", &client, bound).await?;
         let outcome = ask_to_step_down(&client, &server, lock, slots, slot, bound, &asked).await;
         // Nothing was written, and the request (if taken) is released: a failed end changes
-        // no outcome.
-        let _ = crate::pg::end_bounded(&client, bound).await;
+        // no outcome. After an error the request may still be held: the transaction is left
+        // open for the connection's close to end. A `COMMIT` (or `ROLLBACK`) would hand the
+        // server connection, request and all, to a transaction-mode pooler's next client, and
+        // every leader would step down at its next check; a client gone in a transaction makes
+        // PgBouncer close that server connection, and the server free the request.
+        if outcome.is_ok() {
+            let _ = crate::pg::end_bounded(&client, bound).await;
+        }
         outcome
     };
     let result: Result<u8, Error> = match until_interrupted(rt, &mut signals, "step-down", work) {
