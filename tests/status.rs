@@ -683,6 +683,7 @@ fn doctor_passes_on_a_primary_and_fails_on_a_hot_standby() {
         ("check", "ok"),
         ("fencing token", "ok"),
         ("session", "ok"),
+        ("path", "ok"),
         ("idle timeout", if on_13 { "warn" } else { "ok" }),
         ("tls", "ok"),
         ("leader", "ok"),
@@ -861,6 +862,7 @@ fn doctor_says_which_database_the_lock_lives_in() {
         "check",
         "fencing token",
         "session",
+        "path",
         "idle timeout",
         "tls",
         "leader",
@@ -1776,6 +1778,11 @@ fn status_doctor_and_step_down_through_a_transaction_pooler_leave_its_connection
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("FAIL  exclusion"), "{text}");
     assert!(text.contains("transaction-mode"), "{text}");
+    // And the replicas' own test of the path, which needs no luck: not direct.
+    assert!(
+        text.contains("warn  path           a proxy or a pooler sits between"),
+        "{text}"
+    );
     assert_eq!(state(), before, "after doctor: {text}");
     assert_eq!(held_by_pooler(), vec!["0"], "after doctor: {text}");
 

@@ -685,7 +685,8 @@ pub enum Action {
     /// grant's fencing token can be taken and flushed to the WAL (the
     /// role may run pg_logical_emit_message; a synchronous standby the commit waits for
     /// streams), that a session keeps its backend (no
-    /// transaction-mode pooler), that
+    /// transaction-mode pooler), whether it reaches the server directly (a proxy or pooler
+    /// between is a warning), that
     /// the server's major is supported (14 to 18) and idle_session_timeout can be set (a
     /// warning each on PostgreSQL 13, which runs with a weaker bound), and shows the database the
     /// lock lives in, TLS and who holds the real key. When no setting names the database (no

@@ -1,15 +1,17 @@
 //! `leaderrun doctor` (docs/guarantees.md#observing-a-replica): proves, through exactly the
 //! connection settings a replica would use, what the election relies on: two sessions exclude each
 //! other on a scratch id of the same class (a running leader is not disturbed), the server is not
-//! in recovery, a session keeps its backend (no transaction-mode pooler), `idle_session_timeout`
-//! can be set; it also shows the TLS state and who holds the real key.
+//! in recovery, a session keeps its backend (no transaction-mode pooler) and reaches the server
+//! directly or not (a proxy or pooler between is a warning), `idle_session_timeout` can be set;
+//! it also shows the TLS state and who holds the real key. Through a transaction-mode pooler
+//! it leaves nothing on the server connections it is handed (`one`, the exclusion's give-backs).
 
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
 use crate::cli::exit_codes::FAILURE as EXIT_FAILURE;
-use crate::elector::{connect, LockKey};
+use crate::elector::LockKey;
 use crate::error::{Chain, Error};
 use crate::pg::conninfo::describe;
 use crate::pg::lock::{
@@ -289,7 +291,10 @@ fn version_finding(major: u32) -> Finding {
 }
 
 /// Runs every check through two sessions `a` and `b` for `lock` of `slots` slots; `scratch`
-/// is an id of the lock's class no replica uses.
+/// is an id of the lock's class no replica uses; `direct` is what a third session found of
+/// the path to the server (`crate::elector::session_is_direct` of `a`).
+// Each argument is one input of the checks; a struct of them would serve one call.
+#[allow(clippy::too_many_arguments)]
 pub async fn findings(
     a: &Client,
     b: &Client,
@@ -297,6 +302,7 @@ pub async fn findings(
     lock: LockKey,
     slots: u32,
     scratch: i32,
+    direct: Result<bool, Error>,
     bound: Duration,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -377,9 +383,23 @@ pub async fn findings(
         key.class, key.id
     );
     let mut granted: Vec<(&Client, i32)> = Vec::new();
+    // Who holds the scratch key when the first try is refused: a doctor interrupted through
+    // a transaction-mode pooler leaves its key on the backend it was granted on.
+    let holders_sql = format!(
+        "SELECT pg_catalog.string_agg(pid::pg_catalog.text, ', ') FROM pg_catalog.pg_locks \
+         WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted \
+         AND classid OPERATOR(pg_catalog.=) ({})::pg_catalog.oid \
+         AND objid OPERATOR(pg_catalog.=) ({})::pg_catalog.oid \
+         AND objsubid OPERATOR(pg_catalog.=) 2",
+        key.class as u32, key.id as u32
+    );
+    let mut holders: Option<String> = None;
     let exclusion = async {
         let first: Option<i32> = one(a, &try_sql, bound).await?;
         granted.extend(first.map(|pid| (a, pid)));
+        if first.is_none() {
+            holders = one(a, &holders_sql, bound).await.ok().flatten();
+        }
         let second: Option<i32> = one(b, &try_sql, bound).await?;
         granted.extend(second.map(|pid| (b, pid)));
         if let Some(pid) = first {
@@ -426,10 +446,16 @@ pub async fn findings(
         Ok((false, _, _)) => out.push(Finding::fail(
             "exclusion",
             format!(
-                "the scratch key {}:{scratch} is held by another session",
-                lock.class
+                "the scratch key {}:{scratch} is held by another session{}",
+                lock.class,
+                holders
+                    .as_ref()
+                    .map(|pids| format!(" (server backend {pids})"))
+                    .unwrap_or_default()
             ),
-            "pick a free id of the class with --scratch-id",
+            "pick a free id of the class with --scratch-id; a doctor interrupted through a \
+             transaction-mode pooler leaves its key on the pooled backend, which \
+             pg_terminate_backend(pid) frees",
         )),
         Ok((first, second, after)) => out.push(Finding::fail(
             "exclusion",
@@ -509,6 +535,38 @@ pub async fn findings(
             permission_hint(&err),
         )),
     }
+
+    // What the replicas' own test finds (docs/election.md#a-standbys-check): the checks above
+    // catch a busy transaction-mode pooler only when a statement happens to move.
+    out.push(match direct {
+        Ok(true) => Finding::pass(
+            "path",
+            "the session reaches PostgreSQL directly (the server sees this socket's address and \
+             ports, or over a Unix socket its listener is the backend's parent)",
+        ),
+        Ok(false) => Finding {
+            check: "path",
+            ok: true,
+            detail: "a proxy or a pooler sits between: the server sees other ends than this \
+                     socket's"
+                .into(),
+            hint: Some(
+                "a TCP proxy or a session-mode pooler works; through a transaction-mode pooler no \
+                 replica leads (each finds it), and the session and exclusion lines above may \
+                 pass by chance"
+                    .into(),
+            ),
+        },
+        Err(err) => Finding {
+            check: "path",
+            ok: true,
+            detail: format!(
+                "whether a proxy or pooler sits between could not be told: {}",
+                Chain(&err)
+            ),
+            hint: Some("the replicas ask it on their own sessions".into()),
+        },
+    });
 
     match one::<String>(
         a,
@@ -674,21 +732,26 @@ pub fn doctor_main(
         // of one server connection, a transaction of each would wait for the other's end.
         let first_there = std::cell::Cell::new(false);
         let open = || async {
-            let (client, closed, task) = connect(connect_config, tls, &server, bound).await?;
+            let ((client, closed, task), link) =
+                crate::elector::connect_socket(connect_config, tls, &server, bound, None, None)
+                    .await?;
             let waits = !first_there.replace(true);
             if waits {
                 crate::pg::begin_bounded("session settings", &client, bound).await?;
             }
-            Ok::<_, Error>((client, waits, closed, task))
+            Ok::<_, Error>((client, waits, link, closed, task))
         };
         let (a, b) = tokio::join!(open(), open());
-        let ((a, a_waited, _ca, _ta), (b, b_waited, _cb, _tb)) = (a?, b?);
+        let ((a, a_waited, link, _ca, _ta), (b, b_waited, _, _cb, _tb)) = (a?, b?);
         for (client, waited) in [(&a, a_waited), (&b, b_waited)] {
             if waited {
                 crate::pg::end_bounded(client, bound).await?;
             }
         }
-        Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, bound).await)
+        // The replicas' own test, on the first session once the waits ended: through a pooler
+        // of one server connection, a statement would wait for a transaction still open.
+        let direct = crate::elector::session_is_direct(&a, &link, bound).await;
+        Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, direct, bound).await)
     };
     let result = match until_interrupted(rt, &mut signals, "doctor", work) {
         Ok(result) => result,

@@ -80,8 +80,12 @@ pub use session::{boottime, CLIENT_CONNECTION_CHECK};
 pub use term::{Lease, Term, TermControl, TermEnd, TermHold};
 
 use campaign::{Campaign, Role};
+#[cfg(feature = "cli")]
+pub(crate) use connecting::connect_socket;
 use metrics::{shared_metrics, Registered};
 use session::pin_client_timers;
+#[cfg(feature = "cli")]
+pub(crate) use session::session_is_direct;
 
 /// Default check interval, the seed's `DefaultCheckInterval`: 5 s.
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);

@@ -202,27 +202,59 @@ fn identity(messages: &[tokio_postgres::SimpleQueryMessage]) -> (Option<i32>, Op
     (backend_pid, seen, can_check)
 }
 
-/// Whether a new session of `config` to `target` is direct ([`is_direct`]), asked with
-/// [`BACKEND_SQL`] alone: no `SET`, which behind a transaction-mode pooler would stay on a
-/// server connection other clients use next (a `statement_timeout` of ours cancelling their
-/// statements). The check of a replica that found such a pooler a moment ago asks this first
-/// ([`crate::elector::pooler_backoff`]). The session is closed again.
+/// Whether a new session of `config` to `target` is direct ([`reaches_directly`]): the check
+/// of a replica that found a transaction-mode pooler a moment ago asks this first
+/// ([`crate::elector::pooler_backoff`]).
 pub(crate) async fn is_direct_session(
     config: &Config,
     target: &str,
     steps: &Steps,
 ) -> Result<bool, Error> {
-    let bound = config.io_bound();
-    let ((client, _closed, _task), link) = connect_socket(
+    reaches_directly(
         &config.connect,
         &config.tls,
         target,
-        bound,
+        config.io_bound(),
         config.early_connect.as_deref(),
         Some(steps),
     )
-    .await?;
-    steps.begin();
+    .await
+}
+
+/// Whether a new session of `connect` and `tls` to `target` is direct ([`is_direct`]), asked
+/// with [`BACKEND_SQL`] alone: no `SET`, which behind a transaction-mode pooler would stay on
+/// a server connection other clients use next (a `statement_timeout` of ours cancelling their
+/// statements). The session is closed again; each step is bounded by
+/// `bound`, and `steps` (when given) is told when the statement begins.
+///
+/// # Errors
+/// The connect's ([`connect_socket`]), [`Error::Query`] or [`Error::Timeout`] of the statement.
+pub(crate) async fn reaches_directly(
+    connect: &tokio_postgres::Config,
+    tls: &crate::pg::tls::TlsSettings,
+    target: &str,
+    bound: Duration,
+    early: Option<&super::connecting::EarlyConnect>,
+    steps: Option<&Steps>,
+) -> Result<bool, Error> {
+    let ((client, _closed, _task), link) =
+        connect_socket(connect, tls, target, bound, early, steps).await?;
+    if let Some(steps) = steps {
+        steps.begin();
+    }
+    session_is_direct(&client, &link, bound).await
+}
+
+/// Whether the session `client`, connected over `link`, is direct ([`is_direct`]), asked with
+/// [`BACKEND_SQL`] alone (no `SET`), bounded by `bound`. `doctor` asks it of its first session.
+///
+/// # Errors
+/// [`Error::Query`] or [`Error::Timeout`] of the statement.
+pub(crate) async fn session_is_direct(
+    client: &Client,
+    link: &super::connecting::Link,
+    bound: Duration,
+) -> Result<bool, Error> {
     let messages = within("who answers", bound, client.simple_query(BACKEND_SQL)).await?;
     let (backend_pid, seen, _) = identity(&messages);
     Ok(is_direct(
