@@ -1876,3 +1876,68 @@ fn a_step_down_that_fails_through_a_transaction_pooler_leaves_no_request_held() 
         (requests() == ["0"]).then_some(())
     });
 }
+
+/// A synchronous standby that streams and then stops answering (here `pg_receivewal
+/// --synchronous`, frozen) holds every commit, a grant's fencing token's too: no replica can
+/// lead, and doctor's fencing token check must fail with the wait. The token's statement
+/// writes its WAL record, and the wait is its commit's: when doctor first sent each statement
+/// in a transaction of its own, it did not look at the commit's answer, and said `ok` (a
+/// reviewer's find).
+#[test]
+fn doctor_fails_the_fencing_token_while_a_frozen_synchronous_standby_holds_commits() {
+    use crate::support::cluster::{client_tool, server_major, skip};
+    let test =
+        "status::doctor_fails_the_fencing_token_while_a_frozen_synchronous_standby_holds_commits";
+    let Some(receivewal) = client_tool("pg_receivewal", server_major()) else {
+        skip(test, "needs pg_receivewal of the server's major or later");
+        return;
+    };
+    let cluster = Cluster::start_private();
+    // The test clusters run with synchronous_commit off (on their command line, which only a
+    // database's or a role's own setting overrides), and off never waits for a standby.
+    cluster.sql("ALTER DATABASE postgres SET synchronous_commit = 'on'");
+    cluster.sql("ALTER SYSTEM SET synchronous_standby_names = 'pg_receivewal'");
+    cluster.sql("SELECT pg_reload_conf()");
+    let wal = tempfile::tempdir().unwrap();
+    let mut standby = std::process::Command::new(receivewal)
+        .args(["-h", "127.0.0.1", "-p", &cluster.addr().port().to_string()])
+        .args(["-U", "postgres", "--synchronous", "--no-loop", "-D"])
+        .arg(wal.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "pg_receivewal to stream as the synchronous standby",
+        secs(10.0),
+        || {
+            (cluster.sql(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'pg_receivewal'",
+        ) == ["sync"])
+            .then_some(())
+        },
+    );
+    let pid = nix::unistd::Pid::from_raw(standby.id() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
+    let out = leaderrun()
+        .args(["doctor", "--dsn", &cluster.dsn(), "--check-interval", "1s"])
+        .output()
+        .unwrap();
+    let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+    let _ = standby.kill();
+    let _ = standby.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL  fencing token  doctor query timed out after 1s"),
+        "{text}"
+    );
+    assert!(
+        text.contains("synchronous_standby_names = 'pg_receivewal'"),
+        "{text}"
+    );
+    // The checks after it still answered.
+    for check in ["session", "path", "tls", "leader"] {
+        assert!(text.contains(&format!("ok    {check}")), "{check}: {text}");
+    }
+}

@@ -228,7 +228,8 @@ pub fn man_page() -> Vec<u8> {
          kept out. These are tests, not a proof: do not run leaderrun through such a pooler \
          (doctor fails it). Session-mode pooling works. status, step-down and doctor may \
          be pointed at such a pooler: they leave no timer, prepared statement or lock on its \
-         server connections.",
+         server connections, but for the scratch key of a doctor interrupted between its \
+         grant and its give-back.",
     );
 
     section(&mut roff, "LOCKS");

@@ -65,9 +65,11 @@ impl Finding {
 /// nothing doctor sets stays on a server connection that other clients are handed next, and
 /// between two statements the session is as free to move as a replica's (what the `session`
 /// and `exclusion` checks look for). One flight: the transaction's start, the statement
-/// (typed, so the unnamed statement: nothing stays prepared) and `COMMIT`; when the role's
-/// own `statement_timeout` cancels the start, the flight is sent again, up to
-/// [`crate::pg::BOUND_SESSION_TRIES`] times.
+/// (typed, so the unnamed statement: nothing stays prepared) and `COMMIT`, whose failure is
+/// the statement's (a commit waits for the WAL flush and a synchronous standby, which is what
+/// the fencing token's check asks about). When the role's own `statement_timeout` cancels the
+/// start and the statement, the flight is sent again, up to [`crate::pg::BOUND_SESSION_TRIES`]
+/// times; a statement that ran all the same (its start cancelled before the `BEGIN`) answers.
 async fn one<T>(client: &Client, sql: &str, bound: Duration) -> Result<T, Error>
 where
     T: for<'a> tokio_postgres::types::FromSql<'a>,
@@ -76,23 +78,26 @@ where
     let mut tries = 1;
     loop {
         // `biased`: sent in this order, the statement between its transaction's ends.
-        let (begun, rows, _) = tokio::join!(
+        let (begun, rows, ended) = tokio::join!(
             biased;
             within("doctor query", bound, client.batch_execute(&begin)),
             within("doctor query", bound, client.query_typed(sql, &[])),
             within("doctor query", bound, client.batch_execute("COMMIT")),
         );
-        match begun {
-            Err(Error::Query { source, .. })
+        let rows = match (begun, rows) {
+            // Ran: in its transaction, or on its own when the start was cancelled before its
+            // `BEGIN` (a grant of the exclusion's try must be counted, not sent again).
+            (_, Ok(rows)) => rows,
+            (Err(Error::Query { source, .. }), Err(_))
                 if tries < crate::pg::BOUND_SESSION_TRIES
                     && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
             {
                 tries += 1;
                 continue;
             }
-            begun => begun?,
-        }
-        let rows = rows?;
+            (Err(err), Err(_)) | (Ok(()), Err(err)) => return Err(err),
+        };
+        ended?;
         return match rows.as_slice() {
             [row] => Ok(row.get(0)),
             _ => Err(Error::UnexpectedRows {
@@ -100,6 +105,35 @@ where
                 rows: rows.len(),
             }),
         };
+    }
+}
+
+/// [`keep_alive`]'s statement: the role's `idle_session_timeout` in ms, no row before
+/// PostgreSQL 14.
+const KEEP_ALIVE_SQL: &str = "SELECT (setting)::pg_catalog.int8 FROM pg_catalog.pg_settings \
+     WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout'";
+
+/// Keeps `client`'s session from the role's `idle_session_timeout` until `both_there` is
+/// notified: a statement of its own every third of that timeout as the server gives it, none
+/// when it is 0 or the server has none (before PostgreSQL 14). No `SET` and no transaction:
+/// nothing stays on a pooled server connection, and none is held from a pooler's other
+/// clients (through a pool of one, the other session's connect may need it for its
+/// `target_session_attrs` look). A failed statement is tried again a tenth of a second later
+/// (the role's own `statement_timeout` may cancel it); the checks meet a session that ended.
+async fn keep_alive(client: &Client, both_there: &tokio::sync::Notify, bound: Duration) {
+    loop {
+        let period =
+            match within("keep-alive", bound, client.query_typed(KEEP_ALIVE_SQL, &[])).await {
+                Ok(rows) => match rows.first().and_then(|row| row.try_get::<_, i64>(0).ok()) {
+                    Some(ms) if ms > 0 => Duration::from_millis(ms.unsigned_abs()) / 3,
+                    _ => return both_there.notified().await,
+                },
+                Err(_) => Duration::from_millis(100),
+            };
+        tokio::select! {
+            () = both_there.notified() => return,
+            () = tokio::time::sleep(period) => {}
+        }
     }
 }
 
@@ -410,11 +444,9 @@ pub async fn findings(
         Ok::<_, Error>((first.is_some(), second.is_some(), after_release.is_some()))
     };
     let exclusion = exclusion.await;
-    // Every grant left, a failed check's included.
-    while let Some(&(client, pid)) = granted.last() {
-        if !give_back(client, key, pid, &mut granted).await {
-            break;
-        }
+    // Every grant left, a failed check's included; what cannot be given back is said.
+    for (client, pid) in granted.clone() {
+        give_back(client, key, pid, &mut granted).await;
     }
     let stranded: Vec<i32> = granted.iter().map(|&(_, pid)| pid).collect();
     if !stranded.is_empty() {
@@ -495,9 +527,9 @@ pub async fn findings(
     // synchronous standby the token waits too: with no such standby streaming it would wait
     // for good, so that is said instead of tried. It runs on `b`, which no later check uses:
     // a token still waiting holds up nothing else.
-    if primary {
-        out.push(fencing_token_finding(a, b, bound).await);
-    }
+    // Asked last, its line kept in place: its commit may wait the whole bound, during which
+    // `a` would idle, and a role's `idle_session_timeout` end it.
+    let token_at = primary.then_some(out.len());
 
     // The session keeps its backend and its session state between statements.
     let sticky = async {
@@ -657,6 +689,9 @@ pub async fn findings(
             permission_hint(&err),
         )),
     }
+    if let Some(at) = token_at {
+        out.insert(at, fencing_token_finding(a, b, bound).await);
+    }
     out
 }
 
@@ -725,31 +760,30 @@ pub fn doctor_main(
         // Each session is bound as soon as it is ready, and both connect at once: one that
         // waited idle for the other's connect (a hung first host of a list costs a whole
         // `connect_timeout`) would meet a role's `idle_session_timeout` first.
-        // Both connect at once, and the first there waits for the other in a transaction of
-        // bounded statements, where no `idle_session_timeout` counts
-        // (crate::pg::begin_bounded), ended once both are there: every check asks in a
-        // transaction of its own (`one`). Only the first: through a transaction-mode pooler
-        // of one server connection, a transaction of each would wait for the other's end.
-        let first_there = std::cell::Cell::new(false);
+        // Both connect at once (a hung first host of a list costs one `connect_timeout`), and
+        // the first there keeps its session from the role's `idle_session_timeout` until the
+        // other is there (`keep_alive`): every check then asks in a transaction of its own
+        // (`one`).
+        let arrived = std::cell::Cell::new(0u8);
+        let both_there = tokio::sync::Notify::new();
         let open = || async {
-            let ((client, closed, task), link) =
+            let connected =
                 crate::elector::connect_socket(connect_config, tls, &server, bound, None, None)
-                    .await?;
-            let waits = !first_there.replace(true);
-            if waits {
-                crate::pg::begin_bounded("session settings", &client, bound).await?;
+                    .await;
+            arrived.set(arrived.get() + 1);
+            let first = arrived.get() == 1;
+            if !first {
+                both_there.notify_one();
             }
-            Ok::<_, Error>((client, waits, link, closed, task))
+            let ((client, closed, task), link) = connected?;
+            if first {
+                keep_alive(&client, &both_there, bound).await;
+            }
+            Ok::<_, Error>((client, link, closed, task))
         };
         let (a, b) = tokio::join!(open(), open());
-        let ((a, a_waited, link, _ca, _ta), (b, b_waited, _, _cb, _tb)) = (a?, b?);
-        for (client, waited) in [(&a, a_waited), (&b, b_waited)] {
-            if waited {
-                crate::pg::end_bounded(client, bound).await?;
-            }
-        }
-        // The replicas' own test, on the first session once the waits ended: through a pooler
-        // of one server connection, a statement would wait for a transaction still open.
+        let ((a, link, _ca, _ta), (b, _, _cb, _tb)) = (a?, b?);
+        // The replicas' own test, on the first session.
         let direct = crate::elector::session_is_direct(&a, &link, bound).await;
         Ok::<_, Error>(findings(&a, &b, &server, lock, slots, scratch, direct, bound).await)
     };
@@ -804,5 +838,6 @@ mod qualified {
     #[test]
     fn every_name_in_doctors_own_statements_is_the_catalogs() {
         crate::pg::assert_qualified(super::STREAMING_SYNC_STANDBYS_SQL);
+        crate::pg::assert_qualified(super::KEEP_ALIVE_SQL);
     }
 }

@@ -32,10 +32,10 @@ pub async fn within<T>(
     }
 }
 
-/// Bounds every statement of a session that takes no part in the election (`doctor`'s, the
-/// history's) on the server as well: `statement_timeout` = `bound`, `lock_timeout` = half of
+/// Bounds every statement of a session that takes no part in the election (the history's) on
+/// the server as well: `statement_timeout` = `bound`, `lock_timeout` = half of
 /// it (at least 1 ms), no `idle_session_timeout` (PostgreSQL 14 and later: the history's
-/// session idles between runs, `doctor`'s first session while its second connects), no
+/// session idles between runs), no
 /// `transaction_timeout` (17 and later, whose end is the session's) and no deferrable
 /// transactions (which wait for a safe snapshot while any serializable writer is open), no JIT
 /// compilation and no `exit_on_error` (which ends the session at any failed statement: a
@@ -46,7 +46,8 @@ pub async fn within<T>(
 /// when the role's own default cancels it; `what` names it in an error.
 ///
 /// The settings stay on the server connection: behind a transaction-mode pooler, on one that
-/// other clients are handed next. `status` and `step-down` use [`begin_bounded`] instead.
+/// other clients are handed next. `status`, `step-down` and `doctor` use [`begin_bounded`]
+/// instead.
 ///
 /// # Errors
 /// [`Error::Query`] when the server refuses a setting; [`Error::Timeout`] after `bound`.
@@ -91,12 +92,15 @@ pub async fn begin_bounded(
 }
 
 /// [`begin_bounded`]'s statements, to send in a flight of one's own (`doctor` sends each of its
-/// statements between them and a `COMMIT`). `exit_on_error` first: a cancel of a later setting
-/// must not end the session. `BEGIN` sets the transaction's isolation level itself, so the
-/// deferrable defaults (which only a serializable transaction would wait for) need no setting.
+/// statements between them and a `COMMIT`). `exit_on_error` first, even before `BEGIN`: a
+/// cancel of a later statement must not end the session, and a statement of the same query
+/// before a `BEGIN` belongs to the transaction it opens (PostgreSQL's manual, "Multiple
+/// Statements in a Simple Query"). `BEGIN` sets the transaction's isolation level itself, so
+/// the deferrable defaults (which only a serializable transaction would wait for) need no
+/// setting.
 pub(crate) fn begin_bounded_sql(bound: Duration) -> String {
     format!(
-        "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL exit_on_error = off; \
+        "SET LOCAL exit_on_error = off; BEGIN ISOLATION LEVEL READ COMMITTED; \
          SET LOCAL idle_in_transaction_session_timeout = 0; {}",
         bound_settings(bound, Scope::Transaction, "")
     )

@@ -192,7 +192,7 @@ pub fn server_major() -> u32 {
 /// Debian's `/usr/bin/psql` is not a client but `pg_wrapper`, which sets `PGHOST` and `PGPORT`
 /// to the machine's default cluster when neither is set (nor `-h`, `-p`, `service=` given):
 /// libpq behind it reads another input than the one given, so it is skipped for the binary.
-fn client_tool(name: &str, min_major: u32) -> Option<PathBuf> {
+pub fn client_tool(name: &str, min_major: u32) -> Option<PathBuf> {
     let path_dirs = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default();
