@@ -279,9 +279,11 @@ pub enum Error {
 impl Error {
     /// Whether the server answered and what it answered rules leading out through these
     /// settings, however often it is asked: a pooler that moves or shares sessions, a hot
-    /// standby, a role that may not read what the leader's check reads, or a statement the
-    /// server refused for want of a privilege (SQLSTATE 42501). `/readyz` says so instead of
-    /// "cannot reach the server".
+    /// standby (or no host of a list with the `target_session_attrs` asked for), a role that
+    /// may not read what the leader's check reads, or a statement the server refused for want
+    /// of a privilege (SQLSTATE 42501). `/readyz` says so instead of "cannot reach the server".
+    /// A refused connect (authentication, `pg_hba.conf`, the `CONNECT` privilege) stays
+    /// "cannot reach", as the README says of a bad secret.
     pub fn rules_out_leading(&self) -> bool {
         match self {
             Error::BackendChanged { .. }
@@ -290,6 +292,7 @@ impl Error {
             | Error::GrantMoved
             | Error::PoolerFound { .. }
             | Error::InRecovery { .. }
+            | Error::NotSuitable { .. }
             | Error::CannotCheck { .. } => true,
             Error::Query { source, .. } => {
                 source.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)

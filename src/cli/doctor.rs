@@ -74,6 +74,21 @@ async fn one<T>(client: &Client, sql: &str, bound: Duration) -> Result<T, Error>
 where
     T: for<'a> tokio_postgres::types::FromSql<'a>,
 {
+    let (value, ended) = one_and_end(client, sql, bound).await?;
+    ended?;
+    Ok(value)
+}
+
+/// [`one`], its value and its `COMMIT`'s answer apart: a grant of the exclusion's try is
+/// counted (and given back) even when its commit's answer is lost.
+async fn one_and_end<T>(
+    client: &Client,
+    sql: &str,
+    bound: Duration,
+) -> Result<(T, Result<(), Error>), Error>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
     let begin = crate::pg::begin_bounded_sql(bound);
     let mut tries = 1;
     loop {
@@ -97,9 +112,8 @@ where
             }
             (Err(err), Err(_)) | (Ok(()), Err(err)) => return Err(err),
         };
-        ended?;
         return match rows.as_slice() {
-            [row] => Ok(row.get(0)),
+            [row] => Ok((row.get(0), ended)),
             _ => Err(Error::UnexpectedRows {
                 what: "doctor query",
                 rows: rows.len(),
@@ -325,7 +339,7 @@ fn version_finding(major: u32) -> Finding {
 }
 
 /// Runs every check through two sessions `a` and `b` for `lock` of `slots` slots; `scratch`
-/// is an id of the lock's class no replica uses; `direct` is what a third session found of
+/// is an id of the lock's class no replica uses; `direct` is what session `a` found of
 /// the path to the server (`crate::elector::session_is_direct` of `a`).
 // Each argument is one input of the checks; a struct of them would serve one call.
 #[allow(clippy::too_many_arguments)]
@@ -429,18 +443,21 @@ pub async fn findings(
     );
     let mut holders: Option<String> = None;
     let exclusion = async {
-        let first: Option<i32> = one(a, &try_sql, bound).await?;
+        let (first, ended): (Option<i32>, _) = one_and_end(a, &try_sql, bound).await?;
         granted.extend(first.map(|pid| (a, pid)));
+        ended?;
         if first.is_none() {
             holders = one(a, &holders_sql, bound).await.ok().flatten();
         }
-        let second: Option<i32> = one(b, &try_sql, bound).await?;
+        let (second, ended): (Option<i32>, _) = one_and_end(b, &try_sql, bound).await?;
         granted.extend(second.map(|pid| (b, pid)));
+        ended?;
         if let Some(pid) = first {
             give_back(a, key, pid, &mut granted).await;
         }
-        let after_release: Option<i32> = one(b, &try_sql, bound).await?;
+        let (after_release, ended): (Option<i32>, _) = one_and_end(b, &try_sql, bound).await?;
         granted.extend(after_release.map(|pid| (b, pid)));
+        ended?;
         Ok::<_, Error>((first.is_some(), second.is_some(), after_release.is_some()))
     };
     let exclusion = exclusion.await;
@@ -448,7 +465,14 @@ pub async fn findings(
     for (client, pid) in granted.clone() {
         give_back(client, key, pid, &mut granted).await;
     }
-    let stranded: Vec<i32> = granted.iter().map(|&(_, pid)| pid).collect();
+    let mut stranded: Vec<i32> = granted.iter().map(|&(_, pid)| pid).collect();
+    // A grant whose answer never came (a statement past its bound) is counted nowhere: once
+    // the key was ours, any holder left is.
+    if stranded.is_empty() && matches!(exclusion, Ok((true, _, _)) | Err(_)) {
+        if let Ok(Some(pids)) = one::<Option<String>>(a, &holders_sql, bound).await {
+            stranded.extend(pids.split(", ").filter_map(|pid| pid.parse::<i32>().ok()));
+        }
+    }
     if !stranded.is_empty() {
         out.push(Finding::fail(
             "exclusion",
@@ -526,10 +550,18 @@ pub async fn findings(
     // write, and is a failure of its own above. On a server whose commits wait for a
     // synchronous standby the token waits too: with no such standby streaming it would wait
     // for good, so that is said instead of tried. It runs on `b`, which no later check uses:
-    // a token still waiting holds up nothing else.
-    // Asked last, its line kept in place: its commit may wait the whole bound, during which
-    // `a` would idle, and a role's `idle_session_timeout` end it.
-    let token_at = primary.then_some(out.len());
+    // a token still waiting holds up nothing else, and `a` is kept from the role's
+    // `idle_session_timeout` meanwhile (`keep_alive`).
+    if primary {
+        let done = tokio::sync::Notify::new();
+        let token = async {
+            let finding = fencing_token_finding(a, b, bound).await;
+            done.notify_one();
+            finding
+        };
+        let (finding, ()) = tokio::join!(token, keep_alive(a, &done, bound));
+        out.push(finding);
+    }
 
     // The session keeps its backend and its session state between statements.
     let sticky = async {
@@ -580,7 +612,7 @@ pub async fn findings(
             check: "path",
             ok: true,
             detail: "a proxy or a pooler sits between: the server sees other ends than this \
-                     socket's"
+                     socket's (over a Unix socket: its listener is not the backend's parent)"
                 .into(),
             hint: Some(
                 "a TCP proxy or a session-mode pooler works; through a transaction-mode pooler no \
@@ -689,9 +721,6 @@ pub async fn findings(
             permission_hint(&err),
         )),
     }
-    if let Some(at) = token_at {
-        out.insert(at, fencing_token_finding(a, b, bound).await);
-    }
     out
 }
 
@@ -757,9 +786,6 @@ pub fn doctor_main(
         ))
     });
     let work = async {
-        // Each session is bound as soon as it is ready, and both connect at once: one that
-        // waited idle for the other's connect (a hung first host of a list costs a whole
-        // `connect_timeout`) would meet a role's `idle_session_timeout` first.
         // Both connect at once (a hung first host of a list costs one `connect_timeout`), and
         // the first there keeps its session from the role's `idle_session_timeout` until the
         // other is there (`keep_alive`): every check then asks in a transaction of its own

@@ -1116,7 +1116,21 @@ where
         SessionAttrs::Primary => ("SELECT pg_catalog.pg_is_in_recovery()", "f", "primary"),
         SessionAttrs::Standby => ("SELECT pg_catalog.pg_is_in_recovery()", "t", "standby"),
     };
-    let answer = tokio::time::timeout_at(deadline, connected.0.simple_query(query)).await;
+    // The role's own `statement_timeout` (a millisecond) may cancel the look: asked again, as
+    // the pin is (crate::pg::BOUND_SESSION_TRIES).
+    let mut tries = 1;
+    let answer = loop {
+        let answer = tokio::time::timeout_at(deadline, connected.0.simple_query(query)).await;
+        match &answer {
+            Ok(Err(source))
+                if tries < crate::pg::BOUND_SESSION_TRIES
+                    && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
+            {
+                tries += 1;
+            }
+            _ => break answer,
+        }
+    };
     let value = match answer {
         Err(_) => return Err(timed_out()),
         Ok(Err(source)) => {

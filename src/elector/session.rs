@@ -246,7 +246,9 @@ pub(crate) async fn reaches_directly(
 }
 
 /// Whether the session `client`, connected over `link`, is direct ([`is_direct`]), asked with
-/// [`BACKEND_SQL`] alone (no `SET`), bounded by `bound`. `doctor` asks it of its first session.
+/// [`BACKEND_SQL`] alone (no `SET`), bounded by `bound`, and asked again when the role's own
+/// `statement_timeout` cancels it (up to [`crate::pg::BOUND_SESSION_TRIES`] times). `doctor`
+/// asks it of its first session.
 ///
 /// # Errors
 /// [`Error::Query`] or [`Error::Timeout`] of the statement.
@@ -255,7 +257,18 @@ pub(crate) async fn session_is_direct(
     link: &super::connecting::Link,
     bound: Duration,
 ) -> Result<bool, Error> {
-    let messages = within("who answers", bound, client.simple_query(BACKEND_SQL)).await?;
+    let mut tries = 1;
+    let messages = loop {
+        match within("who answers", bound, client.simple_query(BACKEND_SQL)).await {
+            Err(Error::Query { source, .. })
+                if tries < crate::pg::BOUND_SESSION_TRIES
+                    && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
+            {
+                tries += 1;
+            }
+            answer => break answer?,
+        }
+    };
     let (backend_pid, seen, _) = identity(&messages);
     Ok(is_direct(
         link.fd.as_fd(),
