@@ -1722,6 +1722,18 @@ fn doctor_fails_when_its_two_sessions_reach_two_servers() {
     );
 }
 
+/// A leader of `setup` started, then a standby queued behind it, both checking every
+/// `interval`.
+fn leader_and_standby(setup: &Setup, interval: &str) -> (Replica, Replica) {
+    let leader = setup.replica(interval, &[]);
+    setup.scratch.wait_starts(1, secs(10.0));
+    let standby = setup.replica(interval, &[]);
+    wait_for("the standby in the lock queue", secs(15.0), || {
+        (setup.cluster.waiters(setup.id) == 1).then_some(())
+    });
+    (leader, standby)
+}
+
 /// `status`, `doctor` and `step-down` through a transaction-mode pooler (PgBouncer with one
 /// server connection, which it hands every client in turn) leave that connection as they found
 /// it for its next client. Before, each left its timers there (`statement_timeout` and
@@ -1736,23 +1748,11 @@ fn status_doctor_and_step_down_through_a_transaction_pooler_leave_its_connection
     use crate::support::pooler::Bouncer;
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");
     let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
-    let _leader = setup.replica("300ms", &[]);
-    scratch.wait_starts(1, secs(10.0));
-    let standby = setup.replica("300ms", &[]);
-    wait_for("the standby in the lock queue", secs(10.0), || {
-        (cluster.waiters(id) == 1).then_some(())
-    });
+    let (_leader, standby) = leader_and_standby(&setup, "300ms");
     let bouncer = Bouncer::start(cluster, "transaction", 1);
-    let pooled = |sql: &str| {
-        let out = std::process::Command::new(cluster.psql_path())
-            .args(["-X", "-q", "-A", "-t", "-d", &bouncer.dsn(), "-c", sql])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
     let state = || {
-        pooled(
+        bouncer.sql(
+            cluster,
             "SELECT pg_backend_pid(), current_setting('statement_timeout'), \
              current_setting('lock_timeout'), current_setting('jit'), \
              current_setting('exit_on_error'), current_setting('default_transaction_deferrable'), \
@@ -1806,23 +1806,13 @@ fn status_doctor_and_step_down_through_a_transaction_pooler_leave_its_connection
 fn a_step_down_that_fails_through_a_transaction_pooler_leaves_no_request_held() {
     use crate::support::pooler::Bouncer;
     let setup = Setup::new(Cluster::shared(), "exec sleep 600");
-    let (cluster, id, scratch) = (setup.cluster, setup.id, &setup.scratch);
+    let (cluster, id) = (setup.cluster, setup.id);
     // Long intervals: the leader looks at the request seconds later, and step-down waits.
-    let _leader = setup.replica("5s", &[]);
-    scratch.wait_starts(1, secs(10.0));
-    let _standby = setup.replica("5s", &[]);
-    wait_for("the standby in the lock queue", secs(15.0), || {
-        (cluster.waiters(id) == 1).then_some(())
-    });
+    let _replicas = leader_and_standby(&setup, "5s");
     let bouncer = Bouncer::start(cluster, "transaction", 1);
     // The pool's one server connection, which step-down is handed.
-    let pooled = std::process::Command::new(cluster.psql_path())
-        .args(["-X", "-q", "-A", "-t", "-d", &bouncer.dsn()])
-        .args(["-c", "SELECT pg_backend_pid()"])
-        .output()
-        .unwrap();
-    let pooled: i32 = String::from_utf8_lossy(&pooled.stdout)
-        .trim()
+    let pooled: i32 = bouncer
+        .sql(cluster, "SELECT pg_backend_pid()")
         .parse()
         .unwrap();
     let mut step_down = leaderrun()

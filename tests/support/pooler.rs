@@ -103,6 +103,17 @@ impl Bouncer {
         )
     }
 
+    /// Runs `sql` through the pooler with `cluster`'s `psql` and returns its output, trimmed
+    /// (rows on lines, columns separated by `|`).
+    pub fn sql(&self, cluster: &Cluster, sql: &str) -> String {
+        let out = Command::new(cluster.psql_path())
+            .args(["-X", "-q", "-A", "-t", "-d", &self.dsn(), "-c", sql])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
     /// A DSN through the pooler's Unix socket (in its own directory).
     pub fn unix_dsn(&self) -> String {
         format!(
