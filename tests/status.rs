@@ -1931,3 +1931,31 @@ fn doctor_fails_the_fencing_token_while_a_frozen_synchronous_standby_holds_commi
         assert!(text.contains(&format!("ok    {check}")), "{check}: {text}");
     }
 }
+
+/// `doctor` through a session-mode pooler whose pool has one server connection: its second
+/// session never gets one, and its statements time out. The timeouts' hints name the pooler's
+/// pool (before, they sent an operator to the server's disk: a tester's find).
+#[test]
+fn doctor_through_a_pool_with_no_connection_for_its_second_session_says_so() {
+    use crate::support::pooler::Bouncer;
+    let bouncer = Bouncer::start(Cluster::shared(), "session", 1);
+    let out = leaderrun()
+        .args([
+            "doctor",
+            "--dsn",
+            &bouncer.dsn(),
+            "--check-interval",
+            "500ms",
+        ])
+        .args(["--lock-id", &unique_lock_id().to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("warn  path"), "{text}");
+    assert!(text.contains("timed out after 500ms"), "{text}");
+    assert!(
+        text.contains("if a pooler sits between (see path), one with no server connection free"),
+        "{text}"
+    );
+}

@@ -602,6 +602,7 @@ pub async fn findings(
 
     // What the replicas' own test finds (docs/election.md#a-standbys-check): the checks above
     // catch a busy transaction-mode pooler only when a statement happens to move.
+    let maybe_pooled = !matches!(direct, Ok(true));
     out.push(match direct {
         Ok(true) => Finding::pass(
             "path",
@@ -720,6 +721,21 @@ pub async fn findings(
             Chain(&err).to_string(),
             permission_hint(&err),
         )),
+    }
+    // A pooler with no server connection free for a session (a session-mode pool of one and
+    // doctor's two sessions) makes its statements wait until they time out: said where they
+    // did, unless the path is known to be direct.
+    if maybe_pooled {
+        for f in out
+            .iter_mut()
+            .filter(|f| !f.ok && f.detail.contains("timed out after"))
+        {
+            let hint = f.hint.take().unwrap_or_default();
+            f.hint = Some(format!(
+                "{hint}; if a pooler sits between (see path), one with no server connection \
+                 free for this session (its pool size) makes its statements wait"
+            ));
+        }
     }
     out
 }
