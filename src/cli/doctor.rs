@@ -103,9 +103,8 @@ where
             // Ran: in its transaction, or on its own when the start was cancelled before its
             // `BEGIN` (a grant of the exclusion's try must be counted, not sent again).
             (_, Ok(rows)) => rows,
-            (Err(Error::Query { source, .. }), Err(_))
-                if tries < crate::pg::BOUND_SESSION_TRIES
-                    && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
+            (Err(err), Err(_))
+                if tries < crate::pg::BOUND_SESSION_TRIES && crate::pg::cancelled(&err) =>
             {
                 tries += 1;
                 continue;

@@ -318,16 +318,16 @@ pub async fn report(
         .collect();
     let more_params: [(&(dyn ToSql + Sync), Type); 2] =
         [(&more_classes, Type::OID_ARRAY), (&id, Type::OID)];
-    // Inside a transaction (`status`, `step-down`: crate::pg::begin_bounded) the server keeps
-    // what pg_stat_activity showed first for the rest of it: a later look must see now's.
-    within(
-        "activity snapshot",
-        bound,
-        client.query_typed("SELECT pg_catalog.pg_stat_clear_snapshot()", &[]),
-    )
-    .await?;
-    // All in one flight.
-    let (rows, between, more, recovery, untracked) = tokio::join!(
+    // All in one flight, in this order (`biased`): inside a transaction (`status`,
+    // `step-down`: crate::pg::begin_bounded) the server keeps what pg_stat_activity showed
+    // first for the rest of it, so a later look clears that before it reads.
+    let (cleared, rows, between, more, recovery, untracked) = tokio::join!(
+        biased;
+        within(
+            "activity snapshot",
+            bound,
+            client.query_typed("SELECT pg_catalog.pg_stat_clear_snapshot()", &[]),
+        ),
         within(
             "status query",
             bound,
@@ -354,6 +354,7 @@ pub async fn report(
             client.query_typed(UNTRACKED_SQL, &[]),
         )
     );
+    cleared?;
     let (rows, between, more, untracked) = (rows?, between?, more?, untracked?);
     let in_recovery = recovery?.first().is_some_and(|row| row.get::<_, bool>(0));
     let mut more_slots_held: Vec<u32> = more

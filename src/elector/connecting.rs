@@ -1117,29 +1117,21 @@ where
         SessionAttrs::Standby => ("SELECT pg_catalog.pg_is_in_recovery()", "t", "standby"),
     };
     // The role's own `statement_timeout` (a millisecond) may cancel the look: asked again, as
-    // the pin is (crate::pg::BOUND_SESSION_TRIES).
-    let mut tries = 1;
-    let answer = loop {
-        let answer = tokio::time::timeout_at(deadline, connected.0.simple_query(query)).await;
-        match &answer {
-            Ok(Err(source))
-                if tries < crate::pg::BOUND_SESSION_TRIES
-                    && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
-            {
-                tries += 1;
-            }
-            _ => break answer,
-        }
-    };
-    let value = match answer {
-        Err(_) => return Err(timed_out()),
-        Ok(Err(source)) => {
-            return Err(Attempt::Next(Error::Query {
+    // the pin is. `None`: past the deadline.
+    let answer = crate::pg::until_not_cancelled(|_| async {
+        match tokio::time::timeout_at(deadline, connected.0.simple_query(query)).await {
+            Err(_) => Ok(None),
+            Ok(answer) => answer.map(Some).map_err(|source| Error::Query {
                 what: "check target_session_attrs",
                 source,
-            }))
+            }),
         }
-        Ok(Ok(messages)) => messages.iter().find_map(|m| match m {
+    })
+    .await;
+    let value = match answer {
+        Ok(None) => return Err(timed_out()),
+        Err(err) => return Err(Attempt::Next(err)),
+        Ok(Some(messages)) => messages.iter().find_map(|m| match m {
             tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
             _ => None,
         }),

@@ -257,18 +257,10 @@ pub(crate) async fn session_is_direct(
     link: &super::connecting::Link,
     bound: Duration,
 ) -> Result<bool, Error> {
-    let mut tries = 1;
-    let messages = loop {
-        match within("who answers", bound, client.simple_query(BACKEND_SQL)).await {
-            Err(Error::Query { source, .. })
-                if tries < crate::pg::BOUND_SESSION_TRIES
-                    && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
-            {
-                tries += 1;
-            }
-            answer => break answer?,
-        }
-    };
+    let messages = crate::pg::until_not_cancelled(|_| {
+        within("who answers", bound, client.simple_query(BACKEND_SQL))
+    })
+    .await?;
     let (backend_pid, seen, _) = identity(&messages);
     Ok(is_direct(
         link.fd.as_fd(),

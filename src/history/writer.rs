@@ -536,8 +536,7 @@ impl Writer {
                     // Cancelled by the statement_timeout (or past the client's bound, whose
                     // session is not reused): a smaller batch next time, or the same one would
                     // be cancelled at every write.
-                    let cancelled = matches!(&err, Error::Query { source, .. }
-                        if source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED));
+                    let cancelled = crate::pg::cancelled(&err);
                     if matches!(&err, Error::Timeout { .. }) {
                         self.prune_batch = (limit / 4).max(PRUNE_BATCH_MIN);
                     }

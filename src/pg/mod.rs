@@ -150,21 +150,38 @@ async fn send_settings(
     // statement ends, the next one ("due to user request"; seen in CI). Every try that gets
     // further has set more of the bound, and the settings are the same each time.
     let again = format!("ROLLBACK; {sql}");
-    let mut tries = 1;
-    loop {
-        let text = if tries > 1 && in_transaction {
+    until_not_cancelled(|first| {
+        let text = if !first && in_transaction {
             &again
         } else {
             sql
         };
-        match within(what, bound, client.batch_execute(text)).await {
-            Err(Error::Query { source, .. })
-                if tries < BOUND_SESSION_TRIES
-                    && source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
-            {
-                tries += 1;
-            }
-            other => return other,
+        within(what, bound, client.batch_execute(text))
+    })
+    .await
+}
+
+/// Whether `err` is the server's cancel of a statement (SQLSTATE 57014: a
+/// `statement_timeout`, the role's own one included, or a cancel request).
+pub(crate) fn cancelled(err: &Error) -> bool {
+    matches!(err, Error::Query { source, .. }
+        if source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED))
+}
+
+/// Sends a statement (`send(first)`, `first` true the first time) again while the server
+/// cancels it ([`cancelled`]), at most [`BOUND_SESSION_TRIES`] times in all: a role whose own
+/// `statement_timeout` is a millisecond may cancel a statement sent before any bound of ours
+/// is set. Its last answer.
+pub(crate) async fn until_not_cancelled<T, F, Fut>(mut send: F) -> Result<T, Error>
+where
+    F: FnMut(bool) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut tries = 1;
+    loop {
+        match send(tries == 1).await {
+            Err(err) if tries < BOUND_SESSION_TRIES && cancelled(&err) => tries += 1,
+            answer => return answer,
         }
     }
 }
