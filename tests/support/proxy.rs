@@ -75,6 +75,34 @@ fn sever(to: &mut TcpStream, bytes: &[u8]) {
     let _ = to.shutdown(Shutdown::Write);
 }
 
+/// Connects `client` to `target` and forwards both ways. While the proxy is blackholed the
+/// connection is held, not made: a partition keeps the SYN from the server too, so the server
+/// starts no backend for it until the path is back. (A backend that starts while PostgreSQL
+/// shuts down and never gets its startup packet holds the postmaster's fast shutdown for
+/// `authentication_timeout`, 60 s by default, through 17: the fault run's slow restarts.)
+fn connect(
+    client: TcpStream,
+    target: SocketAddr,
+    mode: Arc<AtomicU8>,
+    streams: Arc<Mutex<Vec<TcpStream>>>,
+    carried: Option<Recording>,
+    sever_at: Option<Sever>,
+) {
+    while mode.load(Ordering::Acquire) == BLACKHOLE {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let Ok(server) = TcpStream::connect(target) else {
+        // Refused, as the server itself would refuse it: the client sees its connection end.
+        let _ = client.shutdown(Shutdown::Both);
+        return;
+    };
+    streams.lock().unwrap().push(server.try_clone().unwrap());
+    let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let (m2, carried2, sever_at2) = (mode.clone(), carried.clone(), sever_at.clone());
+    std::thread::spawn(move || pump(s2, c2, m2, carried2, false, sever_at2));
+    pump(client, server, mode, carried, true, sever_at);
+}
+
 /// Forwards `from` to `to`; with `record`, notes the bytes before forwarding them (so a
 /// reply is always noted after what it answers), `from_client` saying which side `from` is.
 fn pump(
@@ -218,31 +246,22 @@ impl Proxy {
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
-                let Ok(server) = TcpStream::connect(target) else {
-                    continue;
-                };
-                {
-                    let mut all = st.lock().unwrap();
-                    all.push(client.try_clone().unwrap());
-                    all.push(server.try_clone().unwrap());
-                }
+                st.lock().unwrap().push(client.try_clone().unwrap());
                 let carried = rec.as_ref().map(|all: &Arc<Mutex<Vec<Recording>>>| {
                     let one = Recording::default();
                     all.lock().unwrap().push(one.clone());
                     one
                 });
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (m1, m2) = (m.clone(), m.clone());
-                let carried2 = carried.clone();
                 let sever_at = sever_at.clone().map(|(pattern, nth, blackhole)| Sever {
                     pattern,
                     nth,
                     blackhole,
                     done: Arc::new(AtomicBool::new(false)),
                 });
-                let sever_at2 = sever_at.clone();
-                std::thread::spawn(move || pump(client, server, m1, carried, true, sever_at));
-                std::thread::spawn(move || pump(s2, c2, m2, carried2, false, sever_at2));
+                let (m, st) = (m.clone(), st.clone());
+                // A thread per connection: one that waits for the path to come back must not
+                // hold up the accept of the next.
+                std::thread::spawn(move || connect(client, target, m, st, carried, sever_at));
             }
         });
         Proxy {
