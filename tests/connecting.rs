@@ -464,6 +464,65 @@ fn a_host_list_leaves_a_hot_standby_once_the_primary_is_back() {
     );
 }
 
+/// A host of the list that cannot take connections now (SQLSTATE 57P03: a server shutting
+/// down, as here, or starting up, or a standby with `hot_standby` off) passes the turn to the
+/// next host, as libpq's does; before, its answer ended the whole list (the one-shot exited 125
+/// after its retries, a standby never led). Alone, it stays the answer.
+#[test]
+fn a_host_that_cannot_take_connections_now_passes_the_turn() {
+    use crate::support::wait_for;
+    let closing = Cluster::start_private();
+    let open = Cluster::shared();
+    // A smart shutdown waits for this session's end, and refuses new sessions meanwhile.
+    let mut session = closing.psql_session();
+    wait_for("the psql session", secs(10.0), || {
+        (closing.client_backends().len() == 1).then_some(())
+    });
+    closing.begin_smart_shutdown();
+    let refused = |dsn: &str| {
+        let out = std::process::Command::new(closing.psql_path())
+            .args(["-X", "-A", "-t", "-c", "SELECT 1", dsn])
+            .output()
+            .expect("run psql");
+        String::from_utf8_lossy(&out.stderr).contains("shutting down")
+    };
+    wait_for("the server to refuse new sessions", secs(10.0), || {
+        refused(&closing.dsn()).then_some(())
+    });
+    let id = unique_lock_id().to_string();
+    let run = |dsn: &str| {
+        leaderrun()
+            .args(["--dsn", dsn, "--lock-id", &id, "--check-interval", "300ms"])
+            .args(["-E", "3", "--once", "--", "sh", "-c", "echo led"])
+            .output()
+            .expect("run leaderrun")
+    };
+    let list = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        closing.addr().port(),
+        open.addr().port()
+    );
+    let out = run(&list);
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        ),
+        (Some(0), "led"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&closing.dsn());
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("57P03"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = session.kill();
+    let _ = session.wait();
+}
+
 /// A resolver that never answers holds up no stop request: INT/TERM while a host name is
 /// looked up ends leaderrun at once (exit 0, as a stopped standby), whether the name is the
 /// DSN's host (a continuous run, a one-shot) or `--http-addr`'s (looked up at start-up, where

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 /// What one connection to the fake server carried.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Visit {
-    /// Which listener: `A`, `B` (TCP, answering), `H` (TCP, hangs), `SA`, `SB` (Unix sockets
-    /// of port A and B).
+    /// Which listener: `A`, `B` (TCP, answering), `H` (TCP, hangs), `N` (TCP, cannot connect
+    /// now), `SA`, `SB` (Unix sockets of port A and B).
     at: &'static str,
     /// The SSLRequest came (the server answered `N`).
     ssl: bool,
@@ -42,10 +42,31 @@ fn read_message(stream: &mut impl Read) -> Option<Vec<u8>> {
     Some(body)
 }
 
-/// Serves one client: answers `N` to SSLRequest/GSSENCRequest, asks for a cleartext
-/// password after the startup packet, records, then refuses. `hang`: record the first
-/// message and answer nothing.
-fn serve(mut stream: impl Read + Write, at: &'static str, hang: bool, log: &Log) {
+/// How a listener of the fake server answers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// A cleartext password asked for after the startup packet, recorded, then refused
+    /// (28P01).
+    Password,
+    /// The first message recorded, and nothing answered.
+    Hang,
+    /// The startup packet recorded and answered with SQLSTATE 57P03, as a server that is
+    /// starting up (or a standby with `hot_standby` off) answers it.
+    CannotConnectNow,
+}
+
+/// A FATAL ErrorResponse with `code` and `message`.
+fn fatal(code: &str, message: &str) -> Vec<u8> {
+    let fields = format!("SFATAL\0VFATAL\0C{code}\0M{message}\0\0");
+    let mut err = vec![b'E'];
+    err.extend_from_slice(&((fields.len() + 4) as u32).to_be_bytes());
+    err.extend_from_slice(fields.as_bytes());
+    err
+}
+
+/// Serves one client: answers `N` to SSLRequest/GSSENCRequest, then as `answer` says.
+fn serve(mut stream: impl Read + Write, at: &'static str, answer: Answer, log: &Log) {
+    let hang = answer == Answer::Hang;
     let mut visit = Visit {
         at,
         ssl: false,
@@ -100,6 +121,11 @@ fn serve(mut stream: impl Read + Write, at: &'static str, hang: bool, log: &Log)
         while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
         return;
     }
+    if answer == Answer::CannotConnectNow {
+        log.lock().unwrap().push(visit);
+        let _ = stream.write_all(&fatal("57P03", "the database system is starting up"));
+        return;
+    }
     // AuthenticationCleartextPassword.
     let _ = stream.write_all(&[b'R', 0, 0, 0, 8, 0, 0, 0, 3]);
     let _ = stream.flush();
@@ -111,12 +137,7 @@ fn serve(mut stream: impl Read + Write, at: &'static str, hang: bool, log: &Log)
         }
     }
     log.lock().unwrap().push(visit);
-    let mut err = Vec::new();
-    let fields = b"SFATAL\0VFATAL\0C28P01\0Mpassword authentication failed\0\0";
-    err.push(b'E');
-    err.extend_from_slice(&((fields.len() + 4) as u32).to_be_bytes());
-    err.extend_from_slice(fields);
-    let _ = stream.write_all(&err);
+    let _ = stream.write_all(&fatal("28P01", "password authentication failed"));
 }
 
 /// A TCP socket bound to a free port of 127.0.0.1 that never listens: a connection to the port
@@ -146,7 +167,7 @@ fn reserved_port() -> (std::os::fd::OwnedFd, u16) {
 fn accept_loop<S: Read + Write + Send + 'static>(
     mut accept: impl FnMut() -> std::io::Result<S> + Send + 'static,
     at: &'static str,
-    hang: bool,
+    answer: Answer,
     (log, stop, busy): (&Log, &Arc<AtomicBool>, &Arc<AtomicUsize>),
 ) {
     let (log, stop, busy) = (log.clone(), stop.clone(), busy.clone());
@@ -159,7 +180,7 @@ fn accept_loop<S: Read + Write + Send + 'static>(
                 let (log, busy) = (log.clone(), busy.clone());
                 busy.fetch_add(1, Ordering::SeqCst);
                 std::thread::spawn(move || {
-                    serve(s, at, hang, &log);
+                    serve(s, at, answer, &log);
                     busy.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -168,13 +189,14 @@ fn accept_loop<S: Read + Write + Send + 'static>(
     });
 }
 
-/// The fake server of one case: three TCP listeners and two Unix sockets, and a port with
+/// The fake server of one case: four TCP listeners and two Unix sockets, and a port with
 /// nothing behind it.
 pub(crate) struct Fake {
     pub(crate) dir: tempfile::TempDir,
     pub(crate) a: u16,
     b: u16,
     h: u16,
+    n: u16,
     pub(crate) r: u16,
     /// Holds port `r` bound without listening, so that connections to it are refused and no
     /// other listener of the suite (another case's fake runs in parallel) can take the port.
@@ -197,12 +219,17 @@ impl Fake {
         let stop = Arc::new(AtomicBool::new(false));
         let busy = Arc::new(AtomicUsize::new(0));
         let tcp = || TcpListener::bind("127.0.0.1:0").unwrap();
-        let (la, lb, lh) = (tcp(), tcp(), tcp());
+        let (la, lb, lh, ln) = (tcp(), tcp(), tcp(), tcp());
         let port = |l: &TcpListener| l.local_addr().unwrap().port();
-        let (a, b, h) = (port(&la), port(&lb), port(&lh));
+        let (a, b, h, n) = (port(&la), port(&lb), port(&lh), port(&ln));
         let (r_reserved, r) = reserved_port();
         let wait = Duration::from_secs(15);
-        for (listener, at, hang) in [(la, "A", false), (lb, "B", false), (lh, "H", true)] {
+        for (listener, at, answer) in [
+            (la, "A", Answer::Password),
+            (lb, "B", Answer::Password),
+            (lh, "H", Answer::Hang),
+            (ln, "N", Answer::CannotConnectNow),
+        ] {
             listener.set_nonblocking(true).unwrap();
             let accept = move || {
                 let (s, _) = listener.accept()?;
@@ -210,7 +237,7 @@ impl Fake {
                 s.set_read_timeout(Some(wait))?;
                 Ok(s)
             };
-            accept_loop(accept, at, hang, (&log, &stop, &busy));
+            accept_loop(accept, at, answer, (&log, &stop, &busy));
         }
         for (p, at) in [(a, "SA"), (b, "SB")] {
             let listener =
@@ -222,13 +249,14 @@ impl Fake {
                 s.set_read_timeout(Some(wait))?;
                 Ok(s)
             };
-            accept_loop(accept, at, false, (&log, &stop, &busy));
+            accept_loop(accept, at, Answer::Password, (&log, &stop, &busy));
         }
         Fake {
             dir,
             a,
             b,
             h,
+            n,
             r,
             log,
             stop,
@@ -241,6 +269,7 @@ impl Fake {
         text.replace("{A}", &self.a.to_string())
             .replace("{B}", &self.b.to_string())
             .replace("{H}", &self.h.to_string())
+            .replace("{N}", &self.n.to_string())
             .replace("{R}", &self.r.to_string())
             .replace(
                 "{SENC}",
@@ -695,6 +724,12 @@ fn cases() -> Vec<Case> {
         "host=127.0.0.1,127.0.0.1,127.0.0.1 port={R},{H},{B} user=u dbname=d connect_timeout=2",
         "postgresql://u@127.0.0.1:{H},127.0.0.1:{A}/d?connect_timeout=2",
         "host=127.0.0.1,127.0.0.1 port={R},{A} user=u dbname=d",
+        // A server that cannot take connections now (57P03: starting up, a standby with
+        // hot_standby off) passes the turn, as libpq does; alone, it is the answer.
+        "host=127.0.0.1,127.0.0.1 port={N},{A} user=u dbname=d",
+        "host=127.0.0.1,127.0.0.1,127.0.0.1 port={N},{N},{B} user=u dbname=d sslmode=disable",
+        "postgresql://u@127.0.0.1:{N},127.0.0.1:{A}/d?target_session_attrs=primary",
+        "host=127.0.0.1 port={N} user=u dbname=d",
         "host=127.0.0.1,127.0.0.1 port={R},{R} user=u dbname=d",
         "host=127.0.0.1,127.0.0.1 port={A} user=u dbname=d",
         "host=127.0.0.1,127.0.0.1 port={A},{B},{A} user=u dbname=d",

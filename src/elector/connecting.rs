@@ -598,9 +598,15 @@ pub(super) fn host_description(config: &tokio_postgres::Config, host: &HostTarge
     out
 }
 
-/// Why one host's attempt ended: try the next host, or stop (the server refused).
+/// Why one host's attempt ended: try its next address (else the next host), skip to the next
+/// host, or stop (the server refused).
 pub(super) enum Attempt {
     Next(Error),
+    /// The next host, this one's other addresses left untried, as libpq does for a server that
+    /// cannot take connections now (SQLSTATE 57P03: starting up, shutting down, a standby with
+    /// `hot_standby` off) and for one that does not suit `target_session_attrs` (libpq's
+    /// `fe-connect.c`, `try_next_host`).
+    NextHost(Error),
     Stop(Error),
 }
 
@@ -667,10 +673,12 @@ pub(crate) async fn connect_socket(
                 // A Unix socket that is not there says the least of all failures (no
                 // server uses that directory): it does not hide an earlier host's error,
                 // e.g. the default socket directory's when `/tmp`, tried after it, has none.
-                Err(Attempt::Next(err)) if last.is_none() || !is_missing_socket(&err) => {
+                Err(Attempt::Next(err) | Attempt::NextHost(err))
+                    if last.is_none() || !is_missing_socket(&err) =>
+                {
                     last = Some(err)
                 }
-                Err(Attempt::Next(_)) => {}
+                Err(Attempt::Next(_) | Attempt::NextHost(_)) => {}
                 Err(Attempt::Stop(err)) => return Err(err),
             }
         }
@@ -872,6 +880,8 @@ pub(super) async fn attempt(
         };
         match handshake(&config, stream, tls_connect, wanted, deadline, &target).await {
             Err(Attempt::Next(err)) => last = Some(Attempt::Next(err)),
+            // Not this host now, whichever address (and not in plaintext either).
+            Err(Attempt::NextHost(err)) => return Err(Attempt::NextHost(err)),
             // libpq's sslmode=prefer: a server that refused the session over TLS (a
             // `hostnossl` line in pg_hba.conf), or whose handshake failed (a certificate
             // the named root does not vouch for), is asked once more in plaintext.
@@ -1066,11 +1076,18 @@ where
             ),
         })
     };
-    let refused = |source| {
-        Attempt::Stop(Error::Connect {
+    let refused = |source: tokio_postgres::Error| {
+        let cannot_connect_now =
+            source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW);
+        let err = Error::Connect {
             target: target.to_owned(),
             source,
-        })
+        };
+        if cannot_connect_now {
+            Attempt::NextHost(err)
+        } else {
+            Attempt::Stop(err)
+        }
     };
     let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stream = Capped {
@@ -1130,7 +1147,7 @@ where
     .await;
     let value = match answer {
         Ok(None) => return Err(timed_out()),
-        Err(err) => return Err(Attempt::Next(err)),
+        Err(err) => return Err(Attempt::NextHost(err)),
         Ok(Some(messages)) => messages.iter().find_map(|m| match m {
             tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
             _ => None,
@@ -1140,7 +1157,7 @@ where
         Ok((connected, link))
     } else {
         connected.2.abort();
-        Err(Attempt::Next(Error::NotSuitable {
+        Err(Attempt::NextHost(Error::NotSuitable {
             target: target.to_owned(),
             wanted: name,
         }))

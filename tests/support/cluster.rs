@@ -736,6 +736,17 @@ impl Cluster {
         self.stop_with(Signal::SIGINT);
     }
 
+    /// Begins a smart shutdown (SIGTERM) and returns: the server waits for its sessions to end
+    /// and answers every new one with SQLSTATE 57P03 ("the database system is shutting
+    /// down") meanwhile. [`Cluster::stop`] ends it.
+    #[allow(dead_code)]
+    pub fn begin_smart_shutdown(&self) {
+        let guard = self.postmaster.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(child) = guard.as_ref() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        }
+    }
+
     /// Immediate shutdown (SIGQUIT), like a crash: no checkpoint.
     pub fn kill(&self) {
         self.stop_with(Signal::SIGQUIT);

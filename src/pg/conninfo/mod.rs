@@ -539,7 +539,12 @@ pub fn resolve_with_paths(
         // Whether words of the DSN may be quoted in errors: not when it may hold a password.
         shown = !(dsn.contains("password") || url && dsn.contains('@'));
         let pairs = if url {
-            parse_url(dsn, &origin)?
+            // Parsed, a URL's words are known: a password is a pair of its own
+            // (`user:password@`, `?password=`, however percent-encoded), and a user alone
+            // (`postgres://app@db/x`) leaves its keywords and values fit to quote.
+            let pairs = parse_url(dsn, &origin)?;
+            shown = !pairs.iter().any(|(k, _)| k == "password");
+            pairs
         } else {
             parse_keywords(dsn, &origin, shown)?
         };

@@ -620,6 +620,38 @@ fn url_parameters_as_libpq_reads_them() {
     assert_eq!(describe(&c.config), "host=::1 port=6000 dbname=d user=u");
 }
 
+/// A URL's errors quote its keywords and values unless it holds a password, wherever the
+/// password is (`user:password@`, `?password=`, a percent-encoded key): a user alone holds
+/// none. Before, any `@` hid them ("invalid connection option (not shown: the DSN holds a
+/// password)" for `postgres://app@db/x?bogus=1`).
+#[test]
+fn a_url_with_a_user_and_no_password_quotes_what_is_wrong() {
+    for (url, says) in [
+        ("postgresql://app@h/d?bogus=1", "\"bogus\""),
+        ("postgresql://app@h/d?sslmode=nope", "\"nope\""),
+        ("postgresql://app:@h/d?bogus=1", "\"bogus\""),
+    ] {
+        let err = resolve_with(Some(url), &[]).unwrap_err().to_string();
+        assert!(err.contains(says), "{url}: {err}");
+    }
+    for url in [
+        "postgresql://app:s3cret@h/d?bogus=1",
+        "postgresql://app@h/d?password=s3cret&bogus=1",
+        "postgresql://app@h/d?%70assword=s3cret&bogus=1",
+        "postgresql://app@h/d?%70assword=s3cret&sslmode=s3cret",
+    ] {
+        let err = resolve_with(Some(url), &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("not shown") || err.contains("the value"),
+            "{url}: {err}"
+        );
+        assert!(
+            !err.contains("bogus") && !err.contains("s3cret"),
+            "{url}: {err}"
+        );
+    }
+}
+
 /// A service file's section header as libpq matches it (the name, then `]`; the rest of the
 /// line plays no part), and an empty service name is a name. Before, `[plex] # comment` was no
 /// header of `plex`, so leaderrun took the system-wide file's `[plex]`: another server, user
