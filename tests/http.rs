@@ -448,6 +448,60 @@ fn a_flood_of_scrapes_holds_up_no_probe() {
     leading.still_leads();
 }
 
+/// A flood of connections that send nothing closes no probe's connection before its request
+/// is answered, also a probe that takes a moment between its connect and its request (a
+/// client on a busy machine): the oldest silent connections make room, and the table is large
+/// enough that the flood must open hundreds within that moment. Before, with 32 connections
+/// and the oldest always closed, a flood closed about one probe in fifty unanswered.
+#[test]
+fn a_flood_of_silent_connections_closes_no_probe_unanswered() {
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const PROBES: usize = 200;
+    const HELD: usize = 300;
+    let mut leading = Leading::start(None);
+    let addr = leading.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooders: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut held, mut opened) = (VecDeque::new(), 0usize);
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(stream) = TcpStream::connect_timeout(&addr, secs(1.0)) {
+                        held.push_back(stream);
+                        opened += 1;
+                    }
+                    if held.len() > HELD {
+                        held.pop_front();
+                    }
+                }
+                opened
+            })
+        })
+        .collect();
+    let unanswered = (0..PROBES)
+        .filter(|i| {
+            let mut stream = TcpStream::connect_timeout(&addr, secs(5.0)).expect("connect");
+            stream.set_read_timeout(Some(secs(5.0))).unwrap();
+            // The client's moment: the flood goes on meanwhile.
+            std::thread::sleep(Duration::from_millis(5));
+            let path = if i % 2 == 0 { "/healthz" } else { "/readyz" };
+            let _ = write!(stream, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n");
+            let mut raw = Vec::new();
+            let _ = stream.read_to_end(&mut raw);
+            !raw.starts_with(b"HTTP/1.")
+        })
+        .count();
+    stop.store(true, Ordering::Relaxed);
+    let opened: usize = flooders.into_iter().map(|f| f.join().unwrap()).sum();
+    println!("{opened} silent connections opened; {unanswered} of {PROBES} probes unanswered");
+    assert_eq!(unanswered, 0, "probes closed without an answer");
+    probes_answer_fast(addr, "after the flood of silent connections");
+    leading.still_leads();
+}
+
 #[test]
 fn idle_connections_beyond_the_descriptor_limit_add_no_thread_nor_close_the_port() {
     // Fewer descriptors than the idle clients below: the server must keep to its share.
@@ -455,7 +509,8 @@ fn idle_connections_beyond_the_descriptor_limit_add_no_thread_nor_close_the_port
     let mut leading = Leading::start(Some(limit));
     let pid = leading.replica.pid();
     let (threads_before, fds_before) = (threads(pid), descriptors(pid));
-    let idle: Vec<TcpStream> = (0..4 * MAX_CONNECTIONS)
+    // Four times what the server keeps under that limit (a quarter of it).
+    let idle: Vec<TcpStream> = (0..limit as usize)
         .map(|_| TcpStream::connect(leading.addr).unwrap())
         .collect();
     // Half a request on some, nothing on the others.

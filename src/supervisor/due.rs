@@ -93,8 +93,13 @@ const CATCH_UP_BOUND_MIN: Duration = Duration::from_secs(1);
 pub const DUE_CHECK_WINDOW: Duration = Duration::from_secs(600);
 
 /// Shortest bound of a due time's history query (the check interval otherwise): the start it
-/// delays waits at most this long for the answer.
+/// delays waits at most this long for the answer, and never past the next due time.
 const DUE_CHECK_BOUND_MIN: Duration = Duration::from_millis(250);
+
+/// How long before the next due time a due time's history query gives up at the latest: the
+/// due time then runs (no answer in time) before the next one's timer fires, which may be
+/// [`DUE_EARLY`] ahead of it.
+const DUE_CHECK_BEFORE_NEXT: Duration = Duration::from_millis(50);
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// Arms the timer for the first due time after `after`.
@@ -150,10 +155,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             } => {
                 let term = term.clone();
                 if self.due_check.take().is_some() {
-                    // Only with a history slower than the time between two due times: that is
-                    // a history that did not answer in time, and the term's later due times,
-                    // this one first, run without asking (else a slow history would skip every
-                    // due time of the window, each check replaced before it could time out).
+                    // A check's bound ends before the next due time (`run_due`): only a
+                    // runtime held up past both gets here. That is a history that did not
+                    // answer in time, and the term's later due times, this one first, run
+                    // without asking (else a slow history would skip every due time of the
+                    // window, each check replaced before it could time out).
                     warn!(due = %shown, "the previous due time is skipped: the history did not answer whether it was started before this one came; later due times run without asking");
                     self.check_due_until = None;
                 }
@@ -265,7 +271,18 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
         {
             if due <= until {
                 let (number, slot) = (term.number(), lease.slot);
+                // The answer, or its absence, must come before the next due time does: a
+                // check still waiting then is replaced, its due time skipped (before, a
+                // history that waited on a lock and a check interval as long as the
+                // schedule's period lost a due time that no replica ran).
+                let before_next = self.next_due.map(|next| {
+                    next.due
+                        .duration_since(SystemTime::now())
+                        .unwrap_or_default()
+                        .saturating_sub(DUE_CHECK_BEFORE_NEXT)
+                });
                 let bound = self.plan.check_interval.max(DUE_CHECK_BOUND_MIN);
+                let bound = before_next.map_or(bound, |b| bound.min(b));
                 let asked = history.was_started(slot, due, bound);
                 self.due_check = Some(Box::pin(async move {
                     let answer = asked.await;
