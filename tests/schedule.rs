@@ -1092,7 +1092,9 @@ fn status_tells_the_next_due_time_in_the_posix_tz_rule_the_runs_were_made_in() {
     }
 
     // A zone status cannot load by the stored name (an unnamed /etc/localtime is stored as
-    // `local time`): no next due time from another zone, and a WARN says why.
+    // `local time`), or a stored schedule it cannot read: no next due time from another zone
+    // or schedule, and a WARN and the table say why (before, an unreadable schedule was
+    // blamed on its zone).
     let id = unique_lock_id();
     let table = format!("runs_tz_{id}");
     let mut once = Replica::start(
@@ -1109,9 +1111,21 @@ fn status_tells_the_next_due_time_in_the_posix_tz_rule_the_runs_were_made_in() {
         ],
     );
     assert_eq!(once.wait_exit(secs(10.0)).code(), Some(0));
-    for tz in ["local time", "Mars/Olympus"] {
+    for (schedule, tz, why) in [
+        (
+            "*/2 * * * * *",
+            "local time",
+            "the zone of the runs has no name",
+        ),
+        (
+            "*/2 * * * * *",
+            "Mars/Olympus",
+            "the runs' zone cannot be loaded here",
+        ),
+        ("bogus sched", "UTC", "the runs' schedule cannot be read"),
+    ] {
         cluster.sql(&format!(
-            "UPDATE {table} SET schedule = '*/2 * * * * *', tz = '{tz}'"
+            "UPDATE {table} SET schedule = '{schedule}', tz = '{tz}'"
         ));
         let out = status_in("UTC", id, &table, true);
         let json = json_of(&out);
@@ -1124,8 +1138,8 @@ fn status_tells_the_next_due_time_in_the_posix_tz_rule_the_runs_were_made_in() {
         );
         let table_out = String::from_utf8(status_in("UTC", id, &table, false).stdout).unwrap();
         assert!(
-            table_out.contains(&format!("schedule       */2 * * * * * ({tz})"))
-                && table_out.contains("next due       unknown"),
+            table_out.contains(&format!("schedule       {schedule} ({tz})"))
+                && table_out.contains(&format!("next due       unknown ({why}")),
             "{table_out}"
         );
     }

@@ -568,8 +568,10 @@ fn stored_schedule(expr: &str, tz: &str) -> Result<crate::supervisor::schedule::
              POSIX TZ rule as earlier releases stored one)"
         ));
     }
-    let zone = stored_zone(tz).map_err(|e| e.to_string())?;
-    Schedule::parse(expr, zone).map_err(|e| e.to_string())
+    let zone =
+        stored_zone(tz).map_err(|e| format!("the runs' zone cannot be loaded here ({e})"))?;
+    // Not the `--schedule` of this command line: the one the runs were stored with.
+    Schedule::parse(expr, zone).map_err(|e| format!("the runs' schedule cannot be read ({e})"))
 }
 
 fn show<T: std::fmt::Display>(value: &Option<T>) -> String {
@@ -752,11 +754,9 @@ impl Report {
         }
         if let (Some(schedule), Some(tz)) = (&self.schedule, &self.tz) {
             let next = match (&self.next_due_at, &self.next_due_unknown) {
-                (Some(next), _) => next.as_str(),
-                (None, Some(_)) => {
-                    "unknown (the runs' zone cannot be loaded here: give --schedule and --tz)"
-                }
-                (None, None) => "none",
+                (Some(next), _) => next.clone(),
+                (None, Some(why)) => format!("unknown ({why}: give --schedule and --tz)"),
+                (None, None) => "none".to_owned(),
             };
             out.push_str(&line(&format!("schedule       {schedule} ({tz})")));
             out.push_str(&line(&format!("next due       {next}")));

@@ -341,7 +341,8 @@ impl Schedule {
 }
 
 /// What cron (crontab(5), Vixie's and cronie's) reads differently from `croner` in the five or
-/// six `fields`: names only where cron takes them, and whether both day fields must match.
+/// six `fields`: no empty item in a list, names only where cron takes them, and whether both
+/// day fields must match.
 ///
 /// * `croner` replaces `JAN` … `DEC` and `SUN` … `SAT` anywhere, so `MON * * * *` would run at
 ///   minute 1 and `0 0 * MON *` in January; cron refuses both. Month names are taken in the
@@ -370,6 +371,12 @@ fn as_cron_reads(fields: &[&str]) -> Result<bool, String> {
     ];
     for (i, field) in fields.iter().enumerate() {
         let name = names[i + 6 - fields.len()];
+        // cron refuses a list with an empty item (`1,,3`, `1,`); `croner` passes over it.
+        if field.split(',').any(str::is_empty) {
+            return Err(format!(
+                "an empty item in the {name} field's list {field:?} (cron refuses it)"
+            ));
+        }
         let upper = field.to_ascii_uppercase();
         for word in upper
             .split(|c: char| !c.is_ascii_alphabetic())
@@ -743,6 +750,17 @@ mod tests {
             after(&fridays, "2026-04-01T00:00:00Z", 2),
             ["2026-04-03T00:00:00Z", "2026-04-10T00:00:00Z"]
         );
+    }
+
+    #[test]
+    fn a_list_with_an_empty_item_is_refused_as_cron_refuses_it() {
+        let tz = named_zone("UTC", "--tz").unwrap();
+        for bad in ["1,2,,3 * * * *", "1, * * * *", "0 ,5 * * *", "0 0 * * 1,,5"] {
+            let err = Schedule::parse(bad, tz.clone()).unwrap_err().to_string();
+            assert!(err.starts_with("invalid --schedule"), "{bad:?}: {err}");
+            assert!(err.contains("an empty item"), "{bad:?}: {err}");
+        }
+        assert!(Schedule::parse("1,2,3 * * * *", tz).is_ok());
     }
 
     #[test]
