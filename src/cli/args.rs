@@ -585,9 +585,9 @@ pub struct Cli {
     /// whoever can reach the machine can read the metrics and probes; give 127.0.0.1:PORT or
     /// the pod's address to keep it local.
     ///
-    /// Clients cannot hold the port up: at most 256 connections at once (a new one closes an
-    /// old one, silent ones first), 2 s for a request's head, 5 s and 100 requests per
-    /// connection, request bodies never read.
+    /// Clients cannot hold the port up: at most 128 connections at once (a new one closes the
+    /// oldest), 2 s for a request's head, 5 s and 100 requests per connection, request bodies
+    /// never read.
     ///
     /// /healthz is a liveness probe: 200 while leaderrun's check loop runs (within 3 check
     /// intervals, and the grace while a demoted leader stops COMMAND; a check that tries host

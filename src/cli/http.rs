@@ -7,15 +7,14 @@
 //!   the election's, so a busy port cannot delay a check and a stuck check cannot stall the port.
 //! - At most [`MAX_CONNECTIONS`] connections are open, and at most a quarter of the process's
 //!   descriptor limit ([`connection_limit`]), so the port never takes the descriptors the
-//!   election and COMMAND's start need. A new connection is always admitted and an old one is
-//!   closed to make room ([`evict_one`]): the oldest of those that show nothing (no request
-//!   within [`RECENT_REQUEST`], no bytes waiting to be read), else the oldest without a recent
-//!   request, else the oldest. Clients that hold connections (idle, slow, not reading) cannot
-//!   lock a probe out, since a probe's connection is the newest, and once its request has
-//!   come it is not the one closed while silent ones are open. A probe is closed unanswered
-//!   only when the whole table's worth of connections arrives between its connect and its
-//!   request (with [`MAX_CONNECTIONS`] at 256, a flood of 2,560 connections a second against
-//!   a probe that takes 100 ms to send its request).
+//!   election and COMMAND's start need. A new connection is always admitted and the oldest is
+//!   closed to make room: clients that hold connections (idle, slow, not reading) cannot lock
+//!   a probe out, since a probe's connection is the newest. A probe is closed unanswered only
+//!   when the server accepts that many connections between its connect and its request (the
+//!   accept loop admits [`ACCEPT_BATCH`] per turn, and once its request is in, a probe is
+//!   answered in the next turn). Any smarter choice of whom to close favours one kind of
+//!   attacker: sparing connections that carry requests spared a flood of pipelined ones, and
+//!   closed a probe whose request was still on its way.
 //! - A request head must arrive within [`HEAD_TIMEOUT`] (a connection's first one, and each
 //!   next one on a kept-alive connection, counted from the end of the previous response), and
 //!   fit in [`HEAD_BUFFER`] bytes with at most [`MAX_HEADERS`] headers (else 431).
@@ -72,13 +71,9 @@ use crate::cli::metrics::Metrics;
 use crate::elector::Elector;
 
 /// Connections open at once, at most (fewer under a low descriptor limit, see
-/// [`connection_limit`]); a new one closes an old one ([`evict_one`]). With 32, a flood of
-/// silent connections closed a probe's connection before its request came (1 probe in 50).
-pub const MAX_CONNECTIONS: usize = 256;
-
-/// A connection that carried a request this recently is being answered, or used by a client
-/// that keeps it alive (a scraper): closed to make room only when every open one is.
-pub const RECENT_REQUEST: Duration = Duration::from_secs(1);
+/// [`connection_limit`]); a new one closes the oldest. With 32, a flood of silent connections
+/// closed a probe that took a millisecond to send its request before it came (1 in 200).
+pub const MAX_CONNECTIONS: usize = 128;
 
 /// How long a request head may take to arrive, and how long a kept-alive connection may stay
 /// idle between requests.
@@ -236,68 +231,17 @@ fn share_of(soft: usize) -> usize {
     (soft / 4).clamp(4, MAX_CONNECTIONS)
 }
 
-/// One open connection: its id, the token that closes it, its socket (to look for bytes
-/// waiting; valid while the entry is here, since its task removes the entry as it closes the
-/// socket, with no other task in between on this one thread), and when its last request came
-/// (milliseconds since `Slot::EPOCH` plus one; 0 for none yet).
-struct Slot {
-    id: u64,
-    token: CancellationToken,
-    fd: std::os::fd::RawFd,
-    last_request: Arc<std::sync::atomic::AtomicU64>,
-}
+/// The open connections, oldest first, each with its id and the token that closes it.
+type Open = Arc<Mutex<VecDeque<(u64, CancellationToken)>>>;
 
-impl Slot {
-    /// Whether a request came within [`RECENT_REQUEST`] of `now`.
-    fn recent(&self, now: std::time::Instant, epoch: std::time::Instant) -> bool {
-        match self.last_request.load(Ordering::Relaxed) {
-            0 => false,
-            at => {
-                let at = epoch + Duration::from_millis(at - 1);
-                now.saturating_duration_since(at) < RECENT_REQUEST
-            }
-        }
-    }
-
-    /// Whether bytes wait in the socket's receive queue (a request hyper has not read yet).
-    fn has_bytes(&self) -> bool {
-        let mut byte = 0u8;
-        // SAFETY: a peek of at most one byte into a live byte, never blocking; `fd` is open
-        // (see the type's docs).
-        let n = unsafe {
-            libc::recv(
-                self.fd,
-                (&mut byte as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        n > 0
-    }
-}
-
-/// The open connections, oldest first.
-type Open = Arc<Mutex<VecDeque<Slot>>>;
-
-/// Tells one open connection to close, if there is one ([`MAX_CONNECTIONS`] says which); true
-/// when there was. Its task closes the socket at its next turn: at once when `now` (this task
-/// yields to it; the runtime has this one thread), else by the end of this accept batch.
-async fn evict_one(open: &Open, epoch: std::time::Instant, now: bool) -> bool {
-    let victim = {
-        let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
-        let at = std::time::Instant::now();
-        // From the oldest, and a peek only until a silent one is found: under a flood of
-        // silent connections the oldest is one, and the choice costs one system call.
-        let pick = open
-            .iter()
-            .position(|s| !s.recent(at, epoch) && !s.has_bytes())
-            .or_else(|| open.iter().position(|s| !s.recent(at, epoch)))
-            .or((!open.is_empty()).then_some(0));
-        pick.and_then(|i| open.remove(i))
-    };
-    match victim {
-        Some(slot) => {
-            slot.token.cancel();
+/// Tells the oldest open connection to close, if there is one; true when there was. Its task
+/// closes the socket at its next turn: at once when `now` (this task yields to it; the runtime
+/// has this one thread), else by the end of this accept batch.
+async fn evict_oldest(open: &Open, now: bool) -> bool {
+    let oldest = open.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+    match oldest {
+        Some((_, token)) => {
+            token.cancel();
             if now {
                 // The cancelled task is queued already: it runs before this one resumes.
                 tokio::task::yield_now().await;
@@ -311,7 +255,6 @@ async fn evict_one(open: &Open, epoch: std::time::Instant, now: bool) -> bool {
 async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) -> ! {
     use futures_util::FutureExt;
     let open: Open = Arc::default();
-    let epoch = std::time::Instant::now();
     let rendered: Rendered = Arc::default();
     let batch = ACCEPT_BATCH.min(limit / 4).max(1);
     let mut next_id = 0u64;
@@ -350,7 +293,7 @@ async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) ->
                 // Out of descriptors: make room among our own connections and try again.
                 let out_of_descriptors =
                     matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
-                if out_of_descriptors && evict_one(&open, epoch, true).await {
+                if out_of_descriptors && evict_oldest(&open, true).await {
                     continue;
                 }
                 // Or wait a little, and say so once per streak.
@@ -371,23 +314,18 @@ async fn accept_loop(listener: TcpListener, limit: usize, observed: Observed) ->
         // batch.
         let full = open.lock().unwrap_or_else(|e| e.into_inner()).len() >= limit;
         if full {
-            evict_one(&open, epoch, false).await;
+            evict_oldest(&open, false).await;
         }
         let id = next_id;
         next_id += 1;
         let token = CancellationToken::new();
-        let last_request = Arc::new(std::sync::atomic::AtomicU64::new(0));
         open.lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push_back(Slot {
-                id,
-                token: token.clone(),
-                fd: std::os::fd::AsRawFd::as_raw_fd(&stream),
-                last_request: last_request.clone(),
-            });
+            .push_back((id, token.clone()));
         tokio::spawn(connection(
             stream,
-            (id, token, last_request, epoch),
+            id,
+            token,
             open.clone(),
             observed.clone(),
             rendered.clone(),
@@ -401,21 +339,15 @@ type Rendered = Arc<Mutex<Option<(std::time::Instant, Bytes)>>>;
 /// Serves one connection until it ends, its time is up or a newer one evicts it.
 async fn connection(
     stream: TcpStream,
-    (id, token, last_request, epoch): (
-        u64,
-        CancellationToken,
-        Arc<std::sync::atomic::AtomicU64>,
-        std::time::Instant,
-    ),
+    id: u64,
+    token: CancellationToken,
     open: Open,
     observed: Observed,
     rendered: Rendered,
 ) {
     let served = AtomicU32::new(0);
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        // Being answered: not the connection closed to make room while silent ones are open.
-        let since = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
-        last_request.store(since + 1, Ordering::Relaxed);
+        let probe = matches!(request.uri().path(), "/healthz" | "/readyz");
         let mut response = respond(&request, &observed, &rendered);
         // The body (if any) is dropped unread with the request.
         drop(request);
@@ -427,8 +359,12 @@ async fn connection(
         async move {
             // One request per turn: a connection with many requests queued (pipelined, or a
             // client that floods) waits behind every other connection before its next one, so
-            // a probe waits for one request of each at most.
-            tokio::task::yield_now().await;
+            // a probe waits for one request of each at most. A probe's own answer (a few bytes,
+            // made without a lock held long) goes out at once: it waits one turn, not two, and
+            // a flood of probes on one connection is held to hyper's own 16 per turn.
+            if !probe {
+                tokio::task::yield_now().await;
+            }
             Ok::<_, Infallible>(response)
         }
     });
@@ -444,10 +380,9 @@ async fn connection(
         // report.
         _ = tokio::time::timeout(CONNECTION_LIFETIME, served) => {}
     }
-    // The socket is closed by now (`served` dropped above): the entry goes in the same turn.
     open.lock()
         .unwrap_or_else(|e| e.into_inner())
-        .retain(|slot| slot.id != id);
+        .retain(|(other, _)| *other != id);
 }
 
 type Reply = Response<Full<Bytes>>;
