@@ -512,6 +512,20 @@ fn a_host_that_cannot_take_connections_now_passes_the_turn() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // When no host of the list answers, the server that cannot take connections now is the
+    // error told (a one-shot tries again soon on it), not the next host's refusal.
+    let fake = Fake::start();
+    let out = run(&format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        closing.addr().port(),
+        fake.r
+    ));
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("57P03"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run(&closing.dsn());
     assert_eq!(out.status.code(), Some(125));
     assert!(

@@ -192,7 +192,8 @@ pub struct Report {
     /// The next due time of that schedule (RFC 3339 in its zone), or null.
     pub next_due_at: Option<String>,
     /// Why the next due time of the stored schedule cannot be told here (its zone cannot be
-    /// loaded, or has no name); not in `--json`, whose `next_due_at` is null then.
+    /// loaded, or has no name; the schedule itself cannot be read); not in `--json`, whose
+    /// `next_due_at` is null then.
     #[serde(skip)]
     pub next_due_unknown: Option<String>,
 }

@@ -651,6 +651,10 @@ pub(crate) async fn connect_socket(
         ref other => std::slice::from_ref(other),
     };
     let mut last = None;
+    // The first server that could not take connections now (57P03): when no host answers,
+    // that is the error told, so a one-shot still tries again soon (a primary restarting
+    // behind a list whose other hosts are standbys or down), and says which host it was.
+    let mut cannot_connect_now = None;
     for wanted in passes {
         for &i in &order {
             let host = &plan.hosts[i];
@@ -673,6 +677,12 @@ pub(crate) async fn connect_socket(
                 // A Unix socket that is not there says the least of all failures (no
                 // server uses that directory): it does not hide an earlier host's error,
                 // e.g. the default socket directory's when `/tmp`, tried after it, has none.
+                // A server's refusal that passes the turn is 57P03 (`handshake`).
+                Err(Attempt::NextHost(err @ Error::Connect { .. }))
+                    if cannot_connect_now.is_none() =>
+                {
+                    cannot_connect_now = Some(err)
+                }
                 Err(Attempt::Next(err) | Attempt::NextHost(err))
                     if last.is_none() || !is_missing_socket(&err) =>
                 {
@@ -683,10 +693,12 @@ pub(crate) async fn connect_socket(
             }
         }
     }
-    Err(last.unwrap_or_else(|| Error::Socket {
-        target: target.to_owned(),
-        source: std::io::Error::other("no host to connect to"),
-    }))
+    Err(cannot_connect_now
+        .or(last)
+        .unwrap_or_else(|| Error::Socket {
+            target: target.to_owned(),
+            source: std::io::Error::other("no host to connect to"),
+        }))
 }
 
 /// Whether `err` is a Unix socket file that does not exist.

@@ -92,14 +92,19 @@ const CATCH_UP_BOUND_MIN: Duration = Duration::from_secs(1);
 /// the bound.
 pub const DUE_CHECK_WINDOW: Duration = Duration::from_secs(600);
 
-/// Shortest bound of a due time's history query (the check interval otherwise): the start it
-/// delays waits at most this long for the answer, and never past the next due time.
+/// A due time's history query waits at most the check interval, but at least this long (a
+/// shorter interval); never past [`DUE_CHECK_BEFORE_NEXT`] before the next due time.
 const DUE_CHECK_BOUND_MIN: Duration = Duration::from_millis(250);
 
 /// How long before the next due time a due time's history query gives up at the latest: the
 /// due time then runs (no answer in time) before the next one's timer fires, which may be
-/// [`DUE_EARLY`] ahead of it.
-const DUE_CHECK_BEFORE_NEXT: Duration = Duration::from_millis(50);
+/// [`DUE_EARLY`] ahead of it; the rest is room for a runtime that is held up a moment.
+const DUE_CHECK_BEFORE_NEXT: Duration = Duration::from_millis(250);
+
+/// A lookup that would have less time than this (the next due time is that close: a late
+/// wake-up, the end of a takeover delay just before the next one) is not made: the due time
+/// runs unasked, and the term's later due times are still looked up.
+const DUE_CHECK_TOO_SHORT: Duration = Duration::from_millis(20);
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
     /// Arms the timer for the first due time after `after`.
@@ -155,11 +160,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             } => {
                 let term = term.clone();
                 if self.due_check.take().is_some() {
-                    // A check's bound ends before the next due time (`run_due`): only a
-                    // runtime held up past both gets here. That is a history that did not
-                    // answer in time, and the term's later due times, this one first, run
-                    // without asking (else a slow history would skip every due time of the
-                    // window, each check replaced before it could time out).
+                    // A check's bound ends well before the next due time (`run_due`), and its
+                    // answer is handled before this event: only a runtime held up past both,
+                    // or a clock set ahead, gets here. That is a history that did not answer
+                    // in time, and the term's later due times, this one first, run without
+                    // asking (else a slow history would skip every due time of the window,
+                    // each check replaced before it could time out).
                     warn!(due = %shown, "the previous due time is skipped: the history did not answer whether it was started before this one came; later due times run without asking");
                     self.check_due_until = None;
                 }
@@ -283,6 +289,12 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 });
                 let bound = self.plan.check_interval.max(DUE_CHECK_BOUND_MIN);
                 let bound = before_next.map_or(bound, |b| bound.min(b));
+                if bound < DUE_CHECK_TOO_SHORT {
+                    debug!(due = %self.shown(due), "the next due time is too close to ask the history about this one; running it");
+                    self.starting_due = Some(due);
+                    self.start(term);
+                    return;
+                }
                 let asked = history.was_started(slot, due, bound);
                 self.due_check = Some(Box::pin(async move {
                     let answer = asked.await;

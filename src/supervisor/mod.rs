@@ -428,9 +428,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             () = tokio::time::sleep(STOP_POLL), if stopping => Event::Poll,
             _ = self.reap.tick() => Event::Poll,
             () = next_tick(self.ticker.as_mut()) => Event::Tick,
+            // A due time's lookup that ended as the next due time came is handled first: its
+            // due time runs (or is known to have run) before the next one is looked at.
+            event = answer(self.due_check.as_mut()) => event,
             () = sleep_until(self.next_due.map(|n| n.wake)) => Event::Due,
             event = answer(self.catch_up.as_mut()) => event,
-            event = answer(self.due_check.as_mut()) => event,
         }
     }
 
