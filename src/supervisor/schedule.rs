@@ -441,6 +441,14 @@ pub fn named_zone(name: &str, from: &'static str) -> Result<Zone, ScheduleError>
         from,
         reason,
     };
+    // `TZ=:` names no file: glibc reads it as UTC ("User specified the empty string; use UTC
+    // with no leap seconds", tzfile.c), as it reads an empty `TZ`.
+    if bare.is_empty() && !name.is_empty() {
+        return Ok(Zone {
+            tz: TimeZone::UTC,
+            name: "UTC".to_owned(),
+        });
+    }
     let tz = if is_path(bare) {
         let data = read_zone_file(bare).map_err(|e| err(e.to_string()))?;
         TimeZone::tzif(bare, &data).map_err(|e| err(e.to_string()))?
@@ -843,6 +851,9 @@ mod tests {
             named_zone(":Europe/Berlin", "TZ").unwrap().name(),
             "Europe/Berlin"
         );
+        // `TZ=:` is UTC to glibc; an empty `--tz` stays a usage error.
+        assert_eq!(named_zone(":", "TZ").unwrap().name(), "UTC");
+        assert!(named_zone("", "--tz").is_err());
         // A zone file is named by what loads it on any host: the database's name for it, or
         // no name at all (a copy elsewhere, as some images make /etc/localtime).
         assert_eq!(
