@@ -10,15 +10,25 @@ use leaderrun::cli::{doctor, runner, status};
 use leaderrun::supervisor::Exit;
 use leaderrun::Chain;
 
+/// Every signal is blocked before Rust's runtime starts, so that one sent in the first
+/// milliseconds after exec (a container stopped as it starts) waits for the handlers instead
+/// of killing leaderrun or, as PID 1, being dropped (`signals::block_at_exec`). In the binary
+/// only: a program that uses the library keeps its own signals.
+#[used]
+#[link_section = ".init_array"]
+static BLOCK_SIGNALS_AT_EXEC: extern "C" fn() = leaderrun::process::signals::block_at_exec;
+
 fn main() -> ExitCode {
     // First of all: a stack limit too small for start-up overflows it (a parent's `ulimit -s`).
     let stack = leaderrun::process::stack::reserve();
     // The same binary is leaderrun's watchdog process, started by leaderrun itself.
     if leaderrun::watchdog::is_watchdog() {
+        leaderrun::process::signals::unblock_at_exec();
         return leaderrun::watchdog::main();
     }
     // And the init of COMMAND's PID namespace (`--pid-namespace`).
     if leaderrun::process::pidns::is_init() {
+        leaderrun::process::signals::unblock_at_exec();
         return leaderrun::process::pidns::init_main();
     }
     // Refused for leaderrun's own run only: the processes it starts itself go on with what
@@ -27,8 +37,8 @@ fn main() -> ExitCode {
         let _ = leaderrun::cli::output::stderr(&format!("leaderrun: {stack}\n"));
         return ExitCode::from(FAILURE);
     }
-    // Signals wait (blocked) until the handlers exist: a signal that arrives during start-up
-    // is delivered to them, then waits in the stream.
+    // Signals wait (blocked since the constructor above) until the handlers exist: a signal
+    // that arrives during start-up is delivered to them, then waits in the stream.
     let blocked = leaderrun::process::signals::block_all();
     // Before anything is opened or forked, so that the watchdog has the same room: a
     // leaderrun that runs short later cannot see COMMAND's tree gone

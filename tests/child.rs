@@ -275,6 +275,91 @@ fn sigterm_at_any_moment_of_start_up_leaves_no_child_and_no_hang() {
     }
 }
 
+/// A signal that arrives after the binary's constructors and before `main` (Rust's runtime
+/// starting, the stack's reserve) waits for the handlers: TERM ends leaderrun as a stopped
+/// standby (exit 0, nothing started), HUP does nothing at start-up. An `LD_PRELOAD` shim wraps
+/// `__libc_start_main` and raises the signal just before the program's `main`. Before, signals
+/// were blocked only in `main`: TERM and HUP killed leaderrun by their default action there,
+/// and as PID 1 the kernel dropped them (a container stopped as it started ran COMMAND to its
+/// end).
+#[test]
+fn a_signal_before_main_waits_for_the_handlers() {
+    const TEST: &str = "child::a_signal_before_main_waits_for_the_handlers";
+    const SHIM: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdlib.h>
+typedef int (*main_fn)(int, char **, char **);
+typedef int (*start_fn)(main_fn, int, char **, void (*)(void), void (*)(void), void (*)(void), void *);
+static main_fn real_main;
+static int raising_main(int argc, char **argv, char **envp) {
+    const char *sig = getenv("LR_TEST_RAISE");
+    if (sig) {
+        int n = atoi(sig);
+        /* Not for what this process starts. */
+        unsetenv("LR_TEST_RAISE");
+        unsetenv("LD_PRELOAD");
+        raise(n);
+    }
+    return real_main(argc, argv, envp);
+}
+int __libc_start_main(main_fn main, int argc, char **argv, void (*init)(void),
+                      void (*fini)(void), void (*rtld_fini)(void), void *stack_end) {
+    start_fn real = (start_fn)dlsym(RTLD_NEXT, "__libc_start_main");
+    real_main = main;
+    return real(raising_main, argc, argv, init, fini, rtld_fini, stack_end);
+}
+"#;
+    let scratch = Scratch::new();
+    let source = scratch.file("shim.c");
+    std::fs::write(&source, SHIM).unwrap();
+    let shim = scratch.file("shim.so");
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .arg("-ldl")
+        .output();
+    if !built.as_ref().is_ok_and(|o| o.status.success()) {
+        crate::support::cluster::skip(TEST, "needs a C compiler (cc) for its LD_PRELOAD shim");
+        return;
+    }
+    let cluster = Cluster::shared();
+    let id = unique_lock_id().to_string();
+    let run = |sig: i32| {
+        crate::support::leaderrun()
+            .env("LD_PRELOAD", &shim)
+            .env("LR_TEST_RAISE", sig.to_string())
+            .args(["--dsn", &cluster.dsn(), "--lock-id", &id, "--once"])
+            .args(["--", "sh", "-c", "echo RAN"])
+            .output()
+            .expect("run leaderrun")
+    };
+    let out = run(libc::SIGTERM);
+    assert_eq!(
+        (
+            out.status.code(),
+            out.status.signal(),
+            out.stdout.as_slice()
+        ),
+        (Some(0), None, &b""[..]),
+        "TERM before main: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(libc::SIGHUP);
+    assert_eq!(
+        (
+            out.status.code(),
+            out.status.signal(),
+            out.stdout.as_slice()
+        ),
+        (Some(0), None, &b"RAN\n"[..]),
+        "HUP before main: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A file the settings name that blocks when read (a FIFO nobody writes to, as a hung NFS mount
 /// would block) holds up no stop request. A service file is read at start-up, before the
 /// signal handlers exist: TERM ends leaderrun there as a stopped standby ends (exit 0), its

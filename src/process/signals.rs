@@ -206,15 +206,60 @@ pub struct Blocked {
     old: libc::sigset_t,
 }
 
-/// Blocks every signal on this thread until the [`Blocked`] drops.
+/// The signal mask the process was exec'd with, when [`block_at_exec`] blocked every signal
+/// before `main`: what [`block_all`] restores, and [`unblock_at_exec`] gives back.
+static MASK_AT_EXEC: std::sync::Mutex<Option<libc::sigset_t>> = std::sync::Mutex::new(None);
+
+/// Blocks every signal and records the mask it replaces: for a binary's `.init_array`
+/// constructor, which runs before Rust's runtime and `main`. A signal sent in the first
+/// milliseconds after exec then waits, pending, for the handlers `main` installs, where it
+/// killed the process before (HUP, USR1, TERM at their default) or, as PID 1, was discarded
+/// by the kernel (init drops a signal it has no handler for, but keeps a blocked one
+/// pending). What remains is the dynamic loader's time before the first constructor, which
+/// no code of a program can close. Only `sigprocmask` and an uncontended mutex: nothing of
+/// std's runtime is needed yet.
+pub extern "C" fn block_at_exec() {
+    // SAFETY: sigset_t is plain data; sigprocmask changes the mask of this, the only, thread.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        if libc::sigprocmask(libc::SIG_BLOCK, &all, &mut old) == 0 {
+            *MASK_AT_EXEC.lock().unwrap_or_else(|e| e.into_inner()) = Some(old);
+        }
+    }
+}
+
+/// Gives back the mask of exec that [`block_at_exec`] replaced, if it did: for the processes
+/// this binary also is (the exec'd watchdog, the init of COMMAND's PID namespace), which set
+/// up their signals from what they were exec'd with.
+pub fn unblock_at_exec() {
+    let old = MASK_AT_EXEC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(old) = old {
+        // SAFETY: restores a mask read by sigprocmask, on this thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    }
+}
+
+/// Blocks every signal on this thread until the [`Blocked`] drops, which restores the mask of
+/// before (the mask of exec, when [`block_at_exec`] blocked them already).
 pub fn block_all() -> Blocked {
+    let at_exec = MASK_AT_EXEC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     // SAFETY: sigset_t is plain data; pthread_sigmask changes this thread's mask only.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        Blocked { old }
+        Blocked {
+            old: at_exec.unwrap_or(old),
+        }
     }
 }
 
