@@ -1472,11 +1472,86 @@ fn a_history_slower_than_the_schedule_skips_no_due_time() {
     scratch.wait_starts(2, secs(6.0));
     let log = replica.log();
     assert!(
-        !log.contains("the previous due time is skipped"),
+        !log.contains("the previous due time is skipped") && !log.contains("still being looked up"),
         "a due time no replica ran was skipped: {log}"
     );
     let _ = locker.kill();
     let _ = locker.wait();
+    replica.signal(Signal::SIGTERM);
+    stopped_by_term(&mut replica);
+}
+
+/// A due time that came during the takeover delay is looked up in the history too, when the
+/// delay ends just before the next due time: an earlier leader whose clock is ahead may have
+/// run it, and that is the case the lookup is for. Here every due time of the next 40 s was
+/// started by such a leader: the new leader runs none of them. Before, a due time whose next
+/// came within 270 ms was run without asking (and before that, one whose next came within a
+/// check interval).
+#[test]
+fn a_due_time_of_the_takeover_delay_is_looked_up_too() {
+    let cluster = Cluster::shared();
+    let id = unique_lock_id();
+    let scratch = Scratch::new();
+    let table = history_table(cluster, "runs_delay", id);
+    let job = stamping_job(&scratch, "0.2");
+    cluster.sql(&format!(
+        "INSERT INTO {table} (lock_class, lock_id, host, pid, term, fencing_token, due_at, \
+           started_at, ended_at, exit_code, outcome) \
+         SELECT {}, {id}, 'ahead', 1, 1, 1, to_timestamp(s), to_timestamp(s), \
+           to_timestamp(s) + interval '200 ms', 0, 'ok' \
+         FROM generate_series(pg_catalog.floor(extract(epoch FROM now()))::bigint, \
+           pg_catalog.floor(extract(epoch FROM now()))::bigint + 40) AS s",
+        crate::support::CLASS
+    ));
+    // A holder that is not leaderrun, so that the replica's term begins when this test says.
+    let mut holder = cluster.psql_session();
+    {
+        use std::io::Write;
+        let stdin = holder.stdin.as_mut().unwrap();
+        writeln!(
+            stdin,
+            "SELECT pg_advisory_lock({}, {id});",
+            crate::support::CLASS
+        )
+        .unwrap();
+        stdin.flush().unwrap();
+    }
+    wait_for("the holder's lock", secs(5.0), || {
+        (!cluster.lock_holders(crate::support::CLASS, id).is_empty()).then_some(())
+    });
+    let mut replica = Replica::start(
+        cluster,
+        id,
+        "300ms",
+        &[
+            "--schedule",
+            "* * * * * *",
+            "--tz",
+            "UTC",
+            "--history",
+            "--history-table",
+            &table,
+            "--takeover-delay",
+            "1900ms",
+            "--",
+            &job,
+        ],
+    );
+    wait_for("the replica in the lock queue", secs(10.0), || {
+        (cluster.waiters(id) >= 1).then_some(())
+    });
+    // Released at a whole second, the delay ends 100 ms before one: the due time that came
+    // during it has less time to be asked about than any lookup needs.
+    std::thread::sleep(Duration::from_secs_f64(1.0 - now().fract()));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    replica.wait_log("background leader lock acquired", 1, secs(5.0));
+    replica.wait_log("the due time was started already", 3, secs(10.0));
+    assert!(
+        scratch.starts().is_empty() && runs(&scratch).is_empty(),
+        "ran a due time an earlier leader had started: {}",
+        replica.log()
+    );
     replica.signal(Signal::SIGTERM);
     stopped_by_term(&mut replica);
 }

@@ -349,6 +349,7 @@ async fn connection(
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let probe = matches!(request.uri().path(), "/healthz" | "/readyz");
         let mut response = respond(&request, &observed, &rendered);
+        let first = served.load(Ordering::Relaxed) == 0;
         // The body (if any) is dropped unread with the request.
         drop(request);
         if served.fetch_add(1, Ordering::Relaxed) + 1 >= MAX_REQUESTS_PER_CONNECTION {
@@ -359,10 +360,11 @@ async fn connection(
         async move {
             // One request per turn: a connection with many requests queued (pipelined, or a
             // client that floods) waits behind every other connection before its next one, so
-            // a probe waits for one request of each at most. A probe's own answer (a few bytes,
-            // made without a lock held long) goes out at once: it waits one turn, not two, and
-            // a flood of probes on one connection is held to hyper's own 16 per turn.
-            if !probe {
+            // a probe waits for one request of each at most. A probe's answer on a connection's
+            // first request goes out at once (a probe waits one turn, not two); every later
+            // request on a connection waits its turn, probes too, so pipelined probes are one
+            // per turn like anything else (hyper itself would answer 16 of them per turn).
+            if !(probe && first) {
                 tokio::task::yield_now().await;
             }
             Ok::<_, Infallible>(response)

@@ -1005,9 +1005,18 @@ async fn ask_to_step_down(
     .await?;
     let deadline = tokio::time::Instant::now() + STEP_DOWN_WAIT;
     let mut released = false;
+    let mut unnamed_since = None;
     let outcome = loop {
         let now = report(client, server, lock, slots, bound).await?;
         match &leader_of(now) {
+            // A holder that pg_stat_activity did not show yet (a session that began as the
+            // look was read: its lock seen, its activity not): looked at again, for up to
+            // half a second, to name it.
+            Some(l)
+                if l.application_name.is_none()
+                    && *unnamed_since.get_or_insert_with(tokio::time::Instant::now)
+                        + Duration::from_millis(500)
+                        > tokio::time::Instant::now() => {}
             // Another replica: by leaderrun's identity when both are known (their
             // application names may be alike, e.g. from PGAPPNAME), else by name.
             Some(l)

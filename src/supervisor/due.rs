@@ -102,8 +102,10 @@ const DUE_CHECK_BOUND_MIN: Duration = Duration::from_millis(250);
 const DUE_CHECK_BEFORE_NEXT: Duration = Duration::from_millis(250);
 
 /// A lookup that would have less time than this (the next due time is that close: a late
-/// wake-up, the end of a takeover delay just before the next one) is not made: the due time
-/// runs unasked, and the term's later due times are still looked up.
+/// wake-up, the end of a takeover delay just before the next one) gets
+/// [`DUE_CHECK_BOUND_MIN`] instead, and the next due time, if it comes meanwhile, is skipped
+/// as one that comes while a run goes on (`due`): a due time that came during a takeover
+/// delay is the one most likely to have run elsewhere already.
 const DUE_CHECK_TOO_SHORT: Duration = Duration::from_millis(20);
 
 impl<E: Election, S: Spawner> Supervisor<E, S> {
@@ -159,15 +161,16 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 then: Then::Start,
             } => {
                 let term = term.clone();
-                if self.due_check.take().is_some() {
-                    // A check's bound ends well before the next due time (`run_due`), and its
-                    // answer is handled before this event: only a runtime held up past both,
-                    // or a clock set ahead, gets here. That is a history that did not answer
-                    // in time, and the term's later due times, this one first, run without
-                    // asking (else a slow history would skip every due time of the window,
-                    // each check replaced before it could time out).
-                    warn!(due = %shown, "the previous due time is skipped: the history did not answer whether it was started before this one came; later due times run without asking");
-                    self.check_due_until = None;
+                if self.due_check.is_some() {
+                    // The previous due time is still being looked up: it came too close to
+                    // this one to be asked about with time to spare (the end of a takeover
+                    // delay, a late wake-up; `run_due`), or the runtime was held up. It goes
+                    // on, as a run would, and this due time is skipped as one that comes
+                    // while a run goes on: one of the two runs, and the one that may have run
+                    // elsewhere already is still asked about.
+                    warn!(due = %shown, "due time skipped: the previous one is still being looked up in the history");
+                    self.metrics.tick(metrics::Tick::Skipped);
+                    return;
                 }
                 self.run_due(term, due);
             }
@@ -289,12 +292,11 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
                 });
                 let bound = self.plan.check_interval.max(DUE_CHECK_BOUND_MIN);
                 let bound = before_next.map_or(bound, |b| bound.min(b));
-                if bound < DUE_CHECK_TOO_SHORT {
-                    debug!(due = %self.shown(due), "the next due time is too close to ask the history about this one; running it");
-                    self.starting_due = Some(due);
-                    self.start(term);
-                    return;
-                }
+                let bound = if bound < DUE_CHECK_TOO_SHORT {
+                    DUE_CHECK_BOUND_MIN
+                } else {
+                    bound
+                };
                 let asked = history.was_started(slot, due, bound);
                 self.due_check = Some(Box::pin(async move {
                     let answer = asked.await;
