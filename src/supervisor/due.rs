@@ -281,9 +281,10 @@ impl<E: Election, S: Spawner> Supervisor<E, S> {
             if due <= until {
                 let (number, slot) = (term.number(), lease.slot);
                 // The answer, or its absence, must come before the next due time does: a
-                // check still waiting then is replaced, its due time skipped (before, a
-                // history that waited on a lock and a check interval as long as the
-                // schedule's period lost a due time that no replica ran).
+                // check still waiting then makes that one skip (`due`; before, the check was
+                // dropped and its due time skipped, so a history that waited on a lock and a
+                // check interval as long as the schedule's period lost a due time that no
+                // replica ran).
                 let before_next = self.next_due.map(|next| {
                     next.due
                         .duration_since(SystemTime::now())
